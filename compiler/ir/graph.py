@@ -1,0 +1,202 @@
+"""The nextn graph IR: a DAG of ggml-named ops, built once per model entry point.
+
+Shapes are row-major (numpy order; ggml's `ne` reversed). A dimension is an int or a symbol:
+`T` (rows in this call), `R` (output rows), `L` (KV cells attended: n_past + T). Each node's op is one of
+`OPS`, with the semantics of the ggml op of the same name (ggml/include/ggml.h), restated here so that
+`interpret.py` (numpy) and `nextn.compiler.lower` (TVM) implement the same thing:
+
+- get_rows(a[V,E], ids[T]) -> [T,E];   batched: get_rows(a[B,V,C], ids[B,n]) -> [B,n,C]
+- rms_norm(x, eps): x / sqrt(mean(x^2, last axis) + eps)          (no weight: ggml multiplies after)
+- mul, add, div(a, b): elementwise with numpy broadcasting;  scale(x, s): x * s
+- mul_mat(w[N,K], x[...,K]) -> [...,N]   (ggml_mul_mat(w, x) = x @ w.T; w may be quantized)
+- mul_mat_id(w[X,N,K], x[T,K] | x[T,k,K], ids[T,k]) -> [T,k,N]   (per-row expert matmul)
+- reshape(x, shape), view(x, axis, start, length), concat(a, b, axis)
+- rope_ext(x[T,H,D], pos[T], n_rot, mode, freq_base): mode "neox" rotates (i, i+n_rot/2), i < n_rot/2;
+  dims >= n_rot pass through; angle = pos * freq_base^(-2i/n_rot)
+- set_rows(cache[C,H,D], rows[T,H,D], pos[T]) -> cache with cache[pos[t]] = rows[t]  (in place: KV store)
+- flash_attn_ext(q[T,H,D], k[C,Hkv,D], v[C,Hkv,D], pos[T], scale) -> [T,H,D]; attends to cells
+  s < L with s <= pos[t] (the causal KV mask), GQA head h reads kv head h // (H/Hkv); softmax in f32
+- sigmoid(x), swiglu(g, u) = silu(g) * u, clamp(x, lo, hi), sum_rows(x) -> [..., 1]
+- argsort_top_k(x[T,X], k) -> int32 [T,k]: indices of the k largest, descending, ties to the lower index
+- argmax(x[R,V]) -> int32 [R]: first index of the maximum
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+OPS = frozenset({
+    "get_rows", "rms_norm", "mul", "add", "div", "scale", "mul_mat", "mul_mat_id", "reshape", "view",
+    "concat", "rope_ext", "set_rows", "flash_attn_ext", "sigmoid", "swiglu", "clamp", "sum_rows",
+    "argsort_top_k", "argmax",
+})
+LEAVES = frozenset({"input", "weight", "state"})
+
+Dim = int | str
+
+
+@dataclass(eq=False)
+class Node:
+    op: str
+    inputs: tuple["Node", ...]
+    shape: tuple[Dim, ...]
+    dtype: str = "float32"
+    attrs: dict = field(default_factory=dict)
+    name: str = ""
+    id: int = -1
+
+    def __repr__(self) -> str:
+        return f"%{self.id}:{self.op}{list(self.shape)}{'' if not self.name else ' ' + self.name}"
+
+
+def _bcast(a: tuple, b: tuple) -> tuple:
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x == 1:
+            out.append(y)
+        elif y == 1 or x == y:
+            out.append(x)
+        else:
+            raise ValueError(f"shapes {a} and {b} do not broadcast")
+    return tuple(out)
+
+
+class Graph:
+    """A graph under construction: leaves (inputs, weights, states) plus ggml-named ops."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.nodes: list[Node] = []
+        self.inputs: dict[str, Node] = {}
+        self.weights: dict[str, Node] = {}
+        self.states: dict[str, Node] = {}
+        self.outputs: dict[str, Node] = {}
+
+    # -- leaves -----------------------------------------------------------------------------------
+    def _add(self, node: Node) -> Node:
+        node.id = len(self.nodes)
+        self.nodes.append(node)
+        return node
+
+    def input(self, name: str, shape, dtype="float32") -> Node:
+        n = self._add(Node("input", (), tuple(shape), dtype, name=name))
+        self.inputs[name] = n
+        return n
+
+    def weight(self, name: str, shape) -> Node:
+        """A model tensor by its GGUF name (deduplicated)."""
+        if name not in self.weights:
+            self.weights[name] = self._add(Node("weight", (), tuple(shape), "float32", name=name))
+        return self.weights[name]
+
+    def state(self, name: str, shape) -> Node:
+        """A persistent buffer (KV cache) that ops may update in place."""
+        n = self._add(Node("state", (), tuple(shape), "float32", name=name))
+        self.states[name] = n
+        return n
+
+    def output(self, name: str, node: Node) -> None:
+        self.outputs[name] = node
+
+    def _op(self, op, inputs, shape, dtype="float32", **attrs) -> Node:
+        assert op in OPS, op
+        return self._add(Node(op, tuple(inputs), tuple(shape), dtype, attrs))
+
+    # -- ggml ops ---------------------------------------------------------------------------------
+    def get_rows(self, a, ids):
+        if len(a.shape) == 2:
+            return self._op("get_rows", (a, ids), (*ids.shape, a.shape[1]))
+        return self._op("get_rows", (a, ids), (a.shape[0], ids.shape[1], a.shape[2]))
+
+    def rms_norm(self, x, eps: float):
+        return self._op("rms_norm", (x,), x.shape, eps=float(eps))
+
+    def mul(self, a, b):
+        return self._op("mul", (a, b), _bcast(a.shape, b.shape))
+
+    def add(self, a, b):
+        return self._op("add", (a, b), _bcast(a.shape, b.shape))
+
+    def div(self, a, b):
+        return self._op("div", (a, b), _bcast(a.shape, b.shape))
+
+    def scale(self, x, s: float):
+        return self._op("scale", (x,), x.shape, s=float(s))
+
+    def mul_mat(self, w, x):
+        assert w.shape[-1] == x.shape[-1], (w, x)
+        return self._op("mul_mat", (w, x), (*x.shape[:-1], w.shape[0]))
+
+    def mul_mat_id(self, w, x, ids):
+        return self._op("mul_mat_id", (w, x, ids), (ids.shape[0], ids.shape[1], w.shape[1]))
+
+    def reshape(self, x, shape):
+        return self._op("reshape", (x,), tuple(shape), x.dtype)
+
+    def view(self, x, axis: int, start: int, length: int):
+        shape = list(x.shape)
+        shape[axis] = length
+        return self._op("view", (x,), shape, x.dtype, axis=axis, start=start, length=length)
+
+    def concat(self, a, b, axis: int):
+        shape = list(a.shape)
+        shape[axis] = a.shape[axis] + b.shape[axis]
+        return self._op("concat", (a, b), shape, axis=axis)
+
+    def rope_ext(self, x, pos, n_rot: int, mode: str, freq_base: float):
+        return self._op("rope_ext", (x, pos), x.shape, n_rot=n_rot, mode=mode, freq_base=float(freq_base))
+
+    def set_rows(self, cache, rows, pos):
+        return self._op("set_rows", (cache, rows, pos), cache.shape)
+
+    def flash_attn_ext(self, q, k, v, pos, scale: float):
+        return self._op("flash_attn_ext", (q, k, v, pos), (q.shape[0], q.shape[1], v.shape[2]), scale=float(scale))
+
+    def sigmoid(self, x):
+        return self._op("sigmoid", (x,), x.shape)
+
+    def swiglu(self, g, u):
+        return self._op("swiglu", (g, u), g.shape)
+
+    def clamp(self, x, lo: float, hi: float):
+        return self._op("clamp", (x,), x.shape, lo=float(lo), hi=float(hi))
+
+    def sum_rows(self, x):
+        return self._op("sum_rows", (x,), (*x.shape[:-1], 1))
+
+    def argsort_top_k(self, x, k: int):
+        return self._op("argsort_top_k", (x,), (*x.shape[:-1], k), "int32", k=k)
+
+    def argmax(self, x):
+        return self._op("argmax", (x,), x.shape[:-1], "int32")
+
+    # -- inspection -------------------------------------------------------------------------------
+    def live_nodes(self) -> list[Node]:
+        """Nodes reachable from the outputs, in topological (creation) order."""
+        seen: set[int] = set()
+        stack = list(self.outputs.values())
+        while stack:
+            n = stack.pop()
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            stack.extend(n.inputs)
+        return [n for n in self.nodes if n.id in seen]
+
+    def op_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for n in self.live_nodes():
+            counts[n.op] = counts.get(n.op, 0) + 1
+        return counts
+
+    def dump(self) -> str:
+        lines = []
+        for n in self.live_nodes():
+            args = ", ".join(f"%{i.id}" for i in n.inputs)
+            attrs = "".join(f" {k}={v}" for k, v in n.attrs.items())
+            lines.append(f"%{n.id} = {n.op}({args}){attrs} : {n.dtype}{list(n.shape)} {n.name}")
+        for k, v in self.outputs.items():
+            lines.append(f"output {k} = %{v.id}")
+        return "\n".join(lines)

@@ -1,0 +1,151 @@
+"""Reading and validating one GGUF file with gguf-py.
+
+Shapes in nextn are row-major (numpy / PyTorch order): a GGUF matrix whose ggml `ne` is `{in, out}` is
+`[out, in]` here, a 3-D expert tensor `{in, out, n_expert}` is `[n_expert, out, in]`
+(glm-mtp-reference.md §1). Every error names the file and the key or tensor and what was expected.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from nextn.runtime.errors import NextnError
+
+_GGUF_MAGIC = b"GGUF"
+
+# Types whose weights the kernels read directly; others are dequantized on load (F16/BF16 → F32).
+FLOAT_TYPES = ("F32", "F16", "BF16")
+QUANT_TYPES = ("Q8_0",)
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One tensor as stored for the kernels.
+
+    `kind` is "f32" (array float32, shape = logical shape) or "q8_0" (arrays `qs` int8 [..., N, K] and
+    `d` float16 [..., N, K/32]; element = float32(d[.., n, k // 32]) * qs[.., n, k], as gguf.quants.Q8_0).
+    """
+
+    name: str
+    kind: str
+    shape: tuple[int, ...]
+    arrays: tuple[np.ndarray, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+
+class GGUFFile:
+    """A GGUF file opened through gguf-py's memory-mapped reader.
+
+    Raises NextnError when the file is missing, is not a GGUF, or is truncated.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        if not os.path.exists(self.path):
+            raise NextnError(f"{self.path}: no such file")
+        if os.path.isdir(self.path):
+            raise NextnError(f"{self.path}: is a directory, expected a GGUF file")
+        with open(self.path, "rb") as f:
+            magic = f.read(4)
+        if magic != _GGUF_MAGIC:
+            raise NextnError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+        import gguf  # deferred: gguf-py import costs ~0.1 s
+
+        try:
+            reader = gguf.GGUFReader(self.path, "r")
+        except Exception as e:  # gguf-py raises assorted errors on a cut-off header
+            raise NextnError(f"{self.path}: cannot parse GGUF header ({type(e).__name__}: {e}); file truncated or corrupt") from None
+        self._reader = reader
+        self.fields: dict[str, object] = {}
+        for key, field in reader.fields.items():
+            try:
+                self.fields[key] = field.contents()
+            except Exception:  # an unreadable metadata value: keep the key, mark it
+                self.fields[key] = None
+        self.tensors = {t.name: t for t in reader.tensors}
+        size = os.path.getsize(self.path)
+        for t in reader.tensors:
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > size:
+                raise NextnError(f"{self.path}: tensor '{t.name}' extends past the end of the file "
+                                 f"({end} > {size} bytes); file truncated")
+        self._sha256: str | None = None
+
+    # -- metadata ---------------------------------------------------------------------------------
+    def has(self, key: str) -> bool:
+        return key in self.fields
+
+    def get(self, key: str, default=..., kind=None):
+        """Metadata value of `key`; `kind` in (int, float, bool, str, list) checks the type."""
+        if key not in self.fields:
+            if default is ...:
+                raise NextnError(f"{self.path}: metadata key '{key}' is missing")
+            return default
+        v = self.fields[key]
+        if kind is not None:
+            ok = (isinstance(v, kind) and not (kind is int and isinstance(v, bool))) or (kind is float and isinstance(v, int))
+            if not ok:
+                raise NextnError(f"{self.path}: metadata key '{key}' has value {v!r}, expected {kind.__name__}")
+            if kind is float:
+                v = float(v)
+        return v
+
+    # -- tensors ----------------------------------------------------------------------------------
+    def has_tensor(self, name: str) -> bool:
+        return name in self.tensors
+
+    def tensor_type(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def tensor_shape(self, name: str) -> tuple[int, ...]:
+        """Row-major shape (reversed ggml ne)."""
+        return tuple(int(x) for x in reversed(list(self.tensors[name].shape)))
+
+    def check_tensor(self, name: str, shape: tuple[int, ...], what: str = "") -> None:
+        if name not in self.tensors:
+            raise NextnError(f"{self.path}: tensor '{name}' is missing{(' (' + what + ')') if what else ''}")
+        got = self.tensor_shape(name)
+        if got != tuple(shape):
+            ne = list(reversed(shape))
+            raise NextnError(f"{self.path}: tensor '{name}' has ggml shape {list(reversed(got))}, expected {ne}")
+        ttype = self.tensor_type(name)
+        if ttype not in FLOAT_TYPES + QUANT_TYPES:
+            raise NextnError(f"{self.path}: tensor '{name}' has type {ttype}, which nextn does not support yet "
+                             f"(supported: {', '.join(FLOAT_TYPES + QUANT_TYPES)})")
+
+    def load(self, name: str, quantized: bool = True) -> Weight:
+        """Read tensor `name` into the form the kernels consume (see `Weight`).
+
+        Q8_0 stays quantized when `quantized`, else every type is dequantized to float32 with gguf-py.
+        """
+        import gguf
+
+        t = self.tensors[name]
+        shape = self.tensor_shape(name)
+        ttype = t.tensor_type.name
+        raw = np.asarray(t.data)
+        if ttype == "Q8_0" and quantized:
+            blocks = raw.reshape(-1, 34)
+            d = blocks[:, :2].copy().view(np.float16).reshape(*shape[:-1], shape[-1] // 32)
+            qs = blocks[:, 2:].copy().view(np.int8).reshape(shape)
+            return Weight(name, "q8_0", shape, (qs, d))
+        if ttype == "F32":
+            arr = np.array(raw, dtype=np.float32).reshape(shape)
+        else:
+            arr = gguf.quants.dequantize(raw, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
+        return Weight(name, "f32", shape, (np.ascontiguousarray(arr),))
+
+    def sha256(self) -> str:
+        if self._sha256 is None:
+            h = hashlib.sha256()
+            with open(self.path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+            self._sha256 = h.hexdigest()
+        return self._sha256
