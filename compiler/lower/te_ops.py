@@ -1,0 +1,185 @@
+"""TE definitions of the IR's ggml ops (one function per op, same semantics as `ir/interpret.py`).
+
+Weights reach `mul_mat`, `mul_mat_id` and `get_rows` either as one float32 tensor or as a Q8_0 pair
+(`qs` int8 [..., N, K], `d` float16 [..., N, K/32]) that the kernel dequantizes while it reads, so the
+weights stay quantized in memory. All arithmetic is float32; rope angles are float64 (as the reference).
+"""
+from __future__ import annotations
+
+import math
+
+from tvm import te, tirx, topi
+
+F32 = "float32"
+
+
+class QWeight:
+    """A quantized weight as the kernels see it: `at(*idx)` is the dequantized float32 element."""
+
+    def __init__(self, kind: str, tensors):
+        self.kind = kind
+        self.tensors = tuple(tensors)
+
+    def at(self, *idx):
+        if self.kind == "q8_0":
+            qs, d = self.tensors
+            *lead, k = idx
+            return d[(*lead, k // 32)].astype(F32) * qs[idx].astype(F32)
+        raise NotImplementedError(self.kind)
+
+
+def _elem(w, *idx):
+    return w.at(*idx) if isinstance(w, QWeight) else w[idx]
+
+
+def get_rows(table, ids):
+    if len(ids.shape) == 1:
+        E = (table.tensors[0] if isinstance(table, QWeight) else table).shape[-1]
+        return te.compute((ids.shape[0], E), lambda t, e: _elem(table, ids[t].astype("int64"), e), name="get_rows")
+    B, n = ids.shape
+    C = table.shape[2]
+    return te.compute((B, n, C), lambda b, j, c: table[b, ids[b, j].astype("int64"), c], name="get_rows")
+
+
+def rms_norm(x, eps):
+    n = x.shape[-1]
+    k = te.reduce_axis((0, n), name="k")
+    ss = te.compute(x.shape[:-1], lambda *i: te.sum(x[(*i, k)] * x[(*i, k)], axis=k), name="rms_ss")
+    return te.compute(x.shape, lambda *i: x[i] / te.sqrt(ss[i[:-1]] / tirx.const(float(int(n)), F32) + tirx.const(eps, F32)),
+                      name="rms_norm")
+
+
+def mul(a, b):
+    return topi.multiply(a, b)
+
+
+def add(a, b):
+    return topi.add(a, b)
+
+
+def div(a, b):
+    return topi.divide(a, b)
+
+
+def scale(x, s):
+    return te.compute(x.shape, lambda *i: x[i] * tirx.const(s, F32), name="scale")
+
+
+def mul_mat(w, x):
+    N, K = (w.tensors[0] if isinstance(w, QWeight) else w).shape
+    k = te.reduce_axis((0, K), name="k")
+    return te.compute((*x.shape[:-1], N), lambda *i: te.sum(x[(*i[:-1], k)] * _elem(w, i[-1], k), axis=k), name="mul_mat")
+
+
+def mul_mat_id(w, x, ids):
+    X, N, K = (w.tensors[0] if isinstance(w, QWeight) else w).shape
+    T, kk = ids.shape
+    r = te.reduce_axis((0, K), name="k")
+    if len(x.shape) == 2:
+        def f(t, j, n):
+            return te.sum(x[t, r] * _elem(w, ids[t, j].astype("int64"), n, r), axis=r)
+    else:
+        def f(t, j, n):
+            return te.sum(x[t, j, r] * _elem(w, ids[t, j].astype("int64"), n, r), axis=r)
+    return te.compute((T, kk, N), f, name="mul_mat_id")
+
+
+def view(x, axis, start, length):
+    shape = list(x.shape)
+    shape[axis] = length
+
+    def f(*i):
+        i = list(i)
+        i[axis] = i[axis] + start
+        return x[tuple(i)]
+
+    return te.compute(shape, f, name="view")
+
+
+def concat(a, b, axis):
+    return topi.concatenate([a, b], axis=axis)
+
+
+def rope_ext(x, pos, n_rot, mode, freq_base):
+    half = n_rot // 2
+    log_base = math.log(freq_base)
+
+    def angle(t, i):
+        inv = te.exp(tirx.const(-2.0 * log_base / n_rot, "float64") * i.astype("float64"))
+        return pos[t].astype("float64") * inv
+
+    if mode == "neox":
+        def f(t, h, d):
+            j = tirx.if_then_else(d < half, d, d - half)
+            a = angle(t, j)
+            c, s = te.cos(a).astype(F32), te.sin(a).astype(F32)
+            lo = x[t, h, d] * c - x[t, h, d + half] * s
+            hi = x[t, h, d - half] * s + x[t, h, d] * c
+            return tirx.if_then_else(d < half, lo, tirx.if_then_else(d < n_rot, hi, x[t, h, d]))
+    else:  # "norm": adjacent pairs (2i, 2i+1)
+        def f(t, h, d):
+            a = angle(t, d // 2)
+            c, s = te.cos(a).astype(F32), te.sin(a).astype(F32)
+            even = x[t, h, d] * c - x[t, h, d + 1] * s
+            odd = x[t, h, d - 1] * s + x[t, h, d] * c
+            return tirx.if_then_else(d < n_rot, tirx.if_then_else(d % 2 == 0, even, odd), x[t, h, d])
+    return te.compute(x.shape, f, name="rope_ext")
+
+
+def flash_attn_ext(q, k, v, pos, n_kv, scale_):
+    """Attention of T query rows over KV cells [0, n_kv) with the causal mask cell <= pos[t]."""
+    T, H, D = q.shape
+    Hkv, Dv = k.shape[1], v.shape[2]
+    g = H // Hkv
+    neg = tirx.const(-math.inf, F32)
+    d = te.reduce_axis((0, D), name="d")
+    s = te.compute((T, H, n_kv), lambda t, h, c: te.sum(q[t, h, d] * k[c, h // g, d], axis=d), name="attn_qk")
+    sm = te.compute((T, H, n_kv), lambda t, h, c: tirx.if_then_else(
+        c <= pos[t].astype("int64"), s[t, h, c] * tirx.const(scale_, F32), neg), name="attn_masked")
+    c1 = te.reduce_axis((0, n_kv), name="c1")
+    m = te.compute((T, H), lambda t, h: te.max(sm[t, h, c1], axis=c1), name="attn_max")
+    e = te.compute((T, H, n_kv), lambda t, h, c: te.exp(sm[t, h, c] - m[t, h]), name="attn_exp")
+    c2 = te.reduce_axis((0, n_kv), name="c2")
+    z = te.compute((T, H), lambda t, h: te.sum(e[t, h, c2], axis=c2), name="attn_sum")
+    c3 = te.reduce_axis((0, n_kv), name="c3")
+    o = te.compute((T, H, Dv), lambda t, h, j: te.sum(e[t, h, c3] * v[c3, h // g, j], axis=c3), name="attn_pv")
+    return te.compute((T, H, Dv), lambda t, h, j: o[t, h, j] / z[t, h], name="attn_out")
+
+
+def sigmoid(x):
+    return te.compute(x.shape, lambda *i: tirx.const(1.0, F32) / (tirx.const(1.0, F32) + te.exp(-x[i])), name="sigmoid")
+
+
+def swiglu(gt, up):
+    return te.compute(gt.shape, lambda *i: gt[i] / (tirx.const(1.0, F32) + te.exp(-gt[i])) * up[i], name="swiglu")
+
+
+def clamp(x, lo, hi):
+    def f(*i):
+        r = x[i]
+        if math.isfinite(lo):
+            r = te.max(r, tirx.const(lo, F32))
+        if math.isfinite(hi):
+            r = te.min(r, tirx.const(hi, F32))
+        return r
+    return te.compute(x.shape, f, name="clamp")
+
+
+def sum_rows(x):
+    k = te.reduce_axis((0, x.shape[-1]), name="k")
+    return te.compute((*x.shape[:-1], 1), lambda *i: te.sum(x[(*i[:-1], k)], axis=k), name="sum_rows")
+
+
+def argsort_top_k(x, k):
+    """Top-k by rank counting: rank(e) = #{e' : x[e'] > x[e] or (x[e'] == x[e] and e' < e)}; O(n^2), fine for n_expert."""
+    T, n = x.shape
+    r = te.reduce_axis((0, n), name="r")
+    rank = te.compute((T, n), lambda t, e: te.sum(tirx.if_then_else(
+        tirx.any(x[t, r] > x[t, e], tirx.all(x[t, r] == x[t, e], r < e)), 1, 0), axis=r), name="topk_rank")
+    s = te.reduce_axis((0, n), name="s")
+    return te.compute((T, k), lambda t, j: te.sum(tirx.if_then_else(rank[t, s] == j, s.astype("int32"), 0), axis=s),
+                      name="argsort_top_k")
+
+
+def argmax(x):
+    return topi.argmax(x, axis=-1)   # int32, first index of the maximum

@@ -1,0 +1,145 @@
+"""IR Graph → one Relax function (an entry point), node by node through TE.
+
+Signature of every entry point (the runtime relies on this order, recorded in the manifest):
+    (*inputs in graph order, n_kv: Shape([L]), *states, *weight buffers)
+where a Q8_0 weight contributes two buffers (qs, d). States (KV caches) are updated in place with
+`call_tir_inplace`; outputs are returned as a tuple in graph output order.
+"""
+from __future__ import annotations
+
+from tvm import relax, tirx
+from tvm.script import tirx as T
+
+from nextn.compiler.ir import Graph
+
+from . import te_ops
+
+
+@T.prim_func(private=True, s_tir=True)
+def set_rows_kernel(var_cache: T.handle, var_rows: T.handle, var_pos: T.handle):
+    """ggml set_rows: cache[pos[t], :, :] = rows[t, :, :] (in place: the KV store)."""
+    T.func_attr({"tirx.noalias": True})
+    c, h, d, t = T.int64(), T.int64(), T.int64(), T.int64()
+    cache = T.match_buffer(var_cache, (c, h, d), "float32")
+    rows = T.match_buffer(var_rows, (t, h, d), "float32")
+    pos = T.match_buffer(var_pos, (t,), "int32")
+    for i, j, k in T.grid(t, h, d):
+        with T.sblock("set_rows"):
+            vi, vj, vk = T.axis.remap("SSS", [i, j, k])
+            cache[T.Cast("int64", pos[vi]), vj, vk] = rows[vi, vj, vk]
+
+
+# Weight buffer layouts per kind: list of (suffix, dtype, shape_fn(logical shape)).
+WEIGHT_LAYOUTS = {
+    "f32": [("", "float32", lambda s: tuple(s))],
+    "q8_0": [(".qs", "int8", lambda s: tuple(s)), (".d", "float16", lambda s: (*s[:-1], s[-1] // 32))],
+}
+
+
+def weight_params(graph: Graph, weight_kinds: dict[str, str]) -> list[tuple[str, str, tuple]]:
+    """(buffer name, dtype, shape) for every weight buffer of `graph`, in signature order."""
+    out = []
+    for name, node in graph.weights.items():
+        for suffix, dtype, shape_fn in WEIGHT_LAYOUTS[weight_kinds[name]]:
+            out.append((name + suffix, dtype, shape_fn(node.shape)))
+    return out
+
+
+def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str], set_rows_gv) -> None:
+    sym = {"T": tirx.Var("T", "int64"), "R": tirx.Var("R", "int64"), "L": tirx.Var("L", "int64")}
+
+    def shape(s):
+        return [sym[d] if isinstance(d, str) else d for d in s]
+
+    params, env = [], {}
+    for name, n in graph.inputs.items():
+        v = relax.Var(name, relax.TensorType(shape(n.shape), n.dtype))
+        params.append(v)
+        env[n.id] = v
+    n_kv = relax.Var("n_kv", relax.ShapeType([sym["L"]]))
+    params.append(n_kv)
+    for name, n in graph.states.items():
+        v = relax.Var(name.replace(".", "_"), relax.TensorType(shape(n.shape), n.dtype))
+        params.append(v)
+        env[n.id] = v
+    for name, n in graph.weights.items():
+        kind = weight_kinds[name]
+        vs = []
+        for suffix, dtype, shape_fn in WEIGHT_LAYOUTS[kind]:
+            v = relax.Var((name + suffix).replace(".", "_"), relax.TensorType(shape_fn(n.shape), dtype))
+            params.append(v)
+            vs.append(v)
+        env[n.id] = (kind, vs)
+
+    def arg_te(x):
+        return x
+
+    with bb.function(graph.name, params):
+        with bb.dataflow():
+            for n in graph.live_nodes():
+                if n.op in ("input", "state", "weight"):
+                    continue
+                args = [env[i.id] for i in n.inputs]
+                env[n.id] = _emit(bb, n, args, sym, set_rows_gv)
+            outs = [env[o.id] for o in graph.outputs.values()]
+            gv = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(gv)
+
+
+def _flatten(args):
+    """Expand quantized weights (kind, [vars]) into positional TE args + a rebuild function."""
+    flat, spec = [], []
+    for a in args:
+        if isinstance(a, tuple):
+            spec.append((a[0], len(a[1])))
+            flat.extend(a[1])
+        else:
+            spec.append((None, 1))
+            flat.append(a)
+
+    def rebuild(tes):
+        out, i = [], 0
+        for kind, cnt in spec:
+            if kind is None or kind == "f32":
+                out.append(tes[i])
+            else:
+                out.append(te_ops.QWeight(kind, tes[i:i + cnt]))
+            i += cnt
+        return out
+
+    return flat, rebuild
+
+
+def _emit(bb, n, args, sym, set_rows_gv):
+    op, at = n.op, n.attrs
+    if op == "reshape":
+        return bb.emit(relax.op.reshape(args[0], [sym[d] if isinstance(d, str) else d for d in n.shape]))
+    if op == "set_rows":
+        cache = args[0]
+        return bb.emit(relax.op.call_tir_inplace(set_rows_gv, relax.Tuple(args), [0], cache.ty))
+    flat, rebuild = _flatten(args)
+    fn = getattr(te_ops, op)
+    extra = {
+        "rms_norm": lambda: (at["eps"],),
+        "scale": lambda: (at["s"],),
+        "view": lambda: (at["axis"], at["start"], at["length"]),
+        "concat": lambda: (at["axis"],),
+        "rope_ext": lambda: (at["n_rot"], at["mode"], at["freq_base"]),
+        "flash_attn_ext": lambda: (at["scale"],),
+        "clamp": lambda: (at["lo"], at["hi"]),
+        "argsort_top_k": lambda: (at["k"],),
+    }.get(op, lambda: ())()
+    # Symbolic sizes go through emit_te's args so that the PrimFunc gets them as parameters.
+    prim = [sym["L"]] if op == "flash_attn_ext" else []
+    nf = len(flat)
+    return bb.emit_te(lambda *tes: fn(*rebuild(list(tes[:nf])), *tes[nf:], *extra), *flat, *prim,
+                      primfunc_name_hint=op)
+
+
+def build_module(graphs: list[Graph], weight_kinds: dict[str, str]):
+    """An IRModule with one Relax function per graph (entry point)."""
+    bb = relax.BlockBuilder()
+    set_rows_gv = bb.add_func(set_rows_kernel, "set_rows")
+    for g in graphs:
+        to_relax(bb, g, weight_kinds, set_rows_gv)
+    return bb.get()
