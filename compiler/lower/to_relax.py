@@ -46,7 +46,7 @@ def weight_params(graph: Graph, weight_kinds: dict[str, str]) -> list[tuple[str,
 
 
 def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str], set_rows_gv) -> None:
-    sym = {"T": tirx.Var("T", "int64"), "R": tirx.Var("R", "int64"), "L": tirx.Var("L", "int64")}
+    sym = {d: tirx.Var(d, "int64") for d in ("T", "R", "L", "C")}
 
     def shape(s):
         return [sym[d] if isinstance(d, str) else d for d in s]

@@ -15,8 +15,8 @@ class ModelSpec:
     trunk_tensors: Callable
     nextn_tensors: Callable
     nextn_optional: Callable
-    build_trunk: Callable      # (config, ctx, has_tensor, all_rows) -> Graph
-    build_mtp: Callable        # (config, ctx, has_tensor, all_rows) -> Graph
+    build_trunk: Callable      # (config, has_tensor, all_rows) -> Graph
+    build_mtp: Callable        # (config, has_tensor, all_rows) -> Graph
 
 
 def _glm4moe() -> ModelSpec:

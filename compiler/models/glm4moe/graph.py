@@ -84,8 +84,8 @@ def block(g: Graph, c: Glm4MoeConfig, il: int, x, pos, kc, vc, is_moe: bool):
     return g.add(ffn, r)
 
 
-def _kv_states(g: Graph, c: Glm4MoeConfig, ctx: int, prefix: str, il: int):
-    shape = (ctx, c.n_head_kv, c.head_dim)
+def _kv_states(g: Graph, c: Glm4MoeConfig, prefix: str, il: int):
+    shape = ("C", c.n_head_kv, c.head_dim)      # C = context size, chosen at load time
     return g.state(f"{prefix}k.{il}", shape), g.state(f"{prefix}v.{il}", shape)
 
 
@@ -98,7 +98,7 @@ def _head(g: Graph, c: Glm4MoeConfig, hs, head_name: str, all_rows: bool):
     g.output("argmax", g.argmax(logits))
 
 
-def build_trunk(c: Glm4MoeConfig, ctx: int, has_tensor, all_rows: bool) -> Graph:
+def build_trunk(c: Glm4MoeConfig, has_tensor, all_rows: bool) -> Graph:
     """Trunk forward over T rows. Outputs: `hidden` [T, n_embd] (post output_norm: the MTP seed
     `t_h_nextn`), `logits` [R, n_vocab] and `argmax` [R] for rows `out_ids` (all rows if `all_rows`)."""
     g = Graph("verify" if all_rows else "prefill")
@@ -106,7 +106,7 @@ def build_trunk(c: Glm4MoeConfig, ctx: int, has_tensor, all_rows: bool) -> Graph
     pos = g.input("pos", ("T",), "int32")
     x = g.get_rows(g.weight("token_embd.weight", (c.n_vocab, c.n_embd)), tokens)
     for il in range(c.n_layer):
-        kc, vc = _kv_states(g, c, ctx, "", il)
+        kc, vc = _kv_states(g, c, "", il)
         x = block(g, c, il, x, pos, kc, vc, il >= c.n_lead_dense)
     hN = _norm(g, x, "output_norm.weight", c.rms_eps)
     g.output("hidden", hN)
@@ -114,7 +114,7 @@ def build_trunk(c: Glm4MoeConfig, ctx: int, has_tensor, all_rows: bool) -> Graph
     return g
 
 
-def build_mtp(c: Glm4MoeConfig, ctx: int, has_tensor, all_rows: bool) -> Graph:
+def build_mtp(c: Glm4MoeConfig, has_tensor, all_rows: bool) -> Graph:
     """NextN block over T rows (`graph_mtp`). Row t pairs `tokens[t]` with `h_prev[t]` (a post-norm hidden:
     the trunk's `output_norm` output at position pos[t]-1, or the previous draft step's `t_h_nextn`).
     Outputs: `h_nextn` [T, n_embd] (post shared_head_norm) and `logits` / `argmax` for the output rows."""
@@ -129,7 +129,7 @@ def build_mtp(c: Glm4MoeConfig, ctx: int, has_tensor, all_rows: bool) -> Graph:
     en = _norm(g, e, p + "enorm.weight", c.rms_eps)
     hn = _norm(g, h, p + "hnorm.weight", c.rms_eps)
     z = _linear(g, g.concat(en, hn, axis=1), p + "eh_proj", c.n_embd)     # order: [enorm(e) | hnorm(h)]
-    kc, vc = _kv_states(g, c, ctx, "nextn.", il)
+    kc, vc = _kv_states(g, c, "nextn.", il)
     x = block(g, c, il, z, pos, kc, vc, True)
     norm = p + "shared_head_norm.weight" if has_tensor(p + "shared_head_norm.weight") else "output_norm.weight"
     hs = _norm(g, x, norm, c.rms_eps)

@@ -1,0 +1,165 @@
+"""A loaded model: the artifact's compiled entry points, the weights, and static KV buffers.
+
+The engine calls one compiled entry point per step (prefill chunk, verify pass, MTP rows, draft step);
+each is a Relax VM function that runs every kernel of that step, so Python never dispatches per kernel.
+KV buffers are static, indexed by position: `[ctx, n_head_kv, head_dim]` float32 per layer for the trunk
+(layers 0..n_layer-1) and for the NextN block (its own, separate buffers). Rolling back is free: cells past
+the committed prefix are masked out (attention reads cells <= pos) and overwritten by the next write.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .artifact import Artifact, load_artifact
+from .errors import NextnError
+from .model_check import check_model_files
+
+PREFILL_CHUNK = 512   # rows per prefill call (llama.cpp's default n_ubatch)
+
+
+class Engine:
+    """Load with `Engine.open(path, ...)`; `path` is an artifact directory or a GGUF (compiled and cached)."""
+
+    def __init__(self, artifact: Artifact, ctx_size: int | None = None, load_mtp: bool = True,
+                 model_path: str | None = None, draft_path: str | None = None, device: str = "cpu"):
+        import tvm
+        from tvm.runtime.vm import VirtualMachine
+        import tvm_ffi
+
+        from nextn.compiler.loader.model_files import ModelFiles
+
+        self.artifact = artifact
+        m = artifact.manifest
+        self.hparams = m["hparams"]
+        model_path = model_path or artifact.model_path("model")
+        draft_path = draft_path or artifact.model_path("draft")
+        load_mtp = load_mtp and (m["has_mtp"] or draft_path is not None)
+        self.files = ModelFiles(model_path, draft_path, load_mtp=load_mtp)
+        check_model_files(artifact, self.files)
+        self.has_mtp = load_mtp and m["has_mtp"]
+        self.n_ctx = int(ctx_size or min(self.hparams["n_ctx_train"], 4096))
+        if self.n_ctx < 2:
+            raise NextnError(f"context size {self.n_ctx} is too small (-c)")
+        if device != "cpu":
+            raise NextnError(f"device '{device}' is not supported by this artifact (target {m['target']['name']})")
+        self.dev = tvm.cpu()
+        self._shape = tvm_ffi.Shape
+        self._tensor = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a), self.dev)
+        ex = tvm.runtime.load_module(artifact.library_path)
+        self.vm = VirtualMachine(ex, self.dev)
+
+        # Weights, in the manifest's buffer plan; NextN-only buffers only when speculation is on.
+        bufs = {}
+        plan = [b for b in m["buffer_plan"]["weights"] if self.has_mtp or not b["mtp_only"]]
+        by_tensor: dict[str, list[dict]] = {}
+        for b in plan:
+            by_tensor.setdefault(b["tensor"], []).append(b)
+        for tname, blist in by_tensor.items():
+            w = self.files.load(tname, quantized=blist[0]["kind"] != "f32")
+            for b, arr in zip(blist, w.arrays):
+                if list(arr.shape) != b["shape"] or str(arr.dtype) != b["dtype"]:
+                    raise NextnError(f"{self.files.file_of(tname).path}: tensor '{tname}' loads as {arr.dtype}{list(arr.shape)}, "
+                                     f"the artifact expects {b['dtype']}{b['shape']}; recompile the artifact")
+                bufs[b["buffer"]] = self._tensor(arr)
+        self.weight_bytes = sum(b["nbytes"] for b in plan)
+
+        # Static KV: one [C, Hkv, D] buffer per state name.
+        hkv, hd = self.hparams["n_head_kv"], self.hparams["head_dim"]
+        self.states = {}
+        self._fn, self._rest = {}, {}
+        for name, ep in m["entry_points"].items():
+            if ep["graph"] == "mtp" and not self.has_mtp:
+                continue
+            for s in ep["states"]:
+                if s not in self.states:
+                    self.states[s] = tvm.runtime.empty((self.n_ctx, hkv, hd), "float32", self.dev)
+            self._fn[name] = self.vm[name]
+            self._rest[name] = [self.states[s] for s in ep["states"]] + [bufs[w] for w in ep["weights"]]
+        self.kv_bytes = sum(int(np.prod(s.shape)) * 4 for s in self.states.values())
+
+    @classmethod
+    def open(cls, path: str, target: str = "llvm", ctx_size: int | None = None, load_mtp: bool = True,
+             draft_path: str | None = None, log=None) -> "Engine":
+        """Open an artifact directory, or a GGUF file (compiled for `target` first, cached by its sha256)."""
+        if os.path.isdir(path):
+            return cls(load_artifact(path), ctx_size, load_mtp, draft_path=draft_path)
+        from .cache import compiled_artifact
+
+        art_dir = compiled_artifact(path, target, draft_path, log=log)
+        return cls(load_artifact(art_dir), ctx_size, load_mtp, model_path=path, draft_path=draft_path)
+
+    # -- entry points -----------------------------------------------------------------------------
+    def _check_room(self, end: int):
+        if end > self.n_ctx:
+            raise NextnError(f"context is full: {end} tokens do not fit in the context of {self.n_ctx} (-c)")
+
+    def _run(self, name, tokens, pos0, extra=()):
+        T = len(tokens)
+        self._check_room(pos0 + T)
+        tok = self._tensor(np.asarray(tokens, np.int32))
+        pos = self._tensor(np.arange(pos0, pos0 + T, dtype=np.int32))
+        args = [tok, pos, *[self._tensor(e) for e in extra], self._shape([pos0 + T])]
+        return self._fn[name](*args, *self._rest[name])
+
+    def prefill(self, tokens, pos0: int = 0):
+        """Trunk over `tokens` at positions pos0.. (chunked). Returns (hidden [T, n_embd] f32 post output_norm,
+        logits [n_vocab] f32 of the last row, argmax of the last row)."""
+        hs = []
+        for s in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = tokens[s:s + PREFILL_CHUNK]
+            h, lg, am = self._run("prefill", chunk, pos0 + s, (np.array([len(chunk) - 1], np.int32),))
+            hs.append(h.numpy())
+        return np.concatenate(hs), lg.numpy()[0], int(am.numpy()[0])
+
+    def verify(self, tokens, pos0: int):
+        """Trunk over k+1 rows [id_last, d1..dk] at pos0..: (hidden [k+1, E], logits [k+1, V], argmax [k+1])."""
+        h, lg, am = self._run("verify", tokens, pos0)
+        return h.numpy(), lg, am.numpy()
+
+    def mtp_rows(self, tokens, h_prev, pos0: int):
+        """NextN rows teacher-forced: row t pairs tokens[t] with h_prev[t]; writes the NextN KV at pos0..
+        Returns h_nextn [T, E] of the rows."""
+        outs = []
+        for s in range(0, len(tokens), PREFILL_CHUNK):
+            t = tokens[s:s + PREFILL_CHUNK]
+            h, _lg, _am = self._run("mtp_rows", t, pos0 + s,
+                                    (np.ascontiguousarray(h_prev[s:s + len(t)], np.float32), np.array([len(t) - 1], np.int32)))
+            outs.append(h.numpy())
+        return np.concatenate(outs)
+
+    def mtp_draft(self, tokens, h_prev, pos0: int):
+        """NextN rows with logits for every row: (h_nextn [T, E], logits [T, V] tvm tensor, argmax [T])."""
+        h, lg, am = self._run("mtp_draft", tokens, pos0, (np.ascontiguousarray(h_prev, np.float32),))
+        return h.numpy(), lg, am.numpy()
+
+    # -- whole-sequence API -----------------------------------------------------------------------
+    def logits(self, token_ids) -> np.ndarray:
+        """Trunk logits `[T, n_vocab]` float32 for `token_ids` at positions 0..T-1 (no KV reuse).
+        Semantics: llama.cpp src/models/glm4-moe.cpp (reference §4.1)."""
+        ids = np.asarray(token_ids, np.int32)
+        out = []
+        for s in range(0, len(ids), PREFILL_CHUNK):
+            _h, lg, _am = self.verify(ids[s:s + PREFILL_CHUNK], s)
+            out.append(lg.numpy())
+        return np.concatenate(out)
+
+    def hidden(self, token_ids) -> np.ndarray:
+        """Trunk post-`output_norm` hidden `[T, n_embd]` float32 (the MTP seed `t_h_nextn`)."""
+        return self.prefill(np.asarray(token_ids, np.int32), 0)[0]
+
+    def mtp_logits(self, token_ids) -> np.ndarray:
+        """Teacher-forced NextN logits `[T, n_vocab]` float32: row p pairs token p with the trunk hidden at
+        p-1 (zeros at p = 0) and predicts token p+1 (llama.cpp common/speculative.cpp draft-mtp `process()`,
+        reference §6.2)."""
+        if not self.has_mtp:
+            raise NextnError("this model has no NextN (MTP) block loaded")
+        ids = np.asarray(token_ids, np.int32)
+        h = self.hidden(ids)
+        h_prev = np.concatenate([np.zeros((1, h.shape[1]), np.float32), h[:-1]])
+        out = []
+        for s in range(0, len(ids), PREFILL_CHUNK):
+            _h, lg, _am = self.mtp_draft(ids[s:s + PREFILL_CHUNK], h_prev[s:s + PREFILL_CHUNK], s)
+            out.append(lg.numpy())
+        return np.concatenate(out)
