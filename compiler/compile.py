@@ -134,11 +134,10 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
         "nextn": {"layers": 1 if with_mtp else 0, "shape": ["C", c.n_head_kv, c.head_dim], "dtype": "float32", "k_and_v": True},
     }
     out_abs = os.path.abspath(out_dir)
-    model_files = [{"role": "model", "path": _rel(mf.main.path, out_abs), "size": os.path.getsize(mf.main.path),
-                    "sha256": mf.main.sha256()}]
-    if mf.draft is not None:
-        model_files.append({"role": "draft", "path": _rel(mf.draft.path, out_abs),
-                            "size": os.path.getsize(mf.draft.path), "sha256": mf.draft.sha256()})
+    # Model files are referenced, not copied (weights stay in the GGUF): path relative to the artifact and absolute.
+    model_files = [{"role": role, "path": os.path.abspath(f.path), "relpath": _rel(f.path, out_abs),
+                    "size": os.path.getsize(f.path), "sha256": f.sha256()}
+                   for role, f in (("model", mf.main), ("draft", mf.draft)) if f is not None]
     manifest = {
         "schema": SCHEMA,
         "nextn_version": nextn_version(),

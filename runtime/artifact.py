@@ -40,8 +40,8 @@ class Artifact:
     def model_path(self, role: str = "model") -> str | None:
         for f in self.manifest["model_files"]:
             if f["role"] == role:
-                p = f["path"]
-                return p if os.path.isabs(p) else os.path.normpath(os.path.join(self.path, p))
+                rel = os.path.normpath(os.path.join(self.path, f.get("relpath", "")))
+                return rel if f.get("relpath") and os.path.isfile(rel) else f["path"]
         return None
 
 

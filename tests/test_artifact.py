@@ -1,0 +1,92 @@
+"""`nextn compile` artifacts: manifest contents, hash checks, and the CLI contract of `nextn run --json`."""
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import G4
+
+from nextn.runtime.artifact import load_artifact
+from nextn.runtime.errors import NextnError
+
+
+def sha(p):
+    return hashlib.sha256(open(p, "rb").read()).hexdigest()
+
+
+def test_manifest(compiled):
+    art = compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf")
+    m = json.load(open(f"{art}/manifest.json"))
+    assert m["tvm_version"] == "0.27.0.post1" and m["tvm_ffi_version"] == "0.1.14.post1"
+    assert m["target"]["name"] == "llvm" and m["arch"] == "glm4moe"
+    assert m["model_files"][0]["sha256"] == sha(G4 / "tiny-glm4moe-Q8_0.gguf")
+    assert m["hparams"]["n_layer"] == 4 and m["hparams"]["n_expert_used"] == 2
+    assert set(m["entry_points"]) == {"prefill", "verify", "mtp_rows", "mtp_draft"}
+    for lib in m["libraries"]:
+        assert sha(f"{art}/{lib['file']}") == lib["sha256"]
+    plan = m["buffer_plan"]
+    # Q8_0 stays quantized: qs int8 + d float16 buffers, no float32 copy of those tensors
+    q = [b for b in plan["weights"] if b["tensor"] == "blk.1.attn_q.weight"]
+    assert [(b["dtype"], b["shape"]) for b in q] == [("int8", [256, 256]), ("float16", [256, 8])]
+    # weight buffers vs the GGUF's tensor data: Q8_0 is 34 bytes per 32 weights either way
+    import gguf
+
+    r = gguf.GGUFReader(G4 / "tiny-glm4moe-Q8_0.gguf")
+    data = sum(int(t.n_bytes) for t in r.tensors)
+    assert abs(plan["weight_bytes"] - data) / data < 0.05
+
+
+def test_tampered_library_is_refused(compiled, tmp_path):
+    art = tmp_path / "art"
+    shutil.copytree(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), art)
+    lib = next(art.glob("*.so"))
+    data = bytearray(lib.read_bytes())
+    data[-1] ^= 0xFF
+    lib.write_bytes(bytes(data))
+    with pytest.raises(NextnError, match="does not match the manifest"):
+        load_artifact(str(art))
+    r = subprocess.run([sys.executable, "-m", "nextn.runtime.cli", "run", str(art), "-p", "x"], capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "refusing to load" in r.stderr
+
+
+def test_model_file_must_match_manifest(compiled, tmp_path):
+    import nextn.runtime as rt
+
+    art = tmp_path / "art"
+    shutil.copytree(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), art)
+    m = json.load(open(art / "manifest.json"))
+    m["model_files"][0]["sha256"] = "0" * 64
+    json.dump(m, open(art / "manifest.json", "w"))
+    with pytest.raises(NextnError, match="sha256 differs"):
+        rt.load(str(art))
+
+
+def test_run_json_contract(compiled):
+    art = compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf")
+    r = subprocess.run([sys.executable, "-m", "nextn.runtime.cli", "run", art, "-p", "import os\nimport sys\n", "-n", "12",
+                        "--spec-type", "draft-mtp", "--spec-draft-n-max", "2", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) >= {"prompt_tokens", "tokens", "text", "stats", "timings"}
+    assert set(out["stats"]) >= {"rounds", "drafted", "accepted", "acceptance", "mean_len", "per_pos"}
+    assert set(out["timings"]) >= {"prefill_s", "decode_s", "tokens_per_s"}
+    assert len(out["tokens"]) == 12 and len(out["stats"]["per_pos"]) == 2
+    assert out["stats"]["mean_len"] == pytest.approx(1 + out["stats"]["accepted"] / out["stats"]["rounds"])
+    plain = subprocess.run([sys.executable, "-m", "nextn.runtime.cli", "run", art, "-p", "import os\nimport sys\n", "-n", "12",
+                            "--spec-type", "none", "--json"], capture_output=True, text=True)
+    assert json.loads(plain.stdout)["tokens"] == out["tokens"]
+
+
+def test_run_gguf_compiles_and_caches(tmp_path):
+    """`nextn run MODEL.gguf` compiles once into the cache, then reuses it."""
+    import os
+
+    env = {**os.environ, "NEXTN_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "nextn.runtime.cli", "run", str(G4 / "tiny-glm4moe-Q8_0.gguf"), "-p", "def", "-n", "3"]
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert first.returncode == 0 and "compiling" in first.stderr
+    second = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert second.returncode == 0 and "compiling" not in second.stderr and second.stdout == first.stdout

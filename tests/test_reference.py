@@ -1,0 +1,56 @@
+"""End to end against the fixture references (BF16 bundle: the weights exactly as trained).
+
+Expected values are read from ../shared/fixtures/tiny-glm4moe/reference*.{json,npz}; tolerance 1e-4 relative
+(max-abs error over the row's max-abs), as the fixture README states.
+"""
+import numpy as np
+import pytest
+
+from conftest import reference, reference_logits, rel_err
+
+REF = reference()
+PROMPTS = {p["kind"]: p for p in REF["prompts"]}
+FULL_KINDS = ["code-short", "docs-heading"]   # kinds with full [T, vocab] logits in the npz
+
+
+@pytest.mark.parametrize("kind", FULL_KINDS)
+def test_trunk_logits_and_hidden(bf16_model, kind):
+    npz = reference_logits()
+    ids = PROMPTS[kind]["prompt_ids"]
+    assert rel_err(bf16_model.logits(ids), npz[f"{kind}/trunk_logits"]) < 1e-4
+    assert rel_err(bf16_model.engine.hidden(ids), npz[f"{kind}/trunk_hidden"]) < 1e-4
+
+
+@pytest.mark.parametrize("kind", FULL_KINDS)
+def test_mtp_logits(bf16_model, kind):
+    npz = reference_logits()
+    got = bf16_model.mtp_logits(PROMPTS[kind]["prompt_ids"])
+    assert got.shape == npz[f"{kind}/mtp_logits"].shape
+    assert rel_err(got, npz[f"{kind}/mtp_logits"]) < 1e-4
+
+
+@pytest.mark.parametrize("kind", sorted(PROMPTS))
+def test_last_logits(bf16_model, kind):
+    npz = reference_logits()
+    ids = PROMPTS[kind]["prompt_ids"]
+    _h, last, am = bf16_model.engine.prefill(np.asarray(ids, np.int32), 0)
+    assert rel_err(last, npz[f"{kind}/last_logits"]) < 1e-4
+    assert am == PROMPTS[kind]["last_logits_argmax"]
+
+
+@pytest.mark.parametrize("kind", sorted(PROMPTS))
+def test_greedy_and_speculative(bf16_model, kind):
+    """Greedy continuation equals the reference; spec on ≡ spec off for n_max 1..3; acceptance counts equal."""
+    p = PROMPTS[kind]
+    plain = bf16_model.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True)
+    assert plain.ids == p["greedy_ids"]
+    assert plain.text == p["greedy_text"]
+    assert plain.stats.rounds == 0
+    for n_max in (1, 2, 3):
+        r = bf16_model.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=n_max, ignore_eos=True)
+        want = p["spec"][str(n_max)]
+        assert r.ids == plain.ids, f"n_max={n_max}: speculative output differs from plain decoding"
+        assert (r.stats.rounds, r.stats.drafted, r.stats.accepted) == (want["steps"], want["drafted"], want["accepted"])
+        assert r.stats.mean_len == pytest.approx(want["mean_len"])
+        assert r.stats.per_pos == pytest.approx(want["per_pos"])
+        assert r.stats.acceptance == pytest.approx(want["rate"])
