@@ -42,7 +42,10 @@ def make_target(target: str):
     from tvm.target import Target
 
     if target == "llvm":
-        return Target({"kind": "llvm"})
+        # This host's CPU: the kernels use its vector ISA (the manifest records it; the runtime checks it).
+        from tvm.target import codegen
+
+        return Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
     raise NextnError(f"unsupported target '{target}' (supported: {', '.join(TARGETS)})")
 
 
@@ -143,7 +146,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
         "nextn_version": nextn_version(),
         "tvm_version": tvm.__version__,
         "tvm_ffi_version": getattr(tvm_ffi, "__version__", "unknown"),
-        "target": {"name": target, "json": json.loads(json.dumps(tgt.export(), default=str))},
+        "target": {"name": target, "kind": tgt.kind.name, "mcpu": str(tgt.attrs.get("mcpu", "")),
+                   "str": str(tgt)},
         "host": platform.machine(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model_files": model_files,
