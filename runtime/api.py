@@ -23,10 +23,15 @@ class GenerateResult:
     finish_reason: str
     spec_type: str
     n_max: int
+    vm_s: dict
 
     @property
     def tokens_per_s(self) -> float:
         return len(self.ids) / self.decode_s if self.decode_s > 0 else 0.0
+
+    @property
+    def python_share(self) -> float:
+        return max(0.0, 1.0 - sum(self.vm_s.values()) / self.decode_s) if self.decode_s > 0 else 0.0
 
     def to_json(self) -> dict:
         return {
@@ -37,7 +42,9 @@ class GenerateResult:
             "spec_type": self.spec_type,
             "spec_draft_n_max": self.n_max,
             "stats": self.stats.to_json(),
-            "timings": {"prefill_s": self.prefill_s, "decode_s": self.decode_s, "tokens_per_s": self.tokens_per_s},
+            "timings": {"prefill_s": self.prefill_s, "decode_s": self.decode_s, "tokens_per_s": self.tokens_per_s,
+                        "draft_s": self.vm_s.get("mtp_draft", 0.0), "verify_s": self.vm_s.get("verify", 0.0),
+                        "mtp_rows_s": self.vm_s.get("mtp_rows", 0.0)},
         }
 
 
@@ -78,7 +85,7 @@ class Model:
         g = _generate(self.engine, ids, n_predict, spec=spec, n_max=n_max, temp=temp, seed=seed,
                       eog_ids=frozenset() if ignore_eos else self.tokenizer.eog_ids)
         return GenerateResult(len(ids), g.tokens, self.tokenizer.decode(g.tokens), g.stats, g.prefill_s, g.decode_s,
-                              g.finish_reason, spec_type, n_max if spec else 0)
+                              g.finish_reason, spec_type, n_max if spec else 0, g.vm_s)
 
     def logits(self, token_ids) -> np.ndarray:
         """Trunk logits `[T, n_vocab]` float32 for positions 0..T-1."""

@@ -8,6 +8,30 @@ from .errors import NextnError
 from .model_check import cache_dir, file_sha256
 
 
+def compiler_fingerprint() -> str:
+    """Hash of the compiler's own sources and TVM version: a changed compiler never reuses a stale artifact."""
+    import hashlib
+
+    import nextn.compiler
+    import nextn.schedules
+
+    h = hashlib.sha256()
+    for pkg in (nextn.compiler, nextn.schedules):
+        root = os.path.dirname(pkg.__file__)
+        for d, _dirs, files in sorted(os.walk(root)):
+            for fn in sorted(files):
+                if fn.endswith(".py"):
+                    with open(os.path.join(d, fn), "rb") as f:
+                        h.update(fn.encode() + f.read())
+    try:
+        from importlib.metadata import version
+
+        h.update(version("apache-tvm").encode())
+    except Exception:
+        pass
+    return h.hexdigest()[:12]
+
+
 def compiled_artifact(model: str, target: str, draft: str | None = None, log=None) -> str:
     from nextn.compiler.compile import compile_model, nextn_version
 
@@ -18,7 +42,7 @@ def compiled_artifact(model: str, target: str, draft: str | None = None, log=Non
         if not os.path.isfile(draft):
             raise NextnError(f"{draft}: no such file")
         key += "-" + file_sha256(draft)[:16]
-    out = os.path.join(cache_dir(), "artifacts", f"{key}-{target}-{nextn_version()}")
+    out = os.path.join(cache_dir(), "artifacts", f"{key}-{target}-{nextn_version()}-{compiler_fingerprint()}")
     if os.path.isfile(os.path.join(out, "manifest.json")):
         try:
             load_artifact(out)

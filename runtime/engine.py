@@ -9,6 +9,7 @@ the committed prefix are masked out (attention reads cells <= pos) and overwritt
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -78,6 +79,7 @@ class Engine:
             self._fn[name] = self.vm[name]
             self._rest[name] = [self.states[s] for s in ep["states"]] + [bufs[w] for w in ep["weights"]]
         self.kv_bytes = sum(int(np.prod(s.shape)) * 4 for s in self.states.values())
+        self.vm_seconds = {name: 0.0 for name in self._fn}   # time inside compiled entry points, per entry
 
     @classmethod
     def open(cls, path: str, target: str = "llvm", ctx_size: int | None = None, load_mtp: bool = True,
@@ -101,7 +103,10 @@ class Engine:
         tok = self._tensor(np.asarray(tokens, np.int32))
         pos = self._tensor(np.arange(pos0, pos0 + T, dtype=np.int32))
         args = [tok, pos, *[self._tensor(e) for e in extra], self._shape([pos0 + T])]
-        return self._fn[name](*args, *self._rest[name])
+        t0 = time.perf_counter()
+        out = self._fn[name](*args, *self._rest[name])
+        self.vm_seconds[name] += time.perf_counter() - t0
+        return out
 
     def prefill(self, tokens, pos0: int = 0):
         """Trunk over `tokens` at positions pos0.. (chunked). Returns (hidden [T, n_embd] f32 post output_norm,

@@ -69,6 +69,12 @@ class Generation:
     prefill_s: float
     decode_s: float
     finish_reason: str
+    vm_s: dict = field(default_factory=dict)   # decode-phase seconds inside each compiled entry point
+
+    @property
+    def python_share(self) -> float:
+        """Share of decode time spent outside compiled entry points (the loop, conversions, host copies)."""
+        return max(0.0, 1.0 - sum(self.vm_s.values()) / self.decode_s) if self.decode_s > 0 else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -115,6 +121,7 @@ def generate(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int =
     pending_h = hidden[-1:]              # trunk hidden of the position before id_last
     n_past = len(prompt)                 # the position id_last will occupy
     out = [int(id_last)]
+    vm0 = dict(engine.vm_seconds)
     t1 = time.perf_counter()
     finish = "eos" if id_last in eog_ids else "length"
 
@@ -158,4 +165,6 @@ def generate(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int =
     if out[-1] in eog_ids:
         finish = "eos"
     out = out[:n_predict]
-    return Generation(out, stats, t1 - t0, time.perf_counter() - t1, finish)
+    t2 = time.perf_counter()
+    vm_s = {k: engine.vm_seconds[k] - vm0.get(k, 0.0) for k in engine.vm_seconds}
+    return Generation(out, stats, t1 - t0, t2 - t1, finish, vm_s)

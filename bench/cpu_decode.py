@@ -1,0 +1,73 @@
+"""Decode speed on this CPU: spec off vs draft-mtp n_max 1..3 on the fixture prompts, and where the time goes.
+
+    python bench/cpu_decode.py [--model artifacts/tiny-glm4moe-Q8_0.gguf] [--repeat 3] [--json out.json]
+
+For every prompt kind: tokens/s of plain decoding and of draft-mtp at each n_max (same engine, same run,
+best of --repeat), acceptance, and the share of decode time spent outside the compiled entry points (Python:
+the draft/verify loop, argument conversion, host copies).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "..", "shared", "fixtures")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=os.path.join(HERE, "..", "artifacts", "tiny-glm4moe-Q8_0.gguf"))
+    ap.add_argument("--prompts", default=os.path.join(FIXTURES, "prompts.json"))
+    ap.add_argument("-n", "--n-predict", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    import nextn.runtime as rt
+
+    m = rt.load(args.model, ctx_size=4096, log=lambda s: print(s, file=sys.stderr))
+    eng = m.engine
+    prompts = json.load(open(args.prompts))
+    configs = [("off", "none", 0)] + [(f"n_max={k}", "draft-mtp", k) for k in (1, 2, 3)]
+    rows, tot = [], {c[0]: [0, 0.0, 0.0] for c in configs}
+    for p in prompts:
+        ids = m.tokenizer.encode(p["text"])[-2000:]
+        row = {"kind": p["kind"], "prompt_tokens": len(ids)}
+        for label, spec_type, k in configs:
+            best = None
+            for _ in range(args.repeat):
+                r = m.generate(ids, args.n_predict, spec_type=spec_type, n_max=max(k, 1), ignore_eos=True)
+                if best is None or r.decode_s < best.decode_s:
+                    best = r
+            r = best
+            py_share = r.python_share
+            row[label] = {"tok_s": r.tokens_per_s, "acceptance": r.stats.acceptance, "mean_len": r.stats.mean_len,
+                          "python_share": py_share}
+            tot[label][0] += len(r.ids)
+            tot[label][1] += r.decode_s
+            tot[label][2] += py_share * r.decode_s
+        rows.append(row)
+
+    head = ["kind", "T"] + [c[0] for c in configs]
+    print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for row in rows:
+        cells = [row["kind"], str(row["prompt_tokens"]), f"{row['off']['tok_s']:.0f}"]
+        for label, _s, _k in configs[1:]:
+            c = row[label]
+            cells.append(f"{c['tok_s']:.0f} ({c['acceptance']:.2f}, x{c['tok_s'] / row['off']['tok_s']:.2f})")
+        print("| " + " | ".join(cells) + " |")
+    cells = ["all", ""] + [f"{tot[c[0]][0] / tot[c[0]][1]:.0f}" for c in configs]
+    print("| " + " | ".join(cells) + " |")
+    print("\ncells: tok/s (acceptance, speed-up over spec off); python share of decode time: " + ", ".join(
+        f"{c[0]} {tot[c[0]][2] / tot[c[0]][1] * 100:.0f}%" for c in configs))
+    print(f"model {os.path.basename(args.model)}, {eng.weight_bytes / 1e6:.1f} MB weights, n_predict {args.n_predict}, "
+          f"best of {args.repeat}, {os.cpu_count()} CPUs")
+    if args.json:
+        json.dump({"rows": rows, "model": args.model}, open(args.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
