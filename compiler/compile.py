@@ -50,7 +50,11 @@ def make_target(target: str):
 
 
 def weight_kind(mf: ModelFiles, name: str) -> str:
-    return "q8_0" if mf.file_of(name).tensor_type(name) == "Q8_0" else "f32"
+    """Buffer-plan kind of a tensor: its quantized format's kind, or "f32" (float types are widened on load)."""
+    from .quant import by_ggml_type
+
+    fmt = by_ggml_type(mf.file_of(name).tensor_type(name))
+    return fmt.kind if fmt is not None else "f32"
 
 
 def build_graphs(mf: ModelFiles, with_mtp: bool):
@@ -113,6 +117,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             "graph": "trunk" if ENTRY_POINTS[name][0] == "trunk" else "mtp",
             "inputs": [{"name": n, "dtype": v.dtype, "shape": list(v.shape)} for n, v in g.inputs.items()],
             "states": list(g.states),
+            "state_shapes": {n: [d if isinstance(d, str) else int(d) for d in v.shape] for n, v in g.states.items()},
+            "state_dtypes": {n: v.dtype for n, v in g.states.items()},
             "weights": [p[0] for p in weight_params(g, kinds)],
             "outputs": list(g.outputs),
             "ops": g.op_counts(),
@@ -172,8 +178,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
 
 
 def _weight_of_buffer(g, kinds):
-    from .lower.to_relax import WEIGHT_LAYOUTS
+    from .lower.to_relax import weight_buffers
 
-    for name in g.weights:
-        for _ in WEIGHT_LAYOUTS[kinds[name]]:
+    for name, node in g.weights.items():
+        for _ in weight_buffers(kinds[name], node.shape):
             yield name

@@ -66,8 +66,7 @@ class Engine:
                 bufs[b["buffer"]] = self._tensor(arr)
         self.weight_bytes = sum(b["nbytes"] for b in plan)
 
-        # Static KV: one [C, Hkv, D] buffer per state name.
-        hkv, hd = self.hparams["n_head_kv"], self.hparams["head_dim"]
+        # Static KV: one buffer per state name, shaped as the manifest says with C = the context size.
         self.states = {}
         self._fn, self._rest = {}, {}
         for name, ep in m["entry_points"].items():
@@ -75,10 +74,11 @@ class Engine:
                 continue
             for s in ep["states"]:
                 if s not in self.states:
-                    self.states[s] = tvm.runtime.empty((self.n_ctx, hkv, hd), "float32", self.dev)
+                    shape = tuple(self.n_ctx if d == "C" else int(d) for d in ep["state_shapes"][s])
+                    self.states[s] = tvm.runtime.empty(shape, ep["state_dtypes"][s], self.dev)
             self._fn[name] = self.vm[name]
             self._rest[name] = [self.states[s] for s in ep["states"]] + [bufs[w] for w in ep["weights"]]
-        self.kv_bytes = sum(int(np.prod(s.shape)) * 4 for s in self.states.values())
+        self.kv_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in self.states.values())
         self.vm_seconds = {name: 0.0 for name in self._fn}   # time inside compiled entry points, per entry
 
     @classmethod

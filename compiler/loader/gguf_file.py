@@ -16,17 +16,22 @@ from nextn.runtime.errors import NextnError
 
 _GGUF_MAGIC = b"GGUF"
 
-# Types whose weights the kernels read directly; others are dequantized on load (F16/BF16 → F32).
+# Float types are widened to float32 on load; block-quantized types stay packed (nextn.compiler.quant).
 FLOAT_TYPES = ("F32", "F16", "BF16")
-QUANT_TYPES = ("Q8_0",)
+
+
+def _supported_types() -> tuple[str, ...]:
+    from nextn.compiler.quant import FORMATS
+
+    return FLOAT_TYPES + tuple(f.ggml_type for f in FORMATS.values())
 
 
 @dataclass(frozen=True)
 class Weight:
     """One tensor as stored for the kernels.
 
-    `kind` is "f32" (array float32, shape = logical shape) or "q8_0" (arrays `qs` int8 [..., N, K] and
-    `d` float16 [..., N, K/32]; element = float32(d[.., n, k // 32]) * qs[.., n, k], as gguf.quants.Q8_0).
+    `kind` is "f32" (one float32 array of the logical shape) or a quantized format's kind (e.g. "q8_0"),
+    whose arrays are that format's buffers (nextn.compiler.quant).
     """
 
     name: str
@@ -115,26 +120,26 @@ class GGUFFile:
             ne = list(reversed(shape))
             raise NextnError(f"{self.path}: tensor '{name}' has ggml shape {list(reversed(got))}, expected {ne}")
         ttype = self.tensor_type(name)
-        if ttype not in FLOAT_TYPES + QUANT_TYPES:
+        if ttype not in _supported_types():
             raise NextnError(f"{self.path}: tensor '{name}' has type {ttype}, which nextn does not support yet "
-                             f"(supported: {', '.join(FLOAT_TYPES + QUANT_TYPES)})")
+                             f"(supported: {', '.join(_supported_types())})")
 
     def load(self, name: str, quantized: bool = True) -> Weight:
         """Read tensor `name` into the form the kernels consume (see `Weight`).
 
-        Q8_0 stays quantized when `quantized`, else every type is dequantized to float32 with gguf-py.
+        Block-quantized types stay packed when `quantized`, else every type is dequantized to float32 by gguf-py.
         """
         import gguf
+
+        from nextn.compiler.quant import by_ggml_type
 
         t = self.tensors[name]
         shape = self.tensor_shape(name)
         ttype = t.tensor_type.name
         raw = np.asarray(t.data)
-        if ttype == "Q8_0" and quantized:
-            blocks = raw.reshape(-1, 34)
-            d = blocks[:, :2].copy().view(np.float16).reshape(*shape[:-1], shape[-1] // 32)
-            qs = blocks[:, 2:].copy().view(np.int8).reshape(shape)
-            return Weight(name, "q8_0", shape, (qs, d))
+        fmt = by_ggml_type(ttype)
+        if fmt is not None and quantized:
+            return Weight(name, fmt.kind, shape, fmt.pack(raw.view(np.uint8), shape))
         if ttype == "F32":
             arr = np.array(raw, dtype=np.float32).reshape(shape)
         else:

@@ -1,8 +1,8 @@
 """TE definitions of the IR's ggml ops (one function per op, same semantics as `ir/interpret.py`).
 
-Weights reach `mul_mat`, `mul_mat_id` and `get_rows` either as one float32 tensor or as a Q8_0 pair
-(`qs` int8 [..., N, K], `d` float16 [..., N, K/32]) that the kernel dequantizes while it reads, so the
-weights stay quantized in memory. All arithmetic is float32; rope angles are float64 (as the reference).
+Weights reach `mul_mat`, `mul_mat_id` and `get_rows` either as one float32 tensor or as the buffers of a
+block-quantized format (nextn.compiler.quant) that the kernel dequantizes while it reads, so the weights
+stay quantized in memory. All arithmetic is float32; rope angles are float64 (as the reference).
 """
 from __future__ import annotations
 
@@ -16,16 +16,20 @@ F32 = "float32"
 class QWeight:
     """A quantized weight as the kernels see it: `at(*idx)` is the dequantized float32 element."""
 
-    def __init__(self, kind: str, tensors):
+    def __init__(self, kind: str, tensors, logical_shape):
         self.kind = kind
         self.tensors = tuple(tensors)
+        self.logical_shape = tuple(logical_shape)
 
     def at(self, *idx):
-        if self.kind == "q8_0":
-            qs, d = self.tensors
-            *lead, k = idx
-            return d[(*lead, k // 32)].astype(F32) * qs[idx].astype(F32)
-        raise NotImplementedError(self.kind)
+        from nextn.compiler.quant import FORMATS
+
+        return FORMATS[self.kind].element(self.tensors, idx)
+
+    @property
+    def shape(self):
+        """Logical shape (the first buffer of every format has the weight's [..., N, K] or [..., N, K/x] form)."""
+        return self.logical_shape
 
 
 def _elem(w, *idx):
@@ -34,7 +38,7 @@ def _elem(w, *idx):
 
 def get_rows(table, ids):
     if len(ids.shape) == 1:
-        E = (table.tensors[0] if isinstance(table, QWeight) else table).shape[-1]
+        E = table.shape[-1]
         return te.compute((ids.shape[0], E), lambda t, e: _elem(table, ids[t].astype("int64"), e), name="get_rows")
     B, n = ids.shape
     C = table.shape[2]
@@ -66,13 +70,13 @@ def scale(x, s):
 
 
 def mul_mat(w, x):
-    N, K = (w.tensors[0] if isinstance(w, QWeight) else w).shape
+    N, K = w.shape
     k = te.reduce_axis((0, K), name="k")
     return te.compute((*x.shape[:-1], N), lambda *i: te.sum(x[(*i[:-1], k)] * _elem(w, i[-1], k), axis=k), name="mul_mat")
 
 
 def mul_mat_id(w, x, ids):
-    X, N, K = (w.tensors[0] if isinstance(w, QWeight) else w).shape
+    X, N, K = w.shape
     T, kk = ids.shape
     r = te.reduce_axis((0, K), name="k")
     if len(x.shape) == 2:

@@ -2,7 +2,7 @@
 
 Signature of every entry point (the runtime relies on this order, recorded in the manifest):
     (*inputs in graph order, n_kv: Shape([L]), *states, *weight buffers)
-where a Q8_0 weight contributes two buffers (qs, d). States (KV caches) are updated in place with
+where a block-quantized weight contributes its format's buffers (e.g. Q8_0: qs, d). States (KV caches) are updated in place with
 `call_tir_inplace`; outputs are returned as a tuple in graph output order.
 """
 from __future__ import annotations
@@ -29,19 +29,21 @@ def set_rows_kernel(var_cache: T.handle, var_rows: T.handle, var_pos: T.handle):
             cache[T.Cast("int64", pos[vi]), vj, vk] = rows[vi, vj, vk]
 
 
-# Weight buffer layouts per kind: list of (suffix, dtype, shape_fn(logical shape)).
-WEIGHT_LAYOUTS = {
-    "f32": [("", "float32", lambda s: tuple(s))],
-    "q8_0": [(".qs", "int8", lambda s: tuple(s)), (".d", "float16", lambda s: (*s[:-1], s[-1] // 32))],
-}
+def weight_buffers(kind: str, shape) -> list[tuple[str, str, tuple]]:
+    """(suffix, dtype, shape) of the buffers a weight of `kind` and logical `shape` occupies."""
+    if kind == "f32":
+        return [("", "float32", tuple(shape))]
+    from nextn.compiler.quant import FORMATS
+
+    return FORMATS[kind].buffers(tuple(shape))
 
 
 def weight_params(graph: Graph, weight_kinds: dict[str, str]) -> list[tuple[str, str, tuple]]:
     """(buffer name, dtype, shape) for every weight buffer of `graph`, in signature order."""
     out = []
     for name, node in graph.weights.items():
-        for suffix, dtype, shape_fn in WEIGHT_LAYOUTS[weight_kinds[name]]:
-            out.append((name + suffix, dtype, shape_fn(node.shape)))
+        for suffix, dtype, shape in weight_buffers(weight_kinds[name], node.shape):
+            out.append((name + suffix, dtype, shape))
     return out
 
 
@@ -65,11 +67,11 @@ def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str],
     for name, n in graph.weights.items():
         kind = weight_kinds[name]
         vs = []
-        for suffix, dtype, shape_fn in WEIGHT_LAYOUTS[kind]:
-            v = relax.Var((name + suffix).replace(".", "_"), relax.TensorType(shape_fn(n.shape), dtype))
+        for suffix, dtype, shape in weight_buffers(kind, n.shape):
+            v = relax.Var((name + suffix).replace(".", "_"), relax.TensorType(shape, dtype))
             params.append(v)
             vs.append(v)
-        env[n.id] = (kind, vs)
+        env[n.id] = (kind, vs, tuple(n.shape))
 
     def arg_te(x):
         return x
@@ -91,19 +93,19 @@ def _flatten(args):
     flat, spec = [], []
     for a in args:
         if isinstance(a, tuple):
-            spec.append((a[0], len(a[1])))
+            spec.append((a[0], len(a[1]), a[2]))
             flat.extend(a[1])
         else:
-            spec.append((None, 1))
+            spec.append((None, 1, None))
             flat.append(a)
 
     def rebuild(tes):
         out, i = [], 0
-        for kind, cnt in spec:
+        for kind, cnt, shape in spec:
             if kind is None or kind == "f32":
                 out.append(tes[i])
             else:
-                out.append(te_ops.QWeight(kind, tes[i:i + cnt]))
+                out.append(te_ops.QWeight(kind, tes[i:i + cnt], shape))
             i += cnt
         return out
 
