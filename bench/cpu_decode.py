@@ -5,6 +5,10 @@
 For every prompt kind: tokens/s of plain decoding and of draft-mtp at each n_max (same engine, same run,
 best of --repeat), acceptance, and the share of decode time spent outside the compiled entry points (Python:
 the draft/verify loop, argument conversion, host copies).
+
+glm-dsa (GLM-5.x) row: `--model ../shared/fixtures/tiny-glm-dsa/tiny-glm-dsa-Q8_0.gguf`. For a model with DSA index
+sharing it also times one NextN draft step past the indexer top-k (the long-context prompt, untruncated), with the
+NextN indexer run (step 0) and with step 0's selection reused (steps 1..n_max-1).
 """
 from __future__ import annotations
 
@@ -65,8 +69,37 @@ def main():
         f"{c[0]} {tot[c[0]][2] / tot[c[0]][1] * 100:.0f}%" for c in configs))
     print(f"model {os.path.basename(args.model)}, {eng.weight_bytes / 1e6:.1f} MB weights, n_predict {args.n_predict}, "
           f"best of {args.repeat}, {os.cpu_count()} CPUs")
+    draft_cost = dsa_draft_step_cost(m, prompts, args.repeat) if "mtp_draft_shared" in eng._fn else None
     if args.json:
-        json.dump({"rows": rows, "model": args.model}, open(args.json, "w"), indent=1)
+        json.dump({"rows": rows, "model": args.model, "dsa_draft_step": draft_cost}, open(args.json, "w"), indent=1)
+
+
+def dsa_draft_step_cost(m, prompts, repeat: int, steps: int = 50) -> dict:
+    """Median seconds of a one-row NextN draft step at n_kv past the indexer top-k: own indexer vs shared index."""
+    import time
+
+    import numpy as np
+
+    eng = m.engine
+    p = max(prompts, key=lambda q: len(q["text"]))
+    ids = np.asarray(m.tokenizer.encode(p["text"])[: eng.n_ctx - 8], np.int32)
+    hidden, _lg, am = eng.prefill(ids, 0)
+    eng.mtp_rows(ids, np.concatenate([np.zeros((1, hidden.shape[1]), np.float32), hidden[:-1]]), 0)
+    n = len(ids)
+    times = {}
+    for label, reuse in (("own_indexer", False), ("shared_index", True)):
+        eng.mtp_draft([am], hidden[-1:], n)            # step 0 stores the selection the shared steps read
+        ts = []
+        for _ in range(max(repeat, 1) * steps):
+            t0 = time.perf_counter()
+            eng.mtp_draft([am], hidden[-1:], n + 1, reuse_index=reuse)
+            ts.append(time.perf_counter() - t0)
+        times[label] = float(np.median(ts))
+    top_k = eng.hparams.get("idx_top_k")
+    print(f"\nglm-dsa draft step at n_kv = {n + 2} (indexer top-k {top_k}): NextN indexer "
+          f"{times['own_indexer'] * 1e3:.3f} ms, shared index {times['shared_index'] * 1e3:.3f} ms "
+          f"({(1 - times['shared_index'] / times['own_indexer']) * 100:.0f}% less per step 1..n_max-1)")
+    return {"n_kv": n + 2, "top_k": top_k, **times}
 
 
 if __name__ == "__main__":

@@ -8,11 +8,13 @@ import numpy as np
 from .engine import Engine
 from .speculative import SpecStats, generate as _generate
 
+DEFAULT_MAX_DRAFT = 8   # engines that do not state a maximum draft depth accept up to this many drafts
+
 
 @dataclass
 class GenerateResult:
     """`ids`: generated token ids (after the prompt); `text`: their detokenized text; `stats`: speculation
-    counters; `prompt_tokens`: prompt length; timings in seconds; `finish_reason` ∈ {eos, length}."""
+    counters; `prompt_tokens`: prompt length; timings in seconds; `finish_reason` ∈ {eos, stop, length}."""
 
     prompt_tokens: int
     ids: list[int]
@@ -22,8 +24,10 @@ class GenerateResult:
     decode_s: float
     finish_reason: str
     spec_type: str
-    n_max: int
+    n_max: int | str                # effective draft depth (an int, or "auto")
     vm_s: dict
+    seed: int = 0                   # the RNG seed used (drawn from the OS when none was given)
+    n_max_requested: int | str = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -41,10 +45,12 @@ class GenerateResult:
             "finish_reason": self.finish_reason,
             "spec_type": self.spec_type,
             "spec_draft_n_max": self.n_max,
+            "spec_draft_n_max_requested": self.n_max_requested,
+            "seed": self.seed,
             "stats": self.stats.to_json(),
             "timings": {"prefill_s": self.prefill_s, "decode_s": self.decode_s, "tokens_per_s": self.tokens_per_s,
-                        "draft_s": self.vm_s.get("mtp_draft", 0.0), "verify_s": self.vm_s.get("verify", 0.0),
-                        "mtp_rows_s": self.vm_s.get("mtp_rows", 0.0)},
+                        "draft_s": self.stats.draft_s, "verify_s": self.stats.verify_s,
+                        "mtp_rows_s": self.vm_s.get("mtp_rows", 0.0), "sampling_s": self.stats.sampling_s},
         }
 
 
@@ -67,25 +73,54 @@ class Model:
     def has_mtp(self) -> bool:
         return self.engine.has_mtp
 
+    @property
+    def max_draft(self) -> int:
+        """The engine's maximum draft depth; a request's n_max may only lower it."""
+        return int(getattr(self.engine, "max_draft", DEFAULT_MAX_DRAFT))
+
     def generate(self, prompt: str | list[int], n_predict: int = 64, spec_type: str = "draft-mtp",
-                 n_max: int = 3, temp: float = 0.0, seed: int | None = None, ignore_eos: bool = False) -> GenerateResult:
+                 n_max: int | str = 3, temp: float = 0.0, seed: int | None = None, ignore_eos: bool = False, *,
+                 n_min: int = 0, p_min: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 stop=(), draft_sampling: str = "greedy") -> GenerateResult:
         """Generate after `prompt` (text, tokenized without any prefix, or token ids).
 
-        `spec_type` "draft-mtp" speculates with the NextN head (depth `n_max`), "none" decodes plainly; greedy
-        output (`temp` 0) is identical either way. Raises NextnError for a prompt that does not fit the context.
-        """
+        `spec_type` "draft-mtp" speculates with the NextN head, "none" decodes plainly. `n_max`: draft depth (an
+        int, lowered to `max_draft` if above it — `result.n_max` is the effective value) or "auto" (adaptive
+        depth with a never-lose gate, `depth.py`). `n_min`, `p_min`: llama.cpp's --spec-draft-n-min/-p-min.
+        Sampling (`temp` > 0): llama.cpp's chain top-k → top-p → min-p → temperature with a per-request `seed`;
+        `draft_sampling` "greedy" verifies by sample-and-match (same seed ⇒ same text as spec off), "sample"
+        draws drafts from the NextN distribution and verifies by rejection sampling (`sampling.py`). Output
+        is distributed as plain sampling either way; greedy output (`temp` 0) is identical.
+        `stop`: strings that end generation (the text is cut before the stop string; `ids` end with the token
+        that completed it). Raises NextnError for bad values or a prompt that does not fit the context."""
         from .errors import NextnError
 
         if spec_type not in ("none", "draft-mtp"):
             raise NextnError(f"--spec-type '{spec_type}': expected none or draft-mtp")
-        if n_max < 1:
-            raise NextnError(f"--spec-draft-n-max {n_max}: expected >= 1")
+        if n_max != "auto" and (isinstance(n_max, bool) or not isinstance(n_max, (int, np.integer)) or n_max < 1):
+            raise NextnError(f"--spec-draft-n-max {n_max}: expected an integer >= 1 or 'auto'")
+        if n_min < 0 or not 0.0 <= p_min <= 1.0:
+            raise NextnError(f"--spec-draft-n-min {n_min} / --spec-draft-p-min {p_min}: expected n_min >= 0 and "
+                             f"0 <= p_min <= 1")
+        if temp < 0 or not 0.0 < top_p <= 1.0 or not 0.0 <= min_p <= 1.0:
+            raise NextnError(f"--temp {temp} / --top-p {top_p} / --min-p {min_p}: expected temp >= 0, "
+                             f"0 < top-p <= 1, 0 <= min-p <= 1")
+        if draft_sampling not in ("greedy", "sample"):
+            raise NextnError(f"draft sampling '{draft_sampling}': expected greedy or sample")
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         spec = spec_type == "draft-mtp"
-        g = _generate(self.engine, ids, n_predict, spec=spec, n_max=n_max, temp=temp, seed=seed,
-                      eog_ids=frozenset() if ignore_eos else self.tokenizer.eog_ids)
-        return GenerateResult(len(ids), g.tokens, self.tokenizer.decode(g.tokens), g.stats, g.prefill_s, g.decode_s,
-                              g.finish_reason, spec_type, n_max if spec else 0, g.vm_s)
+        eff = "auto" if n_max == "auto" else min(int(n_max), self.max_draft)
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        g = _generate(self.engine, ids, n_predict, spec=spec, n_max=eff, temp=temp, seed=seed,
+                      eog_ids=frozenset() if ignore_eos else self.tokenizer.eog_ids, n_min=n_min, p_min=p_min,
+                      top_k=top_k, top_p=top_p, min_p=min_p, draft_sampling=draft_sampling, stop=stop,
+                      token_bytes=self.tokenizer.token_to_bytes)
+        text = self.tokenizer.decode(g.tokens)
+        if g.finish_reason == "stop":
+            text = text[:min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))]
+        return GenerateResult(len(ids), g.tokens, text, g.stats, g.prefill_s, g.decode_s, g.finish_reason,
+                              spec_type, eff if spec else 0, g.vm_s, seed=g.seed,
+                              n_max_requested=n_max if spec else 0)
 
     def logits(self, token_ids) -> np.ndarray:
         """Trunk logits `[T, n_vocab]` float32 for positions 0..T-1."""
@@ -98,9 +133,14 @@ class Model:
 
 
 def load(path: str, target: str = "llvm", ctx_size: int | None = None, spec: bool = True,
-         draft: str | None = None, log=None) -> Model:
+         draft: str | None = None, log=None, arches=None, device: str = "cpu",
+         mtp_dense_attention: bool = False) -> Model:
     """Load an artifact directory, or a GGUF (compiled for `target` and cached first).
 
     `spec=False` leaves the NextN tensors unread. `draft` is an MTP-only GGUF next to a trunk-only model.
+    `arches`: GPU archs when a GGUF is compiled for cuda/rocm; `device`: "cpu" or "cuda:N" (a CUDA artifact).
+    `mtp_dense_attention`: when a glm-dsa GGUF is compiled, its NextN block uses dense MLA (llama.cpp) instead of
+    its own DSA indexer (an artifact directory keeps what it was compiled with).
     Raises NextnError (missing/corrupt files, hash mismatch, unsupported arch, bad tensors)."""
-    return Model(Engine.open(path, target=target, ctx_size=ctx_size, load_mtp=spec, draft_path=draft, log=log))
+    return Model(Engine.open(path, target=target, ctx_size=ctx_size, load_mtp=spec, draft_path=draft, log=log,
+                             arches=arches, device=device, mtp_dense_attention=mtp_dense_attention))

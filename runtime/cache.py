@@ -32,7 +32,8 @@ def compiler_fingerprint() -> str:
     return h.hexdigest()[:12]
 
 
-def compiled_artifact(model: str, target: str, draft: str | None = None, log=None) -> str:
+def compiled_artifact(model: str, target: str, draft: str | None = None, log=None, arches=None,
+                      mtp_dense_attention: bool = False) -> str:
     from nextn.compiler.compile import compile_model, nextn_version
 
     if not os.path.isfile(model):
@@ -42,12 +43,19 @@ def compiled_artifact(model: str, target: str, draft: str | None = None, log=Non
         if not os.path.isfile(draft):
             raise NextnError(f"{draft}: no such file")
         key += "-" + file_sha256(draft)[:16]
-    out = os.path.join(cache_dir(), "artifacts", f"{key}-{target}-{nextn_version()}-{compiler_fingerprint()}")
+    from nextn.compiler.gpu_build import parse_arches
+
+    arch_list = parse_arches(target, arches)   # validates --arch (llvm takes none)
+    target_key = f"{target}_{'+'.join(arch_list)}" if arch_list else target
+    if mtp_dense_attention:   # a compile option changes the artifact: its own cache entry
+        target_key += "-mtp-dense"
+    out = os.path.join(cache_dir(), "artifacts", f"{key}-{target_key}-{nextn_version()}-{compiler_fingerprint()}")
     if os.path.isfile(os.path.join(out, "manifest.json")):
         try:
             load_artifact(out)
             return out
         except NextnError:
             pass  # a stale or damaged cache entry: rebuild it
-    compile_model(model, out, target=target, draft=draft, log=log or (lambda *_: None))
+    compile_model(model, out, target=target, draft=draft, log=log or (lambda *_: None), arches=arches,
+                  mtp_dense_attention=mtp_dense_attention)
     return out

@@ -10,6 +10,11 @@ import click
 from .errors import NextnError
 
 
+MTP_DENSE_HELP = ("glm-dsa (GLM-5.x): run the NextN block as dense MLA without an indexer, as llama.cpp does. "
+                  "Default: the NextN block's own DSA indexer, computed at draft step 0 and reused by the later "
+                  "draft steps of a round (index_share_for_mtp_iteration). A compile option, recorded in the manifest.")
+
+
 @click.group()
 @click.version_option(package_name="nextn")
 def cli():
@@ -18,18 +23,25 @@ def cli():
 
 @cli.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--target", default="llvm", show_default=True, help="Compile target (llvm = this CPU).")
+@click.option("--target", default="llvm", show_default=True, help="Compile target: llvm (this CPU), cuda, rocm.")
+@click.option("--arch", "arches", multiple=True,
+              help="GPU arch(s), repeatable or a comma list: sm_80,sm_86,sm_89,sm_90,sm_120 (cuda, one fatbin) or "
+                   "gfx90a,gfx942,gfx1100 (rocm, a library each) [default: sm_80,sm_90,sm_120 / gfx942].")
 @click.option("-o", "--output", "out", default=None, help="Artifact directory [default: artifacts/<model>-<target>].")
 @click.option("-md", "--model-draft", "draft", default=None, help="MTP-only GGUF (draft) next to a trunk-only MODEL.")
 @click.option("--dump-ir", default=None, help="Write the IR graphs and each Relax phase to this directory.")
-def compile(model, target, out, draft, dump_ir):
+@click.option("--mtp-dense-attention", is_flag=True, help=MTP_DENSE_HELP)
+@click.option("--tuning-log", default=None, help="Tuning log (LOG_DIR or FILE.json) from `nextn tune`: tuned kernels "
+                                                 "use its schedules, the others the default ones.")
+def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tuning_log):
     """Compile MODEL.gguf into an artifact directory (library + manifest.json)."""
     from nextn.compiler.compile import compile_model
 
     if out is None:
         base = os.path.splitext(os.path.basename(model))[0]
         out = os.path.join("artifacts", f"{base}-{target}")
-    compile_model(model, out, target=target, draft=draft, dump_ir=dump_ir, log=lambda m: click.echo(m, err=True))
+    compile_model(model, out, target=target, draft=draft, dump_ir=dump_ir, log=lambda m: click.echo(m, err=True),
+                  arches=list(arches) or None, mtp_dense_attention=mtp_dense_attention, tuning_log=tuning_log)
 
 
 @cli.command()
@@ -42,13 +54,29 @@ def compile(model, target, out, draft, dump_ir):
 @click.option("-c", "--ctx-size", default=None, type=int, help="Context size (KV cells) [default: min(train ctx, 4096)].")
 @click.option("--spec-type", type=click.Choice(["none", "draft-mtp"]), default=None,
               help="Speculation: draft-mtp uses the model's NextN head [default: draft-mtp when the model has one].")
-@click.option("--spec-draft-n-max", default=3, show_default=True, help="Draft depth n_max.")
+@click.option("--spec-draft-n-max", default="3", show_default=True,
+              help="Draft depth n_max: an integer (lowered to the engine's maximum) or 'auto' (adaptive depth that "
+                   "falls back to plain decoding when speculation does not pay).")
+@click.option("--spec-draft-n-min", default=0, show_default=True, help="Discard drafts shorter than this.")
+@click.option("--spec-draft-p-min", default=0.0, show_default=True,
+              help="Stop drafting when the draft's probability falls below this.")
+@click.option("--spec-draft-sampling", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
+              help="At --temp > 0: greedy drafts verified by sample-and-match (same seed = same text as spec off), "
+                   "or sampled drafts verified by rejection sampling.")
+@click.option("--top-k", default=40, show_default=True, help="Top-k sampling (<= 0: off).")
+@click.option("--top-p", default=0.95, show_default=True, help="Top-p sampling (1.0: off).")
+@click.option("--min-p", default=0.05, show_default=True, help="Min-p sampling (0.0: off).")
+@click.option("--stop", "stops", multiple=True, help="Stop string (repeatable); the text ends before it.")
 @click.option("-md", "--model-draft", "draft", default=None, help="MTP-only GGUF (draft) for a trunk-only model.")
 @click.option("--target", default="llvm", show_default=True, help="Target used when MODEL is a GGUF.")
+@click.option("--arch", "arches", multiple=True, help="GPU arch(s) when MODEL is a GGUF compiled for cuda/rocm.")
+@click.option("--device", default="cpu", show_default=True, help="Where to run: cpu, or cuda:N for a CUDA artifact.")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
+@click.option("--mtp-dense-attention", is_flag=True, help=MTP_DENSE_HELP + " Applies when MODEL is a GGUF.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, spec_draft_n_max, draft, target,
-        ignore_eos, as_json):
+def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, spec_draft_n_max, spec_draft_n_min,
+        spec_draft_p_min, spec_draft_sampling, top_k, top_p, min_p, stops, draft, target, arches, device,
+        ignore_eos, mtp_dense_attention, as_json):
     """Generate from MODEL (a GGUF, compiled and cached on first use, or an artifact directory)."""
     from .api import load
 
@@ -64,16 +92,18 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
         raise NextnError("no prompt: give -p TEXT or --prompt-file F")
     if n_predict < 1:
         raise NextnError(f"-n {n_predict}: expected >= 1")
+    n_max = parse_n_max(spec_draft_n_max)
     want_spec = spec_type != "none"
-    m = load(model, target=target, ctx_size=ctx_size, spec=want_spec, draft=draft,
-             log=lambda s: click.echo(s, err=True))
+    m = load(model, target=target, ctx_size=ctx_size, spec=want_spec, draft=draft, arches=list(arches) or None, device=device,
+             log=lambda s: click.echo(s, err=True), mtp_dense_attention=mtp_dense_attention)
     if spec_type is None:
         spec_type = "draft-mtp" if m.has_mtp else "none"
     elif spec_type == "draft-mtp" and not m.has_mtp:
         raise NextnError(f"{model}: --spec-type draft-mtp needs a NextN block; this model is trunk-only "
                          f"(give the MTP GGUF with --model-draft, or use --spec-type none)")
-    r = m.generate(prompt, n_predict=n_predict, spec_type=spec_type, n_max=spec_draft_n_max, temp=temp, seed=seed,
-                   ignore_eos=ignore_eos)
+    r = m.generate(prompt, n_predict=n_predict, spec_type=spec_type, n_max=n_max, temp=temp, seed=seed,
+                   ignore_eos=ignore_eos, n_min=spec_draft_n_min, p_min=spec_draft_p_min, top_k=top_k, top_p=top_p,
+                   min_p=min_p, stop=stops, draft_sampling=spec_draft_sampling)
     if as_json:
         click.echo(json.dumps(r.to_json()))
         return
@@ -81,11 +111,54 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
     s = r.stats
     if spec_type == "draft-mtp":
         pos = ", ".join(f"{x:.3f}" for x in s.per_pos)
-        click.echo(f"draft-mtp n_max={spec_draft_n_max}: draft acceptance = {s.acceptance:.3f} "
+        if r.n_max_requested != r.n_max:
+            click.echo(f"--spec-draft-n-max {r.n_max_requested} lowered to the engine's maximum {r.n_max}", err=True)
+        for ev in s.events:
+            click.echo(f"auto depth: at token {ev['at_token']} -> depth {ev['to_depth']}: {ev['why']}", err=True)
+        click.echo(f"draft-mtp n_max={r.n_max}: draft acceptance = {s.acceptance:.3f} "
                    f"({s.accepted} accepted / {s.drafted} drafted), rounds = {s.rounds}, mean len = {s.mean_len:.3f}, "
                    f"acc per pos = ({pos})", err=True)
     click.echo(f"prompt {r.prompt_tokens} tokens in {r.prefill_s * 1e3:.1f} ms; generated {len(r.ids)} tokens in "
                f"{r.decode_s * 1e3:.1f} ms ({r.tokens_per_s:.1f} tok/s), finish: {r.finish_reason}", err=True)
+
+
+def parse_n_max(value: str):
+    """--spec-draft-n-max: an integer >= 1 or 'auto'."""
+    if str(value).strip().lower() == "auto":
+        return "auto"
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise NextnError(f"--spec-draft-n-max {value}: expected an integer >= 1 or 'auto'")
+    return k
+
+
+@cli.command()
+@click.argument("model", type=click.Path())
+@click.option("--prompts", default=None, type=click.Path(dir_okay=False),
+              help="Prompt set (JSON list of {kind, text}) [default: the house set shipped with nextn].")
+@click.option("-o", "--output", "out", default="bench-report.json", show_default=True,
+              help="JSON report; the PNG goes next to it (same name, .png).")
+@click.option("-n", "--n-predict", default=64, show_default=True, help="Tokens per generation.")
+@click.option("--repeat", default=3, show_default=True, help="Runs per cell; the fastest counts.")
+@click.option("--temp", default=0.8, show_default=True, help="Temperature of the sampled runs.")
+@click.option("--seed", default=1, show_default=True, help="Seed of the sampled runs.")
+@click.option("-c", "--ctx-size", default=4096, show_default=True, help="Context size (KV cells).")
+@click.option("--target", default="llvm", show_default=True, help="Target used when MODEL is a GGUF.")
+@click.option("--no-plot", is_flag=True, help="Do not draw the PNG.")
+def bench(model, prompts, out, n_predict, repeat, temp, seed, ctx_size, target, no_plot):
+    """House benchmark: greedy and sampled, spec off / n_max 1..3 / auto, per prompt kind (report, table, PNG)."""
+    from .bench import run_bench
+
+    run_bench(model, prompts, out, n_predict=n_predict, repeat=repeat, temp=temp, seed=seed, ctx_size=ctx_size,
+              target=target, plot=not no_plot, log=lambda s: click.echo(s, err=True))
+
+
+from .cli_tune import register as _register_tuning  # noqa: E402
+
+_register_tuning(cli)
 
 
 def main(argv=None):

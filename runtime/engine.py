@@ -18,6 +18,7 @@ from .errors import NextnError
 from .model_check import check_model_files
 
 PREFILL_CHUNK = 512   # rows per prefill call (llama.cpp's default n_ubatch)
+ONE_ROW = {"verify": "decode", "mtp_draft": "draft"}   # one-row calls go to the static-shape entry points
 
 
 class Engine:
@@ -43,13 +44,14 @@ class Engine:
         self.n_ctx = int(ctx_size or min(self.hparams["n_ctx_train"], 4096))
         if self.n_ctx < 2:
             raise NextnError(f"context size {self.n_ctx} is too small (-c)")
-        if device != "cpu":
-            raise NextnError(f"device '{device}' is not supported by this artifact (target {m['target']['name']})")
-        self.dev = tvm.cpu()
+        from .device import Device
+
+        self.device = Device(artifact, device)   # cpu, or cuda:N (weights + KV in device memory)
+        self.dev = self.device.dev
         self._shape = tvm_ffi.Shape
-        self._tensor = lambda a: tvm.runtime.tensor(np.ascontiguousarray(a), self.dev)
+        self._tensor = self.device.tensor
         ex = tvm.runtime.load_module(artifact.library_path)
-        self.vm = VirtualMachine(ex, self.dev)
+        self.vm = VirtualMachine(ex, self.device.vm_devices)
 
         # Weights, in the manifest's buffer plan; NextN-only buffers only when speculation is on.
         bufs = {}
@@ -75,22 +77,26 @@ class Engine:
             for s in ep["states"]:
                 if s not in self.states:
                     shape = tuple(self.n_ctx if d == "C" else int(d) for d in ep["state_shapes"][s])
-                    self.states[s] = tvm.runtime.empty(shape, ep["state_dtypes"][s], self.dev)
+                    self.states[s] = self.device.empty(shape, ep["state_dtypes"][s])
             self._fn[name] = self.vm[name]
             self._rest[name] = [self.states[s] for s in ep["states"]] + [bufs[w] for w in ep["weights"]]
         self.kv_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in self.states.values())
         self.vm_seconds = {name: 0.0 for name in self._fn}   # time inside compiled entry points, per entry
+        # glm-dsa: draft steps 1..n_max-1 reuse step 0's NextN DSA selection (index_share_for_mtp_iteration)
+        self.share_mtp_index = True
 
     @classmethod
     def open(cls, path: str, target: str = "llvm", ctx_size: int | None = None, load_mtp: bool = True,
-             draft_path: str | None = None, log=None) -> "Engine":
+             draft_path: str | None = None, log=None, arches=None, device: str = "cpu",
+             mtp_dense_attention: bool = False) -> "Engine":
         """Open an artifact directory, or a GGUF file (compiled for `target` first, cached by its sha256)."""
         if os.path.isdir(path):
-            return cls(load_artifact(path), ctx_size, load_mtp, draft_path=draft_path)
+            return cls(load_artifact(path), ctx_size, load_mtp, draft_path=draft_path, device=device)
         from .cache import compiled_artifact
 
-        art_dir = compiled_artifact(path, target, draft_path, log=log)
-        return cls(load_artifact(art_dir), ctx_size, load_mtp, model_path=path, draft_path=draft_path)
+        art_dir = compiled_artifact(path, target, draft_path, log=log, arches=arches,
+                                    mtp_dense_attention=mtp_dense_attention)
+        return cls(load_artifact(art_dir), ctx_size, load_mtp, model_path=path, draft_path=draft_path, device=device)
 
     # -- entry points -----------------------------------------------------------------------------
     def _check_room(self, end: int):
@@ -100,6 +106,8 @@ class Engine:
     def _run(self, name, tokens, pos0, extra=()):
         T = len(tokens)
         self._check_room(pos0 + T)
+        if T == 1 and ONE_ROW.get(name) in self._fn:
+            name = ONE_ROW[name]
         tok = self._tensor(np.asarray(tokens, np.int32))
         pos = self._tensor(np.arange(pos0, pos0 + T, dtype=np.int32))
         args = [tok, pos, *[self._tensor(e) for e in extra], self._shape([pos0 + T])]
@@ -134,9 +142,16 @@ class Engine:
             outs.append(h.numpy())
         return np.concatenate(outs)
 
-    def mtp_draft(self, tokens, h_prev, pos0: int):
-        """NextN rows with logits for every row: (h_nextn [T, E], logits [T, V] tvm tensor, argmax [T])."""
-        h, lg, am = self._run("mtp_draft", tokens, pos0, (np.ascontiguousarray(h_prev, np.float32),))
+    def mtp_draft(self, tokens, h_prev, pos0: int, reuse_index: bool = False):
+        """NextN rows with logits for every row: (h_nextn [T, E], logits [T, V] tvm tensor, argmax [T]).
+        `reuse_index`: a one-row draft step after step 0 of the same round; with glm-dsa index sharing
+        (`share_mtp_index`, artifact entry `mtp_draft_shared`) it attends to the DSA selection step 0 stored
+        instead of running the NextN indexer again. Ignored by models without it."""
+        name = "mtp_draft"
+        if reuse_index and self.share_mtp_index and len(tokens) == 1 and "mtp_draft_shared" in self._fn:
+            name = "mtp_draft_shared"
+        out = self._run(name, tokens, pos0, (np.ascontiguousarray(h_prev, np.float32),))
+        h, lg, am = out[0], out[1], out[2]   # glm-dsa's mtp_draft also returns the stored selection (unused here)
         return h.numpy(), lg, am.numpy()
 
     # -- whole-sequence API -----------------------------------------------------------------------

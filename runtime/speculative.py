@@ -1,21 +1,24 @@
 """Decoding with NextN (MTP) self-speculation: the draft-mtp algorithm of llama.cpp
 (common/speculative.cpp `common_speculative_impl_draft_mtp`, tools/server; glm-mtp-reference.md §6–§7).
 
-Vocabulary (used exactly so in code, stats and docs):
-- *round*: one verification pass of the trunk over `[id_last, d1..dk]` (k + 1 rows).
-- *drafted* tokens `d1..dk`: proposed greedily by the NextN head, k <= n_max.
-- *accepted*: the longest prefix of the drafts that the trunk's own choice reproduces (sample-and-match:
-  the trunk samples row i with its full sampler; the draft d_{i+1} is accepted iff it equals that sample).
-- *rejected*: drafts after the first mismatch. The trunk's own token at the mismatch (or, when all k are
-  accepted, at row k: the *bonus* token) is emitted too, so a round emits accepted + 1 tokens.
-- *emitted*: tokens appended to the output.
-Greedy output is therefore byte-identical with speculation on or off (same kernels for every row count).
+Vocabulary (used exactly so in code, stats and docs; the sampling words are defined in `sampling.py`):
+- *round*: one verification pass of the trunk over `[id_last, d1..dk]` (k + 1 rows) with k >= 1 drafts;
+  a *plain round* verifies `[id_last]` alone (spec off, or depth 0 chosen by `auto`).
+- *drafted* tokens `d1..dk`: proposed by the NextN head (greedy, or sampled), k <= n_max; drafting stops early
+  when the draft's probability is below p_min, and a draft shorter than n_min is discarded (llama.cpp §7.3).
+- *accepted* / *rejected* / *recovered* / *bonus* / *emitted*: see `sampling.py`. A round emits accepted + 1
+  tokens, cut by the finish rules (EOS/EOG, then stop strings, then the -n budget, one token at a time).
+  Counters count emitted tokens only: a draft cut by a finish rule is not counted as accepted.
+Greedy output is byte-identical with speculation on or off (same kernels for every row count); sampled output
+is too with a greedy draft (sample-and-match with position-keyed random numbers).
 
 Hidden-state plumbing (§6.2): NextN row p pairs token p with a post-norm hidden of position p-1 — the trunk's
 `output_norm` output (`pending_h`, zeros before position 0), or, inside a draft, the previous draft step's
-`t_h_nextn` (post `shared_head_norm`). After each trunk pass the NextN rows are re-run teacher-forced over
-the same tokens, so the NextN KV below the committed position always holds trunk-paired rows; draft rows past
-it are simply overwritten (static, position-indexed KV: the rollback is implicit).
+`t_h_nextn`. The NextN KV below the committed position must hold trunk-paired rows. Unlike llama.cpp's
+`process()`, which re-runs the NextN rows of every verified row, the `Drafter` writes only the rows that were
+emitted, and lazily: they wait in a *gap* and go in with the next draft's step 0 (one call when short), so a
+plain round costs no NextN work at all. Static, position-indexed KV: cells past the committed prefix are
+overwritten before they are read (the rollback is implicit).
 """
 from __future__ import annotations
 
@@ -24,23 +27,41 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .depth import AdaptiveDepth, FixedDepth, calibrate, time_call
 from .errors import NextnError
+from .sampling import DRAFT, TARGET, CounterRNG, SamplerChain, rejection_sample, sample_and_match
 
 
 @dataclass
 class SpecStats:
-    """Per-request speculation counters (llama.cpp server: `draft acceptance`, `mean len`, `acc per pos`)."""
+    """Per-request speculation counters (llama.cpp server: `draft acceptance`, `mean len`, `acc per pos`);
+    `SpecStats.merge` aggregates requests. Times in seconds."""
 
     n_max: int = 0
-    rounds: int = 0
+    rounds: int = 0                 # verify passes with >= 1 draft
+    plain_rounds: int = 0           # verify passes of one row (no draft)
     drafted: int = 0
-    accepted: int = 0
-    accepted_at: list = field(default_factory=list)   # accepted_at[i]: rounds with >= i+1 accepted drafts
+    accepted: int = 0               # accepted and emitted
+    emitted: int = 0                # tokens emitted by the decode loop (all rounds; the first token is prefill's)
+    accepted_at: list = field(default_factory=list)   # [i]: rounds with >= i+1 accepted drafts
+    drafted_at: list = field(default_factory=list)    # [i]: rounds that drafted >= i+1 tokens
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    sampling_s: float = 0.0
+    events: list = field(default_factory=list)        # `auto` depth switches: {at_token, to_depth, why}
 
-    def record(self, k: int, a: int) -> None:
+    def record(self, k: int, a: int, m: int) -> None:
+        """A round of k drafts, a accepted, m tokens emitted (m <= a + 1 after the finish rules)."""
+        self.emitted += m
+        if k == 0:
+            self.plain_rounds += 1
+            return
+        a = min(a, m)
         self.rounds += 1
         self.drafted += k
         self.accepted += a
+        for i in range(k):
+            self.drafted_at[i] += 1
         for i in range(a):
             self.accepted_at[i] += 1
 
@@ -50,16 +71,39 @@ class SpecStats:
 
     @property
     def mean_len(self) -> float:
-        """1 + accepted / rounds: tokens emitted per trunk pass."""
+        """1 + accepted / rounds: tokens emitted per speculative trunk pass."""
         return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
 
     @property
     def per_pos(self) -> list[float]:
+        """llama.cpp's `acc per pos`: [i] = rounds with >= i+1 accepted / rounds."""
         return [n / self.rounds if self.rounds else 0.0 for n in self.accepted_at]
+
+    @property
+    def per_pos_rate(self) -> list[float]:
+        """[i] = accepted drafts at position i+1 / drafts made at position i+1."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @classmethod
+    def merge(cls, many) -> "SpecStats":
+        many = list(many)
+        n = max([s.n_max for s in many] + [0])
+        out = cls(n_max=n, accepted_at=[0] * n, drafted_at=[0] * n)
+        for s in many:
+            for f in ("rounds", "plain_rounds", "drafted", "accepted", "emitted", "draft_s", "verify_s", "sampling_s"):
+                setattr(out, f, getattr(out, f) + getattr(s, f))
+            for i in range(s.n_max):
+                out.accepted_at[i] += s.accepted_at[i]
+                out.drafted_at[i] += s.drafted_at[i]
+            out.events += s.events
+        return out
 
     def to_json(self) -> dict:
         return {"rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
-                "acceptance": self.acceptance, "mean_len": self.mean_len, "per_pos": self.per_pos}
+                "acceptance": self.acceptance, "mean_len": self.mean_len, "per_pos": self.per_pos,
+                "plain_rounds": self.plain_rounds, "emitted": self.emitted, "per_pos_rate": self.per_pos_rate,
+                "draft_s": self.draft_s, "verify_s": self.verify_s, "sampling_s": self.sampling_s,
+                "depth_switches": self.events}
 
 
 @dataclass
@@ -68,8 +112,10 @@ class Generation:
     stats: SpecStats
     prefill_s: float
     decode_s: float
-    finish_reason: str
+    finish_reason: str              # eos | stop | length
     vm_s: dict = field(default_factory=dict)   # decode-phase seconds inside each compiled entry point
+    seed: int = 0
+    n_past: int = 0                 # trunk KV cells committed at the end (prompt + emitted - 1)
 
     @property
     def python_share(self) -> float:
@@ -81,27 +127,93 @@ class Generation:
         return len(self.tokens) / self.decode_s if self.decode_s > 0 else 0.0
 
 
-class Sampler:
-    """Temperature 0: argmax (computed in-graph). Temperature > 0: softmax(logits / T) with a seeded RNG."""
+class FinishRules:
+    """Per emitted token, in precedence: EOS/EOG token → stop string (UTF-8 bytes; may span tokens) → -n budget."""
 
-    def __init__(self, temp: float = 0.0, seed: int | None = None):
-        self.temp = float(temp)
-        self.rng = np.random.default_rng(seed)
+    def __init__(self, eog_ids, stop, token_bytes, n_predict: int):
+        self.eog, self.n_predict, self.token_bytes = eog_ids, n_predict, token_bytes
+        self.stop = [s.encode("utf-8") for s in stop if s]
+        self.longest = max((len(s) for s in self.stop), default=0)
+        self.text = b""
 
-    @property
-    def greedy(self) -> bool:
-        return self.temp <= 0.0
+    def push(self, out: list, t: int):
+        """Append t to out; return the finish reason it triggers, or None."""
+        out.append(int(t))
+        if t in self.eog:
+            return "eos"
+        if self.stop:
+            start = max(0, len(self.text) - self.longest + 1)
+            self.text += self.token_bytes(t)
+            if any(s in self.text[start:] for s in self.stop):
+                return "stop"
+        return "length" if len(out) >= self.n_predict else None
 
-    def sample(self, logits_row: np.ndarray) -> int:
-        z = logits_row.astype(np.float64) / self.temp
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        return int(self.rng.choice(p.shape[0], p=p))
+
+class Drafter:
+    """The NextN side: keeps the NextN KV in step with the trunk and proposes drafts (llama.cpp §7.2–§7.3).
+    `add_rows` queues teacher-forced rows (the gap); `propose` writes the gap, then drafts up to k tokens."""
+
+    FUSE_ROWS = 2   # a gap this short rides along in the draft-step-0 call (mtp_draft computes logits per row)
+
+    def __init__(self, engine, chain: SamplerChain, rng: CounterRNG, sampled: bool, n_min: int, p_min: float):
+        self.engine, self.chain, self.rng = engine, chain, rng
+        self.sampled, self.n_min, self.p_min = sampled and not chain.greedy, n_min, p_min
+        self.tok, self.h, self.pos0 = [], [], 0
+
+    def add_rows(self, tokens, h_prev, pos0: int) -> None:
+        if not self.tok:
+            self.pos0 = pos0
+        self.tok += [int(t) for t in tokens]
+        self.h.append(h_prev)
+
+    def flush(self) -> None:
+        if self.tok:
+            self.engine.mtp_rows(self.tok, np.concatenate(self.h), self.pos0)
+        self.tok, self.h = [], []
+
+    def propose(self, n_past: int, k: int):
+        """The gap ends with (id_last @ n_past, pending_h). Returns (drafts, q) — q[i] the draft distribution of
+        d_{i+1} when drafts are sampled, else None."""
+        last_tok, last_h = self.tok[-1:], self.h[-1][-1:]
+        if len(self.tok) > self.FUSE_ROWS:
+            self.tok, self.h[-1] = self.tok[:-1], self.h[-1][:-1]
+            self.flush()
+            toks, h, pos = last_tok, last_h, n_past
+        else:
+            toks, h, pos = self.tok, np.concatenate(self.h), self.pos0
+        self.tok, self.h = [], []
+        drafts, q = [], []
+        for i in range(k):
+            h, lg, am = self.engine.mtp_draft(toks, h, pos, reuse_index=i > 0)   # glm-dsa: step 0 selects, 1.. reuse
+            d, qi, p = self._pick(lg, am, n_past + i + 1)
+            if p < self.p_min:
+                break
+            drafts.append(d)
+            q.append(qi)
+            toks, h, pos = [d], h[-1:], n_past + i + 1
+        if len(drafts) < self.n_min:
+            return [], None
+        return drafts, (q if self.sampled else None)
+
+    def _pick(self, lg, am, pos: int):
+        if self.sampled:
+            ids, p = self.chain.probs(lg.numpy()[-1])
+            j = int(np.searchsorted(np.cumsum(p), self.rng.uniform(pos, DRAFT) * p.sum(), side="right"))
+            j = min(j, len(p) - 1)
+            return int(ids[j]), (ids, p), float(p[j])
+        if self.p_min <= 0.0:
+            return int(am[-1]), None, 1.0
+        # llama.cpp's draft sampler: top-k(10) at temperature 1, take the most probable; p = its softmax share.
+        z = np.sort(lg.numpy()[-1].astype(np.float64))[-10:]
+        return int(am[-1]), None, float(1.0 / np.exp(z - z[-1]).sum())
 
 
-def generate(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int = 3, temp: float = 0.0,
-             seed: int | None = None, eog_ids=frozenset()) -> Generation:
-    """Generate up to `n_predict` tokens after `prompt_ids`; speculate with the NextN head when `spec`."""
+def generate(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | str = 3, temp: float = 0.0,
+             seed: int | None = None, eog_ids=frozenset(), *, top_k: int = 40, top_p: float = 0.95,
+             min_p: float = 0.05, n_min: int = 0, p_min: float = 0.0, draft_sampling: str = "greedy",
+             stop=(), token_bytes=None, controller=None) -> Generation:
+    """Generate up to `n_predict` tokens after `prompt_ids` (int list); speculate with the NextN head when `spec`
+    at depth `n_max` (int, already clamped by the caller) or "auto" (`depth.AdaptiveDepth`). Raises NextnError."""
     prompt = np.asarray(prompt_ids, np.int32)
     if len(prompt) == 0:
         raise NextnError("the prompt is empty")
@@ -110,61 +222,65 @@ def generate(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int =
                          f"raise -c or shorten the prompt")
     if spec and not engine.has_mtp:
         raise NextnError("--spec-type draft-mtp needs a NextN block, and this model has none loaded")
-    sampler = Sampler(temp, seed)
-    stats = SpecStats(n_max=n_max if spec else 0, accepted_at=[0] * (n_max if spec else 0))
+    chain, rng = SamplerChain(temp, top_k, top_p, min_p), CounterRNG(seed)
+    auto = spec and n_max == "auto"
+    k_max = (getattr(engine, "max_draft", 8) if auto else int(n_max)) if spec else 0
+    # `auto` refreshes verify costs while cost-bound by timing a verify at the next cells (rewritten before read).
+    remeasure = lambda T: time_call(lambda: engine.verify([id_last] * T, n_past))   # noqa: E731
+    depth = controller or (AdaptiveDepth(k_max, calibrate(engine, k_max), remeasure) if auto else FixedDepth(k_max))
+    drafter = Drafter(engine, chain, rng, draft_sampling == "sample", n_min, p_min) if spec else None
+    rules = FinishRules(eog_ids, stop, token_bytes, n_predict)
+    stats = SpecStats(n_max=k_max, accepted_at=[0] * k_max, drafted_at=[0] * k_max, events=depth.events)
 
     t0 = time.perf_counter()
     hidden, last_logits, last_argmax = engine.prefill(prompt, 0)
-    id_last = last_argmax if sampler.greedy else sampler.sample(last_logits)
     if spec:   # MTP warm-up over the prompt: row p pairs token p with trunk hidden p-1 (zeros at p = 0)
-        engine.mtp_rows(prompt, np.concatenate([np.zeros((1, hidden.shape[1]), np.float32), hidden[:-1]]), 0)
-    pending_h = hidden[-1:]              # trunk hidden of the position before id_last
-    n_past = len(prompt)                 # the position id_last will occupy
-    out = [int(id_last)]
-    vm0 = dict(engine.vm_seconds)
-    t1 = time.perf_counter()
-    finish = "eos" if id_last in eog_ids else "length"
+        drafter.add_rows(prompt, np.concatenate([np.zeros_like(hidden[:1]), hidden[:-1]]), 0)
+        if not auto:      # eager, as llama.cpp's process() after prompt decoding; `auto` defers it to a draft
+            drafter.flush()
+    id_last = last_argmax if chain.greedy else chain.sample(last_logits, rng.uniform(len(prompt), TARGET))
+    pending_h, n_past = hidden[-1:], len(prompt)    # trunk hidden before id_last; the position id_last takes
+    out: list[int] = []
+    finish = rules.push(out, id_last)
+    vm0, t1 = dict(engine.vm_seconds), time.perf_counter()
 
-    while len(out) < n_predict and out[-1] not in eog_ids:
-        if n_past + 1 > engine.n_ctx:
+    while finish is None:
+        if n_past + 1 > engine.n_ctx:   # id_last has no cell left
+            finish = "length"
             break
-        # Draft: k <= n_max tokens, clamped to the remaining budget and context.
-        k = min(n_max, n_predict - len(out), engine.n_ctx - n_past - 1) if spec else 0
-        drafts, h, tok = [], pending_h, id_last
-        for i in range(k):
-            h, _lg, am = engine.mtp_draft([tok], h, n_past + i)
-            tok = int(am[0])
-            drafts.append(tok)
-        # Verify: one trunk pass over [id_last, d1..dk].
-        rows = [id_last] + drafts
-        hid, logits, am = engine.verify(rows, n_past)
-        if sampler.greedy:
-            choice = [int(x) for x in am]
-        else:
-            lg = logits.numpy()
-            choice = []
-            for i in range(len(rows)):
-                choice.append(sampler.sample(lg[i]))
-                if i < k and choice[i] != drafts[i]:
-                    break
-        a = 0
-        while a < k and choice[a] == drafts[a]:
-            a += 1
+        tr = time.perf_counter()
+        k = 0
         if spec:
-            stats.record(k, a)
-            # process(): NextN rows over the verified tokens, paired with trunk hidden (shifted by one row).
-            engine.mtp_rows(rows, np.concatenate([pending_h, hid[:-1]]), n_past)
-        new = drafts[:a] + [choice[a]]
-        pending_h = hid[a:a + 1]
-        n_past += a + 1
-        id_last = new[-1]
-        for t in new:
-            out.append(int(t))
-            if t in eog_ids:
+            k = min(depth.choose(len(out), len(drafter.tok)), n_predict - len(out), engine.n_ctx - n_past - 1)
+        drafts, q = [], None
+        if spec:
+            drafter.add_rows([id_last], pending_h, n_past)
+            if k > 0:
+                drafts, q = drafter.propose(n_past, k)
+        tv = time.perf_counter()
+        hid, logits, am = engine.verify([id_last] + drafts, n_past)
+        ts = time.perf_counter()
+        if chain.greedy:
+            a = next((i for i, d in enumerate(drafts) if int(am[i]) != d), len(drafts))
+            token = int(am[a])
+        elif q is None:
+            a, token = sample_and_match(chain, rng, logits.numpy(), drafts, n_past)
+        else:
+            a, token = rejection_sample(chain, rng, logits.numpy(), drafts, q, n_past)
+        te = time.perf_counter()
+        new = drafts[:a] + [token]
+        for m, t in enumerate(new, 1):
+            finish = rules.push(out, t)
+            if finish:
                 break
-    if out[-1] in eog_ids:
-        finish = "eos"
-    out = out[:n_predict]
+        if spec and m > 1:      # NextN rows of the emitted drafts, paired with the trunk hidden before each
+            drafter.add_rows(new[:m - 1], hid[:m - 1], n_past + 1)
+        pending_h, n_past, id_last = hid[m - 1:m], n_past + m, new[m - 1]
+        stats.record(len(drafts), a, m)
+        stats.draft_s += tv - tr
+        stats.verify_s += ts - tv
+        stats.sampling_s += te - ts
+        depth.observe(len(drafts), a, time.perf_counter() - tr, len(out))
     t2 = time.perf_counter()
-    vm_s = {k: engine.vm_seconds[k] - vm0.get(k, 0.0) for k in engine.vm_seconds}
-    return Generation(out, stats, t1 - t0, t2 - t1, finish, vm_s)
+    vm_s = {name: engine.vm_seconds[name] - vm0.get(name, 0.0) for name in engine.vm_seconds}
+    return Generation(out, stats, t1 - t0, t2 - t1, finish, vm_s, rng.seed, n_past)

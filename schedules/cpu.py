@@ -12,7 +12,17 @@ import tvm
 from tvm import s_tir, tirx
 
 LANES = 16
+TILE = 64
 PARALLEL_MIN_WORK = 1 << 19     # multiply-adds per row above which a kernel is split across threads
+# The knobs `nextn tune` lets meta_schedule search (schedule_space); the defaults above are used otherwise.
+LANE_CHOICES = (8, 16, 32)
+TILE_CHOICES = (16, 32, 64, 128, 256)
+
+
+def _knob(sch, choices, default, sample: bool):
+    if not sample:
+        return default
+    return sch.sample_categorical(candidates=list(choices), probs=[1.0 / len(choices)] * len(choices))
 
 
 def _static(e):
@@ -23,8 +33,9 @@ def _iter_kinds(sch, block):
     return [iv.iter_type for iv in sch.get(block).iter_vars]
 
 
-def schedule_reduction(sch: s_tir.Schedule, block) -> bool:
-    """rfactor the innermost reduction loop of `block` by LANES and vectorize it. Returns True if applied."""
+def schedule_reduction(sch: s_tir.Schedule, block, sample: bool = False) -> bool:
+    """rfactor the innermost reduction loop of `block` by LANES and vectorize it. Returns True if applied.
+    `sample`: draw the lane count and output tile from the tuning choices (a meta_schedule design space)."""
     kinds = _iter_kinds(sch, block)
     loops = sch.get_loops(block)
     if len(loops) != len(kinds) or kinds[-1] != tirx.IterVar.CommReduce:
@@ -35,7 +46,8 @@ def schedule_reduction(sch: s_tir.Schedule, block) -> bool:
     k = _static(sch.get(loops[-1]).extent)
     if k is None or k % LANES or k < 2 * LANES:
         return False
-    ko, ki = sch.split(loops[-1], factors=[None, LANES])
+    lanes = _knob(sch, [c for c in LANE_CHOICES if k % c == 0 and k >= 2 * c], LANES, sample)
+    ko, ki = sch.split(loops[-1], factors=[None, lanes])
     rf = sch.rfactor(ki, factor_axis=len(kinds) - 1)
     rf_loops = sch.get_loops(rf)
     # rf block loops: spatial..., ko, ki (ki now spatial and innermost): vectorize it.
@@ -47,7 +59,7 @@ def schedule_reduction(sch: s_tir.Schedule, block) -> bool:
     if n is not None and n >= 128 and n * k >= PARALLEL_MIN_WORK:
         # Split the output axis into 64-wide tiles, hoist the tile loop outermost and spread it over threads;
         # rows (T) iterate inside a tile, so the verify pass reuses each weight tile from cache.
-        no, _ni = sch.split(spatial[-1], factors=[None, 64])
+        no, _ni = sch.split(spatial[-1], factors=[None, _knob(sch, TILE_CHOICES, TILE, sample)])
         sch.reorder(no, *spatial[:-1])
         sch.parallel(no)
     return True
@@ -67,6 +79,15 @@ def schedule_weighted_sum(sch: s_tir.Schedule, block) -> bool:
     sch.reorder(loops[-1], loops[-2])
     sch.vectorize(loops[-2])
     return True
+
+
+def schedule_space(sch: s_tir.Schedule) -> None:
+    """meta_schedule design space (`nextn tune`): this file's schedules with sampled knobs."""
+    for b in sch.get_child_blocks(sch.get_sblock("root")):
+        try:
+            schedule_reduction(sch, b, sample=True) or schedule_weighted_sum(sch, b)
+        except Exception:
+            continue
 
 
 def schedule_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -97,8 +118,8 @@ class ScheduleCPU:
     def transform_module(self, mod, _ctx):
         out = {}
         for gv, func in mod.functions.items():
-            if isinstance(func, tirx.PrimFunc):
-                out[gv] = schedule_func(func.with_attr("global_symbol", gv.name_hint))
+            if isinstance(func, tirx.PrimFunc) and not (func.attrs and func.attrs.get("tirx.is_scheduled")):
+                out[gv] = schedule_func(func.with_attr("global_symbol", gv.name_hint))   # tuned ones stay
         for gv, f in out.items():
             mod[gv] = f
         return mod

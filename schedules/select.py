@@ -10,4 +10,8 @@ def schedule_pass(target):
         from .cpu import ScheduleCPU
 
         return ScheduleCPU()
+    if kind in ("cuda", "rocm"):
+        from .gpu import ScheduleGPU
+
+        return ScheduleGPU(target)
     raise ValueError(f"no schedules for target kind '{kind}'")

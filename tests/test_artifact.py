@@ -24,7 +24,8 @@ def test_manifest(compiled):
     assert m["target"]["name"] == "llvm" and m["arch"] == "glm4moe"
     assert m["model_files"][0]["sha256"] == sha(G4 / "tiny-glm4moe-Q8_0.gguf")
     assert m["hparams"]["n_layer"] == 4 and m["hparams"]["n_expert_used"] == 2
-    assert set(m["entry_points"]) == {"prefill", "verify", "mtp_rows", "mtp_draft"}
+    assert set(m["entry_points"]) == {"prefill", "verify", "mtp_rows", "mtp_draft", "decode", "draft"}
+    assert m["entry_points"]["decode"]["static"] == {"T": 1}
     for lib in m["libraries"]:
         assert sha(f"{art}/{lib['file']}") == lib["sha256"]
     plan = m["buffer_plan"]

@@ -42,7 +42,8 @@ def test_trunk_plus_mtp_draft_equals_bundle(compiled, q8_model):
         got = m.generate(P["prompt_ids"], 32, n_max=n_max, ignore_eos=True)
         want = q8_model.generate(P["prompt_ids"], 32, n_max=n_max, ignore_eos=True)
         assert got.ids == want.ids
-        assert got.stats.to_json() == want.stats.to_json()
+        counters = ("rounds", "drafted", "accepted", "acceptance", "mean_len", "per_pos")
+        assert {k: got.stats.to_json()[k] for k in counters} == {k: want.stats.to_json()[k] for k in counters}
         assert got.stats.drafted > 0
 
 

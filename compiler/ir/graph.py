@@ -19,6 +19,21 @@ Shapes are row-major (numpy order; ggml's `ne` reversed). A dimension is an int 
 - sigmoid(x), swiglu(g, u) = silu(g) * u, clamp(x, lo, hi), sum_rows(x) -> [..., 1]
 - argsort_top_k(x[T,X], k) -> int32 [T,k]: indices of the k largest, descending, ties to the lower index
 - argmax(x[R,V]) -> int32 [R]: first index of the maximum
+- norm(x, eps): (x - mean) / sqrt(var + eps) over the last axis (ggml_norm: LayerNorm without weight/bias)
+- mul_mat(w[B,N,K], x[...,B,K]) -> [...,B,N]: the batched form (ggml broadcasts mul_mat over dim 2), one
+  matrix per head, e.g. MLA's absorbed `attn_k_b` / `attn_v_b`
+- flash_attn_ext_mla(q[T,H,Dk], kv[C,1,Dk], pos[T], mask[T,L]?, scale, n_v) -> [T,H,n_v]: flash_attn_ext over
+  an MLA K-only cache (one latent head, every query head reads it) whose V is the view kv[..., :n_v]; the
+  causal mask as flash_attn_ext plus the optional additive mask (0 / -inf: the DSA selection)
+- lightning_indexer(q[T,Hi,D], k[C,1,D], w[T,Hi], pos[T]) -> [T,L]: DSA index score
+  sum_h relu(q[t,h]·k[s]) * w[t,h] for cells s <= pos[t], -inf elsewhere (llama.cpp glm-dsa.cpp; DeepSeek-V3.2)
+- top_k_mask(score[T,L], pos[T], k) -> [T,L]: 0 on the min(k, pos[t]+1) largest causal scores of row t,
+  -inf elsewhere; ties go to the lower cell index. A row with pos[t]+1 <= k selects every causal cell. This is
+  ggml top_k(score, min(n_kv, k)) + set_rows into a -inf mask, restricted to the causal cells (the others are
+  masked by attention anyway)
+- index_mask_store(state[C], mask[T,L]) -> state: state[s] = mask[T-1, s] for s < L, 0 for s >= L (in place:
+  keeps a draft step's DSA selection for the next steps of the round)
+- index_mask_load(state[C]) -> [1,L]: state[:L]
 """
 from __future__ import annotations
 
@@ -28,6 +43,7 @@ OPS = frozenset({
     "get_rows", "rms_norm", "mul", "add", "div", "scale", "mul_mat", "mul_mat_id", "reshape", "view",
     "concat", "rope_ext", "set_rows", "flash_attn_ext", "sigmoid", "swiglu", "clamp", "sum_rows",
     "argsort_top_k", "argmax",
+    "norm", "flash_attn_ext_mla", "lightning_indexer", "top_k_mask", "index_mask_store", "index_mask_load",
 })
 LEAVES = frozenset({"input", "weight", "state"})
 
@@ -127,7 +143,9 @@ class Graph:
 
     def mul_mat(self, w, x):
         assert w.shape[-1] == x.shape[-1], (w, x)
-        return self._op("mul_mat", (w, x), (*x.shape[:-1], w.shape[0]))
+        if len(w.shape) == 3:   # batched over heads: w[B,N,K] x[...,B,K]
+            assert x.shape[-2] == w.shape[0], (w, x)
+        return self._op("mul_mat", (w, x), (*x.shape[:-1], w.shape[-2]))
 
     def mul_mat_id(self, w, x, ids):
         return self._op("mul_mat_id", (w, x, ids), (ids.shape[0], ids.shape[1], w.shape[1]))
@@ -171,6 +189,25 @@ class Graph:
 
     def argmax(self, x):
         return self._op("argmax", (x,), x.shape[:-1], "int32")
+
+    def norm(self, x, eps: float):
+        return self._op("norm", (x,), x.shape, eps=float(eps))
+
+    def flash_attn_ext_mla(self, q, kv, pos, mask, scale: float, n_v: int):
+        ins = (q, kv, pos) if mask is None else (q, kv, pos, mask)
+        return self._op("flash_attn_ext_mla", ins, (q.shape[0], q.shape[1], n_v), scale=float(scale), n_v=int(n_v))
+
+    def lightning_indexer(self, q, k, w, pos):
+        return self._op("lightning_indexer", (q, k, w, pos), (q.shape[0], "L"))
+
+    def top_k_mask(self, score, pos, k: int):
+        return self._op("top_k_mask", (score, pos), score.shape, k=int(k))
+
+    def index_mask_store(self, state, mask):
+        return self._op("index_mask_store", (state, mask), state.shape)
+
+    def index_mask_load(self, state):
+        return self._op("index_mask_load", (state,), (1, "L"))
 
     # -- inspection -------------------------------------------------------------------------------
     def live_nodes(self) -> list[Node]:

@@ -54,6 +54,44 @@ def _attn(q, k, v, pos, n_kv, scale):
     return out
 
 
+def _attn_mla(q, kv, pos, mask, n_kv, scale, n_v):
+    """MLA over the one-head latent cache: K = kv[:, 0, :], V = kv[:, 0, :n_v]; every query head reads it."""
+    kk = kv[:n_kv, 0, :].astype(np.float32)
+    cells = np.arange(n_kv)
+    out = np.empty((q.shape[0], q.shape[1], n_v), np.float32)
+    for h in range(q.shape[1]):
+        s = q[:, h, :] @ kk.T * np.float32(scale)                  # [T, n_kv]
+        if mask is not None:
+            s = s + mask
+        s = np.where(cells[None, :] <= pos[:, None], s, -np.inf)
+        s = s - s.max(axis=1, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(axis=1, keepdims=True)
+        out[:, h, :] = p @ kk[:, :n_v]
+    return out
+
+
+def _lightning_indexer(q, k, w, pos, n_kv):
+    kk = k[:n_kv, 0, :]
+    s = np.einsum("thd,sd->ths", q, kk)                            # [T, Hi, n_kv]
+    score = np.einsum("ths,th->ts", np.maximum(s, np.float32(0)), w)
+    return np.where(np.arange(n_kv)[None, :] <= pos[:, None], score, -np.inf).astype(np.float32)
+
+
+def _top_k_mask(score, pos, k):
+    T, L = score.shape
+    out = np.zeros((T, L), np.float32)
+    for t in range(T):
+        n = min(int(pos[t]) + 1, L)
+        if n <= k:
+            continue                                                # every causal cell is selected
+        order = np.argsort(-score[t, :n], kind="stable")            # ties: lower index first (-0.0 == 0.0)
+        row = np.full(L, -np.inf, np.float32)
+        row[order[:k]] = 0.0
+        out[t] = row
+    return out
+
+
 def _top_k(x, k):
     order = np.argsort(-x, axis=-1, kind="stable")
     return order[..., :k].astype(np.int32)
@@ -88,7 +126,7 @@ def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = No
         elif op == "scale":
             r = a[0] * np.float32(n.attrs["s"])
         elif op == "mul_mat":
-            r = a[1] @ a[0].T
+            r = a[1] @ a[0].T if a[0].ndim == 2 else np.einsum("...bk,bnk->...bn", a[1], a[0])
         elif op == "mul_mat_id":
             w, x, ids = a
             T, k = ids.shape
@@ -124,6 +162,25 @@ def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = No
             r = _top_k(a[0], n.attrs["k"])
         elif op == "argmax":
             r = np.argmax(a[0], axis=-1).astype(np.int32)
+        elif op == "norm":
+            x = a[0]
+            xc = x - np.mean(x, axis=-1, keepdims=True)
+            r = xc / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + np.float32(n.attrs["eps"]))
+        elif op == "flash_attn_ext_mla":
+            q, kv, pos = a[:3]
+            r = _attn_mla(q, kv, pos, a[3] if len(a) > 3 else None, int(n_kv), n.attrs["scale"], n.attrs["n_v"])
+        elif op == "lightning_indexer":
+            r = _lightning_indexer(*a, int(n_kv))
+        elif op == "top_k_mask":
+            r = _top_k_mask(a[0], a[1], n.attrs["k"])
+        elif op == "index_mask_store":
+            state, mask = a
+            L = mask.shape[1]
+            state[:L] = mask[-1]
+            state[L:] = 0.0
+            r = state
+        elif op == "index_mask_load":
+            r = a[0][None, :int(n_kv)].copy()
         else:
             raise NotImplementedError(op)
         env[n.id] = r.astype(np.float32, copy=False) if n.dtype == "float32" and r.dtype != np.float32 else r

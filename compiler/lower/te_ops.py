@@ -70,6 +70,11 @@ def scale(x, s):
 
 
 def mul_mat(w, x):
+    if len(w.shape) == 3:   # batched over heads: w[B,N,K] x[...,B,K] -> [...,B,N]
+        _B, N, K = w.shape
+        k = te.reduce_axis((0, K), name="k")
+        return te.compute((*x.shape[:-1], N), lambda *i: te.sum(x[(*i[:-1], k)] * _elem(w, i[-2], i[-1], k), axis=k),
+                          name="mul_mat")
     N, K = w.shape
     k = te.reduce_axis((0, K), name="k")
     return te.compute((*x.shape[:-1], N), lambda *i: te.sum(x[(*i[:-1], k)] * _elem(w, i[-1], k), axis=k), name="mul_mat")
@@ -187,3 +192,58 @@ def argsort_top_k(x, k):
 
 def argmax(x):
     return topi.argmax(x, axis=-1)   # int32, first index of the maximum
+
+
+def norm(x, eps):
+    """ggml_norm: (x - mean) / sqrt(var + eps) over the last axis (two passes, as the reference)."""
+    n = x.shape[-1]
+    inv_n = tirx.const(1.0 / float(int(n)), F32)
+    k1 = te.reduce_axis((0, n), name="k1")
+    mean = te.compute(x.shape[:-1], lambda *i: te.sum(x[(*i, k1)], axis=k1), name="norm_sum")
+    xc = te.compute(x.shape, lambda *i: x[i] - mean[i[:-1]] * inv_n, name="norm_centered")
+    k2 = te.reduce_axis((0, n), name="k2")
+    var = te.compute(x.shape[:-1], lambda *i: te.sum(xc[(*i, k2)] * xc[(*i, k2)], axis=k2), name="norm_var")
+    return te.compute(x.shape, lambda *i: xc[i] / te.sqrt(var[i[:-1]] * inv_n + tirx.const(eps, F32)), name="norm")
+
+
+def flash_attn_ext_mla(q, kv, pos, *rest):
+    """MLA attention over the one-head latent cache kv[C, 1, Dk] (V = kv[..., :n_v]), causal, optional additive
+    mask [T, L]. rest = ([mask,] n_kv, scale, n_v)."""
+    mask = rest[0] if len(rest) == 4 else None
+    n_kv, scale_, n_v = rest[-3:]
+    T_, H, D = q.shape
+    neg = tirx.const(-math.inf, F32)
+    d = te.reduce_axis((0, D), name="d")
+    s = te.compute((T_, H, n_kv), lambda t, h, c: te.sum(q[t, h, d] * kv[c, 0, d], axis=d), name="mla_qk")
+
+    def masked(t, h, c):
+        v = s[t, h, c] * tirx.const(scale_, F32)
+        if mask is not None:
+            v = v + mask[t, c]
+        return tirx.if_then_else(c <= pos[t].astype("int64"), v, neg)
+
+    sm = te.compute((T_, H, n_kv), masked, name="mla_masked")
+    c1 = te.reduce_axis((0, n_kv), name="c1")
+    m = te.compute((T_, H), lambda t, h: te.max(sm[t, h, c1], axis=c1), name="mla_max")
+    e = te.compute((T_, H, n_kv), lambda t, h, c: te.exp(sm[t, h, c] - m[t, h]), name="mla_exp")
+    c2 = te.reduce_axis((0, n_kv), name="c2")
+    z = te.compute((T_, H), lambda t, h: te.sum(e[t, h, c2], axis=c2), name="mla_sum")
+    c3 = te.reduce_axis((0, n_kv), name="c3")
+    o = te.compute((T_, H, n_v), lambda t, h, j: te.sum(e[t, h, c3] * kv[c3, 0, j], axis=c3), name="mla_pv")
+    return te.compute((T_, H, n_v), lambda t, h, j: o[t, h, j] / z[t, h], name="mla_out")
+
+
+def lightning_indexer(q, k, w, pos, n_kv):
+    """DSA index score [T, L]: sum_h relu(q[t,h]·k[s]) * w[t,h] on causal cells, -inf elsewhere."""
+    T_, Hi, D = q.shape
+    d = te.reduce_axis((0, D), name="d")
+    s = te.compute((T_, Hi, n_kv), lambda t, h, c: te.sum(q[t, h, d] * k[c, 0, d], axis=d), name="index_qk")
+    h_ = te.reduce_axis((0, Hi), name="h")
+    sc = te.compute((T_, n_kv), lambda t, c: te.sum(te.max(s[t, h_, c], tirx.const(0.0, F32)) * w[t, h_], axis=h_),
+                    name="index_score")
+    return te.compute((T_, n_kv), lambda t, c: tirx.if_then_else(
+        c <= pos[t].astype("int64"), sc[t, c], tirx.const(-math.inf, F32)), name="lightning_indexer")
+
+
+def index_mask_load(state, n_kv):
+    return te.compute((1, n_kv), lambda _i, c: state[c], name="index_mask_load")

@@ -12,7 +12,7 @@ from tvm.script import tirx as T
 
 from nextn.compiler.ir import Graph
 
-from . import te_ops
+from . import dsa_kernels, te_ops
 
 
 @T.prim_func(private=True, s_tir=True)
@@ -47,8 +47,12 @@ def weight_params(graph: Graph, weight_kinds: dict[str, str]) -> list[tuple[str,
     return out
 
 
-def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str], set_rows_gv) -> None:
+def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str], set_rows_gv,
+             static: dict[str, int] | None = None) -> None:
+    """Emit `graph` as a Relax function; `static` fixes symbols (e.g. {"T": 1} for the one-row decode step)."""
     sym = {d: tirx.Var(d, "int64") for d in ("T", "R", "L", "C")}
+    for d, v in (static or {}).items():
+        sym[d] = tirx.IntImm("int64", v)
 
     def shape(s):
         return [sym[d] if isinstance(d, str) else d for d in s]
@@ -119,6 +123,8 @@ def _emit(bb, n, args, sym, set_rows_gv):
     if op == "set_rows":
         cache = args[0]
         return bb.emit(relax.op.call_tir_inplace(set_rows_gv, relax.Tuple(args), [0], cache.ty))
+    if op in dsa_kernels.TIR_OPS:
+        return dsa_kernels.emit(bb, n, args, sym)
     flat, rebuild = _flatten(args)
     fn = getattr(te_ops, op)
     extra = {
@@ -130,18 +136,20 @@ def _emit(bb, n, args, sym, set_rows_gv):
         "flash_attn_ext": lambda: (at["scale"],),
         "clamp": lambda: (at["lo"], at["hi"]),
         "argsort_top_k": lambda: (at["k"],),
+        "norm": lambda: (at["eps"],),
+        "flash_attn_ext_mla": lambda: (at["scale"], at["n_v"]),
     }.get(op, lambda: ())()
     # Symbolic sizes go through emit_te's args so that the PrimFunc gets them as parameters.
-    prim = [sym["L"]] if op == "flash_attn_ext" else []
+    prim = [sym["L"]] if op in ("flash_attn_ext", "flash_attn_ext_mla", "lightning_indexer", "index_mask_load") else []
     nf = len(flat)
     return bb.emit_te(lambda *tes: fn(*rebuild(list(tes[:nf])), *tes[nf:], *extra), *flat, *prim,
                       primfunc_name_hint=op)
 
 
-def build_module(graphs: list[Graph], weight_kinds: dict[str, str]):
-    """An IRModule with one Relax function per graph (entry point)."""
+def build_module(graphs: list[Graph], weight_kinds: dict[str, str], static: dict[str, dict] | None = None):
+    """An IRModule with one Relax function per graph (entry point); `static[graph.name]` fixes symbols."""
     bb = relax.BlockBuilder()
     set_rows_gv = bb.add_func(set_rows_kernel, "set_rows")
     for g in graphs:
-        to_relax(bb, g, weight_kinds, set_rows_gv)
+        to_relax(bb, g, weight_kinds, set_rows_gv, (static or {}).get(g.name))
     return bb.get()

@@ -17,6 +17,10 @@ class ModelSpec:
     nextn_optional: Callable
     build_trunk: Callable      # (config, has_tensor, all_rows) -> Graph
     build_mtp: Callable        # (config, has_tensor, all_rows) -> Graph
+    # Compile options (e.g. "mtp_dense_attention") this arch's builders take as keyword arguments.
+    compile_options: tuple = ()
+    # (config, has_tensor, **options) -> {entry name: (graph kind "trunk"|"mtp", Graph)}: arch-specific extra entries.
+    extra_entry_points: Callable | None = None
 
 
 def _glm4moe() -> ModelSpec:
@@ -26,7 +30,15 @@ def _glm4moe() -> ModelSpec:
                      config.nextn_tensors, config.nextn_optional, graph.build_trunk, graph.build_mtp)
 
 
-_REGISTRY = {"glm4moe": _glm4moe}
+def _glm_dsa() -> ModelSpec:
+    from .glm_dsa import config, graph
+
+    return ModelSpec("glm-dsa", config.config_from_gguf, config.GlmDsaConfig.from_json, config.trunk_tensors,
+                     config.nextn_tensors, config.nextn_optional, graph.build_trunk, graph.build_mtp,
+                     ("mtp_dense_attention",), graph.extra_entry_points)
+
+
+_REGISTRY = {"glm4moe": _glm4moe, "glm-dsa": _glm_dsa}
 
 
 def supported() -> list[str]:

@@ -44,4 +44,4 @@ def pack(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> tuple[np.nd
     return fmt.pack(np.ascontiguousarray(raw).view(np.uint8), tuple(shape))
 
 
-from . import q8_0  # noqa: E402,F401  (registers the formats)
+from . import q8_0, legacy, k_quants, iq4, iq_grid  # noqa: E402,F401  (registers the formats)

@@ -1,0 +1,95 @@
+"""Hand-written TIR kernels of the DSA (glm-dsa) IR ops that TE cannot express cheaply.
+
+- `top_k_mask`: the per-row top-k of the lightning-indexer score as an additive mask. A TE rank count is
+  O(L^2) per row (too slow at L ~ 2k); instead each row finds its k-th largest score exactly by bisection on
+  the order-preserving integer key of the float (32 counting passes), then selects every score above it and
+  the lowest-index ties equal to it: the same selection as a stable descending argsort (`ir/interpret.py`).
+  Rows whose causal cell count is <= k select every cell without any pass.
+- `index_mask_store`: keeps the last row's selection in the NextN state for index sharing (in place).
+"""
+from __future__ import annotations
+
+from tvm import relax
+from tvm.script import tirx as T
+
+
+def _top_k_mask_kernel(k: int):
+    K = k
+
+    @T.prim_func(private=True, s_tir=True)
+    def top_k_mask(var_score: T.handle, var_pos: T.handle, var_mask: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        t, l = T.int64(), T.int64()
+        score = T.match_buffer(var_score, (t, l), "float32")
+        pos = T.match_buffer(var_pos, (t,), "int32")
+        mask = T.match_buffer(var_mask, (t, l), "float32")
+        for r in T.parallel(t):
+            with T.sblock("top_k_mask"):
+                vr = T.axis.spatial(t, r)
+                T.reads(score[vr, 0:l], pos[vr])
+                T.writes(mask[vr, 0:l])
+                key = T.alloc_buffer((l,), "int64")
+                acc = T.alloc_buffer((3,), "int64", scope="local")   # lo, hi, count
+                n = T.min(T.Cast("int64", pos[vr]) + T.int64(1), l)
+                if n <= T.int64(K):
+                    for s in range(l):
+                        mask[vr, s] = T.float32(0)
+                else:
+                    for s in range(l):
+                        bits = T.reinterpret("int32", score[vr, s])
+                        key[s] = T.Cast("int64", T.if_then_else(
+                            score[vr, s] == T.float32(0), T.int32(0),   # -0.0 ties with 0.0
+                            T.if_then_else(bits >= T.int32(0), bits, T.bitwise_xor(bits, T.int32(2147483647)))))
+                    # invariant: #(key >= lo) >= K > #(key >= hi); 32 halvings of 2^32 leave lo = the K-th largest key
+                    acc[0] = T.int64(-2147483648)
+                    acc[1] = T.int64(2147483648)
+                    for _it in range(32):
+                        acc[2] = T.int64(0)
+                        for s in range(n):
+                            if key[s] >= T.floordiv(acc[0] + acc[1], T.int64(2)):
+                                acc[2] = acc[2] + T.int64(1)
+                        if acc[2] >= T.int64(K):
+                            acc[0] = T.floordiv(acc[0] + acc[1], T.int64(2))
+                        else:
+                            acc[1] = T.floordiv(acc[0] + acc[1], T.int64(2))
+                    acc[2] = T.int64(0)
+                    for s in range(n):
+                        if key[s] > acc[0]:
+                            acc[2] = acc[2] + T.int64(1)
+                    for s in range(l):   # ties at the threshold: lowest cell index first
+                        if s < n and (key[s] > acc[0] or (key[s] == acc[0] and acc[2] < T.int64(K))):
+                            mask[vr, s] = T.float32(0)
+                            if key[s] == acc[0]:
+                                acc[2] = acc[2] + T.int64(1)
+                        else:
+                            mask[vr, s] = T.float32(-float("inf"))
+
+    return top_k_mask
+
+
+@T.prim_func(private=True, s_tir=True)
+def index_mask_store_kernel(var_state: T.handle, var_mask: T.handle):
+    """state[s] = mask[T-1, s] for s < L, 0 (selected) for s >= L (in place)."""
+    T.func_attr({"tirx.noalias": True})
+    c, t, l = T.int64(), T.int64(), T.int64()
+    state = T.match_buffer(var_state, (c,), "float32")
+    mask = T.match_buffer(var_mask, (t, l), "float32")
+    for s in range(c):
+        with T.sblock("index_mask_store"):
+            vs = T.axis.spatial(c, s)
+            state[vs] = T.if_then_else(vs < l, mask[t - T.int64(1), T.min(vs, l - T.int64(1))], T.float32(0))
+
+
+TIR_OPS = frozenset({"top_k_mask", "index_mask_store"})
+
+
+def emit(bb: relax.BlockBuilder, n, args, sym):
+    """Emit IR node `n` (op in TIR_OPS) as a call of its kernel."""
+    if n.op == "top_k_mask":
+        gv = bb.add_func(_top_k_mask_kernel(n.attrs["k"]), f"top_k_mask_{n.attrs['k']}")
+        score = args[0]
+        return bb.emit(relax.call_tir(gv, relax.Tuple(list(args)), score.ty))
+    if n.op == "index_mask_store":
+        gv = bb.add_func(index_mask_store_kernel, "index_mask_store")
+        return bb.emit(relax.op.call_tir_inplace(gv, relax.Tuple(list(args)), [0], args[0].ty))
+    raise NotImplementedError(n.op)

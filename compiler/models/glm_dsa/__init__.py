@@ -1,0 +1,1 @@
+"""glm-dsa (GLM-5.x): absorbed MLA + DSA lightning indexer + NextN."""

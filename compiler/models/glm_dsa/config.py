@@ -1,0 +1,214 @@
+"""glm-dsa (GLM-5 / 5.1 / 5.2) hyper-parameters and tensor table.
+
+Keys: glm-mtp-reference.md §2; tensors: §3.2 (llama.cpp src/llama-model.cpp, src/models/glm-dsa.cpp).
+Absorbed MLA (q/kv LoRA, `attn_k_b` / `attn_v_b`), the DSA lightning indexer, and the glm4moe MoE FFN and
+NextN frame, whose tensor tables are imported from `..glm4moe.config` rather than restated.
+`block_count` includes the NextN block; trunk layers are 0..n_layer-1, the NextN block is blk.{n_layer}.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from types import SimpleNamespace
+
+from nextn.runtime.errors import NextnError
+
+from ..glm4moe import config as g4
+
+ARCH = "glm-dsa"
+INDEXER_K_NORM_EPS = 1e-6   # the model's LayerNorm eps (transformers GlmMoeDsaIndexer); llama.cpp uses 0 (§10)
+
+
+@dataclass(frozen=True)
+class GlmDsaConfig:
+    arch: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int            # trunk layers (block_count - nextn_predict_layers)
+    n_layer_nextn: int
+    n_head: int
+    q_lora: int             # attention.q_lora_rank
+    kv_lora: int            # attention.kv_lora_rank
+    hd_k: int               # attention.key_length_mla = qk_nope + qk_rope
+    hd_v: int               # attention.value_length_mla
+    n_rot: int              # qk_rope: NORM rope (adjacent pairs) on the rope slice only
+    rope_freq_base: float
+    kq_scale: float         # mscale^2 / sqrt(hd_k) (§4.2)
+    rms_eps: float
+    n_ff: int
+    n_ff_exp: int
+    n_expert: int
+    n_expert_used: int
+    n_expert_shared: int
+    n_lead_dense: int
+    expert_weights_scale: float
+    expert_weights_norm: bool
+    expert_gating_func: int
+    n_ctx_train: int
+    idx_heads: int          # attention.indexer.head_count
+    idx_hd: int             # attention.indexer.key_length
+    idx_top_k: int          # attention.indexer.top_k
+    idx_full: list = field(default_factory=list)   # per trunk layer: 1 = full indexer, 0 = shared (reuses last full)
+
+    @property
+    def nope(self) -> int:
+        return self.hd_k - self.n_rot
+
+    @property
+    def kv_width(self) -> int:
+        """Width of one latent KV cell: kv_lora compressed columns followed by the qk_rope key."""
+        return self.kv_lora + self.n_rot
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "GlmDsaConfig":
+        return cls(**d)
+
+
+def mla_kq_scale(hd_k: int, freq_scale: float = 1.0, attn_factor: float = 1.0, yarn_log_mul: float = 0.0) -> float:
+    """kq_scale = mscale^2 / sqrt(hd_k) with mscale the YaRN magnitude factor (llama.cpp glm-dsa.cpp, §4.2):
+    attn_factor_org = attn_factor (1 + 0.1 ln(1/freq_scale)); mscale = attn_factor_org (1 + 0.1 yarn_log_mul ln(1/freq_scale)).
+    Without rope scaling (freq_scale 1) this is 1/sqrt(hd_k)."""
+    ln = math.log(1.0 / freq_scale)
+    mscale = attn_factor * (1.0 + 0.1 * ln) * (1.0 + 0.1 * yarn_log_mul * ln)
+    return mscale * mscale / math.sqrt(hd_k)
+
+
+def _indexer_types(f, key: str, n_layer: int, n_ctx_train: int) -> list[int]:
+    v = f.get(key, None)
+    if v is None:   # §2: all full below 1M context (GLM-5/5.1), else the GLM-5.2 pattern
+        if n_ctx_train < 1048576:
+            return [1] * n_layer
+        return [1 if i < 3 or (i - 3) % 4 == 3 else 0 for i in range(n_layer)]
+    if not isinstance(v, list) or len(v) < n_layer or any(not isinstance(x, (bool, int)) for x in v):
+        raise NextnError(f"{f.path}: metadata key '{key}' = {v!r}, expected an array of {n_layer} flags (1 = full, 0 = shared)")
+    out = [int(bool(x)) for x in v[:n_layer]]
+    if n_layer and out[0] != 1:
+        raise NextnError(f"{f.path}: metadata key '{key}': layer 0 is 'shared', but a shared layer reuses the "
+                         f"selection of an earlier full layer")
+    return out
+
+
+def config_from_gguf(f) -> GlmDsaConfig:
+    """Read every glm-dsa key of reference §2 from GGUFFile `f` (bundled, trunk-only or MTP-only file)."""
+    a = ARCH
+    n_all = f.get(f"{a}.block_count", kind=int)
+    n_nextn = f.get(f"{a}.nextn_predict_layers", 0, kind=int)
+    if not 0 <= n_nextn < n_all:
+        raise NextnError(f"{f.path}: '{a}.nextn_predict_layers' = {n_nextn}, expected 0 <= n < block_count ({n_all})")
+    if n_nextn > 1:
+        raise NextnError(f"{f.path}: '{a}.nextn_predict_layers' = {n_nextn}; GLM has exactly one NextN block")
+    n_layer = n_all - n_nextn
+    n_embd = f.get(f"{a}.embedding_length", kind=int)
+    n_head = g4._scalar_or_first(f, f"{a}.attention.head_count")
+    n_head_kv = g4._scalar_or_first(f, f"{a}.attention.head_count_kv") if f.has(f"{a}.attention.head_count_kv") else 1
+    if n_head_kv != 1:
+        raise NextnError(f"{f.path}: '{a}.attention.head_count_kv' = {n_head_kv}, expected 1 (absorbed MLA: one latent KV head)")
+    q_lora = f.get(f"{a}.attention.q_lora_rank", kind=int)
+    kv_lora = f.get(f"{a}.attention.kv_lora_rank", kind=int)
+    n_rot = f.get(f"{a}.rope.dimension_count", kind=int)
+    key_len = f.get(f"{a}.attention.key_length", kv_lora + n_rot, kind=int)
+    val_len = f.get(f"{a}.attention.value_length", kv_lora, kind=int)
+    if (key_len, val_len) != (kv_lora + n_rot, kv_lora):
+        raise NextnError(f"{f.path}: '{a}.attention.key_length'/'value_length' = {key_len}/{val_len}, expected the MQA view "
+                         f"kv_lora_rank + rope = {kv_lora + n_rot} / kv_lora_rank = {kv_lora}")
+    hd_k = f.get(f"{a}.attention.key_length_mla", key_len, kind=int)
+    hd_v = f.get(f"{a}.attention.value_length_mla", val_len, kind=int)
+    if n_rot % 2 or not 0 < n_rot < hd_k:
+        raise NextnError(f"{f.path}: '{a}.rope.dimension_count' = {n_rot}, expected an even number < key_length_mla ({hd_k})")
+    rs_type = f.get(f"{a}.rope.scaling.type", "none", kind=str)
+    if rs_type not in ("none", ""):
+        # kq_scale would follow mla_kq_scale(), but rope_ext has no YaRN ext_factor ramp yet.
+        raise NextnError(f"{f.path}: '{a}.rope.scaling.type' = '{rs_type}'; rope scaling is not supported for glm-dsa yet")
+    gating = f.get(f"{a}.expert_gating_func", 2, kind=int)
+    if gating != 2:
+        raise NextnError(f"{f.path}: '{a}.expert_gating_func' = {gating}, expected 2 (sigmoid) for glm-dsa")
+    if f.get(f"{a}.expert_group_count", 1, kind=int) > 1:
+        raise NextnError(f"{f.path}: '{a}.expert_group_count' > 1 (group-limited routing) is not supported")
+    idx_hd = f.get(f"{a}.attention.indexer.key_length", kind=int)
+    if idx_hd <= n_rot:
+        raise NextnError(f"{f.path}: '{a}.attention.indexer.key_length' = {idx_hd}, expected > rope dims ({n_rot})")
+    n_vocab = f.tensor_shape("token_embd.weight")[0] if f.has_tensor("token_embd.weight") else None
+    n_vocab = f.get(f"{a}.vocab_size", n_vocab)
+    if n_vocab is None:
+        raise NextnError(f"{f.path}: tensor 'token_embd.weight' is missing")
+    n_ctx_train = f.get(f"{a}.context_length", kind=int)
+    return GlmDsaConfig(
+        arch=a, n_vocab=int(n_vocab), n_embd=n_embd, n_layer=n_layer, n_layer_nextn=n_nextn, n_head=n_head,
+        q_lora=q_lora, kv_lora=kv_lora, hd_k=hd_k, hd_v=hd_v, n_rot=n_rot,
+        rope_freq_base=f.get(f"{a}.rope.freq_base", 10000.0, kind=float),
+        kq_scale=mla_kq_scale(hd_k),
+        rms_eps=f.get(f"{a}.attention.layer_norm_rms_epsilon", kind=float),
+        n_ff=g4._scalar_or_first(f, f"{a}.feed_forward_length"),
+        n_ff_exp=f.get(f"{a}.expert_feed_forward_length", kind=int),
+        n_expert=f.get(f"{a}.expert_count", kind=int),
+        n_expert_used=f.get(f"{a}.expert_used_count", kind=int),
+        n_expert_shared=f.get(f"{a}.expert_shared_count", kind=int),
+        n_lead_dense=f.get(f"{a}.leading_dense_block_count", 0, kind=int),
+        expert_weights_scale=f.get(f"{a}.expert_weights_scale", 0.0, kind=float),
+        expert_weights_norm=bool(f.get(f"{a}.expert_weights_norm", False, kind=bool)),
+        expert_gating_func=gating,
+        n_ctx_train=n_ctx_train,
+        idx_heads=f.get(f"{a}.attention.indexer.head_count", kind=int),
+        idx_hd=idx_hd,
+        idx_top_k=f.get(f"{a}.attention.indexer.top_k", kind=int),
+        idx_full=_indexer_types(f, f"{a}.attention.indexer.types", n_layer, n_ctx_train),
+    )
+
+
+def _ffn_tensors(c: GlmDsaConfig, il: int, moe: bool) -> dict[str, tuple[int, ...]]:
+    """Dense / MoE + shared-expert FFN tensors: glm4moe's table (same names and shapes), attention rows dropped."""
+    shim = SimpleNamespace(n_embd=c.n_embd, head_dim=1, n_head=1, n_head_kv=1, qkv_bias=False, qk_norm=False,
+                           n_ff=c.n_ff, n_expert=c.n_expert, n_ff_exp=c.n_ff_exp, n_expert_shared=c.n_expert_shared)
+    t = g4.block_tensors(shim, il, moe)
+    return {k: v for k, v in t.items() if ".ffn_" in k or ".exp_probs_b." in k}
+
+
+def attention_tensors(c: GlmDsaConfig, il: int, indexer: bool) -> dict[str, tuple[int, ...]]:
+    """Row-major shapes of one block's MLA (+ DSA indexer) tensors (§3.2)."""
+    p, E, H = f"blk.{il}.", c.n_embd, c.n_head
+    t = {
+        p + "attn_norm.weight": (E,),
+        p + "attn_q_a.weight": (c.q_lora, E),
+        p + "attn_q_a_norm.weight": (c.q_lora,),
+        p + "attn_q_b.weight": (H * c.hd_k, c.q_lora),
+        p + "attn_kv_a_mqa.weight": (c.kv_width, E),
+        p + "attn_kv_a_norm.weight": (c.kv_lora,),
+        p + "attn_k_b.weight": (H, c.kv_lora, c.nope),      # ggml {nope, kv_lora, n_head}
+        p + "attn_v_b.weight": (H, c.hd_v, c.kv_lora),      # ggml {kv_lora, hd_v, n_head}
+        p + "attn_output.weight": (E, H * c.hd_v),
+        p + "ffn_norm.weight": (E,),
+    }
+    if indexer:
+        t |= {
+            p + "indexer.attn_q_b.weight": (c.idx_heads * c.idx_hd, c.q_lora),
+            p + "indexer.attn_k.weight": (c.idx_hd, E),
+            p + "indexer.k_norm.weight": (c.idx_hd,),
+            p + "indexer.k_norm.bias": (c.idx_hd,),
+            p + "indexer.proj.weight": (c.idx_heads, E),
+        }
+    return t
+
+
+def trunk_tensors(c: GlmDsaConfig) -> dict[str, tuple[int, ...]]:
+    t = {"token_embd.weight": (c.n_vocab, c.n_embd), "output_norm.weight": (c.n_embd,)}
+    for il in range(c.n_layer):
+        t |= attention_tensors(c, il, indexer=bool(c.idx_full[il]))
+        t |= _ffn_tensors(c, il, moe=il >= c.n_lead_dense)
+    return t
+
+
+nextn_index = g4.nextn_index
+nextn_optional = g4.nextn_optional   # embed_tokens / shared_head_head / shared_head_norm → fallbacks (§3.1)
+
+
+def nextn_tensors(c: GlmDsaConfig) -> dict[str, tuple[int, ...]]:
+    """NextN block tensors that must be present: MLA + MoE block, eh_proj/enorm/hnorm. The block's own indexer
+    tensors are optional here (needed only without --mtp-dense-attention; the graph builder asks for them)."""
+    il = nextn_index(c)
+    p = f"blk.{il}.nextn."
+    t = attention_tensors(c, il, indexer=False) | _ffn_tensors(c, il, moe=True)
+    t |= {p + "eh_proj.weight": (c.n_embd, 2 * c.n_embd), p + "enorm.weight": (c.n_embd,), p + "hnorm.weight": (c.n_embd,)}
+    return t

@@ -1,0 +1,71 @@
+"""Reproducible builds: the same inputs (model, options, tuning log) give the same library bytes.
+
+TVM's VM shape lowering orders some statements by object address, so two compiles can emit the same
+kernels in a different order. `nextn compile` therefore runs the build in a child process with address-space
+randomisation off (`setarch -R`) and a fixed PYTHONHASHSEED, which makes that order — and the library's
+sha256 — a function of the inputs. Where `setarch` is missing the build runs in-process (still correct,
+not byte-reproducible).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+from nextn.runtime.errors import NextnError
+
+CHILD_ENV = "NEXTN_COMPILE_CHILD"
+
+
+def in_child() -> bool:
+    return os.environ.get(CHILD_ENV) == "1"
+
+
+def available() -> bool:
+    return shutil.which("setarch") is not None and os.environ.get("NEXTN_REPRODUCIBLE", "1") != "0"
+
+
+def run_in_child(kwargs: dict, log) -> str:
+    """Run compile_model(**kwargs) in the reproducible child; forward its log lines; re-raise its errors."""
+    env = {**os.environ, CHILD_ENV: "1", "PYTHONHASHSEED": "0"}
+    cmd = ["setarch", platform.machine(), "-R", sys.executable, "-m", "nextn.compiler.reproducible",
+           json.dumps(kwargs)]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    result = None
+    for line in p.stdout:
+        msg = json.loads(line)
+        if "log" in msg:
+            log(msg["log"])
+        elif "error" in msg:
+            result = NextnError(msg["error"])
+        elif "done" in msg:
+            result = msg["done"]
+    rc = p.wait()
+    if isinstance(result, NextnError):
+        raise result
+    if rc != 0 or result is None:
+        raise RuntimeError(f"the compile child process failed (exit {rc}); see its output above")
+    return result
+
+
+def _child_main(arg: str) -> int:
+    from .compile import compile_model
+
+    def out(obj):
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+    try:
+        res = compile_model(**json.loads(arg), log=lambda m: out({"log": str(m)}))
+    except NextnError as e:
+        out({"error": str(e)})
+        return 3
+    out({"done": res})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1]))

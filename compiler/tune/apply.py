@@ -1,0 +1,73 @@
+"""Apply a tuning log at compile time: replay the best trace of each tuned workload; default schedules elsewhere.
+
+Deterministic: the same log gives the same traces, hence the same kernels and the same artifact bytes.
+"""
+from __future__ import annotations
+
+import tvm
+
+from .workloads import workload_hash
+
+
+@tvm.transform.module_pass(opt_level=0, name="nextn.ApplyTuningLog")
+class ApplyTuningLog:
+    """Schedule tuned PrimFuncs from `records` (workload hash → record), then run `default` on the rest."""
+
+    def __init__(self, records: dict, default):
+        self.records = records
+        self.default = default
+        self.applied: set[str] = set()
+        self.tunable_seen: set[str] = set()
+
+    def transform_module(self, mod, ctx):
+        from tvm.s_tir import meta_schedule as ms
+
+        for gv, func in list(mod.functions.items()):
+            if not isinstance(func, tvm.tirx.PrimFunc):
+                continue
+            h = workload_hash(func)
+            rec = self.records.get(h)
+            if rec is None:
+                continue
+            wmod = tvm.IRModule({"main": func.without_attr("global_symbol")})
+            r = ms.database.TuningRecord.from_json(_record_json(rec), ms.database.Workload(wmod))
+            sch = tvm.s_tir.Schedule(wmod)
+            r.trace.apply_to_schedule(sch, remove_postproc=False)
+            new = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+            if func.attrs is not None and "global_symbol" in func.attrs:
+                new = new.with_attr("global_symbol", func.attrs["global_symbol"])
+            mod[gv] = new
+            self.applied.add(h)
+        return self.default(mod)
+
+
+def _record_json(rec):
+    """The meta_schedule TuningRecord JSON form [trace, run_secs, target, args_info]; only the trace is replayed."""
+    import tvm_ffi
+
+    return tvm_ffi.convert([rec["trace"], [float(x) for x in rec["run_secs"]], {"kind": "llvm"}, rec["args_info"]])
+
+
+def schedule_with_log(tuning_log: str | None, target, default, log=print):
+    """The schedule pass for `target`: the log's records for this target (if any) + `default` elsewhere.
+
+    Returns (pass, info) where info is the manifest's `tuning_log` entry (None without a log)."""
+    if not tuning_log:
+        return default, None
+    import os
+
+    from nextn.runtime.artifact import sha256_file
+
+    from . import log as tlog
+    from .workloads import target_key
+
+    book = tlog.read(tuning_log)
+    key = target_key(target)
+    records, others = tlog.for_target(book, key)
+    if others:
+        log(f"tuning log: ignoring {others} record(s) made for other targets (this target is {key})")
+    p = ApplyTuningLog(records, default)
+    path = tuning_log if not os.path.isdir(tuning_log) else os.path.join(tuning_log, tlog.LOG_FILE)
+    info = {"path": os.path.abspath(path), "sha256": sha256_file(path), "target_key": key,
+            "records_for_target": len(records), "records_other_targets": others}
+    return p, info

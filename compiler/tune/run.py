@@ -1,0 +1,175 @@
+"""`nextn tune`: search schedules for the model's kernels with meta_schedule on this machine (llvm).
+
+Each workload is tuned once per target key and written to LOG_DIR/log.json as soon as it is done, so an
+interrupted run resumes where it stopped. A tuned record is kept only if it beats nextn's default schedule
+for that kernel on this machine (measured in the same run); the log then never makes a kernel slower.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from nextn.runtime.errors import NextnError
+
+from . import log as tlog
+from .workloads import extract, fused_module, target_key
+
+
+def _to_py(o):
+    """FFI containers / IntImm / FloatImm (as in Trace.as_json) → plain JSON values."""
+    import tvm
+    import tvm_ffi
+
+    if o is None or isinstance(o, (str, bool, int, float)):
+        return o
+    if isinstance(o, tvm.tirx.IntImm):
+        return int(o.value)
+    if isinstance(o, tvm.tirx.FloatImm):
+        return float(o.value)
+    if isinstance(o, (tvm_ffi.Map, dict)):
+        return {str(k): _to_py(v) for k, v in o.items()}
+    if isinstance(o, (tvm_ffi.Array, list, tuple)):
+        return [_to_py(x) for x in o]
+    return str(o)
+
+
+def _time_func(func, target, number: int = 50) -> float:
+    """Seconds per call of `func` on random inputs (CPU)."""
+    import numpy as np
+    import tvm
+
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    with target:
+        ex = tvm.compile(mod, target=target)
+    args = []
+    rng = np.random.default_rng(0)
+    for p in func.params:
+        shape = [int(d) for d in p.shape]
+        dt = str(p.dtype)
+        if dt.startswith("int"):
+            a = rng.integers(0, 2, size=shape).astype(dt)
+        else:
+            a = (rng.standard_normal(shape) * 0.1).astype(dt)
+        args.append(tvm.runtime.tensor(a, tvm.cpu()))
+    fe = ex.mod.time_evaluator("main", tvm.cpu(), number=number, repeat=3)
+    return float(min(fe(*args).results))
+
+
+def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32, max_kernels: int | None = None,
+               draft: str | None = None, cost_model: str = "random", log=print, progress: bool = True,
+               only: str | None = None, keep_slower: bool = False, search: str = "knobs") -> dict:
+    """Tune the model's distinct static kernels; returns the log (also written to out_dir/log.json).
+
+    `only`: a regular expression on kernel names; `keep_slower`: store the best found schedule even when the
+    default is faster (for experiments; compile then uses it). `search`: "knobs" searches nextn's own CPU
+    schedule family (lane count, output tile: schedules/cpu.py `schedule_space`); "generic" uses
+    meta_schedule's default design space (post-order-apply + evolutionary search)."""
+    import re
+
+    import base64
+
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.target import Target
+
+    from nextn.compiler.compile import make_target
+    from nextn.schedules import schedule_pass
+
+    if target != "llvm":
+        raise NextnError(f"`nextn tune --target {target}`: on-machine tuning runs on llvm only; GPU machines here "
+                         f"are unreachable, so GPU tuning uses the offline flow (see docs/tuning.md)")
+    tgt = make_target(target)
+    key = target_key(tgt)
+    ms_target = Target({"kind": "llvm", "mcpu": str(tgt.attrs["mcpu"]), "num-cores": os.cpu_count() or 1})
+    path = os.path.join(out_dir, tlog.LOG_FILE)
+    book = tlog.read(path) if os.path.exists(path) else tlog.empty_log()
+    have, _others = tlog.for_target(book, key)
+    mod = fused_module(model, tgt, draft)
+    wls = extract(mod)
+    # heaviest first: the kernels with the most multiply-adds matter most
+    wls.sort(key=lambda w: -_work(w.func))
+    if only:
+        wls = [w for w in wls if re.search(only, w.name)]
+    if max_kernels is not None:
+        wls = wls[:max_kernels]
+    todo = [w for w in wls if w.hash not in have]
+    log(f"{len(wls)} distinct kernels, {len(wls) - len(todo)} already in {path}, tuning {len(todo)} "
+        f"with {trials} trials each on {key}")
+    default = schedule_pass(tgt)
+    it = todo
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(todo, unit="kernel", desc="tune")
+    summary = []
+    for w in it:
+        wmod = tvm.IRModule({"main": w.func})
+        work = tempfile.mkdtemp(prefix="ms-", dir=out_dir if os.path.isdir(out_dir) else None)
+        try:
+            space = "post-order-apply"
+            if search == "knobs":   # nextn's own schedule family with sampled knobs (schedules/cpu.py)
+                from nextn.schedules.cpu import schedule_space
+
+                space = ms.space_generator.ScheduleFn(schedule_space, sch_rules=[], postprocs=[], mutator_probs={})
+            db = ms.tune_tir(wmod, ms_target, work, max_trials_global=trials, num_trials_per_iter=min(8, trials),
+                             cost_model=cost_model, num_tuning_cores=1, seed=0, space=space,
+                             strategy="replay-trace" if search == "knobs" else "evolutionary",
+                             runner=ms.runner.LocalRunner(evaluator_config=ms.runner.EvaluatorConfig(number=3, repeat=1)))
+            # one workload per run: the fastest valid record (failed builds/runs carry 1e10)
+            top = sorted((r for r in db.get_all_tuning_records() if r.run_secs and float(min(r.run_secs)) < 1e9),
+                         key=lambda r: float(min(r.run_secs)))[:1]
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if not top:
+            summary.append((w.name, None, None))
+            continue
+        rec = top[0]
+        with tgt:
+            t_default = _time_func(default(tvm.IRModule({"main": w.func}))["main"], tgt)
+            sch = tvm.s_tir.Schedule(wmod)
+            rec.trace.apply_to_schedule(sch, remove_postproc=False)
+            t_tuned = _time_func(sch.mod["main"], tgt)
+        summary.append((w.name, t_default, t_tuned))
+        if t_tuned >= t_default and not keep_slower:
+            continue   # never store a record slower than the default schedule
+        trace, _run_secs, _target, args_info = _to_py(rec.as_json())
+        book["records"].append({
+            "workload_hash": w.hash, "name": w.name,
+            "workload": base64.b64encode(tvm.ir.save_json(wmod).encode()).decode(),
+            "target": {"key": key, "kind": "llvm", "mcpu": str(tgt.attrs["mcpu"]), "device_name": _cpu_name(),
+                       "json": str(ms_target)},
+            "trace": trace, "args_info": args_info, "run_secs": [t_tuned],
+        })
+        tlog.write(book, out_dir)   # after every workload: resumable
+    tlog.write(book, out_dir)
+    for name, td, tt in summary:
+        if td is None:
+            log(f"  {name}: no valid candidate")
+        else:
+            kept = "kept" if tt < td or keep_slower else "default kept"
+            log(f"  {name}: default {td * 1e6:.1f} us, tuned {tt * 1e6:.1f} us ({kept})")
+    return book
+
+
+def _work(func) -> int:
+    n = 1
+    for p in func.params:
+        s = 1
+        for d in p.shape:
+            s *= int(d)
+        n = max(n, s)
+    return n
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()

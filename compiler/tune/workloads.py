@@ -1,0 +1,87 @@
+"""The model's tunable kernels: the fused PrimFuncs of the one-row `decode` and `draft` entry points.
+
+Only static-shape kernels are tunable (meta_schedule measures concrete shapes); kernels with a dynamic
+extent (attention over the KV length) keep nextn's default schedule. A workload is identified by the
+structural hash of its PrimFunc without its symbol name, computed identically here and in `apply.py`,
+so a log made on one machine matches the same kernels on another.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+TUNED_ENTRY_POINTS = ("decode", "draft")
+
+
+@dataclass
+class Workload:
+    hash: str
+    name: str
+    func: object          # tirx.PrimFunc (symbol-free)
+    entry_points: list
+
+
+def workload_hash(func) -> str:
+    import tvm_ffi
+
+    f = func.without_attr("global_symbol")
+    return f"{tvm_ffi.structural_hash(f, map_free_vars=True) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def is_tunable(func) -> bool:
+    """Static shapes (no symbolic extent, no scalar parameter) and at least one reduction to schedule."""
+    import tvm
+
+    if any(not isinstance(p, tvm.tirx.Buffer) for p in func.params):   # a scalar parameter: dynamic extent
+        return False
+    text = func.script()
+    # Symbolic extents appear as `T.int64()` / `T.int32()` variable declarations in the script form.
+    if re.search(r"=\s*T\.int(32|64)\(\)", text) or "TypeVar(" in text or re.search(r"\w+: T\.int(32|64)[,)]", text):
+        return False
+    return "T.axis.reduce" in text or re.search(r'T\.axis\.remap\("[SR]*R', text) is not None
+
+
+def target_key(target) -> str:
+    kind = target.kind.name
+    if kind == "llvm":
+        return f"llvm:{target.attrs.get('mcpu', 'generic')}"
+    return f"{kind}:{target.attrs.get('arch', target.attrs.get('mcpu', ''))}"
+
+
+def fused_module(model: str, target, draft: str | None = None):
+    """The model's Relax module after the legalize and fuse phases (what the schedule phase sees)."""
+    import tvm
+
+    from nextn.compiler.compile import STATIC, build_graphs, weight_kind
+    from nextn.compiler.loader.model_files import ModelFiles
+    from nextn.compiler.lower.pipeline import phases
+    from nextn.compiler.lower.to_relax import build_module
+
+    mf = ModelFiles(model, draft, load_mtp=False)
+    graphs = build_graphs(mf, mf.has_nextn)
+    kinds = {n: weight_kind(mf, n) for g in graphs.values() for n in g.weights}
+    mod = build_module(list(graphs.values()), kinds, STATIC)
+    with target:
+        for _name, passes in phases(target, None)[:2]:
+            mod = tvm.transform.Sequential(passes)(mod)
+    return mod
+
+
+def extract(mod) -> list[Workload]:
+    """Distinct static PrimFuncs called by the tuned entry points, in a deterministic order."""
+    import tvm
+
+    out: dict[str, Workload] = {}
+    for ep in TUNED_ENTRY_POINTS:
+        if ep not in [gv.name_hint for gv in mod.functions]:
+            continue
+        for callee in sorted(set(re.findall(r"call_tir\w*\((\w+)", mod[ep].script()))):
+            f = mod[callee]
+            if not isinstance(f, tvm.tirx.PrimFunc) or not is_tunable(f):
+                continue
+            h = workload_hash(f)
+            if h in out:
+                out[h].entry_points.append(ep)
+            else:
+                out[h] = Workload(h, callee, f.without_attr("global_symbol"), [ep])
+    return list(out.values())

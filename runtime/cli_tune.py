@@ -1,0 +1,93 @@
+"""`nextn tune` and `nextn tuning export|import|merge|show` (registered on the main CLI group)."""
+from __future__ import annotations
+
+import os
+
+import click
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(tune)
+    cli.add_command(tuning)
+
+
+@click.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--target", default="llvm", show_default=True, help="Tuning target (llvm: this CPU).")
+@click.option("--trials", default=32, show_default=True, help="meta_schedule trials per kernel.")
+@click.option("-o", "--output", "out", default="tuning", show_default=True, help="Log directory (resumable).")
+@click.option("--max-kernels", default=None, type=int, help="Tune only the N heaviest kernels.")
+@click.option("-md", "--model-draft", "draft", default=None, help="MTP-only GGUF (draft) next to a trunk-only MODEL.")
+@click.option("--cost-model", default="random", show_default=True, type=click.Choice(["random", "xgb"]),
+              help="meta_schedule cost model (xgb needs the xgboost package).")
+@click.option("--only", default=None, help="Tune only kernels whose name matches this regular expression.")
+@click.option("--keep-slower", is_flag=True, help="Store the best found schedule even if the default is faster.")
+@click.option("--search", default="knobs", show_default=True, type=click.Choice(["knobs", "generic"]),
+              help="knobs: nextn's CPU schedule family with sampled lane count / tile; generic: meta_schedule's "
+                   "default design space.")
+def tune(model, target, trials, out, max_kernels, draft, cost_model, only, keep_slower, search):
+    """Tune MODEL's distinct kernels for TARGET; records go to OUTPUT/log.json as each kernel finishes."""
+    from nextn.compiler.tune.run import tune_model
+
+    os.makedirs(out, exist_ok=True)
+    book = tune_model(model, out, target=target, trials=trials, max_kernels=max_kernels, draft=draft,
+                      cost_model=cost_model, log=lambda s: click.echo(s, err=True), only=only,
+                      keep_slower=keep_slower, search=search)
+    click.echo(f"{len(book['records'])} record(s) in {os.path.join(out, 'log.json')}", err=True)
+
+
+@click.group()
+def tuning():
+    """Share tuning logs: export, import, merge, show (pure JSON data, validated on every read)."""
+
+
+@tuning.command("export")
+@click.argument("log_dir", type=click.Path())
+@click.option("-o", "--output", "out", required=True, help="FILE.json to write.")
+def export_(log_dir, out):
+    """Write LOG_DIR's log as one JSON file (best record per workload and target)."""
+    from nextn.compiler.tune import log as tlog
+
+    book = tlog.merge([tlog.read(log_dir)])
+    tlog.write(book, out if out.endswith(".json") else out + ".json")
+    click.echo(f"exported {len(book['records'])} record(s) to {out}", err=True)
+
+
+@tuning.command("import")
+@click.argument("file", type=click.Path())
+@click.option("-o", "--output", "out", required=True, help="LOG_DIR to merge the records into.")
+def import_(file, out):
+    """Validate FILE.json and merge its records into LOG_DIR (kept: the faster record per workload/target)."""
+    from nextn.compiler.tune import log as tlog
+
+    new = tlog.read(file)
+    have = tlog.read(out) if os.path.exists(os.path.join(out, tlog.LOG_FILE)) else tlog.empty_log()
+    book = tlog.merge([have, new])
+    tlog.write(book, out)
+    click.echo(f"imported {len(new['records'])} record(s); {len(book['records'])} in {out}", err=True)
+
+
+@tuning.command("merge")
+@click.argument("log_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--output", "out", required=True, help="LOG_DIR to write.")
+def merge(log_dirs, out):
+    """Merge logs, keeping the fastest record per workload and target."""
+    from nextn.compiler.tune import log as tlog
+
+    book = tlog.merge([tlog.read(d) for d in log_dirs])
+    tlog.write(book, out)
+    click.echo(f"merged {len(log_dirs)} log(s): {len(book['records'])} record(s) in {out}", err=True)
+
+
+@tuning.command("show")
+@click.argument("log", type=click.Path())
+def show(log):
+    """Print a log's records: workload, target, measured time."""
+    from nextn.compiler.tune import log as tlog
+
+    book = tlog.read(log)
+    click.echo(f"{log}: {book['format']} schema {book['schema']}, nextn {book['nextn_version']}, "
+               f"TVM {book['tvm_version']}, {len(book['records'])} record(s)")
+    for r in book["records"]:
+        click.echo(f"  {r['workload_hash']}  {r['name']:<50} {r['target']['key']:<16} {min(r['run_secs']) * 1e6:9.1f} us"
+                   f"  ({r['target'].get('device_name', '')})")

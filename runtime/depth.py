@@ -1,0 +1,168 @@
+"""Draft depth per round: fixed (`--spec-draft-n-max K`) or adaptive with a never-lose gate (`auto`).
+
+Vocabulary:
+- *depth* k: drafts proposed this round (0 = a plain decoding round: verify of one row, no NextN work).
+- *alpha[j]*: running (exponential moving average) acceptance of the draft at position j+1 given that drafts
+  1..j were accepted — the conditional form of llama.cpp's `acc per pos`.
+- *expected tokens* E(k) = 1 + sum_{i=1..k} prod_{j<i} alpha[j]: tokens a round of depth k emits on average
+  (Leviathan et al. 2023, eq. 1, with per-position rather than constant acceptance).
+- *round cost* c(k) = base(k) × slowdown: base(k) from a one-off calibration of the engine's entry points (verify
+  of k+1 rows + k draft steps); *slowdown* a moving average of measured round seconds / base(k), one for plain
+  rounds and one for speculative rounds (it absorbs the loop's own time and the machine's current load; a
+  measurement counts at most 4x the running value, so one preempted round cannot flip the choice).
+- *rate* r(k) = E(k) / c(k), tokens per second. Each round takes argmax_k r(k).
+- *gate*: when r(0) >= max_k r(k), decode plainly and *probe* again after `interval` plain rounds; the interval
+  doubles (up to `max_interval`) while probes keep losing and resets when speculation wins. A probe is one
+  speculative round at the best depth: it re-measures acceptance and cost. When even alpha = 1 cannot beat plain
+  decoding (*cost-bound*: verify of k+1 rows costs more than k+1 plain rounds), the probe is skipped — no
+  acceptance could change the answer — and the check repeats every `max_interval` rounds, after re-timing the
+  verify of the best depth (one timing-only call).
+Every switch is recorded in `events` with the numbers behind it.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+class FixedDepth:
+    """Always k (llama.cpp's behaviour for `--spec-draft-n-max K`)."""
+
+    def __init__(self, k: int):
+        self.k_max = k
+        self.events: list[dict] = []
+
+    def choose(self, n_emitted: int, gap_rows: int = 0) -> int:
+        return self.k_max
+
+    def observe(self, k: int, a: int, seconds: float, n_emitted: int = 0) -> None:
+        pass
+
+
+class AdaptiveDepth:
+    """`--spec-draft-n-max auto`: depth 0..k_max chosen each round by expected tokens per second (module doc).
+
+    `costs` = (verify_s, draft_s[, row_s]) from `calibrate`: seconds of a verify of T = 1..k_max+1 rows, of one
+    draft step, of one NextN catch-up row.
+    `remeasure(T)` → fresh seconds of a verify of T rows (timing only; used instead of a probe while cost-bound)."""
+
+    def __init__(self, k_max: int, costs, remeasure=None, alpha0: float = 0.75, beta: float = 0.1,
+                 interval: int = 16, max_interval: int = 256):
+        self.k_max = k_max
+        self.verify_s, self.draft_s = list(costs[0][:k_max + 1]), costs[1]
+        self.row_s = costs[2] if len(costs) > 2 else 0.0      # NextN catch-up seconds per gap row
+        self.gap_s = 0.0                                       # catch-up owed before the next draft
+        self.seen_spec = False
+        self.base = [self.verify_s[k] + k * self.draft_s for k in range(k_max + 1)]
+        self.slow = [1.0, 1.0]               # slowdown of plain rounds, of speculative rounds
+        self.alpha = [alpha0] * k_max
+        self.remeasure = remeasure
+        self.beta, self.interval0, self.max_interval = beta, interval, max_interval
+        self.interval, self.plain_left, self.mode = interval, 0, "spec"    # mode: spec | plain | probe
+        self.events: list[dict] = []
+
+    def expected(self, k: int, alpha=None) -> float:
+        e = run = 1.0
+        for a in (self.alpha if alpha is None else alpha)[:k]:
+            run *= a
+            e += run
+        return e
+
+    def cost(self, k: int) -> float:
+        """Seconds of a round of depth k; a speculative round also pays the NextN catch-up of the gap, spread over
+        the rounds it would buy (`interval`)."""
+        if k == 0:
+            return self.base[0] * self.slow[0]
+        return self.base[k] * self.slow[1] + self.gap_s / self.interval
+
+    def rates(self, alpha=None) -> list[float]:
+        return [self.expected(k, alpha) / self.cost(k) for k in range(self.k_max + 1)]
+
+    def choose(self, n_emitted: int, gap_rows: int = 0) -> int:
+        """Depth of the next round; `gap_rows`: NextN rows a draft would first have to write."""
+        if self.plain_left > 0:              # the plain phase costs one compare per round
+            self.plain_left -= 1
+            return 0
+        self.gap_s = gap_rows * self.row_s
+        r = self.rates()
+        best = max(range(1, self.k_max + 1), key=lambda k: r[k])
+        if self.mode == "spec":
+            if r[best] > r[0]:
+                return best
+            bound = self.expected(best, [1.0] * self.k_max) / self.cost(best)
+            self._event(n_emitted, 0, f"depth {best} expects {r[best]:.0f} tok/s <= plain {r[0]:.0f} tok/s"
+                        + (" even at acceptance 1 (cost-bound)" if bound <= r[0] else ""))
+            if bound <= r[0]:                # no acceptance could win: look again only every max_interval
+                self.interval = self.max_interval
+            self.mode, self.plain_left = "plain", self.interval - 1
+            return 0
+        # The plain phase ran out.
+        self.interval = min(2 * self.interval, self.max_interval)
+        if r[best] > r[0]:
+            self.mode, self.interval = "spec", self.interval0
+            self._event(n_emitted, best, f"depth {best} expects {r[best]:.0f} tok/s > plain {r[0]:.0f} tok/s")
+            return best
+        if max(self.rates([1.0] * self.k_max)[1:]) <= r[0]:
+            # Cost-bound: no acceptance could win; refresh the cost of the best depth instead of probing.
+            if self.remeasure is not None:
+                self.base[best] = self.remeasure(best + 1) + best * self.draft_s
+            self.interval = self.max_interval
+            self.plain_left = self.interval - 1
+            return 0
+        self.mode = "probe"
+        return best
+
+    def observe(self, k: int, a: int, seconds: float, n_emitted: int = 0) -> None:
+        """Record a round: depth k (drafts actually verified), accepted a, wall seconds."""
+        s = self.slow[k > 0]
+        self.slow[k > 0] = s + 0.1 * (min(seconds / self.base[k], 4 * s) - s)
+        self.seen_spec |= k > 0
+        if not self.seen_spec:               # until a speculative round is measured, assume the plain overhead
+            self.slow[1] = self.slow[0]
+        for j in range(min(a + 1, k)):       # positions the round reached: 1..a accepted, a+1 rejected
+            self.alpha[j] += self.beta * (float(j < a) - self.alpha[j])
+        if self.mode == "probe":
+            r = self.rates()
+            best = max(range(1, self.k_max + 1), key=lambda j: r[j])
+            if r[best] > r[0]:
+                self.mode, self.interval = "spec", self.interval0
+                self._event(n_emitted, best, f"probe at depth {k} accepted {a}: depth {best} expects "
+                                        f"{r[best]:.0f} tok/s > plain {r[0]:.0f} tok/s")
+            else:
+                self.mode, self.plain_left = "plain", self.interval
+
+    def _event(self, n_emitted, to_k: int, why: str) -> None:
+        self.events.append({"at_token": n_emitted, "to_depth": to_k, "why": why})
+
+
+def time_call(f, reps: int = 1) -> float:
+    """Min seconds of `reps` calls of f()."""
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    return min(ts)
+
+
+def calibrate(engine, k_max: int, reps: int = 5):
+    """(seconds of a verify of T = 1..k_max+1 rows, of one draft step, of one NextN catch-up row), min of `reps`
+    after a warm-up. Runs at position 0, so call it before prefill: every cell it
+    writes is overwritten before it is read. Cached on the engine per k_max."""
+    cache = engine.__dict__.setdefault("_nextn_round_costs", {})
+    if k_max in cache:
+        return cache[k_max]
+
+    E, C = int(engine.hparams["n_embd"]), engine.n_ctx   # depths past the context are clamped by the loop anyway
+    n, z = min(32, C), np.zeros((32, E), np.float32)
+    calls = [lambda T=min(k + 1, C): engine.verify([0] * T, 0) for k in range(k_max + 1)]
+    if engine.has_mtp:
+        calls += [lambda: engine.mtp_draft([0], z[:1], 0), lambda: engine.mtp_rows([0] * n, z[:n], 0)]
+    t = [float("inf")] * len(calls)
+    for _ in range(reps + 1):    # round-robin, so that a burst of load on a shared machine hits every size alike
+        for i, f in enumerate(calls):
+            t[i] = min(t[i], time_call(f))
+    draft, row = (t[k_max + 1], t[k_max + 2] / n) if engine.has_mtp else (0.0, 0.0)
+    cache[k_max] = (t[:k_max + 1], draft, row)
+    return cache[k_max]

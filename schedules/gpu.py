@@ -1,0 +1,178 @@
+"""GPU (CUDA / ROCm) schedules for the fused kernels: dlight rules, tried in order, per PrimFunc.
+
+Every PrimFunc that reaches codegen must have its loops bound to GPU threads, so this pass either schedules a
+function or fails the compile naming it (never a silent unscheduled kernel). The rule that took each function
+is recorded (`last_report()`, `nextn compile --dump-ir` writes it as `schedule_report.json`), so one can see
+which fused kernels defeated the specialised rules and landed in `Fallback`:
+
+    python -m nextn.schedules.gpu MODEL.gguf [--target cuda|rocm] [--arch sm_90]   # PrimFunc -> rule table
+
+Rule order (tvm-field-guide.md §2.6, §2.9): `LowBatchGEMV` before `Matmul` because every matmul here has a
+dynamic row count T (1 for a draft step, k+1 for verify, up to 512 for prefill); `GEMV` for static single rows;
+`Reduction` / `GeneralReduction` for norms, argmax and the gathered-expert GEMV (`mul_mat_id`); `Fallback`
+(one thread per output element, correct but not fast) last. Weights are float32 or Q8_0 dequantized in-kernel;
+there is no fp16 arithmetic, so no rule tensorizes.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+
+_REPORT: dict[str, str] = {}
+
+
+def _rule_list():
+    from tvm.s_tir import dlight as dl
+
+    return [
+        ("LowBatchGEMV", dl.gpu.LowBatchGEMV()),
+        ("Matmul", dl.gpu.Matmul()),
+        ("GEMV", dl.gpu.GEMV()),
+        ("Reduction", dl.gpu.Reduction()),
+        ("GeneralReduction", dl.gpu.GeneralReduction()),
+        ("hand:row_reduction", _Hand(row_reduction)),
+        ("Fallback", dl.gpu.Fallback()),
+    ]
+
+
+def _static(e):
+    return int(e) if isinstance(e, (int, tirx.IntImm)) else None
+
+
+def row_reduction(func: tirx.PrimFunc, target):
+    """Hand schedule for a lone GEMV-like reduction block (`mul_mat` and `mul_mat_id` with in-kernel Q8_0 dequant,
+    which dlight's GEMV rules decline because of the dynamic row count and the gathered expert index):
+    out[s...] = sum_k f(s..., k) with k the innermost, contiguous axis of the weight. One thread block per output
+    element, its threads stride over k so one weight row is read coalesced, then a cross-thread (warp shuffle)
+    reduction. Returns a Schedule, or None when the function is not that shape."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    try:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:
+        return None
+    if len(blocks) != 1:
+        return None
+    blk = blocks[0]
+    kinds = [iv.iter_type for iv in sch.get(blk).iter_vars]
+    loops = sch.get_loops(blk)
+    if len(loops) != len(kinds) or len(kinds) < 2 or kinds[-1] != tirx.IterVar.CommReduce \
+            or any(k != tirx.IterVar.DataPar for k in kinds[:-1]):
+        return None
+    K = _static(sch.get(loops[-1]).extent)
+    if K is None or K < 32:
+        return None
+    max_threads = int(target.attrs.get("max_num_threads", target.attrs.get("max_threads_per_block", 256)) or 256)
+    tx = 32
+    while tx * 2 <= min(256, max_threads, K) and K % (tx * 2) == 0:
+        tx *= 2
+    if K % tx:
+        return None
+    fused = sch.fuse(*loops[:-1])
+    _ko, ki = sch.split(loops[-1], factors=[None, tx])
+    sch.bind(fused, "blockIdx.x")
+    sch.bind(ki, "threadIdx.x")
+    return sch
+
+
+class _Hand:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def apply(self, func, target, _tunable):
+        return self.fn(func, target)
+
+
+def _thread_bound(func: tirx.PrimFunc) -> bool:
+    """True if some loop of `func` is bound to threadIdx / blockIdx (dlight's schedules always bind)."""
+    text = func.script()
+    return "threadIdx." in text and "blockIdx." in text
+
+
+def schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tuple[tirx.PrimFunc, str]:
+    """Apply the first rule that accepts `func`; returns (scheduled func, rule name)."""
+    errors = []
+    for rule_name, rule in _rule_list():
+        try:
+            space = rule.apply(func, target, False)
+        except Exception as e:   # a rule that crashes on this shape: try the next one
+            errors.append(f"{rule_name}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__}")
+            continue
+        if space is None:
+            continue
+        sch = space[0] if isinstance(space, (list, tuple)) else space
+        out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+        if not _thread_bound(out):
+            errors.append(f"{rule_name}: produced no thread binding")
+            continue
+        return out, rule_name
+    raise RuntimeError(f"no GPU schedule rule accepted PrimFunc '{name}' ({'; '.join(errors) or 'all rules declined'})")
+
+
+@tvm.transform.module_pass(opt_level=0, name="nextn.ScheduleGPU")
+class ScheduleGPU:
+    """Schedule every PrimFunc of the module for the current GPU target (CUDA or ROCm)."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def transform_module(self, mod, _ctx):
+        _REPORT.clear()
+        out = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            if func.attrs is not None and "tirx.is_scheduled" in func.attrs and bool(func.attrs["tirx.is_scheduled"]):
+                _REPORT[gv.name_hint] = "pre-scheduled"
+                continue
+            f, rule = schedule_func(func, self.target, gv.name_hint)
+            out[gv] = f
+            _REPORT[gv.name_hint] = rule
+        for gv, f in out.items():
+            mod[gv] = f
+        return mod
+
+
+def last_report() -> dict[str, str]:
+    """PrimFunc name → rule, from the last ScheduleGPU run in this process."""
+    return dict(_REPORT)
+
+
+def main(argv=None):
+    import argparse
+    import collections
+    import json
+
+    from nextn.compiler.compile import make_target
+    from nextn.compiler.lower.pipeline import phases
+    from nextn.compiler.lower.to_relax import build_module
+
+    ap = argparse.ArgumentParser(description="List which dlight rule schedules each fused PrimFunc (no codegen).")
+    ap.add_argument("model")
+    ap.add_argument("--target", default="cuda")
+    ap.add_argument("--arch", default=None)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    from nextn.compiler.compile import build_graphs, weight_kind
+    from nextn.compiler.loader.model_files import ModelFiles
+
+    mf = ModelFiles(a.model, None, load_mtp=False)
+    graphs = build_graphs(mf, mf.has_nextn)
+    kinds = {n: weight_kind(mf, n) for g in graphs.values() for n in g.weights}
+    tgt = make_target(a.target, [a.arch] if a.arch else None)
+    mod = build_module(list(graphs.values()), kinds)
+    with tgt:
+        for _name, passes in phases(tgt, ScheduleGPU(tgt))[:3]:
+            mod = tvm.transform.Sequential(passes)(mod)
+    rep = last_report()
+    if a.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        for k in sorted(rep):
+            print(f"{k:48s} {rep[k]}")
+        print("counts:", dict(collections.Counter(rep.values())))
+
+
+if __name__ == "__main__":
+    main()

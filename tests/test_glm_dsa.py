@@ -1,0 +1,345 @@
+"""glm-dsa (GLM-5.x): absorbed MLA + DSA lightning indexer + NextN, against ../shared/fixtures/tiny-glm-dsa.
+
+Expected values come from the fixture files (reference.json, reference_logits.npz, hf/config.json) or from
+naive numpy written here independently of the IR (expanded K/V attention, explicit indexer, argsort top-k).
+The long-context prompt (2220 tokens) is longer than the indexer top-k (2048): the sparse path is what it tests.
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, reference, reference_logits, rel_err
+
+import nextn.runtime as rt
+from nextn.compiler.ir import Graph, interpret
+from nextn.compiler.loader.model_files import ModelFiles
+from nextn.compiler.models.glm_dsa import config as dsa_config
+from nextn.compiler.models.glm_dsa import graph as dsa_graph
+
+D = FIXTURES / "tiny-glm-dsa"
+REF = reference(D)
+PROMPTS = {p["kind"]: p for p in REF["prompts"]}
+FULL_KINDS = ["code-short", "docs-heading"]
+SHORT_KINDS = sorted(k for k in PROMPTS if k != "long-context")
+HF = json.loads((D / "hf" / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def dsa(compiled):
+    return rt.load(compiled("dsa-bf16", D / "tiny-glm-dsa-BF16.gguf"), ctx_size=4096)
+
+
+@pytest.fixture(scope="module")
+def dsa_dense(tmp_path_factory):
+    from nextn.compiler.compile import compile_model
+
+    out = str(tmp_path_factory.mktemp("art-dsa-dense"))
+    compile_model(str(D / "tiny-glm-dsa-BF16.gguf"), out, log=lambda *_: None, mtp_dense_attention=True)
+    return rt.load(out, ctx_size=4096)
+
+
+@pytest.fixture(scope="module")
+def bf16_files():
+    mf = ModelFiles(D / "tiny-glm-dsa-BF16.gguf", load_mtp=True)
+    cache = {}
+
+    def w(name):
+        if name not in cache:
+            cache[name] = mf.load(name, quantized=False).arrays[0]
+        return cache[name]
+
+    return mf, w
+
+
+# -- loader ---------------------------------------------------------------------------------------
+def test_config_matches_hf_config(bf16_files):
+    c = bf16_files[0].config
+    assert (c.n_layer, c.n_layer_nextn, c.n_embd, c.n_head) == (
+        HF["num_hidden_layers"], HF["num_nextn_predict_layers"], HF["hidden_size"], HF["num_attention_heads"])
+    assert (c.q_lora, c.kv_lora, c.hd_v, c.n_rot) == (HF["q_lora_rank"], HF["kv_lora_rank"], HF["v_head_dim"],
+                                                      HF["qk_rope_head_dim"])
+    assert c.hd_k == HF["qk_nope_head_dim"] + HF["qk_rope_head_dim"]
+    assert (c.idx_heads, c.idx_hd, c.idx_top_k) == (HF["index_n_heads"], HF["index_head_dim"], HF["index_topk"])
+    assert c.idx_full == [int(t == "full") for t in HF["indexer_types"]]
+    assert c.kq_scale == pytest.approx(HF["qk_head_dim"] ** -0.5)   # no rope scaling: mscale = 1
+    assert (c.n_expert, c.n_expert_used, c.n_lead_dense) == (HF["n_routed_experts"], HF["num_experts_per_tok"],
+                                                             HF["first_k_dense_replace"])
+    assert c.expert_weights_scale == HF["routed_scaling_factor"] and c.expert_weights_norm == HF["norm_topk_prob"]
+
+
+def test_yarn_mscale():
+    # §4.2 with attn_factor 1, yarn_log_multiplier 1, factor 40: attn_factor_org = mscale/attn_factor_org = 1 + 0.1 ln 40
+    m = 1.0 + 0.1 * math.log(40.0)
+    assert dsa_config.mla_kq_scale(192, 1.0 / 40.0, 1.0, 1.0) == pytest.approx((m * m) ** 2 / math.sqrt(192))
+    assert dsa_config.mla_kq_scale(192) == pytest.approx(192 ** -0.5)
+
+
+def test_indexer_types_default_pattern():
+    class F:
+        path = "x.gguf"
+
+        def get(self, key, default=None, kind=None):
+            return default
+
+    assert dsa_config._indexer_types(F(), "k", 4, 4096) == [1, 1, 1, 1]                       # GLM-5 / 5.1
+    assert dsa_config._indexer_types(F(), "k", 12, 1 << 20) == [1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0]   # GLM-5.2
+
+
+# -- naive numpy references (expanded K/V, no IR) -------------------------------------------------
+def _rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + np.float32(eps)) * w
+
+
+def _rope_pairs(x, pos, base):
+    """Rotate adjacent pairs (2i, 2i+1) of the last axis by pos * base^(-2i/d), as complex numbers."""
+    d = x.shape[-1]
+    ang = pos[:, None].astype(np.float64) * base ** (-np.arange(0, d, 2) / d)
+    z = (x[..., 0::2] + 1j * x[..., 1::2]) * np.exp(1j * ang).reshape(ang.shape[0], *([1] * (x.ndim - 2)), -1)
+    out = np.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = z.real, z.imag
+    return out
+
+
+def _naive_attention(c, w, il, x, top_k):
+    """One MLA layer the expanded way: kv_b = [attn_k_b^T; attn_v_b] per head, full-width K/V per head, plus the
+    DSA indexer computed explicitly and its top-k applied as a mask (transformers GlmMoeDsaAttention)."""
+    p, H, T = f"blk.{il}.", c.n_head, x.shape[0]
+    pos = np.arange(T)
+    h = _rms(x, w(p + "attn_norm.weight"), c.rms_eps)
+    qr = _rms(h @ w(p + "attn_q_a.weight").T, w(p + "attn_q_a_norm.weight"), c.rms_eps)
+    q = (qr @ w(p + "attn_q_b.weight").T).reshape(T, H, c.hd_k)
+    q_nope, q_pe = q[..., :c.nope], _rope_pairs(q[..., c.nope:], pos, c.rope_freq_base)
+    kv = h @ w(p + "attn_kv_a_mqa.weight").T
+    ckv = _rms(kv[:, :c.kv_lora], w(p + "attn_kv_a_norm.weight"), c.rms_eps)
+    k_pe = _rope_pairs(kv[:, c.kv_lora:], pos, c.rope_freq_base)
+    k_nope = np.einsum("hnr,sr->shn", w(p + "attn_k_b.weight").transpose(0, 2, 1), ckv)   # [T, H, nope]
+    v = np.einsum("hvr,sr->shv", w(p + "attn_v_b.weight"), ckv)                          # [T, H, hd_v]
+    # indexer
+    ip = p + "indexer."
+    iq = (qr @ w(ip + "attn_q_b.weight").T).reshape(T, c.idx_heads, c.idx_hd)
+    iq = np.concatenate([_rope_pairs(iq[..., :c.n_rot], pos, c.rope_freq_base), iq[..., c.n_rot:]], -1)
+    ik = h @ w(ip + "attn_k.weight").T
+    ik = (ik - ik.mean(-1, keepdims=True)) / np.sqrt(ik.var(-1, keepdims=True) + 1e-6) * w(ip + "k_norm.weight") \
+        + w(ip + "k_norm.bias")
+    ik = np.concatenate([_rope_pairs(ik[:, :c.n_rot], pos, c.rope_freq_base), ik[:, c.n_rot:]], -1)
+    wts = h @ w(ip + "proj.weight").T / np.sqrt(c.idx_hd * c.idx_heads)
+    score = np.einsum("th,ths->ts", wts, np.maximum(np.einsum("thd,sd->ths", iq, ik), 0))
+    causal = pos[None, :] <= pos[:, None]
+    score = np.where(causal, score, -np.inf)
+    sel = np.zeros((T, T), bool)
+    for t in range(T):
+        sel[t, np.argsort(-score[t], kind="stable")[:min(top_k, T)]] = True
+    out = np.empty((T, H, c.hd_v), np.float32)
+    for hh in range(H):
+        s = (q_nope[:, hh] @ k_nope[:, hh].T + q_pe[:, hh] @ k_pe.T) * c.kq_scale
+        s = np.where(causal & sel, s, -np.inf)
+        pr = np.exp(s - s.max(1, keepdims=True))
+        out[:, hh] = (pr / pr.sum(1, keepdims=True)) @ v[:, hh]
+    return out.reshape(T, -1) @ w(p + "attn_output.weight").T
+
+
+def _ir_attention(c, w, il, x, dense=False):
+    T = x.shape[0]
+    g = Graph("attn")
+    xi = g.input("x", (T, c.n_embd))
+    pos = g.input("pos", (T,), "int32")
+    kvc = g.state("kv", ("C", 1, c.kv_width))
+    ikc = None if dense else g.state("ik", ("C", 1, c.idx_hd))
+    out, _mask = dsa_graph.attention(g, c, il, xi, pos, kvc, ikc, None)
+    g.output("out", out)
+    st = {n: np.zeros((T, *s.shape[1:]), np.float32) for n, s in g.states.items()}
+    return interpret.run(g, {"x": x, "pos": np.arange(T, dtype=np.int32)}, w, st, n_kv=T)["out"]
+
+
+@pytest.mark.parametrize("top_k", [2048, 7])
+def test_absorbed_mla_equals_naive_expanded(bf16_files, top_k):
+    """Absorbed MLA over the latent cache (IR) = expanded K/V attention (naive), dense (top_k 2048 > T) and
+    sparse (top_k 7 < T: the indexer's selection decides)."""
+    mf, w = bf16_files
+    c = dsa_config.GlmDsaConfig(**{**mf.config.to_json(), "idx_top_k": top_k})
+    x = w("token_embd.weight")[np.asarray(PROMPTS["code-short"]["prompt_ids"])]
+    want = _naive_attention(c, w, 1, x, top_k)
+    got = _ir_attention(c, w, 1, x)
+    assert rel_err(got, want) < 1e-5
+    if top_k < x.shape[0]:   # the selection matters here: dense attention is measurably different
+        assert rel_err(_ir_attention(c, w, 1, x, dense=True), want) > 1e-3
+
+
+def test_dense_equals_sparse_when_short(bf16_files):
+    """n_kv <= top_k: the sparse path selects every causal cell, so it equals dense attention bit for bit."""
+    mf, w = bf16_files
+    x = w("token_embd.weight")[np.asarray(PROMPTS["docs-heading"]["prompt_ids"])]
+    assert np.array_equal(_ir_attention(mf.config, w, 2, x), _ir_attention(mf.config, w, 2, x, dense=True))
+
+
+def test_top_k_mask_kernel_matches_interpreter():
+    """The bisection top-k kernel vs the interpreter's stable argsort: ties (incl. -0.0 vs 0.0), -inf cells,
+    rows with fewer causal cells than k."""
+    import tvm
+    from tvm import relax
+
+    from nextn.compiler.lower import dsa_kernels
+
+    rng = np.random.default_rng(1)
+    T, L, k = 40, 300, 50
+    score = rng.standard_normal((T, L)).astype(np.float32)
+    score[:, ::7] = np.round(score[:, ::7])                          # many exact ties
+    score[::3, 5::11] = -0.0
+    score[::3, 6::11] = 0.0
+    pos = np.sort(rng.integers(0, L, T)).astype(np.int32)
+    pos[:3] = [0, k - 1, k]                                          # <= k causal cells: select all
+    score = np.where(np.arange(L)[None, :] <= pos[:, None], score, -np.inf).astype(np.float32)
+    want = interpret._top_k_mask(score, pos, k)
+    bb = relax.BlockBuilder()
+    gv = bb.add_func(dsa_kernels._top_k_mask_kernel(k), "top_k_mask")
+    mod = bb.get()
+    ex = tvm.compile(tvm.IRModule({"top_k_mask": mod[gv].with_attr("global_symbol", "top_k_mask")}), target="llvm")
+    out = np.empty((T, L), np.float32)
+    ex["top_k_mask"](score, pos, out)
+    causal = np.arange(L)[None, :] <= pos[:, None]
+    assert np.array_equal(np.where(causal, out, 1.0), np.where(causal, want, 1.0))
+    assert ((out[pos >= k] == 0) & causal[pos >= k]).sum(1).tolist() == [k] * int((pos >= k).sum())
+
+
+# -- compiled, against the fixture references -------------------------------------------------------
+@pytest.mark.parametrize("kind", FULL_KINDS)
+def test_trunk_and_mtp_logits(dsa, kind):
+    npz = reference_logits(D)
+    ids = PROMPTS[kind]["prompt_ids"]
+    assert rel_err(dsa.logits(ids), npz[f"{kind}/trunk_logits"]) < 1e-4
+    assert rel_err(dsa.engine.hidden(ids), npz[f"{kind}/trunk_hidden"]) < 1e-4
+    assert rel_err(dsa.mtp_logits(ids), npz[f"{kind}/mtp_logits"]) < 1e-4
+
+
+def test_mtp_dense_attention_equals_indexer_when_short(dsa, dsa_dense):
+    """--mtp-dense-attention (llama.cpp's graph_mtp) and the NextN indexer agree when n_kv <= top_k."""
+    assert dsa_dense.engine.artifact.manifest["options"] == {"mtp_dense_attention": True}
+    assert not any("ik" in s or "index" in s for s in dsa_dense.engine.states if s.startswith("nextn."))
+    ids = PROMPTS["docs-heading"]["prompt_ids"]
+    assert rel_err(dsa_dense.mtp_logits(ids), reference_logits(D)["docs-heading/mtp_logits"]) < 1e-4
+    np.testing.assert_allclose(dsa_dense.mtp_logits(ids), dsa.mtp_logits(ids), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", SHORT_KINDS)
+def test_greedy_and_speculative(dsa, kind):
+    """Last logits, greedy continuation and spec on ≡ spec off with the reference acceptance (n_kv <= top_k)."""
+    p = PROMPTS[kind]
+    _h, last, am = dsa.engine.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
+    assert rel_err(last, reference_logits(D)[f"{kind}/last_logits"]) < 1e-4 and am == p["last_logits_argmax"]
+    plain = dsa.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True)
+    assert plain.ids == p["greedy_ids"] and plain.text == p["greedy_text"]
+    for n_max in (1, 2, 3):
+        r = dsa.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=n_max, ignore_eos=True)
+        want = p["spec"][str(n_max)]
+        assert r.ids == plain.ids, f"n_max={n_max}: speculative output differs from plain decoding"
+        assert (r.stats.rounds, r.stats.drafted, r.stats.accepted) == (want["steps"], want["drafted"], want["accepted"])
+        assert r.stats.per_pos == pytest.approx(want["per_pos"])
+
+
+def test_long_context_sparse(dsa):
+    """2220 tokens > top_k 2048: last logits and greedy text equal the reference; acceptance equals it with the
+    NextN index recomputed every step (the reference rule); with sharing on, the text is still identical and the
+    shared-index draft entry is what runs at steps 1..n_max-1."""
+    p, eng = PROMPTS["long-context"], dsa.engine
+    assert len(p["prompt_ids"]) > dsa.engine.files.config.idx_top_k
+    _h, last, am = eng.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
+    assert rel_err(last, reference_logits(D)["long-context/last_logits"]) < 1e-4 and am == p["last_logits_argmax"]
+    plain = dsa.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True)
+    assert plain.ids == p["greedy_ids"]
+    try:
+        eng.share_mtp_index = False
+        r = dsa.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=3, ignore_eos=True)
+        want = p["spec"]["3"]
+        assert r.ids == plain.ids
+        assert (r.stats.rounds, r.stats.drafted, r.stats.accepted) == (want["steps"], want["drafted"], want["accepted"])
+        assert r.vm_s.get("mtp_draft_shared", 0.0) == 0.0
+        eng.share_mtp_index = True
+        r = dsa.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=3, ignore_eos=True)
+        assert r.ids == plain.ids
+        assert r.vm_s["mtp_draft_shared"] > 0.0
+    finally:
+        eng.share_mtp_index = True
+
+
+def test_kv_states_trunk_and_nextn_separate(dsa):
+    """Trunk cache: trunk layers only (latent KV + indexer keys on full layers); NextN cache: the NextN layer only."""
+    c, st = dsa.engine.files.config, dsa.engine.states
+    C = dsa.engine.n_ctx
+    want = {f"kv.{i}": (C, 1, c.kv_lora + c.n_rot) for i in range(c.n_layer)}
+    want |= {f"ik.{i}": (C, 1, c.idx_hd) for i in range(c.n_layer) if c.idx_full[i]}
+    want |= {f"nextn.kv.{c.n_layer}": (C, 1, c.kv_lora + c.n_rot), f"nextn.ik.{c.n_layer}": (C, 1, c.idx_hd),
+             "nextn.index_mask": (C,)}
+    assert {n: tuple(s.shape) for n, s in st.items()} == want
+
+
+def test_index_share_state(bf16_files):
+    """mtp_draft stores step 0's selection (k cells of the causal prefix, later cells selected); mtp_draft_shared
+    reusing it equals a NextN step attending through exactly that mask."""
+    mf, w = bf16_files
+    c = dsa_config.GlmDsaConfig(**{**mf.config.to_json(), "idx_top_k": 6})
+    ids = np.asarray(PROMPTS["code-short"]["prompt_ids"], np.int32)
+    T, E = len(ids), c.n_embd
+    rng = np.random.default_rng(0)
+    h_prev = rng.standard_normal((T + 2, E)).astype(np.float32)
+    rows = dsa_graph.build_mtp(c, mf.has_tensor, False)
+    draft = dsa_graph.build_mtp(c, mf.has_tensor, True)
+    shared = dsa_graph.build_mtp(c, mf.has_tensor, True, index="reuse")
+    st = {"nextn.kv.4": np.zeros((T + 4, 1, c.kv_width), np.float32), "nextn.ik.4": np.zeros((T + 4, 1, c.idx_hd), np.float32),
+          "nextn.index_mask": np.full((T + 4,), 7.0, np.float32)}
+    interpret.run(rows, {"tokens": ids, "pos": np.arange(T, dtype=np.int32), "h_prev": h_prev[:T],
+                         "out_ids": np.array([T - 1], np.int32)}, w, st, n_kv=T)
+    interpret.run(draft, {"tokens": ids[:1], "pos": np.array([T], np.int32), "h_prev": h_prev[T:T + 1]}, w, st, n_kv=T + 1)
+    m = st["nextn.index_mask"]
+    assert (m[:T + 1] == 0).sum() == 6 and set(np.unique(m[:T + 1])) == {0.0, -np.inf} and (m[T + 1:] == 0).all()
+    kv_before = st["nextn.kv.4"].copy()
+    got = interpret.run(shared, {"tokens": ids[1:2], "pos": np.array([T + 1], np.int32), "h_prev": h_prev[T + 1:T + 2]},
+                        w, st, n_kv=T + 2)
+    assert "nextn.ik.4" not in shared.states   # no indexer work on a shared step
+    # the same step with the stored mask given explicitly
+    g = Graph("check")
+    tok, pos, hp = g.input("tokens", (1,), "int32"), g.input("pos", (1,), "int32"), g.input("h_prev", (1, E))
+    mk = g.input("mask", (1, "L"))
+    p = "blk.4.nextn."
+    z = dsa_graph._linear(g, g.concat(dsa_graph._norm(g, g.get_rows(g.weight("token_embd.weight", (c.n_vocab, E)), tok),
+                                                      p + "enorm.weight", c.rms_eps),
+                                      dsa_graph._norm(g, hp, p + "hnorm.weight", c.rms_eps), axis=1), p + "eh_proj", E)
+    x, _ = dsa_graph.block(g, c, 4, z, pos, g.state("nextn.kv.4", ("C", 1, c.kv_width)), None, mk, True)
+    g.output("h", dsa_graph._norm(g, x, p + "shared_head_norm.weight", c.rms_eps))
+    want = interpret.run(g, {"tokens": ids[1:2], "pos": np.array([T + 1], np.int32), "h_prev": h_prev[T + 1:T + 2],
+                             "mask": m[None, :T + 2]}, w, {"nextn.kv.4": kv_before}, n_kv=T + 2)
+    assert np.array_equal(got["h_nextn"], want["h"])
+
+
+def test_q8_0_compiled_vs_ir(compiled):
+    """Q8_0 bundle: kernels (in-kernel dequantization, incl. the per-head attn_k_b /
+    attn_v_b) vs the IR interpreter on gguf-py-dequantized weights, prefill then a NextN draft step."""
+    from nextn.compiler.compile import build_graphs
+
+    m = rt.load(compiled("dsa-q8", D / "tiny-glm-dsa-Q8_0.gguf"), ctx_size=512)
+    mf = ModelFiles(D / "tiny-glm-dsa-Q8_0.gguf", load_mtp=True)
+    graphs = build_graphs(mf, with_mtp=True)
+    w = {}
+
+    def weights(name):
+        if name not in w:
+            w[name] = mf.load(name, quantized=False).arrays[0]
+        return w[name]
+
+    ids = np.asarray(PROMPTS["code-short"]["prompt_ids"], np.int32)
+    T = len(ids)
+    st = {n: np.zeros((m.engine.n_ctx, *s.shape[1:]), np.float32) for g in graphs.values() for n, s in g.states.items()}
+    want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
+                                             "out_ids": np.array([T - 1], np.int32)}, weights, st, n_kv=T)
+    h, last, am = m.engine.prefill(ids, 0)
+    assert rel_err(h, want["hidden"]) < 1e-5 and rel_err(last, want["logits"][0]) < 1e-5
+    hp = np.concatenate([np.zeros((1, h.shape[1]), np.float32), h[:-1]])
+    interpret.run(graphs["mtp_rows"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32), "h_prev": hp,
+                                       "out_ids": np.array([T - 1], np.int32)}, weights, st, n_kv=T)
+    m.engine.mtp_rows(ids, hp, 0)
+    want = interpret.run(graphs["mtp_draft"], {"tokens": ids[:1], "pos": np.array([T], np.int32),
+                                                "h_prev": h[-1:]}, weights, st, n_kv=T + 1)
+    hd, lg, amd = m.engine.mtp_draft(ids[:1], h[-1:], T)
+    assert rel_err(hd, want["h_nextn"]) < 1e-5 and rel_err(lg.numpy(), want["logits"]) < 1e-5
+    assert amd[0] == want["argmax"][0]

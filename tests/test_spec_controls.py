@@ -1,0 +1,113 @@
+"""Speculation controls: per-request n_max (clamped to the engine maximum), n_min, p_min, the adaptive depth
+controller and its never-lose gate, and the finish rules inside an accepted block (EOS → stop → -n, context)."""
+import numpy as np
+import pytest
+
+from conftest import G4, reference
+from nextn.runtime.depth import AdaptiveDepth
+from nextn.runtime.speculative import generate
+
+PROMPTS = {p["kind"]: p for p in reference()["prompts"]}
+P = PROMPTS["code-short"]
+
+
+def test_n_max_only_lowers_the_engine_maximum(q8_model):
+    r = q8_model.generate(P["prompt_ids"], 8, n_max=q8_model.max_draft + 5, ignore_eos=True)
+    assert (r.n_max, r.n_max_requested) == (q8_model.max_draft, q8_model.max_draft + 5)
+    assert r.to_json()["spec_draft_n_max"] == q8_model.max_draft
+    assert len(r.stats.per_pos) == q8_model.max_draft
+
+
+def test_p_min_and_n_min_cut_drafts(q8_model):
+    plain = q8_model.generate(P["prompt_ids"], 24, spec_type="none", ignore_eos=True)
+    no_draft = q8_model.generate(P["prompt_ids"], 24, n_max=3, p_min=1.0, ignore_eos=True)
+    short = q8_model.generate(P["prompt_ids"], 24, n_max=3, n_min=4, ignore_eos=True)
+    some = q8_model.generate(P["prompt_ids"], 24, n_max=3, p_min=0.5, ignore_eos=True)
+    full = q8_model.generate(P["prompt_ids"], 24, n_max=3, ignore_eos=True)
+    assert no_draft.ids == short.ids == some.ids == plain.ids
+    assert no_draft.stats.drafted == short.stats.drafted == 0
+    assert no_draft.stats.plain_rounds == 23
+    assert 0 < some.stats.drafted < full.stats.drafted
+
+
+def test_adaptive_depth_gate_switches_and_probes():
+    """Synthetic costs: verify flat in rows (GPU-like). High acceptance keeps speculating; low acceptance drops to
+    plain, and probes return to speculation once acceptance recovers."""
+    c = AdaptiveDepth(3, ([1e-3] * 4, 1e-4), interval=4, max_interval=16)
+    for i in range(20):
+        k = c.choose(i)
+        c.observe(k, k, 1e-3 + k * 1e-4, i)
+    assert k == 3 and c.mode == "spec"
+    for i in range(40):                       # acceptance collapses: switches to plain
+        k = c.choose(i)
+        c.observe(k, 0, 1e-3 + k * 1e-4, i)
+    assert c.mode == "plain" and c.events[-1]["to_depth"] == 0
+    probes = 0
+    for i in range(200):                      # acceptance is back: a probe sees it and speculation resumes
+        k = c.choose(i)
+        probes += c.mode == "probe"
+        c.observe(k, k, 1e-3 + k * 1e-4, i)
+        if c.mode == "spec":
+            break
+    assert probes >= 1 and c.mode == "spec" and c.events[-1]["to_depth"] > 0, c.events
+    cb = AdaptiveDepth(3, ([1e-3, 3e-3, 5e-3, 7e-3], 1e-3))   # verify cost linear in rows: cost-bound
+    assert [cb.choose(i) for i in range(50)] == [0] * 50
+    assert "cost-bound" in cb.events[0]["why"]
+
+
+def test_auto_is_lossless_while_switching(q8_model):
+    eng = q8_model.engine
+    plain = generate(eng, P["prompt_ids"], 40, spec=False)
+    ctl = AdaptiveDepth(3, ([1e-4] * 4, 1e-6), interval=2, max_interval=4, alpha0=0.9)   # favours speculation
+    r = generate(eng, P["prompt_ids"], 40, spec=True, n_max="auto", controller=ctl)
+    assert r.tokens == plain.tokens
+    assert r.stats.rounds > 0 and r.stats.emitted == len(r.tokens) - 1
+    assert r.stats.accepted <= r.stats.drafted == sum(r.stats.drafted_at)
+
+
+def _stop_inside_block(model):
+    """A stop string that spans two tokens of the greedy text and completes inside an accepted block at n_max=3."""
+    full = model.generate(P["prompt_ids"], 48, n_max=3, ignore_eos=True)
+    pieces = [model.tokenizer.decode([t]) for t in full.ids]
+    for j in range(4, len(pieces) - 1):
+        s = pieces[j][-1:] + pieces[j + 1][:2]
+        text = "".join(pieces)
+        if len(s) >= 2 and text.find(s) == len("".join(pieces[:j])) + len(pieces[j]) - 1:
+            return full, j + 1, s
+    pytest.skip("no two-token stop string in this continuation")
+
+
+def test_stop_string_inside_accepted_block(q8_model):
+    full, j, s = _stop_inside_block(q8_model)
+    for n_max in ("auto", 1, 3):
+        r = q8_model.generate(P["prompt_ids"], 48, n_max=n_max, stop=[s, "never-there"], ignore_eos=True)
+        assert r.finish_reason == "stop"
+        assert r.ids == full.ids[:j + 1]
+        assert r.text == q8_model.tokenizer.decode(full.ids)[:q8_model.tokenizer.decode(full.ids).find(s)]
+        assert r.stats.emitted == len(r.ids) - 1 and r.stats.accepted <= r.stats.emitted
+    g = generate(q8_model.engine, P["prompt_ids"], 48, n_max=3, stop=[s], token_bytes=q8_model.tokenizer.token_to_bytes)
+    assert g.tokens == full.ids[:j + 1] and g.n_past == len(P["prompt_ids"]) + j
+
+
+def test_finish_precedence_eos_then_stop_then_length(q8_model):
+    full, j, s = _stop_inside_block(q8_model)
+    tb = q8_model.tokenizer.token_to_bytes
+    eos = generate(q8_model.engine, P["prompt_ids"], j + 1, n_max=3, eog_ids={full.ids[j]}, stop=[s], token_bytes=tb)
+    assert (eos.finish_reason, eos.tokens) == ("eos", full.ids[:j + 1])
+    stop = generate(q8_model.engine, P["prompt_ids"], j + 1, n_max=3, stop=[s], token_bytes=tb)
+    assert (stop.finish_reason, stop.tokens) == ("stop", full.ids[:j + 1])
+    length = generate(q8_model.engine, P["prompt_ids"], j, n_max=3, stop=[s], token_bytes=tb)
+    assert (length.finish_reason, length.tokens) == ("length", full.ids[:j])
+    assert length.stats.emitted == j - 1 and length.stats.accepted <= j - 1
+
+
+def test_draft_stops_at_the_context_end(compiled):
+    import nextn.runtime as rt
+
+    ids = P["prompt_ids"]
+    small = rt.load(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), ctx_size=len(ids) + 6)
+    want = generate(small.engine, ids, 40, spec=False)
+    for n_max in (3, "auto"):
+        r = small.generate(ids, 40, n_max=n_max, ignore_eos=True)
+        assert r.finish_reason == "length" and len(r.ids) == 7
+        assert r.ids == want.tokens

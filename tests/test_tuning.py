@@ -1,0 +1,131 @@
+"""Tuning logs: tune a few kernels on llvm, export/import/merge, apply deterministically, refuse hostile logs."""
+import copy
+import json
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import G4, reference
+
+from nextn.compiler.tune import log as tlog
+from nextn.runtime.errors import NextnError
+
+MODEL = G4 / "tiny-glm4moe-Q8_0.gguf"
+PROMPT = next(p for p in reference()["prompts"] if p["kind"] == "docs-heading")["prompt_ids"]
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    from nextn.compiler.tune.run import tune_model
+
+    d = tmp_path_factory.mktemp("tlog")
+    # two small kernels, a handful of trials; keep the found schedules so that applying them changes the kernels
+    book = tune_model(str(MODEL), str(d), trials=4, only=r"^(argmax1|fused_rms_norm3_mul4)$", keep_slower=True, search="generic",
+                      progress=False, log=lambda *_: None)
+    return d, book
+
+
+def test_tune_writes_a_valid_resumable_log(tuned):
+    d, book = tuned
+    assert len(book["records"]) == 2
+    again = tlog.read(str(d))
+    assert again == book
+    assert {r["name"] for r in book["records"]} == {"argmax1", "fused_rms_norm3_mul4"}
+    assert all(r["target"]["key"].startswith("llvm:") and min(r["run_secs"]) > 0 for r in book["records"])
+    # resumable: a second run finds both workloads done and tunes nothing
+    from nextn.compiler.tune.run import tune_model
+
+    msgs = []
+    tune_model(str(MODEL), str(d), trials=4, only=r"^(argmax1|fused_rms_norm3_mul4)$", keep_slower=True, search="generic",
+               progress=False, log=msgs.append)
+    assert "2 already in" in msgs[0] and "tuning 0" in msgs[0]
+
+
+def test_export_import_merge(tuned, tmp_path):
+    d, book = tuned
+    cli = [sys.executable, "-m", "nextn.runtime.cli", "tuning"]
+    assert subprocess.run(cli + ["export", str(d), "-o", str(tmp_path / "x.json")]).returncode == 0
+    assert subprocess.run(cli + ["import", str(tmp_path / "x.json"), "-o", str(tmp_path / "imp")]).returncode == 0
+    assert tlog.read(str(tmp_path / "imp"))["records"] == tlog.merge([book])["records"]
+    # a second log: one record faster, one for another target
+    other = copy.deepcopy(book)
+    other["records"][0]["run_secs"] = [min(other["records"][0]["run_secs"]) / 2]
+    foreign = copy.deepcopy(book["records"][1])
+    foreign["target"]["key"] = "cuda:sm_90"
+    other["records"].append(foreign)
+    tlog.write(other, str(tmp_path / "other"))
+    r = subprocess.run(cli + ["merge", str(d), str(tmp_path / "other"), "-o", str(tmp_path / "m")])
+    assert r.returncode == 0
+    merged = tlog.read(str(tmp_path / "m"))
+    assert len(merged["records"]) == 3
+    fast = next(x for x in merged["records"] if x["workload_hash"] == book["records"][0]["workload_hash"]
+                and x["target"]["key"] == book["records"][0]["target"]["key"])
+    assert fast["run_secs"] == other["records"][0]["run_secs"]
+    show = subprocess.run(cli + ["show", str(tmp_path / "m")], capture_output=True, text=True)
+    assert show.returncode == 0 and "cuda:sm_90" in show.stdout and "argmax1" in show.stdout
+
+
+def test_apply_is_deterministic_and_keeps_results(tuned, tmp_path, compiled):
+    import nextn.runtime as rt
+    from nextn.compiler.compile import compile_model
+
+    d, _book = tuned
+    foreign = tlog.read(str(d))
+    extra = copy.deepcopy(foreign["records"][0])
+    extra["target"]["key"] = "cuda:sm_90"
+    foreign["records"].append(extra)
+    tlog.write(foreign, str(tmp_path / "withforeign"))
+    notes = []
+    a = compile_model(str(MODEL), str(tmp_path / "a"), tuning_log=str(d), log=lambda *_: None)
+    b = compile_model(str(MODEL), str(tmp_path / "b"), tuning_log=str(d), log=lambda *_: None)
+    c = compile_model(str(MODEL), str(tmp_path / "c"), tuning_log=str(tmp_path / "withforeign"), log=notes.append)
+    ma, mb, mc = (json.load(open(f"{x}/manifest.json")) for x in (a, b, c))
+    base = json.load(open(f"{compiled('q8', MODEL)}/manifest.json"))
+    assert ma["libraries"][0]["sha256"] == mb["libraries"][0]["sha256"]          # same log ⇒ same artifact bytes
+    assert ma["libraries"][0]["sha256"] != base["libraries"][0]["sha256"]        # the log changed the schedule
+    assert ma["tuning_log"]["kernels_tuned"] == 2 and ma["tuning_log"]["records_other_targets"] == 0
+    assert mc["tuning_log"]["kernels_tuned"] == 2 and mc["tuning_log"]["records_other_targets"] == 1
+    assert any("ignoring 1 record" in n for n in notes)
+    tuned_m, plain_m = rt.load(a), rt.load(compiled("q8", MODEL))
+    got, want = tuned_m.logits(PROMPT), plain_m.logits(PROMPT)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+    assert tuned_m.generate(PROMPT, 16, spec_type="none", ignore_eos=True).ids == \
+        plain_m.generate(PROMPT, 16, spec_type="none", ignore_eos=True).ids
+
+
+def _bad(tmp_path, name, data: bytes):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+def test_hostile_logs_are_refused(tuned, tmp_path):
+    d, book = tuned
+    good = json.loads(json.dumps(book))
+    cases = {
+        "pickle.json": pickle.dumps({"format": "nextn-tuning-log"}),
+        "text.json": b"def f(): pass\n",
+        "extra.json": json.dumps({**good, "exec": "import os"}).encode(),
+        "format.json": json.dumps({**good, "format": "tvm-db"}).encode(),
+    }
+    bad_kind = copy.deepcopy(good)
+    bad_kind["records"][0]["trace"][0][0][0] = "__import__('os').system"
+    cases["kind.json"] = json.dumps(bad_kind).encode()
+    bad_field = copy.deepcopy(good)
+    bad_field["records"][0]["code"] = "x"
+    cases["field.json"] = json.dumps(bad_field).encode()
+    bad_secs = copy.deepcopy(good)
+    bad_secs["records"][0]["run_secs"] = ["fast"]
+    cases["secs.json"] = json.dumps(bad_secs).encode()
+    for name, data in cases.items():
+        p = _bad(tmp_path, name, data)
+        with pytest.raises(NextnError):
+            tlog.read(str(p))
+        r = subprocess.run([sys.executable, "-m", "nextn.runtime.cli", "tuning", "import", str(p), "-o",
+                            str(tmp_path / "dst")], capture_output=True, text=True)
+        assert r.returncode == 1 and "Traceback" not in r.stderr and name in r.stderr, (name, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "dst" / "log.json").exists()
