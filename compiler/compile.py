@@ -30,6 +30,7 @@ ENTRY_POINTS = {
     "decode": ("trunk", True),
     "draft": ("mtp", True),
 }
+MAX_DRAFT = 8
 # Entry points whose symbols are fixed at compile time; the runtime routes one-row calls to them.
 STATIC = {"decode": {"T": 1}, "draft": {"T": 1}, "mtp_draft_shared": {"T": 1}}
 TARGETS = ("llvm", "cuda", "rocm")
@@ -226,6 +227,9 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
                         "weight_bytes": sum(b["nbytes"] for b in buffers),
                         "trunk_weight_bytes": sum(b["nbytes"] for b in buffers if not b["mtp_only"])},
         "tuning_log": tuning_info,
+        # The deepest draft a request may ask for; per-request n_max is lowered to it (the KV buffers of the
+        # static engine hold any depth, this bounds the per-position stats and the adaptive controller).
+        "max_draft": MAX_DRAFT,
         "libraries": libs,
     }
     with open(os.path.join(tmp, MANIFEST), "w") as f:

@@ -82,6 +82,7 @@ class Engine:
             self._rest[name] = [self.states[s] for s in ep["states"]] + [bufs[w] for w in ep["weights"]]
         self.kv_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in self.states.values())
         self.vm_seconds = {name: 0.0 for name in self._fn}   # time inside compiled entry points, per entry
+        self.max_draft = int(m.get("max_draft", 8))           # compiled maximum draft depth (manifest)
         # glm-dsa: draft steps 1..n_max-1 reuse step 0's NextN DSA selection (index_share_for_mtp_iteration)
         self.share_mtp_index = True
 

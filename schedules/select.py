@@ -1,8 +1,6 @@
 """Pick the schedule pass for a target."""
 from __future__ import annotations
 
-import tvm
-
 
 def schedule_pass(target):
     kind = target.kind.name

@@ -26,6 +26,7 @@ def test_manifest(compiled):
     assert m["hparams"]["n_layer"] == 4 and m["hparams"]["n_expert_used"] == 2
     assert set(m["entry_points"]) == {"prefill", "verify", "mtp_rows", "mtp_draft", "decode", "draft"}
     assert m["entry_points"]["decode"]["static"] == {"T": 1}
+    assert m["max_draft"] == 8   # the compiled maximum draft depth that per-request n_max is lowered to
     for lib in m["libraries"]:
         assert sha(f"{art}/{lib['file']}") == lib["sha256"]
     plan = m["buffer_plan"]

@@ -2,7 +2,6 @@
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 from conftest import REPO
 

@@ -1,6 +1,5 @@
 """Speculation controls: per-request n_max (clamped to the engine maximum), n_min, p_min, the adaptive depth
 controller and its never-lose gate, and the finish rules inside an accepted block (EOS → stop → -n, context)."""
-import numpy as np
 import pytest
 
 from conftest import G4, reference

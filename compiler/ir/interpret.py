@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph import Graph, Node
+from .graph import Graph
 
 
 def _rope_neox(x, pos, n_rot, base):

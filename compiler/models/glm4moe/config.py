@@ -57,15 +57,42 @@ def _scalar_or_first(f, key, kind=int):
     return kind(v)
 
 
-def config_from_gguf(f) -> Glm4MoeConfig:
-    """Read every key of reference §2 for glm4moe from GGUFFile `f` (the trunk or the bundled file)."""
-    a = ARCH
+def layer_counts(f, a: str) -> tuple[int, int]:
+    """(n_layer, n_layer_nextn): `{a}.block_count` includes the NextN block (reference §1)."""
     n_all = f.get(f"{a}.block_count", kind=int)
     n_nextn = f.get(f"{a}.nextn_predict_layers", 0, kind=int)
     if not 0 <= n_nextn < n_all:
         raise NextnError(f"{f.path}: '{a}.nextn_predict_layers' = {n_nextn}, expected 0 <= n < block_count ({n_all})")
     if n_nextn > 1:
         raise NextnError(f"{f.path}: '{a}.nextn_predict_layers' = {n_nextn}; GLM has exactly one NextN block")
+    return n_all - n_nextn, n_nextn
+
+
+def moe_keys(f, a: str) -> dict:
+    """The MoE / FFN keys shared by the GLM archs (reference §1.1, §2), as config fields."""
+    gating = f.get(f"{a}.expert_gating_func", 2, kind=int)
+    if gating != 2:
+        raise NextnError(f"{f.path}: '{a}.expert_gating_func' = {gating}, expected 2 (sigmoid) for {a}")
+    if f.get(f"{a}.expert_group_count", 1, kind=int) > 1:
+        raise NextnError(f"{f.path}: '{a}.expert_group_count' > 1 (group-limited routing) is not supported")
+    return dict(
+        n_ff=_scalar_or_first(f, f"{a}.feed_forward_length"),
+        n_ff_exp=f.get(f"{a}.expert_feed_forward_length", kind=int),
+        n_expert=f.get(f"{a}.expert_count", kind=int),
+        n_expert_used=f.get(f"{a}.expert_used_count", kind=int),
+        n_expert_shared=f.get(f"{a}.expert_shared_count", kind=int),
+        n_lead_dense=f.get(f"{a}.leading_dense_block_count", 0, kind=int),
+        expert_weights_scale=f.get(f"{a}.expert_weights_scale", 0.0, kind=float),
+        expert_weights_norm=bool(f.get(f"{a}.expert_weights_norm", False, kind=bool)),
+        expert_gating_func=gating,
+    )
+
+
+def config_from_gguf(f) -> Glm4MoeConfig:
+    """Read every key of reference §2 for glm4moe from GGUFFile `f` (the trunk or the bundled file)."""
+    a = ARCH
+    n_layer, n_nextn = layer_counts(f, a)
+    n_all = n_layer + n_nextn
     n_embd = f.get(f"{a}.embedding_length", kind=int)
     n_head = _scalar_or_first(f, f"{a}.attention.head_count")
     n_head_kv = _scalar_or_first(f, f"{a}.attention.head_count_kv") if f.has(f"{a}.attention.head_count_kv") else n_head
@@ -81,11 +108,6 @@ def config_from_gguf(f) -> Glm4MoeConfig:
         raise NextnError(f"{f.path}: '{a}.rope.dimension_sections' selects M-RoPE (GLM-4.xV), which nextn does not support")
     if f.get(f"{a}.rope.scaling.type", "none", kind=str) not in ("none", ""):
         raise NextnError(f"{f.path}: '{a}.rope.scaling.type' is set; rope scaling is not supported for glm4moe yet")
-    gating = f.get(f"{a}.expert_gating_func", 2, kind=int)
-    if gating != 2:
-        raise NextnError(f"{f.path}: '{a}.expert_gating_func' = {gating}, expected 2 (sigmoid) for glm4moe")
-    if f.get(f"{a}.expert_group_count", 1, kind=int) > 1:
-        raise NextnError(f"{f.path}: '{a}.expert_group_count' > 1 (group-limited routing) is not supported")
     n_vocab = None
     if f.has("token_embd.weight"):
         n_vocab = f.tensor_shape("token_embd.weight")[0]
@@ -99,7 +121,7 @@ def config_from_gguf(f) -> Glm4MoeConfig:
         arch=a,
         n_vocab=int(n_vocab),
         n_embd=n_embd,
-        n_layer=n_all - n_nextn,
+        n_layer=n_layer,
         n_layer_nextn=n_nextn,
         n_head=n_head,
         n_head_kv=n_head_kv,
@@ -107,15 +129,7 @@ def config_from_gguf(f) -> Glm4MoeConfig:
         n_rot=n_rot,
         rope_freq_base=f.get(f"{a}.rope.freq_base", 10000.0, kind=float),
         rms_eps=f.get(f"{a}.attention.layer_norm_rms_epsilon", kind=float),
-        n_ff=_scalar_or_first(f, f"{a}.feed_forward_length"),
-        n_ff_exp=f.get(f"{a}.expert_feed_forward_length", kind=int),
-        n_expert=f.get(f"{a}.expert_count", kind=int),
-        n_expert_used=f.get(f"{a}.expert_used_count", kind=int),
-        n_expert_shared=f.get(f"{a}.expert_shared_count", kind=int),
-        n_lead_dense=f.get(f"{a}.leading_dense_block_count", 0, kind=int),
-        expert_weights_scale=f.get(f"{a}.expert_weights_scale", 0.0, kind=float),
-        expert_weights_norm=bool(f.get(f"{a}.expert_weights_norm", False, kind=bool)),
-        expert_gating_func=gating,
+        **moe_keys(f, a),
         n_ctx_train=f.get(f"{a}.context_length", kind=int),
         qk_norm=f.has_tensor("blk.0.attn_q_norm.weight") or f.has_tensor(f"blk.{n_all - n_nextn}.attn_q_norm.weight"),
         qkv_bias=f.has_tensor("blk.0.attn_q.bias") or f.has_tensor(f"blk.{n_all - n_nextn}.attn_q.bias"),

@@ -114,13 +114,10 @@ def build_trunk(c: Glm4MoeConfig, has_tensor, all_rows: bool) -> Graph:
     return g
 
 
-def build_mtp(c: Glm4MoeConfig, has_tensor, all_rows: bool) -> Graph:
-    """NextN block over T rows (`graph_mtp`). Row t pairs `tokens[t]` with `h_prev[t]` (a post-norm hidden:
-    the trunk's `output_norm` output at position pos[t]-1, or the previous draft step's `t_h_nextn`).
-    Outputs: `h_nextn` [T, n_embd] (post shared_head_norm) and `logits` / `argmax` for the output rows."""
-    il = nextn_index(c)
+def nextn_frame(g: Graph, c, has_tensor, il: int):
+    """The NextN input frame shared by the GLM archs (reference §5.1): inputs tokens/pos/h_prev, then
+    z = eh_proj · [rms(E[tok]) * enorm | rms(h_prev) * hnorm]. Returns (pos, z)."""
     p = f"blk.{il}.nextn."
-    g = Graph("mtp_rows" if all_rows else "mtp_draft")
     tokens = g.input("tokens", ("T",), "int32")
     pos = g.input("pos", ("T",), "int32")
     h = g.input("h_prev", ("T", c.n_embd), "float32")
@@ -128,13 +125,29 @@ def build_mtp(c: Glm4MoeConfig, has_tensor, all_rows: bool) -> Graph:
     e = g.get_rows(g.weight(emb, (c.n_vocab, c.n_embd)), tokens)
     en = _norm(g, e, p + "enorm.weight", c.rms_eps)
     hn = _norm(g, h, p + "hnorm.weight", c.rms_eps)
-    z = _linear(g, g.concat(en, hn, axis=1), p + "eh_proj", c.n_embd)     # order: [enorm(e) | hnorm(h)]
-    kc, vc = _kv_states(g, c, "nextn.", il)
-    x = block(g, c, il, z, pos, kc, vc, True)
+    return pos, _linear(g, g.concat(en, hn, axis=1), p + "eh_proj", c.n_embd)     # order: [enorm(e) | hnorm(h)]
+
+
+def nextn_head(g: Graph, c, has_tensor, il: int, x, all_rows: bool):
+    """The NextN output (reference §5.1 steps 6-8): hs = rms(x) * shared_head_norm (fallback output_norm) is
+    `h_nextn` (`t_h_nextn`, the next draft step's h); logits = shared_head_head (fallback output, token_embd)."""
+    p = f"blk.{il}.nextn."
     norm = p + "shared_head_norm.weight" if has_tensor(p + "shared_head_norm.weight") else "output_norm.weight"
     hs = _norm(g, x, norm, c.rms_eps)
     g.output("h_nextn", hs)
     head = p + "shared_head_head.weight" if has_tensor(p + "shared_head_head.weight") else (
         "output.weight" if has_tensor("output.weight") else "token_embd.weight")
     _head(g, c, hs, head, all_rows)
+    return hs
+
+
+def build_mtp(c: Glm4MoeConfig, has_tensor, all_rows: bool) -> Graph:
+    """NextN block over T rows (`graph_mtp`). Row t pairs `tokens[t]` with `h_prev[t]` (a post-norm hidden:
+    the trunk's `output_norm` output at position pos[t]-1, or the previous draft step's `t_h_nextn`).
+    Outputs: `h_nextn` [T, n_embd] (post shared_head_norm) and `logits` / `argmax` for the output rows."""
+    il = nextn_index(c)
+    g = Graph("mtp_draft" if all_rows else "mtp_rows")
+    pos, z = nextn_frame(g, c, has_tensor, il)
+    kc, vc = _kv_states(g, c, "nextn.", il)
+    nextn_head(g, c, has_tensor, il, block(g, c, il, z, pos, kc, vc, True), all_rows)
     return g

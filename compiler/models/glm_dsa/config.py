@@ -94,13 +94,7 @@ def _indexer_types(f, key: str, n_layer: int, n_ctx_train: int) -> list[int]:
 def config_from_gguf(f) -> GlmDsaConfig:
     """Read every glm-dsa key of reference §2 from GGUFFile `f` (bundled, trunk-only or MTP-only file)."""
     a = ARCH
-    n_all = f.get(f"{a}.block_count", kind=int)
-    n_nextn = f.get(f"{a}.nextn_predict_layers", 0, kind=int)
-    if not 0 <= n_nextn < n_all:
-        raise NextnError(f"{f.path}: '{a}.nextn_predict_layers' = {n_nextn}, expected 0 <= n < block_count ({n_all})")
-    if n_nextn > 1:
-        raise NextnError(f"{f.path}: '{a}.nextn_predict_layers' = {n_nextn}; GLM has exactly one NextN block")
-    n_layer = n_all - n_nextn
+    n_layer, n_nextn = g4.layer_counts(f, a)
     n_embd = f.get(f"{a}.embedding_length", kind=int)
     n_head = g4._scalar_or_first(f, f"{a}.attention.head_count")
     n_head_kv = g4._scalar_or_first(f, f"{a}.attention.head_count_kv") if f.has(f"{a}.attention.head_count_kv") else 1
@@ -122,11 +116,6 @@ def config_from_gguf(f) -> GlmDsaConfig:
     if rs_type not in ("none", ""):
         # kq_scale would follow mla_kq_scale(), but rope_ext has no YaRN ext_factor ramp yet.
         raise NextnError(f"{f.path}: '{a}.rope.scaling.type' = '{rs_type}'; rope scaling is not supported for glm-dsa yet")
-    gating = f.get(f"{a}.expert_gating_func", 2, kind=int)
-    if gating != 2:
-        raise NextnError(f"{f.path}: '{a}.expert_gating_func' = {gating}, expected 2 (sigmoid) for glm-dsa")
-    if f.get(f"{a}.expert_group_count", 1, kind=int) > 1:
-        raise NextnError(f"{f.path}: '{a}.expert_group_count' > 1 (group-limited routing) is not supported")
     idx_hd = f.get(f"{a}.attention.indexer.key_length", kind=int)
     if idx_hd <= n_rot:
         raise NextnError(f"{f.path}: '{a}.attention.indexer.key_length' = {idx_hd}, expected > rope dims ({n_rot})")
@@ -141,15 +130,7 @@ def config_from_gguf(f) -> GlmDsaConfig:
         rope_freq_base=f.get(f"{a}.rope.freq_base", 10000.0, kind=float),
         kq_scale=mla_kq_scale(hd_k),
         rms_eps=f.get(f"{a}.attention.layer_norm_rms_epsilon", kind=float),
-        n_ff=g4._scalar_or_first(f, f"{a}.feed_forward_length"),
-        n_ff_exp=f.get(f"{a}.expert_feed_forward_length", kind=int),
-        n_expert=f.get(f"{a}.expert_count", kind=int),
-        n_expert_used=f.get(f"{a}.expert_used_count", kind=int),
-        n_expert_shared=f.get(f"{a}.expert_shared_count", kind=int),
-        n_lead_dense=f.get(f"{a}.leading_dense_block_count", 0, kind=int),
-        expert_weights_scale=f.get(f"{a}.expert_weights_scale", 0.0, kind=float),
-        expert_weights_norm=bool(f.get(f"{a}.expert_weights_norm", False, kind=bool)),
-        expert_gating_func=gating,
+        **g4.moe_keys(f, a),
         n_ctx_train=n_ctx_train,
         idx_heads=f.get(f"{a}.attention.indexer.head_count", kind=int),
         idx_hd=idx_hd,

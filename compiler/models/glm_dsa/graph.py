@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from nextn.compiler.ir import Graph
 
+from ..glm4moe import graph as g4
 from ..glm4moe.graph import _head, _linear, _norm, dense_ffn, moe
 from .config import INDEXER_K_NORM_EPS, GlmDsaConfig, nextn_index
 
@@ -112,19 +113,11 @@ def build_mtp(c: GlmDsaConfig, has_tensor, all_rows: bool, mtp_dense_attention: 
     (`mtp_draft_shared`, draft steps 1..n_max-1: index_share_for_mtp_iteration) skips the indexer and attends
     to the stored selection plus every cell written after it (the draft's own rows)."""
     il = nextn_index(c)
-    p = f"blk.{il}.nextn."
     if index is None:
         index = "store" if all_rows else "own"
     assert index in MTP_INDEX_MODES, index
     g = Graph("mtp_draft" if all_rows else "mtp_rows")
-    tokens = g.input("tokens", ("T",), "int32")
-    pos = g.input("pos", ("T",), "int32")
-    h = g.input("h_prev", ("T", c.n_embd), "float32")
-    emb = p + "embed_tokens.weight" if has_tensor(p + "embed_tokens.weight") else "token_embd.weight"
-    e = g.get_rows(g.weight(emb, (c.n_vocab, c.n_embd)), tokens)
-    en = _norm(g, e, p + "enorm.weight", c.rms_eps)
-    hn = _norm(g, h, p + "hnorm.weight", c.rms_eps)
-    z = _linear(g, g.concat(en, hn, axis=1), p + "eh_proj", c.n_embd)     # order: [enorm(e) | hnorm(h)]
+    pos, z = g4.nextn_frame(g, c, has_tensor, il)
     kvc = _kv_state(g, c, "nextn.", il)
     ikc, mask = None, None
     if not mtp_dense_attention:
@@ -133,12 +126,7 @@ def build_mtp(c: GlmDsaConfig, has_tensor, all_rows: bool, mtp_dense_attention: 
         else:
             ikc = _ik_state(g, c, "nextn.", il)
     x, mask = block(g, c, il, z, pos, kvc, ikc, mask, True)
-    norm = p + "shared_head_norm.weight" if has_tensor(p + "shared_head_norm.weight") else "output_norm.weight"
-    hs = _norm(g, x, norm, c.rms_eps)
-    g.output("h_nextn", hs)
-    head = p + "shared_head_head.weight" if has_tensor(p + "shared_head_head.weight") else (
-        "output.weight" if has_tensor("output.weight") else "token_embd.weight")
-    _head(g, c, hs, head, all_rows)
+    g4.nextn_head(g, c, has_tensor, il, x, all_rows)
     if not mtp_dense_attention and index == "store":   # last output: the in-place store must stay live
         g.output("index_mask", g.index_mask_store(g.state("nextn.index_mask", ("C",)), mask))
     return g
