@@ -25,9 +25,21 @@ def register(cli: click.Group) -> None:
 @click.option("--search", default="knobs", show_default=True, type=click.Choice(["knobs", "generic"]),
               help="knobs: nextn's CPU schedule family with sampled lane count / tile; generic: meta_schedule's "
                    "default design space.")
-def tune(model, target, trials, out, max_kernels, draft, cost_model, only, keep_slower, search):
+@click.option("--arch", "arches", multiple=True, help="GPU arch(s) for --target cuda/rocm (offline flow).")
+@click.option("--offline", default=None, type=click.Path(file_okay=False),
+              help="Offline flow: sample and build candidates into this directory (no device needed); then "
+                   "`nextn tuning measure DIR` where the device is and `nextn tuning ingest DIR -o LOG_DIR` here.")
+def tune(model, target, trials, out, max_kernels, draft, cost_model, only, keep_slower, search, arches, offline):
     """Tune MODEL's distinct kernels for TARGET; records go to OUTPUT/log.json as each kernel finishes."""
     from nextn.compiler.tune.run import tune_model
+
+    if offline:
+        from nextn.compiler.tune.offline import gen
+
+        gen(model, offline, target=target, arches=list(arches) or None, trials=trials, max_kernels=max_kernels,
+            only=only, draft=draft, log=lambda s: click.echo(s, err=True))
+        click.echo(f"candidates in {offline}; next: nextn tuning measure {offline} (on the device machine)", err=True)
+        return
 
     os.makedirs(out, exist_ok=True)
     book = tune_model(model, out, target=target, trials=trials, max_kernels=max_kernels, draft=draft,
@@ -77,6 +89,27 @@ def merge(log_dirs, out):
     book = tlog.merge([tlog.read(d) for d in log_dirs])
     tlog.write(book, out)
     click.echo(f"merged {len(log_dirs)} log(s): {len(book['records'])} record(s) in {out}", err=True)
+
+
+@tuning.command("measure")
+@click.argument("cand_dir", type=click.Path(file_okay=False))
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda:N.")
+def measure_(cand_dir, device):
+    """Time the candidates of an offline run (TVM runtime only); writes CAND_DIR/results.json."""
+    from .measure import measure
+
+    measure(cand_dir, device, log=lambda s: click.echo(s, err=True))
+
+
+@tuning.command("ingest")
+@click.argument("cand_dir", type=click.Path(file_okay=False))
+@click.option("-o", "--output", "out", required=True, help="LOG_DIR to merge the measured records into.")
+def ingest_(cand_dir, out):
+    """Turn measured candidates into log records (only those beating the default schedule)."""
+    from nextn.compiler.tune.offline import ingest
+
+    book = ingest(cand_dir, out, log=lambda s: click.echo(s, err=True))
+    click.echo(f"{len(book['records'])} record(s) in {out}", err=True)
 
 
 @tuning.command("show")
