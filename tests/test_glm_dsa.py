@@ -343,3 +343,24 @@ def test_q8_0_compiled_vs_ir(compiled):
     hd, lg, amd = m.engine.mtp_draft(ids[:1], h[-1:], T)
     assert rel_err(hd, want["h_nextn"]) < 1e-5 and rel_err(lg.numpy(), want["logits"]) < 1e-5
     assert amd[0] == want["argmax"][0]
+
+
+def test_trunk_only_plus_mtp_only_pair_equals_bundle(compiled):
+    """glm-dsa split layout (llama.cpp converter --no-mtp / --mtp): trunk-only GGUF + MTP-only draft GGUF
+    behave exactly as the Q8_0 bundle (same tensors), speculation included."""
+    import nextn.runtime as rt
+
+    pair = rt.load(compiled("dsa-pair", D / "tiny-glm-dsa-trunk-Q8_0.gguf", D / "mtp-tiny-glm-dsa-Q8_0.gguf"))
+    bundle = rt.load(compiled("dsa-q8", D / "tiny-glm-dsa-Q8_0.gguf"))
+    assert pair.has_mtp and any(k.startswith("nextn.") for k in pair.engine.states)
+    p = next(x for x in reference(D)["prompts"] if x["kind"] == "docs-prose")
+    for n_max in (1, 3):
+        got = pair.generate(p["prompt_ids"], 24, n_max=n_max, ignore_eos=True)
+        want = bundle.generate(p["prompt_ids"], 24, n_max=n_max, ignore_eos=True)
+        assert got.ids == want.ids and got.stats.drafted > 0
+        assert (got.stats.rounds, got.stats.drafted, got.stats.accepted) == \
+            (want.stats.rounds, want.stats.drafted, want.stats.accepted)
+    trunk_only = rt.load(compiled("dsa-trunk", D / "tiny-glm-dsa-trunk-Q8_0.gguf"), spec=False)
+    assert not trunk_only.has_mtp
+    assert trunk_only.generate(p["prompt_ids"], 8, spec_type="none", ignore_eos=True).ids == \
+        bundle.generate(p["prompt_ids"], 8, spec_type="none", ignore_eos=True).ids
