@@ -76,6 +76,10 @@ def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32,
     from nextn.compiler.compile import make_target
     from nextn.schedules import schedule_pass
 
+    import logging
+
+    # meta_schedule logs every search iteration at INFO; its per-task logs still go to files under the work dir
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     if target != "llvm":
         raise NextnError(f"`nextn tune --target {target}`: on-machine tuning runs on llvm only; GPU machines here "
                          f"are unreachable, so GPU tuning uses the offline flow (see docs/tuning.md)")
