@@ -61,3 +61,23 @@ def q8_model(compiled):
     import nextn.runtime as rt
 
     return rt.load(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), ctx_size=4096)
+
+
+# TVM's native plugins (the CUDA/ROCm build plugins some tests load, meta_schedule's worker pools) can crash in
+# their static destructors while the interpreter shuts down, after every test has run and the summary is printed.
+# End the process with pytest's own exit status instead of running those destructors; failures still fail.
+_EXIT_STATUS = None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    global _EXIT_STATUS
+    _EXIT_STATUS = int(exitstatus)
+
+
+def pytest_unconfigure(config):
+    if _EXIT_STATUS is not None and os.environ.get("NEXTN_TEST_NORMAL_EXIT") != "1":
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_EXIT_STATUS)
