@@ -27,6 +27,80 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float((np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max())
 
 
+def dequantized(mf):
+    """Weight getter for the IR interpreter: each tensor of ModelFiles `mf` dequantized by gguf-py, read once."""
+    cache: dict[str, np.ndarray] = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = mf.load(name, quantized=False).arrays[0]
+        return cache[name]
+
+    return get
+
+
+def zero_states(graphs, n_ctx: int) -> dict:
+    """Interpreter KV buffers for every state of `graphs` (a Graph or an iterable of them), context `n_ctx`."""
+    graphs = [graphs] if hasattr(graphs, "states") else list(graphs)
+    return {n: np.zeros((n_ctx, *s.shape[1:]), np.float32) for g in graphs for n, s in g.states.items()}
+
+
+def check_trunk_vs_ir(eng, graphs, w, ids, rows: int):
+    """Compiled `prefill` over `ids`, then `verify` of `rows` rows continuing its KV, against the interpreter
+    (1e-5 relative, argmax equal). Returns the interpreter's KV states."""
+    from nextn.compiler.ir import interpret
+
+    T = len(ids)
+    st = zero_states(graphs["prefill"], eng.n_ctx)
+    want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
+                                             "out_ids": np.array([T - 1], np.int32)}, w, st, n_kv=T)
+    h, last, am = eng.prefill(ids, 0)
+    assert rel_err(h, want["hidden"]) < 1e-5
+    assert rel_err(last, want["logits"][0]) < 1e-5 and am == want["argmax"][0]
+    verify_rows = np.array([am, 17, 99, 5][:rows], np.int32)
+    want = interpret.run(graphs["verify"], {"tokens": verify_rows, "pos": np.arange(T, T + rows, dtype=np.int32)}, w,
+                         st, n_kv=T + rows)
+    _h, lg, amv = eng.verify(verify_rows, T)
+    assert rel_err(lg.numpy(), want["logits"]) < 1e-5
+    assert (amv == want["argmax"]).all()
+    return st
+
+
+def check_mtp_vs_ir(eng, graphs, w, ids):
+    """Compiled `mtp_rows` (teacher-forced, random h_prev) then one `mtp_draft` step, against the interpreter."""
+    from nextn.compiler.ir import interpret
+
+    T = len(ids)
+    h_prev = np.random.default_rng(0).standard_normal((T, eng.hparams["n_embd"])).astype(np.float32)
+    st = zero_states(graphs["mtp_rows"], eng.n_ctx)
+    want = interpret.run(graphs["mtp_rows"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32), "h_prev": h_prev,
+                                              "out_ids": np.array([T - 1], np.int32)}, w, st, n_kv=T)
+    got = eng.mtp_rows(ids, h_prev, 0)
+    assert rel_err(got, want["h_nextn"]) < 1e-5
+    want = interpret.run(graphs["mtp_draft"], {"tokens": ids[:1], "pos": np.array([T], np.int32),
+                                               "h_prev": got[-1:]}, w, st, n_kv=T + 1)
+    h, lg, am = eng.mtp_draft(ids[:1], got[-1:], T)
+    assert rel_err(h, want["h_nextn"]) < 1e-5
+    assert rel_err(lg.numpy(), want["logits"]) < 1e-5 and am[0] == want["argmax"][0]
+
+
+def check_greedy_and_speculative(model, p: dict) -> None:
+    """Reference prompt `p`: greedy continuation equals the reference, and draft-mtp at n_max 1..3 emits the
+    same tokens with the reference's acceptance counts."""
+    plain = model.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True)
+    assert plain.ids == p["greedy_ids"]
+    assert plain.text == p["greedy_text"]
+    assert plain.stats.rounds == 0
+    for n_max in (1, 2, 3):
+        r = model.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=n_max, ignore_eos=True)
+        want = p["spec"][str(n_max)]
+        assert r.ids == plain.ids, f"n_max={n_max}: speculative output differs from plain decoding"
+        assert (r.stats.rounds, r.stats.drafted, r.stats.accepted) == (want["steps"], want["drafted"], want["accepted"])
+        assert r.stats.mean_len == pytest.approx(want["mean_len"])
+        assert r.stats.per_pos == pytest.approx(want["per_pos"])
+        assert r.stats.acceptance == pytest.approx(want["rate"])
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     os.environ["NEXTN_CACHE"] = str(tmp_path_factory.mktemp("nextn-cache"))

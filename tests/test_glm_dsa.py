@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, reference, reference_logits, rel_err
+from conftest import FIXTURES, check_greedy_and_speculative, dequantized, reference, reference_logits, rel_err, zero_states
 
 import nextn.runtime as rt
 from nextn.compiler.ir import Graph, interpret
@@ -43,14 +43,7 @@ def dsa_dense(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bf16_files():
     mf = ModelFiles(D / "tiny-glm-dsa-BF16.gguf", load_mtp=True)
-    cache = {}
-
-    def w(name):
-        if name not in cache:
-            cache[name] = mf.load(name, quantized=False).arrays[0]
-        return cache[name]
-
-    return mf, w
+    return mf, dequantized(mf)
 
 
 # -- loader ---------------------------------------------------------------------------------------
@@ -228,14 +221,7 @@ def test_greedy_and_speculative(dsa, kind):
     p = PROMPTS[kind]
     _h, last, am = dsa.engine.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
     assert rel_err(last, reference_logits(D)[f"{kind}/last_logits"]) < 1e-4 and am == p["last_logits_argmax"]
-    plain = dsa.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True)
-    assert plain.ids == p["greedy_ids"] and plain.text == p["greedy_text"]
-    for n_max in (1, 2, 3):
-        r = dsa.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=n_max, ignore_eos=True)
-        want = p["spec"][str(n_max)]
-        assert r.ids == plain.ids, f"n_max={n_max}: speculative output differs from plain decoding"
-        assert (r.stats.rounds, r.stats.drafted, r.stats.accepted) == (want["steps"], want["drafted"], want["accepted"])
-        assert r.stats.per_pos == pytest.approx(want["per_pos"])
+    check_greedy_and_speculative(dsa, p)
 
 
 def test_long_context_sparse(dsa):
@@ -320,16 +306,10 @@ def test_q8_0_compiled_vs_ir(compiled):
     m = rt.load(compiled("dsa-q8", D / "tiny-glm-dsa-Q8_0.gguf"), ctx_size=512)
     mf = ModelFiles(D / "tiny-glm-dsa-Q8_0.gguf", load_mtp=True)
     graphs = build_graphs(mf, with_mtp=True)
-    w = {}
-
-    def weights(name):
-        if name not in w:
-            w[name] = mf.load(name, quantized=False).arrays[0]
-        return w[name]
-
+    weights = dequantized(mf)
     ids = np.asarray(PROMPTS["code-short"]["prompt_ids"], np.int32)
     T = len(ids)
-    st = {n: np.zeros((m.engine.n_ctx, *s.shape[1:]), np.float32) for g in graphs.values() for n, s in g.states.items()}
+    st = zero_states(graphs.values(), m.engine.n_ctx)
     want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
                                              "out_ids": np.array([T - 1], np.int32)}, weights, st, n_kv=T)
     h, last, am = m.engine.prefill(ids, 0)

@@ -10,11 +10,10 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, G4, reference, reference_logits, rel_err
+from conftest import FIXTURES, G4, check_mtp_vs_ir, check_trunk_vs_ir, dequantized, reference, reference_logits
 
 import nextn.runtime as rt
 from nextn.compiler.compile import build_graphs
-from nextn.compiler.ir import interpret
 from nextn.compiler.loader.model_files import ModelFiles
 
 Q4KM = G4 / "tiny-glm4moe-Q4_K_M.gguf"
@@ -40,14 +39,7 @@ def arch_model(request, compiled):
 @pytest.fixture(scope="module")
 def setup(q4km_model):
     mf = ModelFiles(Q4KM, load_mtp=True)
-    cache = {}
-
-    def weights(name):
-        if name not in cache:
-            cache[name] = mf.load(name, quantized=False).arrays[0]
-        return cache[name]
-
-    return q4km_model.engine, build_graphs(mf, with_mtp=True), weights
+    return q4km_model.engine, build_graphs(mf, with_mtp=True), dequantized(mf)
 
 
 def test_fixture_mixes_types(q4km_model):
@@ -69,37 +61,12 @@ def test_weights_stay_quantized(arch_model):
 
 def test_trunk_against_interpreter(setup):
     eng, graphs, w = setup
-    ids = np.asarray(PROMPTS["code-short"], np.int32)
-    T = len(ids)
-    st = {n: np.zeros((eng.n_ctx, *s.shape[1:]), np.float32) for n, s in graphs["prefill"].states.items()}
-    want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
-                                             "out_ids": np.array([T - 1], np.int32)}, w, st, n_kv=T)
-    h, last, am = eng.prefill(ids, 0)
-    assert rel_err(h, want["hidden"]) < 1e-5
-    assert rel_err(last, want["logits"][0]) < 1e-5 and am == want["argmax"][0]
-    rows = np.array([am, 17, 99, 5], np.int32)      # a verify pass of k+1 = 4 rows continuing the KV
-    want = interpret.run(graphs["verify"], {"tokens": rows, "pos": np.arange(T, T + 4, dtype=np.int32)}, w, st,
-                         n_kv=T + 4)
-    _h, lg, am4 = eng.verify(rows, T)
-    assert rel_err(lg.numpy(), want["logits"]) < 1e-5
-    assert (am4 == want["argmax"]).all()
+    check_trunk_vs_ir(eng, graphs, w, np.asarray(PROMPTS["code-short"], np.int32), rows=4)   # verify of k+1 = 4 rows
 
 
 def test_mtp_against_interpreter(setup):
     eng, graphs, w = setup
-    ids = np.asarray(PROMPTS["code-short"], np.int32)
-    T = len(ids)
-    h_prev = np.random.default_rng(0).standard_normal((T, 256)).astype(np.float32)
-    st = {n: np.zeros((eng.n_ctx, *s.shape[1:]), np.float32) for n, s in graphs["mtp_rows"].states.items()}
-    want = interpret.run(graphs["mtp_rows"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32), "h_prev": h_prev,
-                                              "out_ids": np.array([T - 1], np.int32)}, w, st, n_kv=T)
-    got = eng.mtp_rows(ids, h_prev, 0)
-    assert rel_err(got, want["h_nextn"]) < 1e-5
-    want = interpret.run(graphs["mtp_draft"], {"tokens": ids[:1], "pos": np.array([T], np.int32),
-                                               "h_prev": got[-1:]}, w, st, n_kv=T + 1)
-    h, lg, am = eng.mtp_draft(ids[:1], got[-1:], T)
-    assert rel_err(h, want["h_nextn"]) < 1e-5
-    assert rel_err(lg.numpy(), want["logits"]) < 1e-5 and am[0] == want["argmax"][0]
+    check_mtp_vs_ir(eng, graphs, w, np.asarray(PROMPTS["code-short"], np.int32))
 
 
 def test_close_to_bf16_reference(arch_model):

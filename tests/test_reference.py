@@ -6,7 +6,7 @@ Expected values are read from ../shared/fixtures/tiny-glm4moe/reference*.{json,n
 import numpy as np
 import pytest
 
-from conftest import reference, reference_logits, rel_err
+from conftest import check_greedy_and_speculative, reference, reference_logits, rel_err
 
 REF = reference()
 PROMPTS = {p["kind"]: p for p in REF["prompts"]}
@@ -41,16 +41,4 @@ def test_last_logits(bf16_model, kind):
 @pytest.mark.parametrize("kind", sorted(PROMPTS))
 def test_greedy_and_speculative(bf16_model, kind):
     """Greedy continuation equals the reference; spec on ≡ spec off for n_max 1..3; acceptance counts equal."""
-    p = PROMPTS[kind]
-    plain = bf16_model.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True)
-    assert plain.ids == p["greedy_ids"]
-    assert plain.text == p["greedy_text"]
-    assert plain.stats.rounds == 0
-    for n_max in (1, 2, 3):
-        r = bf16_model.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=n_max, ignore_eos=True)
-        want = p["spec"][str(n_max)]
-        assert r.ids == plain.ids, f"n_max={n_max}: speculative output differs from plain decoding"
-        assert (r.stats.rounds, r.stats.drafted, r.stats.accepted) == (want["steps"], want["drafted"], want["accepted"])
-        assert r.stats.mean_len == pytest.approx(want["mean_len"])
-        assert r.stats.per_pos == pytest.approx(want["per_pos"])
-        assert r.stats.acceptance == pytest.approx(want["rate"])
+    check_greedy_and_speculative(bf16_model, PROMPTS[kind])

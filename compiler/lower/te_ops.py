@@ -145,14 +145,21 @@ def flash_attn_ext(q, k, v, pos, n_kv, scale_):
     s = te.compute((T, H, n_kv), lambda t, h, c: te.sum(q[t, h, d] * k[c, h // g, d], axis=d), name="attn_qk")
     sm = te.compute((T, H, n_kv), lambda t, h, c: tirx.if_then_else(
         c <= pos[t].astype("int64"), s[t, h, c] * tirx.const(scale_, F32), neg), name="attn_masked")
+    return _softmax_pv(sm, lambda c, h, j: v[c, h // g, j], Dv, "attn")
+
+
+def _softmax_pv(sm, v_at, n_v, prefix: str):
+    """softmax over the cells of masked scores sm [T, H, L] (masked cells -inf), then the weighted sum of V:
+    out[t, h, j] = sum_c p[t, h, c] * v_at(c, h, j) (f32; normalised after the sum, as ggml's soft_max + mul_mat)."""
+    T, H, n_kv = sm.shape
     c1 = te.reduce_axis((0, n_kv), name="c1")
-    m = te.compute((T, H), lambda t, h: te.max(sm[t, h, c1], axis=c1), name="attn_max")
-    e = te.compute((T, H, n_kv), lambda t, h, c: te.exp(sm[t, h, c] - m[t, h]), name="attn_exp")
+    m = te.compute((T, H), lambda t, h: te.max(sm[t, h, c1], axis=c1), name=f"{prefix}_max")
+    e = te.compute((T, H, n_kv), lambda t, h, c: te.exp(sm[t, h, c] - m[t, h]), name=f"{prefix}_exp")
     c2 = te.reduce_axis((0, n_kv), name="c2")
-    z = te.compute((T, H), lambda t, h: te.sum(e[t, h, c2], axis=c2), name="attn_sum")
+    z = te.compute((T, H), lambda t, h: te.sum(e[t, h, c2], axis=c2), name=f"{prefix}_sum")
     c3 = te.reduce_axis((0, n_kv), name="c3")
-    o = te.compute((T, H, Dv), lambda t, h, j: te.sum(e[t, h, c3] * v[c3, h // g, j], axis=c3), name="attn_pv")
-    return te.compute((T, H, Dv), lambda t, h, j: o[t, h, j] / z[t, h], name="attn_out")
+    o = te.compute((T, H, n_v), lambda t, h, j: te.sum(e[t, h, c3] * v_at(c3, h, j), axis=c3), name=f"{prefix}_pv")
+    return te.compute((T, H, n_v), lambda t, h, j: o[t, h, j] / z[t, h], name=f"{prefix}_out")
 
 
 def sigmoid(x):
@@ -223,14 +230,7 @@ def flash_attn_ext_mla(q, kv, pos, *rest):
         return tirx.if_then_else(c <= pos[t].astype("int64"), v, neg)
 
     sm = te.compute((T_, H, n_kv), masked, name="mla_masked")
-    c1 = te.reduce_axis((0, n_kv), name="c1")
-    m = te.compute((T_, H), lambda t, h: te.max(sm[t, h, c1], axis=c1), name="mla_max")
-    e = te.compute((T_, H, n_kv), lambda t, h, c: te.exp(sm[t, h, c] - m[t, h]), name="mla_exp")
-    c2 = te.reduce_axis((0, n_kv), name="c2")
-    z = te.compute((T_, H), lambda t, h: te.sum(e[t, h, c2], axis=c2), name="mla_sum")
-    c3 = te.reduce_axis((0, n_kv), name="c3")
-    o = te.compute((T_, H, n_v), lambda t, h, j: te.sum(e[t, h, c3] * kv[c3, 0, j], axis=c3), name="mla_pv")
-    return te.compute((T_, H, n_v), lambda t, h, j: o[t, h, j] / z[t, h], name="mla_out")
+    return _softmax_pv(sm, lambda c, h, j: kv[c, 0, j], n_v, "mla")
 
 
 def lightning_indexer(q, k, w, pos, n_kv):

@@ -17,9 +17,10 @@ import os
 
 from nextn.runtime.artifact import sha256_file
 from nextn.runtime.errors import NextnError
+from nextn.runtime.measure import arg_specs
 
 from . import log as tlog
-from .workloads import extract, fused_module, target_key
+from .workloads import select, target_key
 
 CANDIDATES = "candidates.json"
 RESULTS = "results.json"
@@ -28,23 +29,16 @@ RESULTS = "results.json"
 def gen(model: str, out_dir: str, target: str = "cuda", arches=None, trials: int = 16, max_kernels: int | None = None,
         only: str | None = None, draft: str | None = None, seed: int = 0, log=print) -> dict:
     """Sample `trials` schedule candidates per workload and build each into out_dir (no device needed)."""
-    import re
-
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
     from nextn.compiler.compile import make_target
     from nextn.schedules import schedule_pass
 
-    from .run import _to_py, _work
+    from .run import _to_py
 
     tgt = make_target(target, arches)
-    wls = extract(fused_module(model, tgt, draft))
-    wls.sort(key=lambda w: -_work(w.func))
-    if only:
-        wls = [w for w in wls if re.search(only, w.name)]
-    if max_kernels is not None:
-        wls = wls[:max_kernels]
+    wls = select(model, tgt, draft, only, max_kernels)
     os.makedirs(out_dir, exist_ok=True)
     scope = _build_scope(target, arches)
     ms_target = tgt if target != "llvm" else tvm.target.Target(
@@ -80,7 +74,7 @@ def gen(model: str, out_dir: str, target: str = "cuda", arches=None, trials: int
                     continue
                 entry["candidates"].append({**so, "trace": _to_py(c.sch.trace.as_json()),
                                             "args_info": [_to_py(a.as_json()) for a in c.args_info]})
-        entry["args"] = [{"shape": [int(d) for d in p.shape], "dtype": str(p.dtype)} for p in w.func.params]
+        entry["args"] = arg_specs(w.func)
         book["workloads"].append(entry)
         log(f"  {w.name}: {len(entry['candidates'])} candidate(s) built")
     with open(os.path.join(out_dir, CANDIDATES), "w") as f:

@@ -13,7 +13,7 @@ import tempfile
 from nextn.runtime.errors import NextnError
 
 from . import log as tlog
-from .workloads import extract, fused_module, target_key
+from .workloads import select, target_key
 
 
 def _to_py(o):
@@ -35,25 +35,15 @@ def _to_py(o):
 
 
 def _time_func(func, target, number: int = 50) -> float:
-    """Seconds per call of `func` on random inputs (CPU)."""
-    import numpy as np
+    """Seconds per call of `func` on random inputs (CPU), timed as `nextn tuning measure` times candidates."""
     import tvm
+
+    from nextn.runtime.measure import arg_specs, random_args, time_main
 
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     with target:
         ex = tvm.compile(mod, target=target)
-    args = []
-    rng = np.random.default_rng(0)
-    for p in func.params:
-        shape = [int(d) for d in p.shape]
-        dt = str(p.dtype)
-        if dt.startswith("int"):
-            a = rng.integers(0, 2, size=shape).astype(dt)
-        else:
-            a = (rng.standard_normal(shape) * 0.1).astype(dt)
-        args.append(tvm.runtime.tensor(a, tvm.cpu()))
-    fe = ex.mod.time_evaluator("main", tvm.cpu(), number=number, repeat=3)
-    return float(min(fe(*args).results))
+    return time_main(ex.mod, random_args(arg_specs(func), tvm.cpu()), tvm.cpu(), number)
 
 
 def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32, max_kernels: int | None = None,
@@ -65,18 +55,16 @@ def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32,
     default is faster (for experiments; compile then uses it). `search`: "knobs" searches nextn's own CPU
     schedule family (lane count, output tile: schedules/cpu.py `schedule_space`); "generic" uses
     meta_schedule's default design space (post-order-apply + evolutionary search)."""
-    import re
-
     import base64
+    import logging
 
     import tvm
     from tvm.s_tir import meta_schedule as ms
     from tvm.target import Target
 
     from nextn.compiler.compile import make_target
+    from nextn.runtime.measure import cpu_name
     from nextn.schedules import schedule_pass
-
-    import logging
 
     # meta_schedule logs every search iteration at INFO; its per-task logs still go to files under the work dir
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
@@ -89,14 +77,7 @@ def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32,
     path = os.path.join(out_dir, tlog.LOG_FILE)
     book = tlog.read(path) if os.path.exists(path) else tlog.empty_log()
     have, _others = tlog.for_target(book, key)
-    mod = fused_module(model, tgt, draft)
-    wls = extract(mod)
-    # heaviest first: the kernels with the most multiply-adds matter most
-    wls.sort(key=lambda w: -_work(w.func))
-    if only:
-        wls = [w for w in wls if re.search(only, w.name)]
-    if max_kernels is not None:
-        wls = wls[:max_kernels]
+    wls = select(model, tgt, draft, only, max_kernels)
     todo = [w for w in wls if w.hash not in have]
     log(f"{len(wls)} distinct kernels, {len(wls) - len(todo)} already in {path}, tuning {len(todo)} "
         f"with {trials} trials each on {key}")
@@ -141,7 +122,7 @@ def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32,
         book["records"].append({
             "workload_hash": w.hash, "name": w.name,
             "workload": base64.b64encode(tvm.ir.save_json(wmod).encode()).decode(),
-            "target": {"key": key, "kind": "llvm", "mcpu": str(tgt.attrs["mcpu"]), "device_name": _cpu_name(),
+            "target": {"key": key, "kind": "llvm", "mcpu": str(tgt.attrs["mcpu"]), "device_name": cpu_name(),
                        "json": str(ms_target)},
             "trace": trace, "args_info": args_info, "run_secs": [t_tuned],
         })
@@ -154,26 +135,3 @@ def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32,
             kept = "kept" if tt < td or keep_slower else "default kept"
             log(f"  {name}: default {td * 1e6:.1f} us, tuned {tt * 1e6:.1f} us ({kept})")
     return book
-
-
-def _work(func) -> int:
-    n = 1
-    for p in func.params:
-        s = 1
-        for d in p.shape:
-            s *= int(d)
-        n = max(n, s)
-    return n
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()

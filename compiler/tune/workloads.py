@@ -85,3 +85,24 @@ def extract(mod) -> list[Workload]:
             else:
                 out[h] = Workload(h, callee, f.without_attr("global_symbol"), [ep])
     return list(out.values())
+
+
+def _size(func) -> int:
+    """Elements of the largest buffer: the weight for a matmul, a proxy for the kernel's work."""
+    n = 1
+    for p in func.params:
+        s = 1
+        for d in p.shape:
+            s *= int(d)
+        n = max(n, s)
+    return n
+
+
+def select(model: str, target, draft: str | None = None, only: str | None = None,
+           max_kernels: int | None = None) -> list[Workload]:
+    """The model's tunable workloads for `target`, heaviest first, filtered by the name regex `only` and
+    cut to the `max_kernels` heaviest."""
+    wls = sorted(extract(fused_module(model, target, draft)), key=lambda w: -_size(w.func))
+    if only:
+        wls = [w for w in wls if re.search(only, w.name)]
+    return wls if max_kernels is None else wls[:max_kernels]

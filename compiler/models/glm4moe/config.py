@@ -152,6 +152,13 @@ def block_tensors(c: Glm4MoeConfig, il: int, moe: bool) -> dict[str, tuple[int, 
         t |= {p + "attn_q.bias": (c.n_head * hd,), p + "attn_k.bias": (c.n_head_kv * hd,), p + "attn_v.bias": (c.n_head_kv * hd,)}
     if c.qk_norm:
         t |= {p + "attn_q_norm.weight": (hd,), p + "attn_k_norm.weight": (hd,)}
+    return t | ffn_tensors(c, il, moe)
+
+
+def ffn_tensors(c, il: int, moe: bool) -> dict[str, tuple[int, ...]]:
+    """One block's dense or MoE + shared-expert FFN tensors (shared by the GLM archs; `c` needs n_embd, n_ff,
+    n_expert, n_ff_exp, n_expert_shared)."""
+    E, p, t = c.n_embd, f"blk.{il}.", {}
     if not moe:
         t |= {p + "ffn_gate.weight": (c.n_ff, E), p + "ffn_up.weight": (c.n_ff, E), p + "ffn_down.weight": (E, c.n_ff)}
     else:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from types import SimpleNamespace
 
 from nextn.runtime.errors import NextnError
 
@@ -139,14 +138,6 @@ def config_from_gguf(f) -> GlmDsaConfig:
     )
 
 
-def _ffn_tensors(c: GlmDsaConfig, il: int, moe: bool) -> dict[str, tuple[int, ...]]:
-    """Dense / MoE + shared-expert FFN tensors: glm4moe's table (same names and shapes), attention rows dropped."""
-    shim = SimpleNamespace(n_embd=c.n_embd, head_dim=1, n_head=1, n_head_kv=1, qkv_bias=False, qk_norm=False,
-                           n_ff=c.n_ff, n_expert=c.n_expert, n_ff_exp=c.n_ff_exp, n_expert_shared=c.n_expert_shared)
-    t = g4.block_tensors(shim, il, moe)
-    return {k: v for k, v in t.items() if ".ffn_" in k or ".exp_probs_b." in k}
-
-
 def attention_tensors(c: GlmDsaConfig, il: int, indexer: bool) -> dict[str, tuple[int, ...]]:
     """Row-major shapes of one block's MLA (+ DSA indexer) tensors (§3.2)."""
     p, E, H = f"blk.{il}.", c.n_embd, c.n_head
@@ -177,7 +168,7 @@ def trunk_tensors(c: GlmDsaConfig) -> dict[str, tuple[int, ...]]:
     t = {"token_embd.weight": (c.n_vocab, c.n_embd), "output_norm.weight": (c.n_embd,)}
     for il in range(c.n_layer):
         t |= attention_tensors(c, il, indexer=bool(c.idx_full[il]))
-        t |= _ffn_tensors(c, il, moe=il >= c.n_lead_dense)
+        t |= g4.ffn_tensors(c, il, moe=il >= c.n_lead_dense)
     return t
 
 
@@ -190,6 +181,6 @@ def nextn_tensors(c: GlmDsaConfig) -> dict[str, tuple[int, ...]]:
     tensors are optional here (needed only without --mtp-dense-attention; the graph builder asks for them)."""
     il = nextn_index(c)
     p = f"blk.{il}.nextn."
-    t = attention_tensors(c, il, indexer=False) | _ffn_tensors(c, il, moe=True)
+    t = attention_tensors(c, il, indexer=False) | g4.ffn_tensors(c, il, moe=True)
     t |= {p + "eh_proj.weight": (c.n_embd, 2 * c.n_embd), p + "enorm.weight": (c.n_embd,), p + "hnorm.weight": (c.n_embd,)}
     return t
