@@ -1,4 +1,5 @@
-"""Make broken copies of a fixture GGUF by patching bytes of its header (same length, so offsets hold)."""
+"""Make modified copies of a fixture GGUF: broken ones by patching bytes of its header (same length, so offsets
+hold), and ones with added or changed metadata keys through gguf-py's writer (`with_metadata`)."""
 from __future__ import annotations
 
 import struct
@@ -48,4 +49,21 @@ def set_first_dim(src: Path, dst: Path, tensor: bytes, ne0: int) -> Path:
 def truncate(src: Path, dst: Path, fraction: float) -> Path:
     data = src.read_bytes()
     dst.write_bytes(data[: int(len(data) * fraction)])
+    return dst
+
+
+def with_metadata(src: Path, dst: Path, values: dict) -> Path:
+    """Copy `src` to `dst` with metadata `values` ({key: python value}: str, float or int) added or replaced;
+    tensors are copied unchanged (gguf-py's gguf_new_metadata)."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    kinds = {str: gguf.GGUFValueType.STRING, float: gguf.GGUFValueType.FLOAT32, int: gguf.GGUFValueType.UINT32}
+    reader = gguf.GGUFReader(src)
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    writer = gguf.GGUFWriter(dst, arch=arch, endianess=reader.endianess)
+    align = reader.get_field(gguf.Keys.General.ALIGNMENT)
+    if align is not None:
+        writer.data_alignment = align.contents()
+    copy_with_new_metadata(reader, writer, {k: MetadataDetails(kinds[type(v)], v) for k, v in values.items()}, [])
     return dst

@@ -10,7 +10,9 @@ import math
 import numpy as np
 import pytest
 
+from badgguf import with_metadata
 from conftest import FIXTURES, check_greedy_and_speculative, dequantized, reference, reference_logits, rel_err, zero_states
+from test_rope import naive_rope
 
 import nextn.runtime as rt
 from nextn.compiler.ir import Graph, interpret
@@ -85,14 +87,10 @@ def _rms(x, w, eps):
     return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + np.float32(eps)) * w
 
 
-def _rope_pairs(x, pos, base):
-    """Rotate adjacent pairs (2i, 2i+1) of the last axis by pos * base^(-2i/d), as complex numbers."""
-    d = x.shape[-1]
-    ang = pos[:, None].astype(np.float64) * base ** (-np.arange(0, d, 2) / d)
-    z = (x[..., 0::2] + 1j * x[..., 1::2]) * np.exp(1j * ang).reshape(ang.shape[0], *([1] * (x.ndim - 2)), -1)
-    out = np.empty_like(x)
-    out[..., 0::2], out[..., 1::2] = z.real, z.imag
-    return out
+def _rope_pairs(x, pos, c):
+    """NORM rope (adjacent pairs) over the whole last axis of x [T, d] or [T, H, d], with c's rope scaling."""
+    x3 = x if x.ndim == 3 else x[:, None, :]
+    return naive_rope(x3, pos, x.shape[-1], "norm", **c.rope_args()).reshape(x.shape)
 
 
 def _naive_attention(c, w, il, x, top_k):
@@ -103,20 +101,20 @@ def _naive_attention(c, w, il, x, top_k):
     h = _rms(x, w(p + "attn_norm.weight"), c.rms_eps)
     qr = _rms(h @ w(p + "attn_q_a.weight").T, w(p + "attn_q_a_norm.weight"), c.rms_eps)
     q = (qr @ w(p + "attn_q_b.weight").T).reshape(T, H, c.hd_k)
-    q_nope, q_pe = q[..., :c.nope], _rope_pairs(q[..., c.nope:], pos, c.rope_freq_base)
+    q_nope, q_pe = q[..., :c.nope], _rope_pairs(q[..., c.nope:], pos, c)
     kv = h @ w(p + "attn_kv_a_mqa.weight").T
     ckv = _rms(kv[:, :c.kv_lora], w(p + "attn_kv_a_norm.weight"), c.rms_eps)
-    k_pe = _rope_pairs(kv[:, c.kv_lora:], pos, c.rope_freq_base)
+    k_pe = _rope_pairs(kv[:, c.kv_lora:], pos, c)
     k_nope = np.einsum("hnr,sr->shn", w(p + "attn_k_b.weight").transpose(0, 2, 1), ckv)   # [T, H, nope]
     v = np.einsum("hvr,sr->shv", w(p + "attn_v_b.weight"), ckv)                          # [T, H, hd_v]
     # indexer
     ip = p + "indexer."
     iq = (qr @ w(ip + "attn_q_b.weight").T).reshape(T, c.idx_heads, c.idx_hd)
-    iq = np.concatenate([_rope_pairs(iq[..., :c.n_rot], pos, c.rope_freq_base), iq[..., c.n_rot:]], -1)
+    iq = np.concatenate([_rope_pairs(iq[..., :c.n_rot], pos, c), iq[..., c.n_rot:]], -1)
     ik = h @ w(ip + "attn_k.weight").T
     ik = (ik - ik.mean(-1, keepdims=True)) / np.sqrt(ik.var(-1, keepdims=True) + 1e-6) * w(ip + "k_norm.weight") \
         + w(ip + "k_norm.bias")
-    ik = np.concatenate([_rope_pairs(ik[:, :c.n_rot], pos, c.rope_freq_base), ik[:, c.n_rot:]], -1)
+    ik = np.concatenate([_rope_pairs(ik[:, :c.n_rot], pos, c), ik[:, c.n_rot:]], -1)
     wts = h @ w(ip + "proj.weight").T / np.sqrt(c.idx_hd * c.idx_heads)
     score = np.einsum("th,ths->ts", wts, np.maximum(np.einsum("thd,sd->ths", iq, ik), 0))
     causal = pos[None, :] <= pos[:, None]
@@ -158,6 +156,58 @@ def test_absorbed_mla_equals_naive_expanded(bf16_files, top_k):
     assert rel_err(got, want) < 1e-5
     if top_k < x.shape[0]:   # the selection matters here: dense attention is measurably different
         assert rel_err(_ir_attention(c, w, 1, x, dense=True), want) > 1e-3
+
+
+# YaRN x4 over 1024 original positions: the ramp spans pairs 1..6 of the fixture's 16 rope pairs (base 1e6)
+YARN = {"glm-dsa.rope.scaling.type": "yarn", "glm-dsa.rope.scaling.factor": 4.0,
+        "glm-dsa.rope.scaling.original_context_length": 1024}
+YARN_MSCALE = 1.0 + 0.1 * math.log(4.0)          # §4.2 attn_factor_org with attn_factor 1, factor 4
+
+
+def _yarn(c):
+    return dsa_config.GlmDsaConfig(**{**c.to_json(), "rope_scaling": "yarn", "rope_freq_scale": 0.25,
+                                      "rope_ext_factor": 1.0, "rope_n_ctx_orig": 1024,
+                                      "kq_scale": YARN_MSCALE ** 2 / math.sqrt(c.hd_k)})
+
+
+def test_absorbed_mla_yarn_equals_naive(bf16_files):
+    """YaRN rope on q_pe / k_pe and the indexer, mscale^2 in the kq scale: IR absorbed MLA = naive expanded path."""
+    mf, w = bf16_files
+    c = _yarn(dsa_config.GlmDsaConfig(**{**mf.config.to_json(), "idx_top_k": 7}))
+    x = w("token_embd.weight")[np.asarray(PROMPTS["code-short"]["prompt_ids"])]
+    want = _naive_attention(c, w, 1, x, 7)
+    assert rel_err(_ir_attention(c, w, 1, x), want) < 1e-5
+    plain = dsa_config.GlmDsaConfig(**{**mf.config.to_json(), "idx_top_k": 7})
+    assert rel_err(_ir_attention(plain, w, 1, x), want) > 1e-3      # the scaling is applied
+
+
+@pytest.fixture(scope="module")
+def yarn_q8(tmp_path_factory, compiled):
+    path = with_metadata(D / "tiny-glm-dsa-Q8_0.gguf", tmp_path_factory.mktemp("yarn") / "yarn-Q8_0.gguf", YARN)
+    return path, rt.load(compiled("dsa-q8-yarn", path), ctx_size=512)
+
+
+def test_yarn_gguf_config_and_compiled_vs_ir(yarn_q8):
+    """A GGUF with rope.scaling.* = yarn: the config follows llama.cpp (freq_scale 1/4, ext_factor 1, kq_scale
+    mscale^2/sqrt(hd_k)) and the compiled trunk and NextN equal the interpreter."""
+    path, m = yarn_q8
+    mf = ModelFiles(path, load_mtp=True)
+    c = mf.config
+    assert (c.rope_scaling, c.rope_freq_scale, c.rope_ext_factor, c.rope_attn_factor, c.rope_n_ctx_orig) == (
+        "yarn", 0.25, 1.0, 1.0, 1024)
+    assert c.kq_scale == pytest.approx(YARN_MSCALE ** 2 / math.sqrt(HF["qk_head_dim"]))
+    _check_compiled_vs_ir(m, path)
+
+
+def test_yarn_gguf_speculative_equals_plain(yarn_q8, compiled):
+    _path, m = yarn_q8
+    p = PROMPTS["docs-prose"]
+    plain = m.generate(p["prompt_ids"], 32, spec_type="none", ignore_eos=True)
+    unscaled = rt.load(compiled("dsa-q8", D / "tiny-glm-dsa-Q8_0.gguf"), ctx_size=512)
+    assert rel_err(m.logits(p["prompt_ids"]), unscaled.logits(p["prompt_ids"])) > 1e-3
+    for n_max in (1, 3):
+        r = m.generate(p["prompt_ids"], 32, spec_type="draft-mtp", n_max=n_max, ignore_eos=True)
+        assert r.ids == plain.ids and r.stats.drafted > 0
 
 
 def test_dense_equals_sparse_when_short(bf16_files):
@@ -298,13 +348,12 @@ def test_index_share_state(bf16_files):
     assert np.array_equal(got["h_nextn"], want["h"])
 
 
-def test_q8_0_compiled_vs_ir(compiled):
-    """Q8_0 bundle: kernels (in-kernel dequantization, incl. the per-head attn_k_b /
-    attn_v_b) vs the IR interpreter on gguf-py-dequantized weights, prefill then a NextN draft step."""
+def _check_compiled_vs_ir(m, path):
+    """Prefill then a NextN draft step of artifact `m` against the IR interpreter on the gguf-py-dequantized
+    weights of `path`."""
     from nextn.compiler.compile import build_graphs
 
-    m = rt.load(compiled("dsa-q8", D / "tiny-glm-dsa-Q8_0.gguf"), ctx_size=512)
-    mf = ModelFiles(D / "tiny-glm-dsa-Q8_0.gguf", load_mtp=True)
+    mf = ModelFiles(path, load_mtp=True)
     graphs = build_graphs(mf, with_mtp=True)
     weights = dequantized(mf)
     ids = np.asarray(PROMPTS["code-short"]["prompt_ids"], np.int32)
@@ -323,6 +372,13 @@ def test_q8_0_compiled_vs_ir(compiled):
     hd, lg, amd = m.engine.mtp_draft(ids[:1], h[-1:], T)
     assert rel_err(hd, want["h_nextn"]) < 1e-5 and rel_err(lg.numpy(), want["logits"]) < 1e-5
     assert amd[0] == want["argmax"][0]
+
+
+def test_q8_0_compiled_vs_ir(compiled):
+    """Q8_0 bundle: kernels (in-kernel dequantization, incl. the per-head attn_k_b /
+    attn_v_b) vs the IR interpreter on gguf-py-dequantized weights, prefill then a NextN draft step."""
+    path = D / "tiny-glm-dsa-Q8_0.gguf"
+    _check_compiled_vs_ir(rt.load(compiled("dsa-q8", path), ctx_size=512), path)
 
 
 def test_trunk_only_plus_mtp_only_pair_equals_bundle(compiled):

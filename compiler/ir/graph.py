@@ -11,8 +11,9 @@ Shapes are row-major (numpy order; ggml's `ne` reversed). A dimension is an int 
 - mul_mat(w[N,K], x[...,K]) -> [...,N]   (ggml_mul_mat(w, x) = x @ w.T; w may be quantized)
 - mul_mat_id(w[X,N,K], x[T,K] | x[T,k,K], ids[T,k]) -> [T,k,N]   (per-row expert matmul)
 - reshape(x, shape), view(x, axis, start, length), concat(a, b, axis)
-- rope_ext(x[T,H,D], pos[T], n_rot, mode, freq_base): mode "neox" rotates (i, i+n_rot/2), i < n_rot/2;
-  dims >= n_rot pass through; angle = pos * freq_base^(-2i/n_rot)
+- rope_ext(x[T,H,D], pos[T], n_rot, mode, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
+  n_ctx_orig): mode "neox" rotates (i, i+n_rot/2), "norm" (2i, 2i+1), i < n_rot/2; dims >= n_rot pass through;
+  angle = pos * freq_base^(-2i/n_rot) unless YaRN / linear scaling is set (ir/rope.py states those terms)
 - set_rows(cache[C,H,D], rows[T,H,D], pos[T]) -> cache with cache[pos[t]] = rows[t]  (in place: KV store)
 - flash_attn_ext(q[T,H,D], k[C,Hkv,D], v[C,Hkv,D], pos[T], scale) -> [T,H,D]; attends to cells
   s < L with s <= pos[t] (the causal KV mask), GQA head h reads kv head h // (H/Hkv); softmax in f32
@@ -163,8 +164,13 @@ class Graph:
         shape[axis] = a.shape[axis] + b.shape[axis]
         return self._op("concat", (a, b), shape, axis=axis)
 
-    def rope_ext(self, x, pos, n_rot: int, mode: str, freq_base: float):
-        return self._op("rope_ext", (x, pos), x.shape, n_rot=n_rot, mode=mode, freq_base=float(freq_base))
+    def rope_ext(self, x, pos, n_rot: int, mode: str, freq_base: float, freq_scale: float = 1.0,
+                 ext_factor: float = 0.0, attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
+                 n_ctx_orig: int = 0):
+        """ggml_rope_ext's parameters, in its order; see `rope.py` for the YaRN terms."""
+        return self._op("rope_ext", (x, pos), x.shape, n_rot=n_rot, mode=mode, freq_base=float(freq_base),
+                        freq_scale=float(freq_scale), ext_factor=float(ext_factor), attn_factor=float(attn_factor),
+                        beta_fast=float(beta_fast), beta_slow=float(beta_slow), n_ctx_orig=int(n_ctx_orig))
 
     def set_rows(self, cache, rows, pos):
         return self._op("set_rows", (cache, rows, pos), cache.shape)

@@ -7,32 +7,25 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import rope
 from .graph import Graph
 
 
-def _rope_neox(x, pos, n_rot, base):
+def _rope(x, pos, n_rot, mode, freq_base, **scaling):
+    """rope_ext (see .rope for the YaRN terms); angles in float64, rotation in float32."""
     half = n_rot // 2
-    inv = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
-    ang = pos.astype(np.float64)[:, None] * inv[None, :]          # [T, half]
-    cos = np.cos(ang).astype(np.float32)[:, None, :]
-    sin = np.sin(ang).astype(np.float32)[:, None, :]
+    ang = pos.astype(np.float64)[:, None] * rope.pair_freqs(n_rot, freq_base, **scaling)[None, :]   # [T, half]
+    m = rope.magnitude(**scaling)
+    cos = (np.cos(ang) * m).astype(np.float32)[:, None, :]
+    sin = (np.sin(ang) * m).astype(np.float32)[:, None, :]
     out = x.copy()
-    x0, x1 = x[..., :half], x[..., half:n_rot]
-    out[..., :half] = x0 * cos - x1 * sin
-    out[..., half:n_rot] = x0 * sin + x1 * cos
-    return out
-
-
-def _rope_norm(x, pos, n_rot, base):
-    half = n_rot // 2
-    inv = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
-    ang = pos.astype(np.float64)[:, None] * inv[None, :]
-    cos = np.cos(ang).astype(np.float32)[:, None, :]
-    sin = np.sin(ang).astype(np.float32)[:, None, :]
-    out = x.copy()
-    x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
-    out[..., 0:n_rot:2] = x0 * cos - x1 * sin
-    out[..., 1:n_rot:2] = x0 * sin + x1 * cos
+    if mode == "neox":   # pairs (i, i + n_rot/2)
+        lo, hi = slice(0, half), slice(half, n_rot)
+    else:                # "norm": adjacent pairs (2i, 2i+1)
+        lo, hi = slice(0, n_rot, 2), slice(1, n_rot, 2)
+    x0, x1 = x[..., lo], x[..., hi]
+    out[..., lo] = x0 * cos - x1 * sin
+    out[..., hi] = x0 * sin + x1 * cos
     return out
 
 
@@ -140,8 +133,7 @@ def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = No
         elif op == "concat":
             r = np.concatenate(a, axis=n.attrs["axis"])
         elif op == "rope_ext":
-            f = _rope_neox if n.attrs["mode"] == "neox" else _rope_norm
-            r = f(a[0], a[1], n.attrs["n_rot"], n.attrs["freq_base"])
+            r = _rope(a[0], a[1], **n.attrs)
         elif op == "set_rows":
             cache, rows, pos = a
             cache[pos] = rows

@@ -10,6 +10,8 @@ import math
 
 from tvm import te, tirx, topi
 
+from nextn.compiler.ir import rope
+
 F32 = "float32"
 
 
@@ -109,26 +111,42 @@ def concat(a, b, axis):
     return topi.concatenate([a, b], axis=axis)
 
 
-def rope_ext(x, pos, n_rot, mode, freq_base):
+def rope_ext(x, pos, n_rot, mode, freq_base, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0,
+             beta_slow=1.0, n_ctx_orig=0):
     half = n_rot // 2
     log_base = math.log(freq_base)
+    mscale = rope.magnitude(freq_scale, ext_factor, attn_factor)
+    if ext_factor != 0.0:
+        low, high = rope.corr_dims(n_rot, n_ctx_orig, freq_base, beta_fast, beta_slow)
 
     def angle(t, i):
-        inv = te.exp(tirx.const(-2.0 * log_base / n_rot, "float64") * i.astype("float64"))
+        f64 = i.astype("float64")
+        inv = te.exp(tirx.const(-2.0 * log_base / n_rot, "float64") * f64)
+        if ext_factor != 0.0:   # YaRN ramp between interpolated (freq_scale) and extrapolated frequencies
+            y = (f64 - tirx.const(low, "float64")) / tirx.const(max(0.001, high - low), "float64")
+            y = tirx.max(tirx.const(0.0, "float64"), tirx.min(tirx.const(1.0, "float64"), y))
+            mix = tirx.const(ext_factor, "float64") * (tirx.const(1.0, "float64") - y)
+            inv = inv * (tirx.const(freq_scale, "float64") * (tirx.const(1.0, "float64") - mix) + mix)
+        elif freq_scale != 1.0:
+            inv = inv * tirx.const(freq_scale, "float64")
         return pos[t].astype("float64") * inv
+
+    def cos_sin(a):
+        c, s = te.cos(a), te.sin(a)
+        if mscale != 1.0:
+            c, s = c * tirx.const(mscale, "float64"), s * tirx.const(mscale, "float64")
+        return c.astype(F32), s.astype(F32)
 
     if mode == "neox":
         def f(t, h, d):
             j = tirx.if_then_else(d < half, d, d - half)
-            a = angle(t, j)
-            c, s = te.cos(a).astype(F32), te.sin(a).astype(F32)
+            c, s = cos_sin(angle(t, j))
             lo = x[t, h, d] * c - x[t, h, d + half] * s
             hi = x[t, h, d - half] * s + x[t, h, d] * c
             return tirx.if_then_else(d < half, lo, tirx.if_then_else(d < n_rot, hi, x[t, h, d]))
     else:  # "norm": adjacent pairs (2i, 2i+1)
         def f(t, h, d):
-            a = angle(t, d // 2)
-            c, s = te.cos(a).astype(F32), te.sin(a).astype(F32)
+            c, s = cos_sin(angle(t, d // 2))
             even = x[t, h, d] * c - x[t, h, d + 1] * s
             odd = x[t, h, d - 1] * s + x[t, h, d] * c
             return tirx.if_then_else(d < n_rot, tirx.if_then_else(d % 2 == 0, even, odd), x[t, h, d])

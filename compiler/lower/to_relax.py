@@ -10,7 +10,7 @@ from __future__ import annotations
 from tvm import relax, tirx
 from tvm.script import tirx as T
 
-from nextn.compiler.ir import Graph
+from nextn.compiler.ir import Graph, rope
 
 from . import dsa_kernels, te_ops
 
@@ -132,7 +132,7 @@ def _emit(bb, n, args, sym, set_rows_gv):
         "scale": lambda: (at["s"],),
         "view": lambda: (at["axis"], at["start"], at["length"]),
         "concat": lambda: (at["axis"],),
-        "rope_ext": lambda: (at["n_rot"], at["mode"], at["freq_base"]),
+        "rope_ext": lambda: (at["n_rot"], at["mode"], *(at[k] for k in rope.PARAMS)),
         "flash_attn_ext": lambda: (at["scale"],),
         "clamp": lambda: (at["lo"], at["hi"]),
         "argsort_top_k": lambda: (at["k"],),

@@ -5,6 +5,7 @@ Keys and tensor names: glm-mtp-reference.md §2 and §3.1 (llama.cpp src/llama-m
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from nextn.runtime.errors import NextnError
@@ -12,8 +13,27 @@ from nextn.runtime.errors import NextnError
 ARCH = "glm4moe"
 
 
+@dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """Rope scaling fields shared by the GLM configs, as llama.cpp's context resolves them (`rope_keys`);
+    the defaults are plain rope. `rope_freq_base` is each config's own field."""
+    rope_scaling: str = "none"       # none | linear | yarn
+    rope_freq_scale: float = 1.0     # 1 / rope.scaling.factor
+    rope_ext_factor: float = 0.0     # 1 for YaRN
+    rope_attn_factor: float = 1.0    # the rope magnitude argument of ggml_rope_ext
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_n_ctx_orig: int = 0         # rope.scaling.original_context_length (YaRN's correction dims)
+
+    def rope_args(self) -> dict:
+        """Keyword arguments of Graph.rope_ext after (x, pos, n_rot, mode)."""
+        return dict(freq_base=self.rope_freq_base, freq_scale=self.rope_freq_scale, ext_factor=self.rope_ext_factor,
+                    attn_factor=self.rope_attn_factor, beta_fast=self.rope_beta_fast, beta_slow=self.rope_beta_slow,
+                    n_ctx_orig=self.rope_n_ctx_orig)
+
+
 @dataclass(frozen=True)
-class Glm4MoeConfig:
+class Glm4MoeConfig(RopeScaling):
     arch: str
     n_vocab: int
     n_embd: int
@@ -68,6 +88,43 @@ def layer_counts(f, a: str) -> tuple[int, int]:
     return n_all - n_nextn, n_nextn
 
 
+ROPE_SCALING_TYPES = ("none", "linear", "yarn")
+
+
+def rope_keys(f, a: str) -> dict:
+    """The rope keys of reference §2 resolved into ggml_rope_ext's parameters the way llama.cpp does for the GLM
+    archs (src/llama-model.cpp load_hparams, src/llama-context.cpp llama_context()), as config fields:
+
+    - `rope.scaling.type` (default "linear"; "none" forces freq_scale 1), `rope.scaling.factor` (or the old
+      `rope.scale_linear`): freq_scale = 1/factor;
+    - YaRN: ext_factor 1, beta_fast 32, beta_slow 1, n_ctx_orig = `rope.scaling.original_context_length`
+      (default `context_length`); the rope magnitude attn_factor = get_mscale(factor) / (1 + 0.1 ln factor),
+      which cancels the (1 + 0.1 ln factor) that ggml's rope_yarn multiplies back in;
+    - attn_factor *= `rope.scaling.attn_factor` (default 1).
+    `rope.scaling.yarn_log_multiplier` is not read for glm4moe / glm-dsa (reference §2), so get_mscale uses 1.
+    Raises NextnError for another scaling type (longrope, ...) or a factor <= 0.
+    """
+    typ = f.get(f"{a}.rope.scaling.type", "linear", kind=str) or "linear"
+    if typ not in ROPE_SCALING_TYPES:
+        raise NextnError(f"{f.path}: '{a}.rope.scaling.type' = '{typ}', expected one of {', '.join(ROPE_SCALING_TYPES)}")
+    key = f"{a}.rope.scaling.factor" if f.has(f"{a}.rope.scaling.factor") else f"{a}.rope.scale_linear"
+    factor = f.get(key, 0.0, kind=float)
+    if factor < 0.0 or (factor == 0.0 and f.has(key)):
+        raise NextnError(f"{f.path}: '{key}' = {factor}, expected a positive context scaling factor")
+    freq_scale = 1.0 if factor == 0.0 or typ == "none" else 1.0 / factor
+    ext_factor = 1.0 if typ == "yarn" else 0.0
+    attn_factor = 1.0
+    if ext_factor != 0.0:
+        s = 1.0 / freq_scale
+        attn_factor = (1.0 + 0.1 * math.log(s) if s > 1.0 else 1.0) / (1.0 + 0.1 * math.log(s))
+    attn_factor *= f.get(f"{a}.rope.scaling.attn_factor", 1.0, kind=float)
+    n_ctx_orig = f.get(f"{a}.rope.scaling.original_context_length", 0, kind=int) or f.get(f"{a}.context_length", kind=int)
+    if typ == "linear" and freq_scale == 1.0:
+        typ = "none"
+    return dict(rope_scaling=typ, rope_freq_scale=freq_scale, rope_ext_factor=ext_factor, rope_attn_factor=attn_factor,
+                rope_beta_fast=32.0, rope_beta_slow=1.0, rope_n_ctx_orig=n_ctx_orig)
+
+
 def moe_keys(f, a: str) -> dict:
     """The MoE / FFN keys shared by the GLM archs (reference §1.1, §2), as config fields."""
     gating = f.get(f"{a}.expert_gating_func", 2, kind=int)
@@ -106,8 +163,6 @@ def config_from_gguf(f) -> Glm4MoeConfig:
     sections = f.get(f"{a}.rope.dimension_sections", None)
     if isinstance(sections, list) and len(sections) >= 2 and sections[0] > 0 and sections[1] > 0:
         raise NextnError(f"{f.path}: '{a}.rope.dimension_sections' selects M-RoPE (GLM-4.xV), which nextn does not support")
-    if f.get(f"{a}.rope.scaling.type", "none", kind=str) not in ("none", ""):
-        raise NextnError(f"{f.path}: '{a}.rope.scaling.type' is set; rope scaling is not supported for glm4moe yet")
     n_vocab = None
     if f.has("token_embd.weight"):
         n_vocab = f.tensor_shape("token_embd.weight")[0]
@@ -133,6 +188,7 @@ def config_from_gguf(f) -> Glm4MoeConfig:
         n_ctx_train=f.get(f"{a}.context_length", kind=int),
         qk_norm=f.has_tensor("blk.0.attn_q_norm.weight") or f.has_tensor(f"blk.{n_all - n_nextn}.attn_q_norm.weight"),
         qkv_bias=f.has_tensor("blk.0.attn_q.bias") or f.has_tensor(f"blk.{n_all - n_nextn}.attn_q.bias"),
+        **rope_keys(f, a),
     )
 
 

@@ -34,8 +34,8 @@ def attention(g: Graph, c: Glm4MoeConfig, il: int, x, pos, kc, vc):
     if c.qk_norm:
         q = _norm(g, q, p + "attn_q_norm.weight", c.rms_eps)
         k = _norm(g, k, p + "attn_k_norm.weight", c.rms_eps)
-    q = g.rope_ext(q, pos, c.n_rot, "neox", c.rope_freq_base)
-    k = g.rope_ext(k, pos, c.n_rot, "neox", c.rope_freq_base)
+    q = g.rope_ext(q, pos, c.n_rot, "neox", **c.rope_args())
+    k = g.rope_ext(k, pos, c.n_rot, "neox", **c.rope_args())
     kc = g.set_rows(kc, k, pos)
     vc = g.set_rows(vc, v, pos)
     o = g.flash_attn_ext(q, kc, vc, pos, 1.0 / math.sqrt(hd))

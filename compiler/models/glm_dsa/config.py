@@ -19,7 +19,7 @@ INDEXER_K_NORM_EPS = 1e-6   # the model's LayerNorm eps (transformers GlmMoeDsaI
 
 
 @dataclass(frozen=True)
-class GlmDsaConfig:
+class GlmDsaConfig(g4.RopeScaling):
     arch: str
     n_vocab: int
     n_embd: int
@@ -69,6 +69,7 @@ class GlmDsaConfig:
 def mla_kq_scale(hd_k: int, freq_scale: float = 1.0, attn_factor: float = 1.0, yarn_log_mul: float = 0.0) -> float:
     """kq_scale = mscale^2 / sqrt(hd_k) with mscale the YaRN magnitude factor (llama.cpp glm-dsa.cpp, §4.2):
     attn_factor_org = attn_factor (1 + 0.1 ln(1/freq_scale)); mscale = attn_factor_org (1 + 0.1 yarn_log_mul ln(1/freq_scale)).
+    `attn_factor` is the rope magnitude argument (config.rope_attn_factor); glm-dsa does not read yarn_log_mul (0).
     Without rope scaling (freq_scale 1) this is 1/sqrt(hd_k)."""
     ln = math.log(1.0 / freq_scale)
     mscale = attn_factor * (1.0 + 0.1 * ln) * (1.0 + 0.1 * yarn_log_mul * ln)
@@ -111,10 +112,7 @@ def config_from_gguf(f) -> GlmDsaConfig:
     hd_v = f.get(f"{a}.attention.value_length_mla", val_len, kind=int)
     if n_rot % 2 or not 0 < n_rot < hd_k:
         raise NextnError(f"{f.path}: '{a}.rope.dimension_count' = {n_rot}, expected an even number < key_length_mla ({hd_k})")
-    rs_type = f.get(f"{a}.rope.scaling.type", "none", kind=str)
-    if rs_type not in ("none", ""):
-        # kq_scale would follow mla_kq_scale(), but rope_ext has no YaRN ext_factor ramp yet.
-        raise NextnError(f"{f.path}: '{a}.rope.scaling.type' = '{rs_type}'; rope scaling is not supported for glm-dsa yet")
+    rope = g4.rope_keys(f, a)
     idx_hd = f.get(f"{a}.attention.indexer.key_length", kind=int)
     if idx_hd <= n_rot:
         raise NextnError(f"{f.path}: '{a}.attention.indexer.key_length' = {idx_hd}, expected > rope dims ({n_rot})")
@@ -127,7 +125,7 @@ def config_from_gguf(f) -> GlmDsaConfig:
         arch=a, n_vocab=int(n_vocab), n_embd=n_embd, n_layer=n_layer, n_layer_nextn=n_nextn, n_head=n_head,
         q_lora=q_lora, kv_lora=kv_lora, hd_k=hd_k, hd_v=hd_v, n_rot=n_rot,
         rope_freq_base=f.get(f"{a}.rope.freq_base", 10000.0, kind=float),
-        kq_scale=mla_kq_scale(hd_k),
+        kq_scale=mla_kq_scale(hd_k, rope["rope_freq_scale"], rope["rope_attn_factor"]),
         rms_eps=f.get(f"{a}.attention.layer_norm_rms_epsilon", kind=float),
         **g4.moe_keys(f, a),
         n_ctx_train=n_ctx_train,
@@ -135,6 +133,7 @@ def config_from_gguf(f) -> GlmDsaConfig:
         idx_hd=idx_hd,
         idx_top_k=f.get(f"{a}.attention.indexer.top_k", kind=int),
         idx_full=_indexer_types(f, f"{a}.attention.indexer.types", n_layer, n_ctx_train),
+        **rope,
     )
 
 

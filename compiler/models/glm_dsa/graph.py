@@ -31,10 +31,10 @@ def indexer(g: Graph, c: GlmDsaConfig, il: int, h, qr, pos, ikc):
     p = f"blk.{il}.indexer."
     T = h.shape[0]
     iq = g.reshape(_linear(g, qr, p + "attn_q_b", c.idx_heads * c.idx_hd), (T, c.idx_heads, c.idx_hd))
-    iq = g.rope_ext(iq, pos, c.n_rot, INDEXER_ROPE_MODE, c.rope_freq_base)           # layout [rope | nope]
+    iq = g.rope_ext(iq, pos, c.n_rot, INDEXER_ROPE_MODE, **c.rope_args())   # layout [rope | nope]
     ik = g.norm(_linear(g, h, p + "attn_k", c.idx_hd), INDEXER_K_NORM_EPS)
     ik = g.add(g.mul(ik, g.weight(p + "k_norm.weight", (c.idx_hd,))), g.weight(p + "k_norm.bias", (c.idx_hd,)))
-    ik = g.rope_ext(g.reshape(ik, (T, 1, c.idx_hd)), pos, c.n_rot, INDEXER_ROPE_MODE, c.rope_freq_base)
+    ik = g.rope_ext(g.reshape(ik, (T, 1, c.idx_hd)), pos, c.n_rot, INDEXER_ROPE_MODE, **c.rope_args())
     ikc = g.set_rows(ikc, ik, pos)
     w = g.scale(_linear(g, h, p + "proj", c.idx_heads), (c.idx_hd * c.idx_heads) ** -0.5)
     score = g.lightning_indexer(iq, ikc, w, pos)                                        # [T, L]
@@ -53,11 +53,11 @@ def attention(g: Graph, c: GlmDsaConfig, il: int, x, pos, kvc, ikc=None, mask=No
         mask = indexer(g, c, il, h, qr, pos, ikc)
     q = g.reshape(_linear(g, qr, p + "attn_q_b", H * c.hd_k), (T, H, c.hd_k))
     q_nope = g.view(q, 2, 0, c.nope)
-    q_pe = g.rope_ext(g.view(q, 2, c.nope, c.n_rot), pos, c.n_rot, MLA_ROPE_MODE, c.rope_freq_base)
+    q_pe = g.rope_ext(g.view(q, 2, c.nope, c.n_rot), pos, c.n_rot, MLA_ROPE_MODE, **c.rope_args())
     kv = _linear(g, h, p + "attn_kv_a_mqa", c.kv_width)
     kv_cmpr = _norm(g, g.view(kv, 1, 0, c.kv_lora), p + "attn_kv_a_norm.weight", c.rms_eps)   # norm after the split
     k_pe = g.rope_ext(g.reshape(g.view(kv, 1, c.kv_lora, c.n_rot), (T, 1, c.n_rot)), pos, c.n_rot,
-                      MLA_ROPE_MODE, c.rope_freq_base)
+                      MLA_ROPE_MODE, **c.rope_args())
     q_abs = g.mul_mat(g.weight(p + "attn_k_b.weight", (H, c.kv_lora, c.nope)), q_nope)        # [T, H, kv_lora]
     kvc = g.set_rows(kvc, g.concat(g.reshape(kv_cmpr, (T, 1, c.kv_lora)), k_pe, axis=2), pos)
     o = g.flash_attn_ext_mla(g.concat(q_abs, q_pe, axis=2), kvc, pos, mask, c.kq_scale, c.kv_lora)  # [T, H, kv_lora]
