@@ -119,12 +119,14 @@ def main(argv=None):
     res["timing"] = timing
     res["copy_bandwidth_GBps"] = bw / 1e9
     res["active_weight_bytes"] = active
+    res["cuda_graph"] = man.get("cuda_graph")
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "device_check.json"), "w") as f:
         json.dump(res, f, indent=1)
 
     print()
-    print(f"device {res['gpu']} ({res['arch']}), artifact {man['target']['name']} {','.join(man['target'].get('arches', []))}, "
+    print(f"device {res['gpu']} ({res['arch']}), artifact {man['target']['name']} {','.join(man['target'].get('arches', []))}"
+          f" (CUDA graphs {'on: ' + ','.join(man['cuda_graph']['entries']) if man.get('cuda_graph') else 'off'}), "
           f"copy bw {bw / 1e9:.0f} GB/s, active weights {active / 1e6:.1f} MB")
     print(f"checks: {len(res['checks']) - fails}/{len(res['checks'])} ok")
     print(f"{'mode':20s} {'tok/s':>10s} {'floor tok/s':>12s} {'of floor':>9s} {'accept':>7s}")

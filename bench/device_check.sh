@@ -11,5 +11,10 @@ D=$(cd "$(dirname "$0")" && pwd)
 export PYTHONPATH=$D/site${PYTHONPATH:+:$PYTHONPATH} LD_LIBRARY_PATH=$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 OUT=${OUT:-$PWD/device_check_out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.txt" 2>&1 || true
-exec python3 "$D/device_check.py" "$D/art/bf16-cuda" --model "$D/art/tiny-glm4moe-BF16.gguf" --refs "$D/refs" \
-  --device "${1:-cuda:0}" --out "$OUT" 2>&1 | tee "$OUT/device_check.log"
+# without CUDA graphs first (details in $OUT/nograph), then with them: the table printed last is the graph one
+rc=0
+python3 "$D/device_check.py" "$D/art/bf16-cuda-nograph" --model "$D/art/tiny-glm4moe-BF16.gguf" --refs "$D/refs" \
+  --device "${1:-cuda:0}" --out "$OUT/nograph" 2>&1 | tee "$OUT/device_check_nograph.log" || rc=1
+python3 "$D/device_check.py" "$D/art/bf16-cuda" --model "$D/art/tiny-glm4moe-BF16.gguf" --refs "$D/refs" \
+  --device "${1:-cuda:0}" --out "$OUT" 2>&1 | tee "$OUT/device_check.log" || rc=1
+exit $rc

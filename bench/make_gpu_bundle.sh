@@ -2,7 +2,8 @@
 # Build, HERE (no GPU needed), the bundle bench/device_check.sh runs on a GPU machine, under bench/gpu_bundle/:
 #   site/       trimmed tvm runtime (no libtvm_compiler.so, tvm-field-guide.md §6.3) + tvm_ffi + gguf + nextn sources
 #   lib/        libcudart.so.13 (libtvm_runtime_cuda.so needs it; the driver must be R580+ for CUDA 13)
-#   art/        the CUDA artifact of the BF16 fixture (sm_80,sm_90,sm_120 + PTX), with its GGUF beside it
+#   art/        CUDA artifacts of the BF16 fixture (sm_80,sm_90,sm_120 + PTX), with its GGUF beside it: bf16-cuda
+#               (decode / draft steps replayed as CUDA graphs) and bf16-cuda-nograph (--no-cuda-graph)
 #   refs/       reference.json + the reference logits device_check compares against
 # usage: bash bench/make_gpu_bundle.sh [ARCHES]     (then carry bench/gpu_bundle; stays under 64 MB)
 set -euo pipefail
@@ -26,7 +27,9 @@ CUDART=$("$PY" -c "from nextn.compiler.gpu_build import _find_cudart; print(_fin
 cp -L "$CUDART" "$B/lib/libcudart.so.13"
 cp "$FIX/tiny-glm4moe-BF16.gguf" "$B/art/"
 "$PY" -m nextn.runtime.cli compile "$B/art/tiny-glm4moe-BF16.gguf" --target cuda --arch "$ARCHES" -o "$B/art/bf16-cuda"
-"$PY" -m nextn.compiler.check_device_code "$B/art/bf16-cuda" >/dev/null
+"$PY" -m nextn.runtime.cli compile "$B/art/tiny-glm4moe-BF16.gguf" --target cuda --arch "$ARCHES" --no-cuda-graph \
+  -o "$B/art/bf16-cuda-nograph"
+for a in bf16-cuda bf16-cuda-nograph; do "$PY" -m nextn.compiler.check_device_code "$B/art/$a" >/dev/null; done
 cp "$FIX/reference.json" "$B/refs/"
 "$PY" - "$FIX/reference_logits.npz" "$B/refs/reference_logits.npz" <<'PYEOF'
 import sys, numpy as np

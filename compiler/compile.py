@@ -16,6 +16,7 @@ import os
 import platform
 import shutil
 import tempfile
+from contextlib import nullcontext
 
 from nextn.runtime.artifact import MANIFEST, SCHEMA, sha256_file
 from nextn.runtime.errors import NextnError
@@ -102,9 +103,10 @@ def _rel(path: str, base: str) -> str:
 
 def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | None = None,
                   dump_ir: str | None = None, log=print, arches=None, mtp_dense_attention: bool = False,
-                  tuning_log: str | None = None) -> str:
+                  tuning_log: str | None = None, cuda_graph: bool = True) -> str:
     """Compile `model` (+ optional MTP-only `draft`) for `target` into `out_dir`; returns `out_dir`.
     `mtp_dense_attention`: glm-dsa NextN block with dense MLA and no indexer (llama.cpp's graph_mtp).
+    `cuda_graph` (CUDA only): the one-row steps replay as CUDA graphs (lower/capture_graphs.py).
     The build runs in a reproducible child process where possible (compiler/reproducible.py)."""
     from . import reproducible
 
@@ -113,12 +115,13 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             {"model": os.fspath(model), "out_dir": os.fspath(out_dir), "target": target,
              "draft": os.fspath(draft) if draft else None, "dump_ir": dump_ir, "arches": list(arches) if arches else None,
              "mtp_dense_attention": bool(mtp_dense_attention),
-             "tuning_log": os.fspath(tuning_log) if tuning_log else None}, log)
+             "tuning_log": os.fspath(tuning_log) if tuning_log else None, "cuda_graph": bool(cuda_graph)}, log)
     import tvm
     import tvm_ffi
 
     from nextn.schedules import schedule_pass
 
+    from .lower import capture_graphs
     from .lower.pipeline import make_pipeline
     from .lower.to_relax import build_module, weight_params
 
@@ -143,6 +146,9 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     lib_arches = [arch_list] if target == "cuda" else [[a] for a in arch_list] if target == "rocm" else [[]]
     tgt = make_target(target, lib_arches[0] or None)
     mod = build_module(list(graphs.values()), kinds, STATIC)
+    graph_entries = []
+    if target == "cuda" and cuda_graph:
+        mod, graph_entries = capture_graphs.mark(mod, mf.config.n_ctx_train)
     os.makedirs(out_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".nextn-", dir=out_dir)   # write then rename: never a half artifact
     libs = []
@@ -156,8 +162,9 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             from .tune.apply import schedule_with_log
 
             sched, tuning_info = schedule_with_log(tuning_log, tgt, schedule_pass(tgt), log)
-            with build_scope(target, la), tgt:
-                ex = tvm.compile(mod, target=tgt, relax_pipeline=make_pipeline(tgt, sched, dump_ir))
+            graph_ctx = tvm.transform.PassContext(config=capture_graphs.PASS_CONFIG) if graph_entries else nullcontext()
+            with build_scope(target, la), tgt, graph_ctx:
+                ex = tvm.compile(mod, target=tgt, relax_pipeline=make_pipeline(tgt, sched, dump_ir, bool(graph_entries)))
             if tuning_info is not None:
                 tuning_info["kernels_tuned"] = len(sched.applied)
                 log(f"tuning log: {len(sched.applied)} kernel(s) use tuned schedules, the rest default schedules")
@@ -230,6 +237,9 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
         # The deepest draft a request may ask for; per-request n_max is lowered to it (the KV buffers of the
         # static engine hold any depth, this bounds the per-position stats and the adaptive controller).
         "max_draft": MAX_DRAFT,
+        # one-row steps replayed as CUDA graphs: their inputs must stay put, L is rounded up to kv_bucket
+        "cuda_graph": {"entries": graph_entries, "kv_bucket": capture_graphs.KV_BUCKET,
+                       "max_ctx": mf.config.n_ctx_train} if graph_entries else None,
         "libraries": libs,
     }
     with open(os.path.join(tmp, MANIFEST), "w") as f:

@@ -36,7 +36,11 @@ def run_in_child(kwargs: dict, log) -> str:
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     result = None
     for line in p.stdout:
-        msg = json.loads(line)
+        try:
+            msg = json.loads(line)
+        except ValueError:   # not one of the child's messages (a native library's print): pass it on
+            sys.stderr.write(line)
+            continue
         if "log" in msg:
             log(msg["log"])
         elif "error" in msg:

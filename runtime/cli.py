@@ -33,7 +33,9 @@ def cli():
 @click.option("--mtp-dense-attention", is_flag=True, help=MTP_DENSE_HELP)
 @click.option("--tuning-log", default=None, help="Tuning log (LOG_DIR or FILE.json) from `nextn tune`: tuned kernels "
                                                  "use its schedules, the others the default ones.")
-def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tuning_log):
+@click.option("--cuda-graph/--no-cuda-graph", default=True, show_default=True,
+              help="CUDA: replay the one-row decode and draft steps as CUDA graphs (one per 256-cell KV bucket).")
+def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tuning_log, cuda_graph):
     """Compile MODEL.gguf into an artifact directory (library + manifest.json)."""
     from nextn.compiler.compile import compile_model
 
@@ -41,7 +43,8 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
         base = os.path.splitext(os.path.basename(model))[0]
         out = os.path.join("artifacts", f"{base}-{target}")
     compile_model(model, out, target=target, draft=draft, dump_ir=dump_ir, log=lambda m: click.echo(m, err=True),
-                  arches=list(arches) or None, mtp_dense_attention=mtp_dense_attention, tuning_log=tuning_log)
+                  arches=list(arches) or None, mtp_dense_attention=mtp_dense_attention, tuning_log=tuning_log,
+                  cuda_graph=cuda_graph)
 
 
 @cli.command()

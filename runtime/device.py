@@ -104,12 +104,13 @@ class Device:
         return self._wrap(self._cp.asarray(a))
 
     def empty(self, shape, dtype: str):
+        """A zero-filled buffer. Zeros, not garbage: KV cells past the last row are read (and masked) when L is
+        rounded up to a bucket, and a masked NaN would still poison P·V (0 × NaN)."""
         import tvm
 
         if self._cp is None:
             t = tvm.runtime.empty(tuple(shape), dtype, self.dev)
-            if self.kind != "cpu":
-                t.copyfrom(np.zeros(tuple(shape), dtype))
+            t.copyfrom(np.zeros(tuple(shape), dtype))
             return t
         return self._wrap(self._cp.zeros(tuple(shape), dtype=dtype))
 

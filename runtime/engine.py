@@ -44,6 +44,10 @@ class Engine:
         self.n_ctx = int(ctx_size or min(self.hparams["n_ctx_train"], 4096))
         if self.n_ctx < 2:
             raise NextnError(f"context size {self.n_ctx} is too small (-c)")
+        cg = m.get("cuda_graph") or {}
+        if cg and self.n_ctx > int(cg["max_ctx"]):
+            raise NextnError(f"{artifact.path}: context size {self.n_ctx} (-c) is larger than the {cg['max_ctx']} cells this "
+                             f"artifact's CUDA graphs were planned for; recompile with --no-cuda-graph")
         from .device import Device
 
         self.device = Device(artifact, device)   # cpu, or cuda:N (weights + KV in device memory)
@@ -85,6 +89,12 @@ class Engine:
         self.max_draft = int(m.get("max_draft", 8))           # compiled maximum draft depth (manifest)
         # glm-dsa: draft steps 1..n_max-1 reuse step 0's NextN DSA selection (index_share_for_mtp_iteration)
         self.share_mtp_index = True
+        # CUDA graphs (manifest "cuda_graph"): the captured entry points read their inputs from buffers that must
+        # not move between calls, and TVM keeps one graph per value of L, so L is rounded up to kv_bucket cells
+        # (the extra cells are masked: attention reads cells <= pos). Both also work, and are tested, on the CPU.
+        self.kv_bucket = int(cg.get("kv_bucket", 1))
+        self.static_inputs = set(cg.get("entries", []))
+        self._inbuf: dict[tuple, list] = {}
 
     @classmethod
     def open(cls, path: str, target: str = "llvm", ctx_size: int | None = None, load_mtp: bool = True,
@@ -104,14 +114,30 @@ class Engine:
         if end > self.n_ctx:
             raise NextnError(f"context is full: {end} tokens do not fit in the context of {self.n_ctx} (-c)")
 
+    def n_kv(self, end: int) -> int:
+        """L for a call whose last row is cell end-1: end rounded up to kv_bucket cells, within the context."""
+        b = self.kv_bucket
+        return end if b <= 1 else min(self.n_ctx, -(-end // b) * b)
+
+    def _inputs(self, name, arrays):
+        if name not in self.static_inputs:
+            return [self._tensor(a) for a in arrays]
+        key = (name, *(a.shape for a in arrays))
+        if key not in self._inbuf:   # one fixed buffer per input, written in place on every call
+            self._inbuf[key] = [self.device.empty(a.shape, str(a.dtype)) for a in arrays]
+        bufs = self._inbuf[key]
+        for b, a in zip(bufs, arrays):
+            b.copyfrom(a)
+        return bufs
+
     def _run(self, name, tokens, pos0, extra=()):
         T = len(tokens)
         self._check_room(pos0 + T)
         if T == 1 and ONE_ROW.get(name) in self._fn:
             name = ONE_ROW[name]
-        tok = self._tensor(np.asarray(tokens, np.int32))
-        pos = self._tensor(np.arange(pos0, pos0 + T, dtype=np.int32))
-        args = [tok, pos, *[self._tensor(e) for e in extra], self._shape([pos0 + T])]
+        arrays = [np.asarray(tokens, np.int32), np.arange(pos0, pos0 + T, dtype=np.int32),
+                  *[np.ascontiguousarray(e) for e in extra]]
+        args = [*self._inputs(name, arrays), self._shape([self.n_kv(pos0 + T)])]
         t0 = time.perf_counter()
         out = self._fn[name](*args, *self._rest[name])
         self.vm_seconds[name] += time.perf_counter() - t0

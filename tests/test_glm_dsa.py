@@ -217,9 +217,11 @@ def test_dense_equals_sparse_when_short(bf16_files):
     assert np.array_equal(_ir_attention(mf.config, w, 2, x), _ir_attention(mf.config, w, 2, x, dense=True))
 
 
-def test_top_k_mask_kernel_matches_interpreter():
+@pytest.mark.parametrize("values", ["normal", "edges"])
+def test_top_k_mask_kernel_matches_interpreter(values):
     """The bisection top-k kernel vs the interpreter's stable argsort: ties (incl. -0.0 vs 0.0), -inf cells,
-    rows with fewer causal cells than k."""
+    rows with fewer causal cells than k; "edges" adds denormals, ±inf and the largest floats inside the causal
+    cells, and rows whose k-th largest is ±0 or negative (the float thresholds' corner cases)."""
     import tvm
     from tvm import relax
 
@@ -231,6 +233,13 @@ def test_top_k_mask_kernel_matches_interpreter():
     score[:, ::7] = np.round(score[:, ::7])                          # many exact ties
     score[::3, 5::11] = -0.0
     score[::3, 6::11] = 0.0
+    if values == "edges":
+        tiny = np.float32(1e-45)                                     # the smallest denormal
+        edge = np.array([tiny, -tiny, 2 * tiny, -2 * tiny, np.inf, -np.inf, 3.4e38, -3.4e38, 0.0, -0.0], np.float32)
+        score[:, 1::3] = rng.choice(edge, size=score[:, 1::3].shape)
+        score[1::4] = -np.abs(score[1::4])                           # all <= 0: the k-th largest is ±0 or negative
+        score[2::4, :] = np.where(rng.random((len(score[2::4]), L)) < 0.8, np.float32(-0.0), score[2::4, :])
+        score[3::8, :] = np.where(rng.random((len(score[3::8]), L)) < 0.95, np.float32(-np.inf), score[3::8, :])
     pos = np.sort(rng.integers(0, L, T)).astype(np.int32)
     pos[:3] = [0, k - 1, k]                                          # <= k causal cells: select all
     score = np.where(np.arange(L)[None, :] <= pos[:, None], score, -np.inf).astype(np.float32)

@@ -21,7 +21,7 @@ def cuda_art(tmp_path_factory):
     dump = str(tmp_path_factory.mktemp("ir-cuda"))
     # the build runs in a child process (compiler/reproducible.py): read its rule report from the IR dump
     compile_model(str(MODEL), out, target="cuda", arches=["sm_80,sm_90", "sm_120"], log=lambda *_: None, dump_ir=dump)
-    return out, json.load(open(f"{dump}/schedule_report.json"))
+    return out, json.load(open(f"{dump}/schedule_report.json")), dump
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def _manifest(d):
 def test_cuda_artifact_carries_each_requested_arch(cuda_art):
     from nextn.compiler.check_device_code import check_artifact, device_code
 
-    d, _ = cuda_art
+    d = cuda_art[0]
     m = _manifest(d)
     assert m["target"]["kind"] == "cuda" and m["target"]["arches"] == CUDA_ARCHES
     assert [lib["arches"] for lib in m["libraries"]] == [CUDA_ARCHES]
@@ -59,7 +59,7 @@ def test_fatbin_headers_agree_with_cubin_elf_flags(cuda_art):
     from nextn.compiler.check_device_code import _elf_archs, _fatbin_entries, FATBIN_MAGIC
     import re
 
-    d, _ = cuda_art
+    d = cuda_art[0]
     data = open(f"{d}/model_cuda.so", "rb").read()
     from_headers = sorted({e["arch"] for m in re.finditer(re.escape(FATBIN_MAGIC), data)
                            for e in _fatbin_entries(data, m.start()) if e["kind"] == "sass"})
@@ -71,7 +71,7 @@ def test_checker_reports_missing_arch_and_source_only(cuda_art, tmp_path):
     from nextn.compiler.check_device_code import check_artifact, device_code, missing_arches
     from nextn.runtime.errors import NextnError
 
-    d, _ = cuda_art
+    d = cuda_art[0]
     assert missing_arches(f"{d}/model_cuda.so", ["sm_90", "sm_86"]) == ["sm_86"]
     bad = tmp_path / "bad"
     shutil.copytree(d, bad)
@@ -86,13 +86,74 @@ def test_checker_reports_missing_arch_and_source_only(cuda_art, tmp_path):
 
 
 def test_every_primfunc_is_gpu_scheduled_and_gemvs_are_not_fallback(cuda_art):
-    _, rep = cuda_art
+    rep = cuda_art[1]
     assert len(rep) > 20
     assert set(rep.values()) <= {"LowBatchGEMV", "Matmul", "GEMV", "Reduction", "GeneralReduction",
                                  "hand:row_reduction", "Fallback"}
     gemvs = {k: v for k, v in rep.items() if "mul_mat" in k}
     assert gemvs and all(v != "Fallback" for v in gemvs.values()), gemvs
     assert rep.get("mul_mat") == "hand:row_reduction"
+
+
+def captures(dump: str, fn: str) -> tuple[int, list[str]]:
+    """In the lowered VM code of Relax function `fn` (--dump-ir DIR/4_lower.py): how many CUDA graph regions it
+    replays, and the kernels it still launches one by one outside them."""
+    import re
+
+    s = open(f"{dump}/4_lower.py").read()
+    i = re.search(rf"\n    def {fn}\(", s).start()
+    j = s.find("\n    @", i + 1)
+    body = s[i:j if j > 0 else None]
+    return body.count("vm.builtin.cuda_graph.run_or_capture"), [
+        k for k in re.findall(r"cls\.(\w+)", body) if "cuda_graph" not in k]
+
+
+def test_cuda_graph_one_region_per_step(cuda_art):
+    """decode / draft replay as one captured CUDA graph each; only the output tail (final norm, lm head, argmax),
+    which writes the step's returned tensors, launches outside. verify / prefill stay uncaptured."""
+    from nextn.compiler.loader.model_files import ModelFiles
+
+    d, _rep, dump = cuda_art
+    assert _manifest(d)["cuda_graph"] == {"entries": ["decode", "draft"], "kv_bucket": 256,
+                                          "max_ctx": ModelFiles(MODEL).config.n_ctx_train}
+    for fn in ("decode", "draft"):
+        n, outside = captures(dump, fn)
+        assert n == 1 and len(outside) == 3 and outside[1].startswith("mul_mat"), (fn, outside)
+    for fn in ("verify", "prefill"):
+        assert captures(dump, fn)[0] == 0
+
+
+def test_glm_dsa_cuda_artifact_and_graphs(tmp_path):
+    """glm-dsa builds for CUDA too (its top-k kernel needs no scratch buffer); each one-row step, the NextN
+    draft with its DSA indexer included, is captured whole (L-sized index tensors get storage planned for
+    max_ctx cells)."""
+    from nextn.compiler.check_device_code import check_artifact
+    from nextn.compiler.compile import compile_model
+
+    dsa = G4.parent / "tiny-glm-dsa" / "tiny-glm-dsa-Q8_0.gguf"
+    out, dump = str(tmp_path / "art"), str(tmp_path / "ir")
+    compile_model(str(dsa), out, target="cuda", arches=["sm_90"], log=lambda *_: None, dump_ir=dump)
+    assert check_artifact(out)["model_cuda.so"]["expected"] == ["sm_90"]
+    assert _manifest(out)["cuda_graph"]["entries"] == ["decode", "draft", "mtp_draft_shared"]
+    for fn, regions in (("decode", 1), ("mtp_draft_shared", 1), ("draft", 2)):   # draft: + the index store
+        n, outside = captures(dump, fn)
+        assert n == regions and len(outside) == 3, (fn, n, outside)
+
+
+def test_no_cuda_graph_and_context_limit(cuda_art, tmp_path):
+    from nextn.compiler.compile import compile_model
+    from nextn.runtime.artifact import load_artifact
+    from nextn.runtime.engine import Engine
+    from nextn.runtime.errors import NextnError
+
+    out, dump = str(tmp_path / "art"), str(tmp_path / "ir")
+    compile_model(str(MODEL), out, target="cuda", arches=["sm_90"], log=lambda *_: None, dump_ir=dump,
+                  cuda_graph=False)
+    assert _manifest(out)["cuda_graph"] is None and captures(dump, "decode") == (0, captures(dump, "decode")[1])
+    assert len(captures(dump, "decode")[1]) > 20
+    max_ctx = _manifest(cuda_art[0])["cuda_graph"]["max_ctx"]
+    with pytest.raises(NextnError, match=f"larger than the {max_ctx} cells .* --no-cuda-graph"):
+        Engine(load_artifact(cuda_art[0]), max_ctx + 1)
 
 
 def test_rocm_gfx942_code_object(rocm_art):

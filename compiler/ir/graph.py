@@ -32,8 +32,9 @@ Shapes are row-major (numpy order; ggml's `ne` reversed). A dimension is an int 
   -inf elsewhere; ties go to the lower cell index. A row with pos[t]+1 <= k selects every causal cell. This is
   ggml top_k(score, min(n_kv, k)) + set_rows into a -inf mask, restricted to the causal cells (the others are
   masked by attention anyway)
-- index_mask_store(state[C], mask[T,L]) -> state: state[s] = mask[T-1, s] for s < L, 0 for s >= L (in place:
-  keeps a draft step's DSA selection for the next steps of the round)
+- index_mask_store(state[C], mask[T,L], pos[T]) -> state: state[s] = mask[T-1, s] for s <= pos[T-1], 0 (selected)
+  for later cells (in place: keeps a draft step's DSA selection for the next steps of the round; by position,
+  not by L, so that a call with L rounded up past the last row stores the same thing)
 - index_mask_load(state[C]) -> [1,L]: state[:L]
 """
 from __future__ import annotations
@@ -209,8 +210,8 @@ class Graph:
     def top_k_mask(self, score, pos, k: int):
         return self._op("top_k_mask", (score, pos), score.shape, k=int(k))
 
-    def index_mask_store(self, state, mask):
-        return self._op("index_mask_store", (state, mask), state.shape)
+    def index_mask_store(self, state, mask, pos):
+        return self._op("index_mask_store", (state, mask, pos), state.shape)
 
     def index_mask_load(self, state):
         return self._op("index_mask_load", (state,), (1, "L"))

@@ -166,10 +166,10 @@ def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = No
         elif op == "top_k_mask":
             r = _top_k_mask(a[0], a[1], n.attrs["k"])
         elif op == "index_mask_store":
-            state, mask = a
-            L = mask.shape[1]
-            state[:L] = mask[-1]
-            state[L:] = 0.0
+            state, mask, pos = a
+            last = int(pos[-1]) + 1
+            state[:last] = mask[-1, :last]
+            state[last:] = 0.0
             r = state
         elif op == "index_mask_load":
             r = a[0][None, :int(n_kv)].copy()

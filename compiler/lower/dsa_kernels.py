@@ -9,12 +9,25 @@
 """
 from __future__ import annotations
 
-from tvm import relax
+from tvm import relax, tirx
 from tvm.script import tirx as T
 
 
+KEY_NEG_INF = -2139095041   # order key of -inf: bits 0xff800000 ^ 0x7fffffff as int32
+
+
 def _top_k_mask_kernel(k: int):
+    """Exact per-row top-k by bisection over the float32 order keys (int32: the bits, with the sign-magnitude
+    negatives flipped; -0.0 ties with 0.0). #(key >= m) is counted as #(x >= float(m)): one float compare per
+    cell, no per-row key buffer (CUDA kernels cannot allocate global scratch). float(m) is exact for every m
+    the counts need: m is clamped up to key(-inf) (every x has key >= it), m above key(+inf) is a NaN that no x
+    reaches, and the only m with no float of its own (-1, raw -0.0) compares as >= -0.0, i.e. key >= 0."""
     K = k
+
+    def key_float(m):
+        m32 = tirx.Cast("int32", tirx.max(m, tirx.const(KEY_NEG_INF, "int64")))
+        return tirx.reinterpret("float32", tirx.if_then_else(
+            m32 >= 0, m32, tirx.bitwise_xor(m32, tirx.const(2147483647, "int32"))))
 
     @T.prim_func(private=True, s_tir=True)
     def top_k_mask(var_score: T.handle, var_pos: T.handle, var_mask: T.handle):
@@ -28,38 +41,36 @@ def _top_k_mask_kernel(k: int):
                 vr = T.axis.spatial(t, r)
                 T.reads(score[vr, 0:l], pos[vr])
                 T.writes(mask[vr, 0:l])
-                key = T.alloc_buffer((l,), "int64")
                 acc = T.alloc_buffer((3,), "int64", scope="local")   # lo, hi, count
+                thr = T.alloc_buffer((1,), "float32", scope="local")
                 n = T.min(T.Cast("int64", pos[vr]) + T.int64(1), l)
                 if n <= T.int64(K):
                     for s in range(l):
                         mask[vr, s] = T.float32(0)
                 else:
-                    for s in range(l):
-                        bits = T.reinterpret("int32", score[vr, s])
-                        key[s] = T.Cast("int64", T.if_then_else(
-                            score[vr, s] == T.float32(0), T.int32(0),   # -0.0 ties with 0.0
-                            T.if_then_else(bits >= T.int32(0), bits, T.bitwise_xor(bits, T.int32(2147483647)))))
                     # invariant: #(key >= lo) >= K > #(key >= hi); 32 halvings of 2^32 leave lo = the K-th largest key
                     acc[0] = T.int64(-2147483648)
                     acc[1] = T.int64(2147483648)
                     for _it in range(32):
                         acc[2] = T.int64(0)
+                        thr[0] = key_float(T.floordiv(acc[0] + acc[1], T.int64(2)))
                         for s in range(n):
-                            if key[s] >= T.floordiv(acc[0] + acc[1], T.int64(2)):
+                            if score[vr, s] >= thr[0]:
                                 acc[2] = acc[2] + T.int64(1)
                         if acc[2] >= T.int64(K):
                             acc[0] = T.floordiv(acc[0] + acc[1], T.int64(2))
                         else:
                             acc[1] = T.floordiv(acc[0] + acc[1], T.int64(2))
+                    # lo is the key of an element, so its float is exact and == / > match the keys' order
+                    thr[0] = key_float(acc[0])
                     acc[2] = T.int64(0)
                     for s in range(n):
-                        if key[s] > acc[0]:
+                        if score[vr, s] > thr[0]:
                             acc[2] = acc[2] + T.int64(1)
                     for s in range(l):   # ties at the threshold: lowest cell index first
-                        if s < n and (key[s] > acc[0] or (key[s] == acc[0] and acc[2] < T.int64(K))):
+                        if s < n and (score[vr, s] > thr[0] or (score[vr, s] == thr[0] and acc[2] < T.int64(K))):
                             mask[vr, s] = T.float32(0)
-                            if key[s] == acc[0]:
+                            if score[vr, s] == thr[0]:
                                 acc[2] = acc[2] + T.int64(1)
                         else:
                             mask[vr, s] = T.float32(-float("inf"))
@@ -68,16 +79,18 @@ def _top_k_mask_kernel(k: int):
 
 
 @T.prim_func(private=True, s_tir=True)
-def index_mask_store_kernel(var_state: T.handle, var_mask: T.handle):
-    """state[s] = mask[T-1, s] for s < L, 0 (selected) for s >= L (in place)."""
+def index_mask_store_kernel(var_state: T.handle, var_mask: T.handle, var_pos: T.handle):
+    """state[s] = mask[T-1, s] for s <= pos[T-1] (< L), 0 (selected) for later cells (in place)."""
     T.func_attr({"tirx.noalias": True})
     c, t, l = T.int64(), T.int64(), T.int64()
     state = T.match_buffer(var_state, (c,), "float32")
     mask = T.match_buffer(var_mask, (t, l), "float32")
+    pos = T.match_buffer(var_pos, (t,), "int32")
     for s in range(c):
         with T.sblock("index_mask_store"):
             vs = T.axis.spatial(c, s)
-            state[vs] = T.if_then_else(vs < l, mask[t - T.int64(1), T.min(vs, l - T.int64(1))], T.float32(0))
+            state[vs] = T.if_then_else(vs <= T.min(T.Cast("int64", pos[t - T.int64(1)]), l - T.int64(1)),
+                                       mask[t - T.int64(1), T.min(vs, l - T.int64(1))], T.float32(0))
 
 
 TIR_OPS = frozenset({"top_k_mask", "index_mask_store"})

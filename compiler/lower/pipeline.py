@@ -12,7 +12,10 @@ import tvm
 from tvm import relax
 
 
-def phases(target, schedule_pass):
+def phases(target, schedule_pass, cuda_graph: bool = False):
+    """`cuda_graph`: add RewriteCUDAGraph after static memory planning (capture_graphs.py; CUDA only)."""
+    from .capture_graphs import rewrite
+
     return [
         ("legalize", [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]),
         ("fuse", [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(),
@@ -24,6 +27,7 @@ def phases(target, schedule_pass):
             relax.transform.RemovePurityChecking(),
             relax.transform.CallTIRRewrite(),
             relax.transform.StaticPlanBlockMemory(),
+            *([rewrite()] if cuda_graph else []),
             relax.transform.LowerAllocTensor(),
             relax.transform.KillAfterLastUse(),
             relax.transform.LowerRuntimeBuiltin(),
@@ -34,11 +38,11 @@ def phases(target, schedule_pass):
     ]
 
 
-def make_pipeline(target, schedule_pass, dump_dir: str | None = None):
+def make_pipeline(target, schedule_pass, dump_dir: str | None = None, cuda_graph: bool = False):
     @tvm.transform.module_pass(opt_level=0, name="nextn_pipeline")
     def _pipeline(mod, _ctx):
         with target:
-            for i, (name, passes) in enumerate(phases(target, schedule_pass)):
+            for i, (name, passes) in enumerate(phases(target, schedule_pass, cuda_graph)):
                 mod = tvm.transform.Sequential(passes)(mod)
                 if dump_dir:
                     os.makedirs(dump_dir, exist_ok=True)

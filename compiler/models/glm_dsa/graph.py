@@ -109,7 +109,7 @@ def build_mtp(c: GlmDsaConfig, has_tensor, all_rows: bool, mtp_dense_attention: 
 
     Attention: the NextN block's own indexer (default), or dense MLA (`mtp_dense_attention`, llama.cpp's graph).
     `index` (ignored when dense): "own" computes the selection; "store" (the default of `mtp_draft`) also keeps
-    the last row's selection in the state `nextn.index_mask` [C] (cells >= L stored as selected); "reuse"
+    the last row's selection in the state `nextn.index_mask` [C] (cells after the last row stored as selected); "reuse"
     (`mtp_draft_shared`, draft steps 1..n_max-1: index_share_for_mtp_iteration) skips the indexer and attends
     to the stored selection plus every cell written after it (the draft's own rows)."""
     il = nextn_index(c)
@@ -128,7 +128,7 @@ def build_mtp(c: GlmDsaConfig, has_tensor, all_rows: bool, mtp_dense_attention: 
     x, mask = block(g, c, il, z, pos, kvc, ikc, mask, True)
     g4.nextn_head(g, c, has_tensor, il, x, all_rows)
     if not mtp_dense_attention and index == "store":   # last output: the in-place store must stay live
-        g.output("index_mask", g.index_mask_store(g.state("nextn.index_mask", ("C",)), mask))
+        g.output("index_mask", g.index_mask_store(g.state("nextn.index_mask", ("C",)), mask, pos))
     return g
 
 

@@ -1,0 +1,47 @@
+"""Mark the one-row entry points for CUDA graph capture (TVM Relax `RewriteCUDAGraph`).
+
+A decode or draft step of a large MoE model is hundreds to thousands of kernel launches; replaying them as one
+CUDA graph removes the per-launch CPU cost. TVM's pass lifts the static-shape regions of a function into
+`vm.builtin.cuda_graph.run_or_capture`, which captures a region once per value of its symbolic sizes and then
+replays it. Two things make a whole step one region:
+
+- `num_input = 0`: every parameter counts as static, i.e. at the same address on every call. The weights and
+  the KV buffers are; the runtime keeps one buffer per input (tokens, pos, h_prev) and writes into it
+  (`Engine.static_inputs`, from the manifest's `cuda_graph.entries`).
+- `relax.rewrite_cuda_graph.capture_symbolic_vars = [L, C]`: regions whose shapes use the KV length `L` or the
+  context `C` may be captured, one graph per (L, C). The runtime rounds L up to `KV_BUCKET` cells (attention
+  masks cells after each row's position), so a context of n cells needs at most n / KV_BUCKET graphs per entry.
+- `tir_var_upper_bound = {L: max_ctx, C: max_ctx}`: L-sized intermediates (glm-dsa's index scores and
+  selection mask) get static storage, planned for max_ctx cells, instead of splitting the step; the runtime
+  refuses a larger context for such an artifact.
+
+Only for CUDA: with another target the VM would look for the CUDA graph builtins and fail to load.
+"""
+from __future__ import annotations
+
+from tvm import relax
+
+ENTRIES = ("decode", "draft", "mtp_draft_shared")   # the static one-row steps (compile.STATIC)
+KV_BUCKET = 256
+PASS_CONFIG = {"relax.backend.use_cuda_graph": True}
+
+
+def mark(mod, max_ctx: int, entries=ENTRIES):
+    """`mod` with the capture attributes on the Relax functions named in `entries` (contexts up to `max_ctx`
+    cells); returns (mod, marked names)."""
+    import tvm
+
+    funcs, marked = {}, []
+    for gv, f in mod.functions.items():
+        if isinstance(f, relax.Function) and gv.name_hint in entries:
+            f = (f.with_attr("num_input", 0)
+                  .with_attr("relax.rewrite_cuda_graph.capture_symbolic_vars", ["L", "C"])
+                  .with_attr("tir_var_upper_bound", {"L": max_ctx, "C": max_ctx}))
+            marked.append(gv.name_hint)
+        funcs[gv] = f
+    return tvm.IRModule(funcs, attrs=mod.attrs), sorted(marked)
+
+
+def rewrite():
+    """The pass, to run after StaticPlanBlockMemory (it captures planned storage) with PASS_CONFIG set."""
+    return relax.transform.RewriteCUDAGraph()

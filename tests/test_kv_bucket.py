@@ -1,0 +1,66 @@
+"""What a CUDA-graph artifact asks of the runtime, checked on the CPU: L rounded up to a KV bucket (cells after
+each row's position are read and masked) and inputs written into fixed buffers change no bit of the output,
+speculation and the glm-dsa index sharing included. And the NextN DSA selection is stored by position."""
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, reference
+
+import nextn.runtime as rt
+from nextn.compiler.ir import Graph, interpret
+
+CASES = {"glm4moe": FIXTURES / "tiny-glm4moe" / "tiny-glm4moe-Q8_0.gguf",
+         "glm-dsa": FIXTURES / "tiny-glm-dsa" / "tiny-glm-dsa-Q8_0.gguf"}
+
+
+def _run(m, prompts):
+    out = []
+    for p in prompts:
+        plain = m.generate(p["prompt_ids"], 24, spec_type="none", ignore_eos=True)
+        spec = m.generate(p["prompt_ids"], 24, spec_type="draft-mtp", n_max=3, ignore_eos=True)
+        out.append((plain.ids, spec.ids, spec.stats.accepted, spec.stats.drafted, m.logits(p["prompt_ids"])))
+    return out
+
+
+@pytest.mark.parametrize("arch", sorted(CASES))
+def test_kv_bucket_and_fixed_inputs_are_bit_exact(arch, compiled):
+    path = CASES[arch]
+    m = rt.load(compiled(f"{arch}-q8", path), ctx_size=512)
+    prompts = [p for p in reference(path.parent)["prompts"] if len(p["prompt_ids"]) < 400][:3]
+    want = _run(m, prompts)
+    e = m.engine
+    e.kv_bucket, e.static_inputs = 64, {"decode", "draft", "mtp_draft_shared"}
+    assert e.n_kv(1) == 64 and e.n_kv(64) == 64 and e.n_kv(65) == 128 and e.n_kv(500) == 512   # capped at n_ctx
+    got = _run(m, prompts)
+    assert len(e._inbuf) >= 2                      # the one-row steps did go through fixed buffers
+    for (a_plain, a_spec, a_acc, a_dr, a_lg), (b_plain, b_spec, b_acc, b_dr, b_lg) in zip(want, got):
+        assert b_plain == a_plain and b_spec == a_spec and (b_acc, b_dr) == (a_acc, a_dr)
+        assert np.array_equal(b_lg, a_lg)
+
+
+def test_index_mask_store_by_position():
+    """state[s] = mask[T-1, s] for cells up to the last row's position, 0 (selected) after it, whatever L is:
+    interpreter and kernel."""
+    import tvm
+    from tvm import relax
+
+    from nextn.compiler.lower import dsa_kernels
+
+    C, L, T = 40, 32, 2
+    rng = np.random.default_rng(3)
+    mask = np.where(rng.random((T, L)) < 0.5, 0.0, -np.inf).astype(np.float32)
+    pos = np.array([20, 21], np.int32)                   # L (32) is rounded up past the last row (21)
+    g = Graph("store")
+    st = g.state("m", ("C",))
+    g.output("m", g.index_mask_store(st, g.input("mask", (T, "L")), g.input("pos", (T,), "int32")))
+    state = {"m": np.full(C, 7.0, np.float32)}
+    got = interpret.run(g, {"mask": mask, "pos": pos}, lambda n: None, state, n_kv=L)["m"]
+    want = np.zeros(C, np.float32)
+    want[:22] = mask[-1, :22]
+    assert np.array_equal(got, want)
+    bb = relax.BlockBuilder()
+    gv = bb.add_func(dsa_kernels.index_mask_store_kernel, "store")
+    ex = tvm.compile(tvm.IRModule({"store": bb.get()[gv].with_attr("global_symbol", "store")}), target="llvm")
+    buf = tvm.runtime.tensor(np.full(C, 7.0, np.float32))
+    ex["store"](buf, mask, pos)
+    assert np.array_equal(buf.numpy(), want)
