@@ -35,6 +35,7 @@ MAX_DRAFT = 8
 # Entry points whose symbols are fixed at compile time; the runtime routes one-row calls to them.
 STATIC = {"decode": {"T": 1}, "draft": {"T": 1}, "mtp_draft_shared": {"T": 1}}
 TARGETS = ("llvm", "cuda", "rocm")
+GPU_TARGETS = ("cuda", "rocm")   # scratch-holding ops as separate kernels there (to_relax.SPLIT_OPS)
 
 
 def nextn_version() -> str:
@@ -103,10 +104,12 @@ def _rel(path: str, base: str) -> str:
 
 def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | None = None,
                   dump_ir: str | None = None, log=print, arches=None, mtp_dense_attention: bool = False,
-                  tuning_log: str | None = None, cuda_graph: bool = True) -> str:
+                  tuning_log: str | None = None, cuda_graph: bool = True, split_kernels: bool | None = None) -> str:
     """Compile `model` (+ optional MTP-only `draft`) for `target` into `out_dir`; returns `out_dir`.
     `mtp_dense_attention`: glm-dsa NextN block with dense MLA and no indexer (llama.cpp's graph_mtp).
     `cuda_graph` (CUDA only): the one-row steps replay as CUDA graphs (lower/capture_graphs.py).
+    `split_kernels`: attention, the DSA index score and top-k as separate kernels (to_relax.SPLIT_OPS); default:
+    on GPU targets only (tests set it on llvm to check the GPU form's arithmetic).
     The build runs in a reproducible child process where possible (compiler/reproducible.py)."""
     from . import reproducible
 
@@ -115,7 +118,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             {"model": os.fspath(model), "out_dir": os.fspath(out_dir), "target": target,
              "draft": os.fspath(draft) if draft else None, "dump_ir": dump_ir, "arches": list(arches) if arches else None,
              "mtp_dense_attention": bool(mtp_dense_attention),
-             "tuning_log": os.fspath(tuning_log) if tuning_log else None, "cuda_graph": bool(cuda_graph)}, log)
+             "tuning_log": os.fspath(tuning_log) if tuning_log else None, "cuda_graph": bool(cuda_graph),
+             "split_kernels": split_kernels}, log)
     import tvm
     import tvm_ffi
 
@@ -145,7 +149,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     # One library per (target, arch group): CUDA puts every arch in one fatbin; ROCm builds one code object per arch.
     lib_arches = [arch_list] if target == "cuda" else [[a] for a in arch_list] if target == "rocm" else [[]]
     tgt = make_target(target, lib_arches[0] or None)
-    mod = build_module(list(graphs.values()), kinds, STATIC)
+    split = target in GPU_TARGETS if split_kernels is None else bool(split_kernels)
+    mod = build_module(list(graphs.values()), kinds, STATIC, split_kernels=split)
     graph_entries = []
     if target == "cuda" and cuda_graph:
         mod, graph_entries = capture_graphs.mark(mod, mf.config.n_ctx_train)
@@ -237,6 +242,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
         # The deepest draft a request may ask for; per-request n_max is lowered to it (the KV buffers of the
         # static engine hold any depth, this bounds the per-position stats and the adaptive controller).
         "max_draft": MAX_DRAFT,
+        "split_kernels": split,   # attention / index score / top-k as separate kernels (to_relax.SPLIT_OPS)
         # one-row steps replayed as CUDA graphs: their inputs must stay put, L is rounded up to kv_bucket
         "cuda_graph": {"entries": graph_entries, "kv_bucket": capture_graphs.KV_BUCKET,
                        "max_ctx": mf.config.n_ctx_train} if graph_entries else None,

@@ -106,8 +106,36 @@ def schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tuple[tirx.Pri
         if not _thread_bound(out):
             errors.append(f"{rule_name}: produced no thread binding")
             continue
+        problem = _lowering_problem(out)
+        if problem:   # a rule can accept a function and still leave a schedule that does not lower: next rule
+            errors.append(f"{rule_name}: {problem}")
+            continue
         return out, rule_name
     raise RuntimeError(f"no GPU schedule rule accepted PrimFunc '{name}' ({'; '.join(errors) or 'all rules declined'})")
+
+
+def _lowering_problem(func) -> str | None:
+    """Why the scheduled `func` would fail to build (found later, at codegen, otherwise), or None: the cross-thread
+    reduction lowering rejects it, or a register / shared-memory buffer keeps a size that depends on a dynamic
+    shape once allocations are compacted (CUDA can only allocate those with constant sizes)."""
+    import re
+
+    from tvm import s_tir
+
+    t = s_tir.transform
+    try:
+        mod = tvm.IRModule({"main": func})
+        for p in (t.LowerCrossThreadReduction(), t.LowerInitBlock(), t.PlanAndUpdateBufferAllocationLocation(),
+                  t.ConvertBlocksToOpaque(), t.CompactBufferAllocation()):
+            mod = p(mod)
+    except Exception as e:
+        msg = str(e).strip().splitlines()
+        return (msg[0] if msg else type(e).__name__)[:200]
+    for line in mod["main"].script().splitlines():
+        m = re.search(r"(\w+) = T\.(?:sblock_)?alloc_buffer\((.*)scope=\"(?:local|shared)", line)
+        if m and re.search(r"[A-Za-z_]\w*", re.sub(r"T\.(int64|int32|min|max)\(|\"\w+\"", "", m.group(2))):
+            return f"{m.group(1)}: a register/shared buffer whose size depends on a dynamic shape"
+    return None
 
 
 @tvm.transform.module_pass(opt_level=0, name="nextn.ScheduleGPU")
@@ -161,7 +189,7 @@ def main(argv=None):
     graphs = build_graphs(mf, mf.has_nextn)
     kinds = {n: weight_kind(mf, n) for g in graphs.values() for n in g.weights}
     tgt = make_target(a.target, [a.arch] if a.arch else None)
-    mod = build_module(list(graphs.values()), kinds)
+    mod = build_module(list(graphs.values()), kinds, split_kernels=True)
     with tgt:
         for _name, passes in phases(tgt, ScheduleGPU(tgt))[:3]:
             mod = tvm.transform.Sequential(passes)(mod)

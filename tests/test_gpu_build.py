@@ -108,6 +108,18 @@ def captures(dump: str, fn: str) -> tuple[int, list[str]]:
         k for k in re.findall(r"cls\.(\w+)", body) if "cuda_graph" not in k]
 
 
+def workspaces(dump: str) -> list[str]:
+    """PrimFuncs that allocate device memory of their own (a workspace at every call) in the lowered module."""
+    import re
+
+    out = []
+    for f in re.split(r"\n    @T.prim_func", open(f"{dump}/4_lower.py").read())[1:]:
+        allocs = [ln for ln in f.splitlines() if "alloc_buffer(" in ln]
+        if any('scope="local"' not in ln and 'scope="shared"' not in ln for ln in allocs):
+            out.append(re.search(r"def (\w+)\(", f).group(1))
+    return out
+
+
 def test_cuda_graph_one_region_per_step(cuda_art):
     """decode / draft replay as one captured CUDA graph each; only the output tail (final norm, lm head, argmax),
     which writes the step's returned tensors, launches outside. verify / prefill stay uncaptured."""
@@ -121,6 +133,8 @@ def test_cuda_graph_one_region_per_step(cuda_art):
         assert n == 1 and len(outside) == 3 and outside[1].startswith("mul_mat"), (fn, outside)
     for fn in ("verify", "prefill"):
         assert captures(dump, fn)[0] == 0
+    # attention and top-k are separate kernels there: no kernel allocates scratch inside a captured graph
+    assert _manifest(d)["split_kernels"] is True and workspaces(dump) == []
 
 
 def test_glm_dsa_cuda_artifact_and_graphs(tmp_path):
@@ -138,6 +152,9 @@ def test_glm_dsa_cuda_artifact_and_graphs(tmp_path):
     for fn, regions in (("decode", 1), ("mtp_draft_shared", 1), ("draft", 2)):   # draft: + the index store
         n, outside = captures(dump, fn)
         assert n == regions and len(outside) == 3, (fn, n, outside)
+    assert workspaces(dump) == []
+    rep = json.load(open(f"{dump}/schedule_report.json"))
+    assert rep["attn_scores1"] == rep["index_qk1"] == "hand:row_reduction" and rep["soft_max1"] == "GeneralReduction"
 
 
 def test_no_cuda_graph_and_context_limit(cuda_art, tmp_path):
@@ -148,9 +165,10 @@ def test_no_cuda_graph_and_context_limit(cuda_art, tmp_path):
 
     out, dump = str(tmp_path / "art"), str(tmp_path / "ir")
     compile_model(str(MODEL), out, target="cuda", arches=["sm_90"], log=lambda *_: None, dump_ir=dump,
-                  cuda_graph=False)
+                  cuda_graph=False, split_kernels=False)
     assert _manifest(out)["cuda_graph"] is None and captures(dump, "decode") == (0, captures(dump, "decode")[1])
     assert len(captures(dump, "decode")[1]) > 20
+    assert "flash_attn_ext" in workspaces(dump)   # the fused form keeps its [T, H, L] scratch inside the kernel
     max_ctx = _manifest(cuda_art[0])["cuda_graph"]["max_ctx"]
     with pytest.raises(NextnError, match=f"larger than the {max_ctx} cells .* --no-cuda-graph"):
         Engine(load_artifact(cuda_art[0]), max_ctx + 1)

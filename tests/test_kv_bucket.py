@@ -1,10 +1,12 @@
-"""What a CUDA-graph artifact asks of the runtime, checked on the CPU: L rounded up to a KV bucket (cells after
-each row's position are read and masked) and inputs written into fixed buffers change no bit of the output,
-speculation and the glm-dsa index sharing included. And the NextN DSA selection is stored by position."""
+"""What a GPU artifact does differently, checked on the CPU where it can run: L rounded up to a KV bucket (cells
+after each row's position are read and masked) and inputs written into fixed buffers change no bit of the
+output, speculation and the glm-dsa index sharing included; the NextN DSA selection is stored by position; and
+the GPU form of attention / index score / top-k (separate kernels, softmax normalised before P·V) computes the
+same model: compiled for llvm, it matches the interpreter and the fixtures' greedy references."""
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, reference
+from conftest import FIXTURES, check_trunk_vs_ir, dequantized, reference
 
 import nextn.runtime as rt
 from nextn.compiler.ir import Graph, interpret
@@ -64,3 +66,24 @@ def test_index_mask_store_by_position():
     buf = tvm.runtime.tensor(np.full(C, 7.0, np.float32))
     ex["store"](buf, mask, pos)
     assert np.array_equal(buf.numpy(), want)
+
+
+@pytest.mark.parametrize("arch", sorted(CASES))
+def test_split_kernels_form(arch, tmp_path):
+    from nextn.compiler.compile import build_graphs, compile_model
+    from nextn.compiler.loader.model_files import ModelFiles
+
+    path = CASES[arch]
+    out = str(tmp_path / "art")
+    compile_model(str(path), out, log=lambda *_: None, split_kernels=True)
+    m = rt.load(out, ctx_size=512)
+    assert m.engine.artifact.manifest["split_kernels"] is True
+    mf = ModelFiles(path, load_mtp=True)
+    ref = reference(path.parent)
+    p = next(p for p in ref["prompts"] if p["kind"] == "code-short")
+    check_trunk_vs_ir(m.engine, build_graphs(mf, with_mtp=True), dequantized(mf),
+                      np.asarray(p["prompt_ids"], np.int32), rows=3)
+    plain = m.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True)
+    assert plain.ids == p["greedy_ids"]
+    spec = m.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=2, ignore_eos=True)
+    assert spec.ids == plain.ids and spec.stats.accepted == p["spec"]["2"]["accepted"]

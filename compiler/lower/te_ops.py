@@ -155,15 +155,54 @@ def rope_ext(x, pos, n_rot, mode, freq_base, freq_scale=1.0, ext_factor=0.0, att
 
 def flash_attn_ext(q, k, v, pos, n_kv, scale_):
     """Attention of T query rows over KV cells [0, n_kv) with the causal mask cell <= pos[t]."""
+    g = q.shape[1] // k.shape[1]
+    return _softmax_pv(_masked(attn_scores(q, k, n_kv), pos, scale_), lambda c, h, j: v[c, h // g, j], v.shape[2],
+                       "attn")
+
+
+# -- attention as three kernels (GPU): scores, soft_max, P·V --------------------------------------------------
+# The fused forms above keep [T, H, L] scratch inside one PrimFunc; on a GPU that scratch would be a workspace
+# allocated at every call (inside a CUDA graph capture too) and each stage a separate launch anyway. Split at
+# the Relax level, the [T, H, L] tensors are planned like any other and each kernel is a shape dlight's
+# GEMV / reduction rules know (ggml's non-flash path: kq = mul_mat, soft_max_ext, kqv = mul_mat).
+def attn_scores(q, k, n_kv):
+    """kq [T, H, L] = q[t, h]·k[c, h // (H / Hkv)] (GQA), unscaled and unmasked: one plain reduction, a shape the
+    GEMV / matmul rules take."""
     T, H, D = q.shape
-    Hkv, Dv = k.shape[1], v.shape[2]
-    g = H // Hkv
-    neg = tirx.const(-math.inf, F32)
+    g = H // k.shape[1]
     d = te.reduce_axis((0, D), name="d")
-    s = te.compute((T, H, n_kv), lambda t, h, c: te.sum(q[t, h, d] * k[c, h // g, d], axis=d), name="attn_qk")
-    sm = te.compute((T, H, n_kv), lambda t, h, c: tirx.if_then_else(
-        c <= pos[t].astype("int64"), s[t, h, c] * tirx.const(scale_, F32), neg), name="attn_masked")
-    return _softmax_pv(sm, lambda c, h, j: v[c, h // g, j], Dv, "attn")
+    return te.compute((T, H, n_kv), lambda t, h, c: te.sum(q[t, h, d] * k[c, h // g, d], axis=d), name="attn_qk")
+
+
+def _masked(s, pos, scale_, mask=None):
+    """kq * scale (+ mask[t, c]) on causal cells (c <= pos[t]), -inf elsewhere (ggml_soft_max_ext's inputs)."""
+    def f(t, h, c):
+        val = s[t, h, c] * tirx.const(scale_, F32)
+        if mask is not None:
+            val = val + mask[t, c]
+        return tirx.if_then_else(c <= pos[t].astype("int64"), val, tirx.const(-math.inf, F32))
+
+    return te.compute(s.shape, f, name="attn_masked")
+
+
+def soft_max(s, pos, scale_, mask=None):
+    """p = softmax over the last axis of kq [T, H, L] scaled and masked as `_masked` (ggml_soft_max_ext)."""
+    sm = _masked(s, pos, scale_, mask)
+    T, H, n_kv = sm.shape
+    c1 = te.reduce_axis((0, n_kv), name="c1")
+    m = te.compute((T, H), lambda t, h: te.max(sm[t, h, c1], axis=c1), name="soft_max_max")
+    e = te.compute((T, H, n_kv), lambda t, h, c: te.exp(sm[t, h, c] - m[t, h]), name="soft_max_exp")
+    c2 = te.reduce_axis((0, n_kv), name="c2")
+    z = te.compute((T, H), lambda t, h: te.sum(e[t, h, c2], axis=c2), name="soft_max_sum")
+    return te.compute((T, H, n_kv), lambda t, h, c: e[t, h, c] / z[t, h], name="soft_max")
+
+
+def attn_pv(p, v, n_v):
+    """kqv [T, H, n_v] = sum_c p[t, h, c] * v[c, h // (H / Hv), j] for j < n_v (MLA: v is the latent cache)."""
+    T, H, n_kv = p.shape
+    g = H // v.shape[1]
+    c = te.reduce_axis((0, n_kv), name="c")
+    return te.compute((T, H, n_v), lambda t, h, j: te.sum(p[t, h, c] * v[c, h // g, j], axis=c), name="attn_pv")
 
 
 def _softmax_pv(sm, v_at, n_v, prefix: str):
@@ -206,10 +245,20 @@ def sum_rows(x):
 
 def argsort_top_k(x, k):
     """Top-k by rank counting: rank(e) = #{e' : x[e'] > x[e] or (x[e'] == x[e] and e' < e)}; O(n^2), fine for n_expert."""
+    return topk_select(topk_rank(x), k)
+
+
+def topk_rank(x):
+    """int32 [T, n]: each element's place in the descending order, ties to the lower index."""
     T, n = x.shape
     r = te.reduce_axis((0, n), name="r")
-    rank = te.compute((T, n), lambda t, e: te.sum(tirx.if_then_else(
+    return te.compute((T, n), lambda t, e: te.sum(tirx.if_then_else(
         tirx.any(x[t, r] > x[t, e], tirx.all(x[t, r] == x[t, e], r < e)), 1, 0), axis=r), name="topk_rank")
+
+
+def topk_select(rank, k):
+    """int32 [T, k]: the index whose rank is j, for j < k."""
+    T, n = rank.shape
     s = te.reduce_axis((0, n), name="s")
     return te.compute((T, k), lambda t, j: te.sum(tirx.if_then_else(rank[t, s] == j, s.astype("int32"), 0), axis=s),
                       name="argsort_top_k")
@@ -236,31 +285,29 @@ def flash_attn_ext_mla(q, kv, pos, *rest):
     mask [T, L]. rest = ([mask,] n_kv, scale, n_v)."""
     mask = rest[0] if len(rest) == 4 else None
     n_kv, scale_, n_v = rest[-3:]
-    T_, H, D = q.shape
-    neg = tirx.const(-math.inf, F32)
-    d = te.reduce_axis((0, D), name="d")
-    s = te.compute((T_, H, n_kv), lambda t, h, c: te.sum(q[t, h, d] * kv[c, 0, d], axis=d), name="mla_qk")
-
-    def masked(t, h, c):
-        v = s[t, h, c] * tirx.const(scale_, F32)
-        if mask is not None:
-            v = v + mask[t, c]
-        return tirx.if_then_else(c <= pos[t].astype("int64"), v, neg)
-
-    sm = te.compute((T_, H, n_kv), masked, name="mla_masked")
-    return _softmax_pv(sm, lambda c, h, j: kv[c, 0, j], n_v, "mla")
+    return _softmax_pv(_masked(attn_scores(q, kv, n_kv), pos, scale_, mask), lambda c, h, j: kv[c, 0, j], n_v, "mla")
 
 
 def lightning_indexer(q, k, w, pos, n_kv):
     """DSA index score [T, L]: sum_h relu(q[t,h]·k[s]) * w[t,h] on causal cells, -inf elsewhere."""
+    return index_score(index_qk(q, k, n_kv), w, pos)
+
+
+def index_qk(q, k, n_kv):
+    """[T, Hi, L] = q[t, h]·k[c] (the indexer's one key head); the first kernel of the split indexer."""
     T_, Hi, D = q.shape
     d = te.reduce_axis((0, D), name="d")
-    s = te.compute((T_, Hi, n_kv), lambda t, h, c: te.sum(q[t, h, d] * k[c, 0, d], axis=d), name="index_qk")
+    return te.compute((T_, Hi, n_kv), lambda t, h, c: te.sum(q[t, h, d] * k[c, 0, d], axis=d), name="index_qk")
+
+
+def index_score(s, w, pos):
+    """[T, L] = sum_h relu(s[t, h, c]) * w[t, h] on causal cells, -inf elsewhere."""
+    T_, Hi, n_kv = s.shape
     h_ = te.reduce_axis((0, Hi), name="h")
-    sc = te.compute((T_, n_kv), lambda t, c: te.sum(te.max(s[t, h_, c], tirx.const(0.0, F32)) * w[t, h_], axis=h_),
-                    name="index_score")
-    return te.compute((T_, n_kv), lambda t, c: tirx.if_then_else(
-        c <= pos[t].astype("int64"), sc[t, c], tirx.const(-math.inf, F32)), name="lightning_indexer")
+    # the causal mask inside the sum (Hi terms of -inf sum to -inf): one reduction block, no epilogue
+    return te.compute((T_, n_kv), lambda t, c: te.sum(tirx.if_then_else(
+        c <= pos[t].astype("int64"), te.max(s[t, h_, c], tirx.const(0.0, F32)) * w[t, h_], tirx.const(-math.inf, F32)),
+        axis=h_), name="lightning_indexer")
 
 
 def index_mask_load(state, n_kv):

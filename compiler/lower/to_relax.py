@@ -48,7 +48,7 @@ def weight_params(graph: Graph, weight_kinds: dict[str, str]) -> list[tuple[str,
 
 
 def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str], set_rows_gv,
-             static: dict[str, int] | None = None) -> None:
+             static: dict[str, int] | None = None, split_kernels: bool = False) -> None:
     """Emit `graph` as a Relax function; `static` fixes symbols (e.g. {"T": 1} for the one-row decode step)."""
     sym = {d: tirx.Var(d, "int64") for d in ("T", "R", "L", "C")}
     for d, v in (static or {}).items():
@@ -86,7 +86,7 @@ def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str],
                 if n.op in ("input", "state", "weight"):
                     continue
                 args = [env[i.id] for i in n.inputs]
-                env[n.id] = _emit(bb, n, args, sym, set_rows_gv)
+                env[n.id] = _emit(bb, n, args, sym, set_rows_gv, split_kernels)
             outs = [env[o.id] for o in graph.outputs.values()]
             gv = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(gv)
@@ -116,8 +116,40 @@ def _flatten(args):
     return flat, rebuild
 
 
-def _emit(bb, n, args, sym, set_rows_gv):
+# Ops whose single-PrimFunc form keeps scratch tensors inside the kernel (te_ops: attention's [T, H, L] scores,
+# the indexer's per-head scores, top-k's ranks). GPU targets get them as separate kernels with the scratch as
+# Relax tensors: planned statically (a kernel-internal buffer would be a workspace allocated at each call,
+# inside a CUDA graph capture too) and each kernel a shape the GPU schedule rules know.
+SPLIT_OPS = ("flash_attn_ext", "flash_attn_ext_mla", "lightning_indexer", "argsort_top_k")
+
+
+def _emit_split(bb, n, args, sym):
+    """`n` (op in SPLIT_OPS) as separate kernels."""
+    op, at, L = n.op, n.attrs, sym["L"]
+    if op == "argsort_top_k":
+        rank = bb.emit_te(te_ops.topk_rank, args[0], primfunc_name_hint="topk_rank")
+        return bb.emit_te(lambda r: te_ops.topk_select(r, at["k"]), rank, primfunc_name_hint="argsort_top_k")
+    if op == "lightning_indexer":
+        q, k, w, pos = args
+        s = bb.emit_te(te_ops.index_qk, q, k, L, primfunc_name_hint="index_qk")
+        return bb.emit_te(te_ops.index_score, s, w, pos, primfunc_name_hint="index_score")
+    if op == "flash_attn_ext":
+        q, k, v, pos = args
+        mask = []
+    else:   # flash_attn_ext_mla: the latent cache is K and (its first n_v columns) V
+        q, k, pos, *mask = args
+        v = k
+    s = bb.emit_te(te_ops.attn_scores, q, k, L, primfunc_name_hint="attn_scores")
+    p = bb.emit_te(lambda s_, pos_, *m: te_ops.soft_max(s_, pos_, at["scale"], *m), s, pos, *mask,
+                   primfunc_name_hint="soft_max")
+    return bb.emit_te(lambda p_, v_: te_ops.attn_pv(p_, v_, at.get("n_v") or v_.shape[2]), p, v,
+                      primfunc_name_hint="attn_pv")
+
+
+def _emit(bb, n, args, sym, set_rows_gv, split_kernels: bool = False):
     op, at = n.op, n.attrs
+    if split_kernels and op in SPLIT_OPS:
+        return _emit_split(bb, n, args, sym)
     if op == "reshape":
         return bb.emit(relax.op.reshape(args[0], [sym[d] if isinstance(d, str) else d for d in n.shape]))
     if op == "set_rows":
@@ -146,10 +178,12 @@ def _emit(bb, n, args, sym, set_rows_gv):
                       primfunc_name_hint=op)
 
 
-def build_module(graphs: list[Graph], weight_kinds: dict[str, str], static: dict[str, dict] | None = None):
-    """An IRModule with one Relax function per graph (entry point); `static[graph.name]` fixes symbols."""
+def build_module(graphs: list[Graph], weight_kinds: dict[str, str], static: dict[str, dict] | None = None,
+                 split_kernels: bool = False):
+    """An IRModule with one Relax function per graph (entry point); `static[graph.name]` fixes symbols.
+    `split_kernels` (GPU targets): SPLIT_OPS as separate kernels (`_emit_split`)."""
     bb = relax.BlockBuilder()
     set_rows_gv = bb.add_func(set_rows_kernel, "set_rows")
     for g in graphs:
-        to_relax(bb, g, weight_kinds, set_rows_gv, (static or {}).get(g.name))
+        to_relax(bb, g, weight_kinds, set_rows_gv, (static or {}).get(g.name), split_kernels)
     return bb.get()

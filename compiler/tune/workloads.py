@@ -52,7 +52,7 @@ def fused_module(model: str, target, draft: str | None = None):
     """The model's Relax module after the legalize and fuse phases (what the schedule phase sees)."""
     import tvm
 
-    from nextn.compiler.compile import STATIC, build_graphs, weight_kind
+    from nextn.compiler.compile import GPU_TARGETS, STATIC, build_graphs, weight_kind
     from nextn.compiler.loader.model_files import ModelFiles
     from nextn.compiler.lower.pipeline import phases
     from nextn.compiler.lower.to_relax import build_module
@@ -60,7 +60,7 @@ def fused_module(model: str, target, draft: str | None = None):
     mf = ModelFiles(model, draft, load_mtp=False)
     graphs = build_graphs(mf, mf.has_nextn)
     kinds = {n: weight_kind(mf, n) for g in graphs.values() for n in g.weights}
-    mod = build_module(list(graphs.values()), kinds, STATIC)
+    mod = build_module(list(graphs.values()), kinds, STATIC, split_kernels=target.kind.name in GPU_TARGETS)
     with target:
         for _name, passes in phases(target, None)[:2]:
             mod = tvm.transform.Sequential(passes)(mod)
