@@ -153,7 +153,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     mod = build_module(list(graphs.values()), kinds, STATIC, split_kernels=split)
     graph_entries = []
     if target == "cuda" and cuda_graph:
-        mod, graph_entries = capture_graphs.mark(mod, mf.config.n_ctx_train)
+        mod, graph_entries = capture_graphs.mark(mod, mf.config.n_ctx_train, STATIC)
     os.makedirs(out_dir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".nextn-", dir=out_dir)   # write then rename: never a half artifact
     libs = []

@@ -72,7 +72,7 @@ def check_mtp_vs_ir(eng, graphs, w, ids):
 
     T = len(ids)
     h_prev = np.random.default_rng(0).standard_normal((T, eng.hparams["n_embd"])).astype(np.float32)
-    st = zero_states(graphs["mtp_rows"], eng.n_ctx)
+    st = zero_states([graphs["mtp_rows"], graphs["mtp_draft"]], eng.n_ctx)   # glm-dsa's draft has one more state
     want = interpret.run(graphs["mtp_rows"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32), "h_prev": h_prev,
                                               "out_ids": np.array([T - 1], np.int32)}, w, st, n_kv=T)
     got = eng.mtp_rows(ids, h_prev, 0)

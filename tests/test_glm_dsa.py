@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from badgguf import with_metadata
-from conftest import FIXTURES, check_greedy_and_speculative, dequantized, reference, reference_logits, rel_err, zero_states
+from conftest import (FIXTURES, check_greedy_and_speculative, check_mtp_vs_ir, check_trunk_vs_ir, dequantized, reference,
+                      reference_logits, rel_err)
 from test_rope import naive_rope
 
 import nextn.runtime as rt
@@ -358,29 +359,15 @@ def test_index_share_state(bf16_files):
 
 
 def _check_compiled_vs_ir(m, path):
-    """Prefill then a NextN draft step of artifact `m` against the IR interpreter on the gguf-py-dequantized
-    weights of `path`."""
+    """Prefill + verify, then NextN rows + a draft step, of artifact `m` against the IR interpreter on the
+    gguf-py-dequantized weights of `path`."""
     from nextn.compiler.compile import build_graphs
 
     mf = ModelFiles(path, load_mtp=True)
-    graphs = build_graphs(mf, with_mtp=True)
-    weights = dequantized(mf)
+    graphs, weights = build_graphs(mf, with_mtp=True), dequantized(mf)
     ids = np.asarray(PROMPTS["code-short"]["prompt_ids"], np.int32)
-    T = len(ids)
-    st = zero_states(graphs.values(), m.engine.n_ctx)
-    want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
-                                             "out_ids": np.array([T - 1], np.int32)}, weights, st, n_kv=T)
-    h, last, am = m.engine.prefill(ids, 0)
-    assert rel_err(h, want["hidden"]) < 1e-5 and rel_err(last, want["logits"][0]) < 1e-5
-    hp = np.concatenate([np.zeros((1, h.shape[1]), np.float32), h[:-1]])
-    interpret.run(graphs["mtp_rows"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32), "h_prev": hp,
-                                       "out_ids": np.array([T - 1], np.int32)}, weights, st, n_kv=T)
-    m.engine.mtp_rows(ids, hp, 0)
-    want = interpret.run(graphs["mtp_draft"], {"tokens": ids[:1], "pos": np.array([T], np.int32),
-                                                "h_prev": h[-1:]}, weights, st, n_kv=T + 1)
-    hd, lg, amd = m.engine.mtp_draft(ids[:1], h[-1:], T)
-    assert rel_err(hd, want["h_nextn"]) < 1e-5 and rel_err(lg.numpy(), want["logits"]) < 1e-5
-    assert amd[0] == want["argmax"][0]
+    check_trunk_vs_ir(m.engine, graphs, weights, ids, rows=3)
+    check_mtp_vs_ir(m.engine, graphs, weights, ids)
 
 
 def test_q8_0_compiled_vs_ir(compiled):

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 from tvm import relax
 
-ENTRIES = ("decode", "draft", "mtp_draft_shared")   # the static one-row steps (compile.STATIC)
 KV_BUCKET = 256
 PASS_CONFIG = {"relax.backend.use_cuda_graph": True}
 
 
-def mark(mod, max_ctx: int, entries=ENTRIES):
-    """`mod` with the capture attributes on the Relax functions named in `entries` (contexts up to `max_ctx`
-    cells); returns (mod, marked names)."""
+def mark(mod, max_ctx: int, entries):
+    """`mod` with the capture attributes on the Relax functions named in `entries` (the static one-row steps,
+    compile.STATIC; contexts up to `max_ctx` cells); returns (mod, the names present in `mod`)."""
     import tvm
 
     funcs, marked = {}, []

@@ -187,14 +187,8 @@ def _masked(s, pos, scale_, mask=None):
 
 def soft_max(s, pos, scale_, mask=None):
     """p = softmax over the last axis of kq [T, H, L] scaled and masked as `_masked` (ggml_soft_max_ext)."""
-    sm = _masked(s, pos, scale_, mask)
-    T, H, n_kv = sm.shape
-    c1 = te.reduce_axis((0, n_kv), name="c1")
-    m = te.compute((T, H), lambda t, h: te.max(sm[t, h, c1], axis=c1), name="soft_max_max")
-    e = te.compute((T, H, n_kv), lambda t, h, c: te.exp(sm[t, h, c] - m[t, h]), name="soft_max_exp")
-    c2 = te.reduce_axis((0, n_kv), name="c2")
-    z = te.compute((T, H), lambda t, h: te.sum(e[t, h, c2], axis=c2), name="soft_max_sum")
-    return te.compute((T, H, n_kv), lambda t, h, c: e[t, h, c] / z[t, h], name="soft_max")
+    e, z = _exp_sum(_masked(s, pos, scale_, mask), "soft_max")
+    return te.compute(e.shape, lambda t, h, c: e[t, h, c] / z[t, h], name="soft_max")
 
 
 def attn_pv(p, v, n_v):
@@ -209,14 +203,21 @@ def _softmax_pv(sm, v_at, n_v, prefix: str):
     """softmax over the cells of masked scores sm [T, H, L] (masked cells -inf), then the weighted sum of V:
     out[t, h, j] = sum_c p[t, h, c] * v_at(c, h, j) (f32; normalised after the sum, as ggml's soft_max + mul_mat)."""
     T, H, n_kv = sm.shape
+    e, z = _exp_sum(sm, prefix)
+    c3 = te.reduce_axis((0, n_kv), name="c3")
+    o = te.compute((T, H, n_v), lambda t, h, j: te.sum(e[t, h, c3] * v_at(c3, h, j), axis=c3), name=f"{prefix}_pv")
+    return te.compute((T, H, n_v), lambda t, h, j: o[t, h, j] / z[t, h], name=f"{prefix}_out")
+
+
+def _exp_sum(sm, prefix: str):
+    """(e, z): e = exp(sm - max over cells) [T, H, L] and z = its sum over cells [T, H] (masked cells -inf → 0)."""
+    T, H, n_kv = sm.shape
     c1 = te.reduce_axis((0, n_kv), name="c1")
     m = te.compute((T, H), lambda t, h: te.max(sm[t, h, c1], axis=c1), name=f"{prefix}_max")
     e = te.compute((T, H, n_kv), lambda t, h, c: te.exp(sm[t, h, c] - m[t, h]), name=f"{prefix}_exp")
     c2 = te.reduce_axis((0, n_kv), name="c2")
     z = te.compute((T, H), lambda t, h: te.sum(e[t, h, c2], axis=c2), name=f"{prefix}_sum")
-    c3 = te.reduce_axis((0, n_kv), name="c3")
-    o = te.compute((T, H, n_v), lambda t, h, j: te.sum(e[t, h, c3] * v_at(c3, h, j), axis=c3), name=f"{prefix}_pv")
-    return te.compute((T, H, n_v), lambda t, h, j: o[t, h, j] / z[t, h], name=f"{prefix}_out")
+    return e, z
 
 
 def sigmoid(x):

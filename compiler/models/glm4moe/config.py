@@ -14,9 +14,28 @@ ARCH = "glm4moe"
 
 
 @dataclass(frozen=True, kw_only=True)
-class RopeScaling:
-    """Rope scaling fields shared by the GLM configs, as llama.cpp's context resolves them (`rope_keys`);
-    the defaults are plain rope. `rope_freq_base` is each config's own field."""
+class GlmConfig:
+    """The fields every GLM arch reads the same way (`layer_counts`, `moe_keys`, `rope_keys`); each arch's
+    config adds its own. Rope scaling as llama.cpp's context resolves it; its defaults are plain rope."""
+    arch: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int            # trunk layers (block_count - nextn_predict_layers)
+    n_layer_nextn: int
+    n_head: int
+    n_rot: int              # rope.dimension_count
+    rope_freq_base: float
+    rms_eps: float
+    n_ctx_train: int
+    n_ff: int               # dense FFN width (leading dense blocks)
+    n_ff_exp: int
+    n_expert: int
+    n_expert_used: int
+    n_expert_shared: int
+    n_lead_dense: int
+    expert_weights_scale: float   # 0 = no scaling (llama.cpp default when the key is absent)
+    expert_weights_norm: bool
+    expert_gating_func: int       # 2 = sigmoid (only kind supported here)
     rope_scaling: str = "none"       # none | linear | yarn
     rope_freq_scale: float = 1.0     # 1 / rope.scaling.factor
     rope_ext_factor: float = 0.0     # 1 for YaRN
@@ -31,39 +50,21 @@ class RopeScaling:
                     attn_factor=self.rope_attn_factor, beta_fast=self.rope_beta_fast, beta_slow=self.rope_beta_slow,
                     n_ctx_orig=self.rope_n_ctx_orig)
 
-
-@dataclass(frozen=True)
-class Glm4MoeConfig(RopeScaling):
-    arch: str
-    n_vocab: int
-    n_embd: int
-    n_layer: int            # trunk layers (block_count - nextn_predict_layers)
-    n_layer_nextn: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_rot: int              # NEOX partial rope: pairs (i, i + n_rot/2), i < n_rot/2
-    rope_freq_base: float
-    rms_eps: float
-    n_ff: int               # dense FFN width (leading dense blocks)
-    n_ff_exp: int
-    n_expert: int
-    n_expert_used: int
-    n_expert_shared: int
-    n_lead_dense: int
-    expert_weights_scale: float   # 0 = no scaling (llama.cpp default when the key is absent)
-    expert_weights_norm: bool
-    expert_gating_func: int       # 2 = sigmoid (only kind supported here)
-    n_ctx_train: int
-    qk_norm: bool
-    qkv_bias: bool
-
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "Glm4MoeConfig":
+    def from_json(cls, d: dict):
         return cls(**d)
+
+
+@dataclass(frozen=True)
+class Glm4MoeConfig(GlmConfig):
+    """glm4moe: GQA attention with NEOX partial rope (pairs (i, i + n_rot/2), i < n_rot/2)."""
+    n_head_kv: int
+    head_dim: int
+    qk_norm: bool
+    qkv_bias: bool
 
 
 def _scalar_or_first(f, key, kind=int):

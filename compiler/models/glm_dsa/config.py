@@ -8,7 +8,7 @@ NextN frame, whose tensor tables are imported from `..glm4moe.config` rather tha
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from nextn.runtime.errors import NextnError
 
@@ -19,31 +19,13 @@ INDEXER_K_NORM_EPS = 1e-6   # the model's LayerNorm eps (transformers GlmMoeDsaI
 
 
 @dataclass(frozen=True)
-class GlmDsaConfig(g4.RopeScaling):
-    arch: str
-    n_vocab: int
-    n_embd: int
-    n_layer: int            # trunk layers (block_count - nextn_predict_layers)
-    n_layer_nextn: int
-    n_head: int
+class GlmDsaConfig(g4.GlmConfig):
+    """glm-dsa: absorbed MLA (n_rot = qk_rope, NORM rope on the rope slice only) and the DSA indexer."""
     q_lora: int             # attention.q_lora_rank
     kv_lora: int            # attention.kv_lora_rank
     hd_k: int               # attention.key_length_mla = qk_nope + qk_rope
     hd_v: int               # attention.value_length_mla
-    n_rot: int              # qk_rope: NORM rope (adjacent pairs) on the rope slice only
-    rope_freq_base: float
     kq_scale: float         # mscale^2 / sqrt(hd_k) (§4.2)
-    rms_eps: float
-    n_ff: int
-    n_ff_exp: int
-    n_expert: int
-    n_expert_used: int
-    n_expert_shared: int
-    n_lead_dense: int
-    expert_weights_scale: float
-    expert_weights_norm: bool
-    expert_gating_func: int
-    n_ctx_train: int
     idx_heads: int          # attention.indexer.head_count
     idx_hd: int             # attention.indexer.key_length
     idx_top_k: int          # attention.indexer.top_k
@@ -57,13 +39,6 @@ class GlmDsaConfig(g4.RopeScaling):
     def kv_width(self) -> int:
         """Width of one latent KV cell: kv_lora compressed columns followed by the qk_rope key."""
         return self.kv_lora + self.n_rot
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "GlmDsaConfig":
-        return cls(**d)
 
 
 def mla_kq_scale(hd_k: int, freq_scale: float = 1.0, attn_factor: float = 1.0, yarn_log_mul: float = 0.0) -> float:
