@@ -208,12 +208,17 @@ class Drafter:
         return int(am[-1]), None, float(1.0 / np.exp(z - z[-1]).sum())
 
 
-def generate(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | str = 3, temp: float = 0.0,
-             seed: int | None = None, eog_ids=frozenset(), *, top_k: int = 40, top_p: float = 0.95,
-             min_p: float = 0.05, n_min: int = 0, p_min: float = 0.0, draft_sampling: str = "greedy",
-             stop=(), token_bytes=None, controller=None) -> Generation:
-    """Generate up to `n_predict` tokens after `prompt_ids` (int list); speculate with the NextN head when `spec`
-    at depth `n_max` (int, already clamped by the caller) or "auto" (`depth.AdaptiveDepth`). Raises NextnError."""
+def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | str = 3, temp: float = 0.0,
+           seed: int | None = None, eog_ids=frozenset(), *, top_k: int = 40, top_p: float = 0.95,
+           min_p: float = 0.05, n_min: int = 0, p_min: float = 0.0, draft_sampling: str = "greedy",
+           stop=(), token_bytes=None, controller=None):
+    """Decode step by step: a generator that yields the tokens each step emits (a list of ints; the first yield is
+    prefill's token, then one yield per verify round: its accepted drafts + the recovered or bonus token, cut by
+    the finish rules) and returns the `Generation` when a finish rule fires. Closing it early (`.close()`) stops
+    decoding; the engine's KV past the last committed cell is simply overwritten by the next sequence.
+
+    Arguments as `generate`. Raises NextnError (at the first `next`) for an empty prompt, a prompt that does not
+    fit the context, or speculation without a NextN block."""
     prompt = np.asarray(prompt_ids, np.int32)
     if len(prompt) == 0:
         raise NextnError("the prompt is empty")
@@ -243,6 +248,7 @@ def generate(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int |
     out: list[int] = []
     finish = rules.push(out, id_last)
     vm0, t1 = dict(engine.vm_seconds), time.perf_counter()
+    yield [id_last]
 
     while finish is None:
         if n_past + 1 > engine.n_ctx:   # id_last has no cell left
@@ -281,6 +287,24 @@ def generate(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int |
         stats.verify_s += ts - tv
         stats.sampling_s += te - ts
         depth.observe(len(drafts), a, time.perf_counter() - tr, len(out))
+        yield new[:m]
     t2 = time.perf_counter()
     vm_s = {name: engine.vm_seconds[name] - vm0.get(name, 0.0) for name in engine.vm_seconds}
     return Generation(out, stats, t1 - t0, t2 - t1, finish, vm_s, rng.seed, n_past)
+
+
+def generate(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | str = 3, temp: float = 0.0,
+             seed: int | None = None, eog_ids=frozenset(), **kw) -> Generation:
+    """Generate up to `n_predict` tokens after `prompt_ids` (int list); speculate with the NextN head when `spec`
+    at depth `n_max` (int, already clamped by the caller) or "auto" (`depth.AdaptiveDepth`). Keywords: top_k,
+    top_p, min_p, n_min, p_min, draft_sampling, stop, token_bytes, controller (see `decode`). Raises NextnError."""
+    return run_to_end(decode(engine, prompt_ids, n_predict, spec, n_max, temp, seed, eog_ids, **kw))
+
+
+def run_to_end(steps) -> Generation:
+    """Drive a `decode` generator to its end; returns its Generation."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as e:
+            return e.value
