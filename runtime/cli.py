@@ -159,9 +159,11 @@ def bench(model, prompts, out, n_predict, repeat, temp, seed, ctx_size, target, 
               target=target, plot=not no_plot, log=lambda s: click.echo(s, err=True))
 
 
+from .cli_serve import register as _register_serve  # noqa: E402
 from .cli_tune import register as _register_tuning  # noqa: E402
 
 _register_tuning(cli)
+_register_serve(cli)
 
 
 def main(argv=None):

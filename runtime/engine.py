@@ -8,6 +8,7 @@ the committed prefix are masked out (attention reads cells <= pos) and overwritt
 """
 from __future__ import annotations
 
+import copy
 import os
 import time
 
@@ -72,19 +73,10 @@ class Engine:
                 bufs[b["buffer"]] = self._tensor(arr)
         self.weight_bytes = sum(b["nbytes"] for b in plan)
 
-        # Static KV: one buffer per state name, shaped as the manifest says with C = the context size.
-        self.states = {}
-        self._fn, self._rest = {}, {}
-        for name, ep in m["entry_points"].items():
-            if ep["graph"] == "mtp" and not self.has_mtp:
-                continue
-            for s in ep["states"]:
-                if s not in self.states:
-                    shape = tuple(self.n_ctx if d == "C" else int(d) for d in ep["state_shapes"][s])
-                    self.states[s] = self.device.empty(shape, ep["state_dtypes"][s])
-            self._fn[name] = self.vm[name]
-            self._rest[name] = [self.states[s] for s in ep["states"]] + [bufs[w] for w in ep["weights"]]
-        self.kv_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in self.states.values())
+        self._weights = bufs
+        self._entries = {name: ep for name, ep in m["entry_points"].items() if ep["graph"] != "mtp" or self.has_mtp}
+        self._fn = {name: self.vm[name] for name in self._entries}
+        self._alloc_states()
         self.vm_seconds = {name: 0.0 for name in self._fn}   # time inside compiled entry points, per entry
         self.max_draft = int(m.get("max_draft", 8))           # compiled maximum draft depth (manifest)
         # glm-dsa: draft steps 1..n_max-1 reuse step 0's NextN DSA selection (index_share_for_mtp_iteration)
@@ -95,6 +87,42 @@ class Engine:
         self.kv_bucket = int(cg.get("kv_bucket", 1))
         self.static_inputs = set(cg.get("entries", []))
         self._inbuf: dict[tuple, list] = {}
+
+    def _alloc_states(self) -> None:
+        """Static KV of one sequence: one zeroed buffer per state name, shaped as the manifest says with C = n_ctx."""
+        self.states, self._rest = {}, {}
+        for name, ep in self._entries.items():
+            for s in ep["states"]:
+                if s not in self.states:
+                    shape = tuple(self.n_ctx if d == "C" else int(d) for d in ep["state_shapes"][s])
+                    self.states[s] = self.device.empty(shape, ep["state_dtypes"][s])
+            self._rest[name] = [self.states[s] for s in ep["states"]] + [self._weights[w] for w in ep["weights"]]
+        self.kv_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in self.states.values())
+
+    def resize_context(self, ctx_size: int) -> None:
+        """Reallocate this sequence's KV for `ctx_size` cells (what it held is dropped)."""
+        if ctx_size < 2:
+            raise NextnError(f"context size {ctx_size} per sequence is too small (-c)")
+        self.n_ctx = int(ctx_size)
+        self._inbuf = {}
+        self._alloc_states()
+
+    def sequence(self, ctx_size: int | None = None) -> "Engine":
+        """Another sequence on this engine (a server slot): the same compiled module and weights, its own static KV
+        (trunk and NextN) of `ctx_size` cells (default: this engine's), its own VM timers. Calls on either never read
+        or write the other's KV. One thread at a time per engine: the VM is shared. Raises NextnError for an artifact
+        whose CUDA graphs captured this engine's buffers (recompile with --no-cuda-graph)."""
+        if self.static_inputs:
+            raise NextnError(f"{self.artifact.path}: CUDA graphs replay this engine's own KV buffers, so it cannot hold "
+                             f"a second sequence (-np > 1); recompile with --no-cuda-graph")
+        seq = copy.copy(self)
+        seq.n_ctx = int(ctx_size or self.n_ctx)
+        if seq.n_ctx < 2:
+            raise NextnError(f"context size {seq.n_ctx} per sequence is too small (-c)")
+        seq.vm_seconds = dict.fromkeys(self._fn, 0.0)
+        seq._inbuf = {}
+        seq._alloc_states()
+        return seq
 
     @classmethod
     def open(cls, path: str, target: str = "llvm", ctx_size: int | None = None, load_mtp: bool = True,

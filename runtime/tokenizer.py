@@ -170,6 +170,14 @@ class Tokenizer:
         """Text of one token (invalid/partial UTF-8 shown as U+FFFD); '' for control tokens."""
         return self._pieces[int(id)].decode("utf-8", errors="replace")
 
+    def token_text(self, id: int) -> str:
+        """The vocabulary string of a token, control tokens included (e.g. '<|user|>')."""
+        return self._hf.id_to_token(int(id)) or ""
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the token whose vocabulary string is `text`, or None."""
+        return self._hf.token_to_id(text)
+
     def decode(self, ids) -> str:
         """Ids -> text: the concatenated token bytes, decoded as UTF-8 (invalid sequences -> U+FFFD)."""
         return b"".join(self._pieces[int(i)] for i in ids).decode("utf-8", errors="replace")

@@ -1,0 +1,83 @@
+"""`nextn serve` (registered on the main CLI group): llama-server's flag names (tools/server/README.md, common/arg.cpp)."""
+from __future__ import annotations
+
+import click
+
+from .errors import NextnError
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(serve)
+
+
+@click.command()
+@click.argument("model", type=click.Path())
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, help="Port to listen on.")
+@click.option("-c", "--ctx-size", default=None, type=int,
+              help="Context size in KV cells, shared by the slots: each slot holds c / np "
+                   "[default: min(train ctx, 4096) per server].")
+@click.option("-np", "--parallel", "n_parallel", default=1, show_default=True,
+              help="Slots: requests decoded at once, each with its own KV and speculation state; more requests queue.")
+@click.option("-t", "--threads", default=None, type=int, help="CPU threads for the compiled kernels.")
+@click.option("--spec-type", type=click.Choice(["none", "draft-mtp"]), default=None,
+              help="Speculation [default: draft-mtp when the model has a NextN block].")
+@click.option("--spec-draft-n-max", default="3", show_default=True,
+              help="Draft depth n_max (integer, lowered to the engine's maximum, or 'auto'); a request's "
+                   "speculative.n_max can only lower it.")
+@click.option("--spec-draft-n-min", default=0, show_default=True, help="Discard drafts shorter than this.")
+@click.option("--spec-draft-p-min", default=0.0, show_default=True,
+              help="Stop drafting when the draft's probability falls below this.")
+@click.option("--spec-draft-sampling", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
+              help="At temperature > 0: greedy drafts + sample-and-match, or sampled drafts + rejection sampling.")
+@click.option("-n", "--n-predict", default=-1, show_default=True, help="Default tokens per request (-1: until the "
+                                                                         "context is full).")
+@click.option("--temp", default=0.8, show_default=True, help="Default temperature (0 = greedy).")
+@click.option("--top-k", default=40, show_default=True, help="Default top-k (0: off).")
+@click.option("--top-p", default=0.95, show_default=True, help="Default top-p (1.0: off).")
+@click.option("--min-p", default=0.05, show_default=True, help="Default min-p (0.0: off).")
+@click.option("-s", "--seed", default=-1, show_default=True, help="Default seed (-1: random per request).")
+@click.option("--metrics", is_flag=True, help="Enable the Prometheus /metrics endpoint.")
+@click.option("--no-slots", is_flag=True, help="Disable the /slots endpoint.")
+@click.option("--api-key", "api_keys", multiple=True,
+              help="API key clients must send (Authorization: Bearer KEY); repeatable or comma-separated.")
+@click.option("--chat-template-file", default=None, type=click.Path(dir_okay=False),
+              help="Jinja chat template [default: the GGUF's tokenizer.chat_template, else nextn's GLM-4.5 one].")
+@click.option("-a", "--alias", default=None, help="Model name in responses and /v1/models [default: file name].")
+@click.option("-md", "--model-draft", "draft", default=None, help="MTP-only GGUF (draft) for a trunk-only model.")
+@click.option("-ctk", "--cache-type-k", default=None, help="KV cache type for K; must be the artifact's (f32).")
+@click.option("-ctv", "--cache-type-v", default=None, help="KV cache type for V; must be the artifact's (f32).")
+@click.option("--device", default="cpu", show_default=True, help="Where to run: cpu, or cuda:N for a CUDA artifact.")
+@click.option("--target", default="llvm", show_default=True, help="Target used when MODEL is a GGUF.")
+@click.option("--arch", "arches", multiple=True, help="GPU arch(s) when MODEL is a GGUF compiled for cuda/rocm.")
+@click.option("--mtp-dense-attention", is_flag=True, help="glm-dsa: compile the NextN block as dense MLA (a GGUF).")
+def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
+          spec_draft_p_min, spec_draft_sampling, n_predict, temp, top_k, top_p, min_p, seed, metrics, no_slots,
+          api_keys, chat_template_file, alias, draft, cache_type_k, cache_type_v, device, target, arches,
+          mtp_dense_attention):
+    """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
+    /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
+    /v1/models, /slots, /metrics."""
+    from .cli import parse_n_max
+    from .server import ServeOptions, serve as run_server
+    from .server.params import ServerDefaults
+
+    if n_parallel < 1:
+        raise NextnError(f"-np {n_parallel}: expected >= 1")
+    if ctx_size is not None and ctx_size // n_parallel < 2:
+        raise NextnError(f"-c {ctx_size} -np {n_parallel}: each slot needs at least 2 cells")
+    if n_predict < -1:
+        raise NextnError(f"-n {n_predict}: expected -1 (no limit) or >= 0")
+    if spec_draft_n_min < 0 or not 0.0 <= spec_draft_p_min <= 1.0:
+        raise NextnError(f"--spec-draft-n-min {spec_draft_n_min} / --spec-draft-p-min {spec_draft_p_min}: expected "
+                         f"n_min >= 0 and 0 <= p_min <= 1")
+    keys = [k for a in api_keys for k in a.split(",") if k]
+    d = ServerDefaults(n_predict=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                       n_max=parse_n_max(spec_draft_n_max), n_min=spec_draft_n_min, p_min=spec_draft_p_min,
+                       draft_sampling=spec_draft_sampling)
+    opt = ServeOptions(model=model, host=host, port=port, ctx_size=ctx_size, n_parallel=n_parallel, threads=threads,
+                       draft=draft, device=device, target=target, arches=list(arches) or None,
+                       mtp_dense_attention=mtp_dense_attention, chat_template_file=chat_template_file, api_keys=keys,
+                       metrics=metrics, slots=not no_slots, alias=alias, cache_type_k=cache_type_k,
+                       cache_type_v=cache_type_v, spec_type=spec_type, defaults=d)
+    run_server(opt, log=lambda s: click.echo(s, err=True))

@@ -1,0 +1,176 @@
+"""`nextn serve`: a llama-server–compatible HTTP server (OpenAI chat and completions, llama-server's /completion,
+streaming, speculation stats, parallel slots). Data flow: HTTP (app.py, routes_*.py) → params.py → slots.py
+(one scheduler thread, N engine sequences) → runtime/speculative.py `decode` → responses.py / sse.py.
+
+`start(...)` loads the model in a background thread while the HTTP server already answers (503 until loaded);
+`serve(...)` runs it until interrupted. The runtime reaches the compiler only through `runtime.cache` (compile a
+GGUF on first use), like `nextn run`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from ..errors import NextnError
+from .params import ServerDefaults
+
+
+@dataclass
+class ServeOptions:
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8080
+    ctx_size: int | None = None          # -c: total cells, split over the slots (llama-server)
+    n_parallel: int = 1                  # -np
+    threads: int | None = None           # -t
+    draft: str | None = None             # -md
+    device: str = "cpu"
+    target: str = "llvm"
+    arches: list | None = None
+    mtp_dense_attention: bool = False
+    chat_template_file: str | None = None
+    api_keys: list = field(default_factory=list)
+    metrics: bool = False
+    slots: bool = True
+    alias: str | None = None
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    spec_type: str | None = None         # None: draft-mtp when the model has a NextN block
+    defaults: ServerDefaults = field(default_factory=ServerDefaults)
+
+
+def load_state(state, opt: ServeOptions, log) -> None:
+    """Load the model into `state` (app.ServerState) and start the scheduler. Raises NextnError."""
+    from ..api import load
+    from .chat_template import GLM_END_OF_TURN, ChatTemplate
+    from .slots import Scheduler
+
+    d = opt.defaults
+    want_spec = opt.spec_type != "none"
+    per_slot = opt.ctx_size // opt.n_parallel if opt.ctx_size else None
+    m = load(opt.model, target=opt.target, ctx_size=per_slot, spec=want_spec, draft=opt.draft, log=log,
+             arches=opt.arches, device=opt.device, mtp_dense_attention=opt.mtp_dense_attention)
+    eng = m.engine
+    _check_cache_types(eng, opt)
+    if opt.spec_type is None:
+        d.spec_type = "draft-mtp" if m.has_mtp else "none"
+    elif opt.spec_type == "draft-mtp" and not m.has_mtp:
+        raise NextnError(f"{opt.model}: --spec-type draft-mtp needs a NextN block; this model is trunk-only "
+                         f"(give the MTP GGUF with -md, or use --spec-type none)")
+    else:
+        d.spec_type = opt.spec_type
+    if d.spec_type != "none" and d.n_max != "auto" and d.n_max > m.max_draft:
+        log(f"--spec-draft-n-max {d.n_max} lowered to the engine's maximum {m.max_draft}")
+        d.n_max = m.max_draft
+    if per_slot is None and opt.n_parallel > 1:
+        eng.resize_context(eng.n_ctx // opt.n_parallel)
+    engines = [eng] + [eng.sequence() for _ in range(opt.n_parallel - 1)]
+    tok = m.tokenizer
+    turn_ends = {tok.token_id(t) for t in GLM_END_OF_TURN} - {None}
+    state.eog, state.chat_eog = tok.eog_ids, frozenset(tok.eog_ids | turn_ends)
+    state.template = ChatTemplate.load(eng.files.main.fields, opt.chat_template_file,
+                                       tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
+                                       tok.token_text(tok.eos_id))
+    state.model = m
+    state.scheduler = Scheduler(engines, tok.token_to_bytes, log=log)
+    state.scheduler.start()
+
+
+def _check_cache_types(eng, opt: ServeOptions) -> None:
+    have = sorted({str(s.dtype) for s in eng.states.values()})
+    for flag, want in (("--cache-type-k", opt.cache_type_k), ("--cache-type-v", opt.cache_type_v)):
+        if want and [want.lower()] != have:
+            raise NextnError(f"{flag} {want}: this artifact's KV cache is {', '.join(have)} (fixed when it was compiled)")
+
+
+def make_state(opt: ServeOptions):
+    from importlib.metadata import version
+
+    from .app import ServerState
+
+    try:
+        fp = f"nextn-{version('nextn')}"
+    except Exception:
+        fp = "nextn"
+    name = opt.alias or os.path.basename(os.path.normpath(opt.model))
+    opt.defaults.n_parallel = opt.n_parallel
+    return ServerState(defaults=opt.defaults, api_keys=list(opt.api_keys), metrics_enabled=opt.metrics,
+                       slots_enabled=opt.slots, model_name=name, model_path=os.path.abspath(opt.model),
+                       fingerprint=fp)
+
+
+class Running:
+    """A started server: `url`, `state`, `stop()`; `error` is the NextnError that stopped loading, if any."""
+
+    def __init__(self, opt: ServeOptions, log=None):
+        import uvicorn
+
+        from .app import create_app
+
+        self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+        if opt.n_parallel < 1:
+            raise NextnError(f"-np {opt.n_parallel}: expected >= 1")
+        if opt.threads:
+            os.environ["TVM_NUM_THREADS"] = str(opt.threads)   # read when TVM's CPU thread pool starts
+        self.opt, self.error = opt, None
+        self.state = make_state(opt)
+        self.state.log = self.log
+        cfg = uvicorn.Config(create_app(self.state), host=opt.host, port=opt.port, log_level="warning",
+                             lifespan="off", timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(cfg)
+        self.url = f"http://{opt.host}:{opt.port}"
+        self.loaded = threading.Event()
+
+    def _load(self) -> None:
+        try:
+            load_state(self.state, self.opt, self.log)
+            self.state.ready = True
+            self.log(f"nextn serve: {self.state.model_name} ready on {self.url} ({self.opt.n_parallel} slot(s) of "
+                     f"{self.state.scheduler.n_ctx} cells, speculation: {self.opt.defaults.spec_type})")
+        except NextnError as e:
+            self.error = e
+            self.server.should_exit = True
+        except Exception as e:   # noqa: BLE001 - reported as one line, the server stops
+            self.error = NextnError(f"loading failed: {type(e).__name__}: {e}")
+            self.server.should_exit = True
+        finally:
+            self.loaded.set()
+
+    def run(self) -> None:
+        """Serve in this thread until interrupted (Ctrl+C) or loading fails; raises that NextnError."""
+        threading.Thread(target=self._load, name="nextn-load", daemon=True).start()
+        try:
+            self.server.run()
+        finally:
+            if self.state.scheduler is not None:
+                self.state.scheduler.stop()
+        if self.error is not None:
+            raise self.error
+
+    def start_background(self) -> "Running":
+        """Serve from a background thread (tests, embedding); returns once the socket listens."""
+        import time
+
+        self._thread = threading.Thread(target=self.run_quiet, name="nextn-http", daemon=True)
+        self._thread.start()
+        t0 = time.time()
+        while not self.server.started and self._thread.is_alive() and time.time() - t0 < 60:
+            time.sleep(0.02)
+        return self
+
+    def run_quiet(self) -> None:
+        try:
+            self.run()
+        except NextnError:
+            pass
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if getattr(self, "_thread", None) is not None:
+            self._thread.join(timeout=15)
+
+
+def serve(opt: ServeOptions, log=None) -> None:
+    Running(opt, log).run()

@@ -1,0 +1,117 @@
+"""The ASGI app (FastAPI/Starlette, served by uvicorn): shared state, the llama-server middlewares and error mapping.
+
+Middlewares, in llama-server's order (tools/server/server-http.cpp): while the model loads every route answers 503
+`unavailable_error` "Loading model"; with `--api-key` every route except /health and /v1/health needs
+`Authorization: Bearer KEY` (or `X-Api-Key: KEY`), else 401 `authentication_error` "Invalid API Key".
+Errors are llama-server's objects (`errors.ApiError`); an unknown route (or method) is 404 `not_found_error`
+"File Not Found"; a body that is not JSON is 500 `server_error` as llama-server answers it (its JSON parse error
+is not an invalid-argument error). An unexpected exception in a route is a 500 and the server keeps serving.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+
+from .errors import ApiError
+from .sse import dumps
+
+PUBLIC = ("/health", "/v1/health")
+
+
+@dataclass
+class ServerState:
+    """Everything the routes read. `model`, `scheduler`, `template` are set once loading is done (`ready`)."""
+
+    defaults: object                         # params.ServerDefaults
+    api_keys: list = field(default_factory=list)
+    metrics_enabled: bool = False
+    slots_enabled: bool = True
+    model_name: str = ""
+    model_path: str = ""
+    fingerprint: str = ""
+    ready: bool = False
+    model: object = None                     # api.Model (tokenizer, engine)
+    scheduler: object = None                 # slots.Scheduler
+    template: object = None                  # chat_template.ChatTemplate
+    eog: frozenset = frozenset()             # plain completion: EOS/EOG of the vocabulary
+    chat_eog: frozenset = frozenset()        # chat: also the GLM end-of-turn tokens
+    log: object = None
+
+
+def json_response(obj, status: int = 200, headers=None):
+    from starlette.responses import Response
+
+    return Response(dumps(obj).encode("utf-8"), status_code=status, media_type="application/json; charset=utf-8",
+                    headers=headers)
+
+
+def error_response(e: ApiError):
+    return json_response({"error": e.to_json()}, e.status)
+
+
+class Gate:
+    """Pure ASGI middleware: 503 while loading, then the API key check."""
+
+    def __init__(self, app, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        err = None
+        if not self.state.ready:
+            err = ApiError("Loading model", "unavailable_error")
+        elif self.state.api_keys and scope["path"] not in PUBLIC:
+            h = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            key = h.get("authorization") or h.get("x-api-key") or ""
+            if key.startswith("Bearer "):
+                key = key[len("Bearer "):]
+            if key not in self.state.api_keys:
+                err = ApiError("Invalid API Key", "authentication_error")
+        if err is None:
+            return await self.app(scope, receive, send)
+        await error_response(err)(scope, receive, send)
+
+
+async def read_json(request) -> dict:
+    """The request body as a JSON object; a non-object is refused with 400, a non-JSON body with 500 (as
+    llama-server)."""
+    raw = await request.body()
+    try:
+        body = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(f"[json.exception.parse_error] {e}", "server_error") from None
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object")
+    return body
+
+
+def create_app(state: ServerState):
+    from fastapi import FastAPI
+    from starlette.exceptions import HTTPException
+
+    from . import routes_generate, routes_info
+
+    app = FastAPI(title="nextn", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.nextn = state
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request, e: ApiError):
+        return error_response(e)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request, e: HTTPException):
+        if e.status_code in (404, 405):
+            return json_response({"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}, 404)
+        return error_response(ApiError(str(e.detail), "server_error"))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request, e: Exception):
+        print(f"nextn serve: {request.url.path}: {type(e).__name__}: {e}", file=sys.stderr)
+        return error_response(ApiError(f"{type(e).__name__}: {e}", "server_error"))
+
+    routes_info.register(app, state)
+    routes_generate.register(app, state)
+    app.add_middleware(Gate, state=state)
+    return app

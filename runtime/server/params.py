@@ -1,0 +1,161 @@
+"""Request fields, read as llama-server reads them (tools/server/server-schema.cpp `make_llama_cmpl_schema`).
+
+Each field has a name, aliases (the first one present wins), a default from the server's command line, and limits:
+*soft* limits clamp the value (`top_k`, `top_p`, `min_p`, `temperature`), *hard* limits refuse it with 400 and
+"Field 'NAME': Value must be between LO <= value <= HI, but got X" (`n_predict`, the speculative fields). A null
+value counts as absent. A value of the wrong JSON type is refused with 400 naming the field. Unknown fields are
+ignored. Beyond llama-server (which compiles its per-request speculative fields out): `speculative.n_max`,
+`speculative.n_min`, `speculative.p_min` are honoured per request; n_max only lowers the server's n_max (and n_min
+never exceeds the effective n_max); the effective values are reported in the response.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .errors import ApiError
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclass
+class ServerDefaults:
+    """What the command line sets: sampling defaults (llama.cpp common/common.h) and the speculation settings."""
+
+    n_predict: int = -1
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = -1
+    spec_type: str = "none"              # none | draft-mtp
+    n_max: int | str = 3                 # int, or "auto" (nextn's adaptive depth)
+    n_min: int = 0
+    p_min: float = 0.0
+    draft_sampling: str = "greedy"       # greedy | sample
+    n_parallel: int = 1
+
+
+@dataclass
+class GenParams:
+    n_predict: int = -1
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = -1
+    stop: list = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    ignore_eos: bool = False
+    return_tokens: bool = False
+    timings_per_token: bool = False
+    spec_type: str = "none"
+    n_max: int | str = 3
+    n_min: int = 0
+    p_min: float = 0.0
+    draft_sampling: str = "greedy"
+
+    def settings_json(self) -> dict:
+        """llama-server's `generation_settings` subset that applies here, plus the effective speculative values."""
+        return {"n_predict": self.n_predict, "max_tokens": self.n_predict, "seed": self.seed,
+                "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
+                "stop": self.stop, "stream": self.stream, "ignore_eos": self.ignore_eos,
+                "speculative.type": self.spec_type, "speculative.n_max": self.n_max, "speculative.n_min": self.n_min,
+                "speculative.p_min": self.p_min}
+
+
+def _kind(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    return "array" if isinstance(v, list) else "object"
+
+
+def _get(body: dict, names):
+    for n in names:
+        if body.get(n) is not None:
+            return n, body[n]
+    return None, None
+
+
+def _num(body, names, default, cast, lo=None, hi=None, hard=False):
+    name, v = _get(body, names)
+    if name is None:
+        return default
+    if _kind(v) != "number" or (isinstance(v, float) and not math.isfinite(v) and cast is int):
+        raise ApiError(f"Field '{name}': type must be number, but is {_kind(v)}")
+    v = cast(v)
+    if hard and not lo <= v <= hi:
+        raise ApiError(f"Field '{name}': Value must be between {lo} <= value <= {hi}, but got {v}")
+    if lo is not None:
+        v = max(lo, v)
+    if hi is not None:
+        v = min(hi, v)
+    return v
+
+
+def _bool(body, names, default):
+    name, v = _get(body, names)
+    if name is None:
+        return default
+    if not isinstance(v, bool):
+        raise ApiError(f"Field '{name}': type must be boolean, but is {_kind(v)}")
+    return v
+
+
+def _stop(body) -> list:
+    v = body.get("stop")
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v] if v else []
+    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+        return [s for s in v if s]
+    raise ApiError(f"Field 'stop': expected a string or an array of strings, but is {_kind(v)}")
+
+
+def parse_gen_params(body: dict, d: ServerDefaults) -> GenParams:
+    """Read a request body (a JSON object) into GenParams. Raises ApiError (400) naming the field."""
+    if not isinstance(body, dict):
+        raise ApiError(f"the request body must be a JSON object, got {_kind(body)}")
+    p = GenParams()
+    p.n_predict = _num(body, ("n_predict", "max_completion_tokens", "max_tokens"), d.n_predict, int, -1, INT32_MAX,
+                       hard=True)
+    p.temperature = _num(body, ("temperature",), d.temperature, float, 0.0, math.inf)
+    p.top_k = _num(body, ("top_k",), d.top_k, int, 0, INT32_MAX)
+    p.top_p = _num(body, ("top_p",), d.top_p, float, 0.0, 1.0)
+    p.min_p = _num(body, ("min_p",), d.min_p, float, 0.0, 1.0)
+    p.seed = _num(body, ("seed",), d.seed, int)
+    p.stop = _stop(body)
+    p.stream = _bool(body, ("stream",), False)
+    so = body.get("stream_options")
+    p.include_usage = _bool(so, ("include_usage",), False) if isinstance(so, dict) else False
+    p.ignore_eos = _bool(body, ("ignore_eos",), False)
+    p.return_tokens = _bool(body, ("return_tokens",), False)
+    p.timings_per_token = _bool(body, ("timings_per_token",), False)
+    n_cmpl = _num(body, ("n_cmpl", "n"), 1, int, 1, max(1, d.n_parallel), hard=True)
+    if n_cmpl != 1:
+        raise ApiError("Field 'n_cmpl': only one completion per request is supported")
+    # speculation: the server's settings, lowered per request
+    p.spec_type, p.draft_sampling = d.spec_type, d.draft_sampling
+    p.n_max, p.n_min, p.p_min = d.n_max, d.n_min, d.p_min
+    if d.spec_type != "none":
+        req_max = _num(body, ("speculative.n_max",), None, int, 0, INT32_MAX, hard=True)
+        if req_max is not None:
+            if req_max == 0:
+                p.spec_type = "none"
+            elif d.n_max == "auto" or req_max < d.n_max:
+                p.n_max = req_max
+        p.n_min = _num(body, ("speculative.n_min",), d.n_min, int, 0, INT32_MAX, hard=True)
+        p.p_min = _num(body, ("speculative.p_min",), d.p_min, float, 0.0, 1.0, hard=True)
+        if p.n_max != "auto":
+            p.n_min = min(p.n_min, p.n_max)
+    if p.spec_type == "none":
+        p.n_max, p.n_min, p.p_min = 0, 0, 0.0
+    return p

@@ -1,0 +1,206 @@
+"""Generation routes: POST /completion (+ /completions), /v1/completions, /v1/chat/completions (+ /chat/completions).
+
+A request is parsed (`params.parse_gen_params`), its prompt tokenized (for chat: rendered with the chat template
+first), checked against the slot context, and queued on the scheduler. Non-streaming, the answer is one JSON
+object when the request finishes. Streaming (`"stream": true`), one SSE event per generated token as each
+verify round's accepted block arrives (llama-server sends one per token too), with its text from a
+`TextStream`: a token that ends inside a UTF-8 character sends nothing until the character is whole, text that may
+be the start of a stop string is held (sent as ""), and nothing past a finish rule is ever sent. An error before the
+first token is an ordinary error response (llama-server: "the first error must be treated as non-stream"); a
+later one is a `data: {"error": …}` event. A client that disconnects cancels its request and frees its slot.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import Request
+
+from ..text_stream import TextStream
+from . import responses as R
+from . import sse
+from .app import error_response, json_response, read_json
+from .errors import ApiError, exceed_context
+from .params import parse_gen_params
+from .routes_info import tokens_of
+from .slots import Task
+
+COMPLETION, TEXT, CHAT = "completion", "text_completion", "chat"
+
+
+def chat_prompt(state, body: dict) -> str:
+    """The chat template applied to the request's `messages` (llama-server `oaicompat_chat_params_parse`)."""
+    if "messages" not in body:
+        raise ApiError("'messages' is required")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ApiError("Field 'chat_template_kwargs': expected an object")
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+        raise ApiError('invalid type for "enable_thinking" (expected boolean, got string)')
+    agp = body.get("add_generation_prompt", True)
+    tools = body.get("tools") or None
+    return state.template.render(body["messages"], tools=tools, add_generation_prompt=agp is not False, **kwargs)
+
+
+def register(app, state) -> None:
+    async def completion(request: Request):
+        return await _generate(request, state, COMPLETION)
+
+    async def v1_completions(request: Request):
+        return await _generate(request, state, TEXT)
+
+    async def chat(request: Request):
+        return await _generate(request, state, CHAT)
+
+    for path in ("/completion", "/completions"):
+        app.post(path)(completion)
+    app.post("/v1/completions")(v1_completions)
+    for path in ("/chat/completions", "/v1/chat/completions"):
+        app.post(path)(chat)
+
+
+async def _generate(request: Request, state, kind: str):
+    body = await read_json(request)
+    p = parse_gen_params(body, state.defaults)
+    if kind == CHAT:
+        ids = state.model.tokenizer.encode(chat_prompt(state, body))
+    else:
+        if body.get("prompt") is None:
+            raise ApiError("'prompt' is required")
+        ids = tokens_of(state, body["prompt"])
+    if not ids:
+        raise ApiError("the prompt is empty")
+    n_ctx = state.scheduler.n_ctx
+    if len(ids) >= n_ctx:
+        raise exceed_context(len(ids), n_ctx)
+    eog = frozenset() if p.ignore_eos else (state.chat_eog if kind == CHAT else state.eog)
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+    task = Task(ids, p, eog, lambda k, v: loop.call_soon_threadsafe(q.put_nowait, (k, v)))
+    state.scheduler.submit(task)
+    meta = R.Meta(state.model_name, state.fingerprint)
+    spec = {"type": p.spec_type, "n_max": p.n_max, "n_min": p.n_min, "p_min": p.p_min}
+    out = _Writer(state, kind, task, meta, spec, body)
+    try:
+        if not p.stream:
+            while True:
+                k, v = await _next(q, request, state, task)
+                if k is None:
+                    return json_response({})      # the client is gone; nobody reads this
+                if k == "error":
+                    return error_response(v)
+                if k == "done":
+                    return json_response(out.final(v))
+        k, v = await _next(q, request, state, task)   # the first event decides: error response, or a stream
+        if k is None:
+            return json_response({})
+        if k == "error":
+            return error_response(v)
+    except BaseException:
+        state.scheduler.cancel(task)
+        raise
+    from starlette.responses import StreamingResponse
+
+    return StreamingResponse(_stream(out, q, state, task, (k, v)), media_type=sse.MEDIA_TYPE)
+
+
+async def _next(q, request, state, task):
+    """The next scheduler event; (None, None) once the client has disconnected (the request is then cancelled)."""
+    while True:
+        try:
+            return await asyncio.wait_for(q.get(), timeout=1.0)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                state.scheduler.cancel(task)
+                return None, None
+
+
+async def _stream(out, q, state, task, first):
+    done = False
+    try:
+        k, v = first
+        while True:
+            if k == "tokens":
+                chunk = out.tokens(v)
+                if chunk:
+                    yield chunk
+            elif k == "error":
+                done = True
+                yield sse.event({"error": v.to_json()})
+                return
+            else:
+                done = True
+                yield out.final_stream(v)
+                if out.kind != COMPLETION:
+                    yield sse.DONE
+                return
+            k, v = await q.get()
+    finally:
+        if not done:     # the client went away (the generator was closed): free the slot
+            state.scheduler.cancel(task)
+
+
+class _Writer:
+    """Builds one request's response objects of its route family from the token events."""
+
+    def __init__(self, state, kind, task, meta, spec, body):
+        self.state, self.kind, self.task, self.meta, self.spec = state, kind, task, meta, spec
+        tok = state.model.tokenizer
+        self.text = TextStream(tok.token_to_bytes, task.params.stop)
+        self.n_gen = 0
+        self.role_sent = False
+
+    # -- streaming ------------------------------------------------------------------------------------------------
+    def tokens(self, toks) -> bytes:
+        objs = []
+        for t in toks:
+            self.n_gen += 1
+            piece = self.text.push(t)
+            if piece is None:            # inside a UTF-8 character: nothing to send yet
+                continue
+            objs += self._piece(piece, t)
+        return sse.event(objs) if objs else b""
+
+    def _piece(self, piece: str, tok: int | None) -> list:
+        o = self.task.outcome
+        if self.kind == COMPLETION:
+            return [R.completion_partial(o, piece, tok, self.n_gen)] if tok is not None or piece else []
+        if self.kind == TEXT:
+            return [R.text_chunk(self.meta, piece)] if tok is not None or piece else []
+        objs = []
+        if not self.role_sent:
+            objs.append(R.chat_chunk(self.meta, {"role": "assistant", "content": None}))
+            self.role_sent = True
+        if piece:
+            objs.append(R.chat_chunk(self.meta, {"content": piece}))
+        return objs
+
+    def final_stream(self, o) -> bytes:
+        rest = self.text.finish()
+        n_gen = len(o.tokens)
+        if self.kind == COMPLETION:
+            return sse.event(self._completion(o, rest, [], n_gen))
+        if self.kind == TEXT:
+            last = R.text_final(o, self.meta, rest, n_gen, self.spec)
+            return sse.event(last)
+        objs = self._piece(rest, None) if rest or not self.role_sent else []
+        return sse.event(objs + R.chat_final_chunks(o, self.meta, n_gen, self.task.params.include_usage, self.spec))
+
+    # -- one object -----------------------------------------------------------------------------------------------
+    def final(self, o) -> dict:
+        for t in o.tokens:
+            self.text.push(t)
+        self.text.finish()
+        content = self.text.text
+        n_gen = len(o.tokens)
+        if self.kind == COMPLETION:
+            return self._completion(o, content, o.tokens if self.task.params.return_tokens else [], n_gen)
+        if self.kind == TEXT:
+            return R.text_final(o, self.meta, content, n_gen, self.spec)
+        return R.chat_final(o, self.meta, content, n_gen, self.spec)
+
+    def _completion(self, o, content, tokens, n_gen) -> dict:
+        tok = self.state.model.tokenizer
+        return R.completion_final(o, self.meta, content=content, tokens=tokens, n_gen=n_gen,
+                                  stopping_word=self.text.stopped_by or "", prompt=tok.decode(self.task.prompt_ids),
+                                  settings=self.task.params.settings_json(), spec=self.spec)
+

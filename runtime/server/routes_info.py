@@ -1,0 +1,133 @@
+"""Routes that describe the server or the vocabulary: /health, /props, /models, /slots, /metrics, /tokenize,
+/detokenize, /apply-template. Field names: llama.cpp tools/server/server-context.cpp (`get_res_props`,
+`get_res_model_info`, `post_tokenize`, …)."""
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+
+from .app import json_response, read_json
+from .errors import ApiError
+
+
+def model_info(state) -> dict:
+    eng = state.model.engine
+    h = eng.hparams
+    return {"id": state.model_name, "aliases": [], "tags": [], "object": "model", "created": int(time.time()),
+            "owned_by": "nextn",
+            "meta": {"vocab_type": 2, "n_vocab": state.model.tokenizer.n_vocab, "n_ctx": state.scheduler.n_ctx,
+                     "n_ctx_train": int(h.get("n_ctx_train", 0)), "n_embd": int(h.get("n_embd", 0)),
+                     "size": int(eng.weight_bytes), "arch": eng.artifact.manifest.get("arch", "")}}
+
+
+def speculative_info(state) -> dict:
+    d = state.defaults
+    return {"type": d.spec_type, "n_max": d.n_max, "n_min": d.n_min, "p_min": d.p_min,
+            "draft_sampling": d.draft_sampling, "max_draft": state.model.max_draft}
+
+
+def tokens_of(state, content) -> list[int]:
+    """A prompt as llama-server's `tokenize_mixed` reads it: a string, or an array of strings and token ids."""
+    tok = state.model.tokenizer
+    if isinstance(content, str):
+        return tok.encode(content)
+    if isinstance(content, list):
+        ids = []
+        for x in content:
+            if isinstance(x, str):
+                ids += tok.encode(x)
+            elif isinstance(x, int) and not isinstance(x, bool):
+                if not 0 <= x < tok.n_vocab:
+                    raise ApiError(f"token id {x} is out of range [0, {tok.n_vocab})")
+                ids.append(x)
+            else:
+                raise ApiError("a prompt array holds strings and token ids only (one prompt per request)")
+        return ids
+    raise ApiError("'prompt' must be a string or an array of strings and token ids")
+
+
+def register(app, state) -> None:
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health():
+        return json_response({"status": "ok"})
+
+    @app.get("/props")
+    async def props():
+        d = state.defaults
+        tok = state.model.tokenizer
+        params = {"seed": d.seed, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
+                  "min_p": d.min_p, "n_predict": d.n_predict, "max_tokens": d.n_predict,
+                  "speculative.type": d.spec_type, "speculative.n_max": d.n_max, "speculative.n_min": d.n_min,
+                  "speculative.p_min": d.p_min}
+        return json_response({
+            "default_generation_settings": {"params": params, "n_ctx": state.scheduler.n_ctx},
+            "total_slots": len(state.scheduler.slots), "model_alias": state.model_name,
+            "model_path": state.model_path, "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": state.slots_enabled, "endpoint_props": False, "endpoint_metrics": state.metrics_enabled,
+            "chat_template": state.template.source, "chat_template_origin": state.template.origin,
+            "bos_token": tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
+            "eos_token": tok.token_text(tok.eos_id), "build_info": state.fingerprint, "is_sleeping": False,
+            "speculative": speculative_info(state)})
+
+    @app.get("/models")
+    @app.get("/v1/models")
+    async def models():
+        return json_response({"object": "list", "data": [model_info(state)],
+                              "models": [{"name": state.model_name, "model": state.model_name, "type": "model",
+                                          "capabilities": ["completion"]}]})
+
+    @app.get("/slots")
+    async def slots():
+        if not state.slots_enabled:
+            raise ApiError("This server does not support slots endpoint. Start it without `--no-slots`",
+                           "not_supported_error")
+        return json_response(state.scheduler.slots_json())
+
+    @app.get("/metrics")
+    async def metrics():
+        from starlette.responses import Response
+
+        if not state.metrics_enabled:
+            raise ApiError("This server does not support metrics endpoint. Start it with `--metrics`",
+                           "not_supported_error")
+        processing, deferred = state.scheduler.counts()
+        return Response(state.scheduler.metrics.render(processing, deferred), media_type="text/plain; version=0.0.4",
+                        headers={"Process-Start-Time-Unix": str(int(state.scheduler.metrics.t_start))})
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await read_json(request)
+        if "content" not in body:
+            return json_response({"tokens": []})
+        ids = tokens_of(state, body["content"])
+        if body.get("with_pieces") is True:
+            tok = state.model.tokenizer
+            out = []
+            for t in ids:
+                b = tok.token_to_bytes(t)
+                try:
+                    piece = b.decode("utf-8")
+                except UnicodeDecodeError:
+                    piece = list(b)
+                out.append({"id": t, "piece": piece})
+            return json_response({"tokens": out})
+        return json_response({"tokens": ids})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await read_json(request)
+        ids = body.get("tokens", [])
+        n = state.model.tokenizer.n_vocab
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n
+                                                for t in ids):
+            raise ApiError(f"Field 'tokens': expected an array of token ids in [0, {n})")
+        return json_response({"content": state.model.tokenizer.decode(ids)})
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request):
+        from .routes_generate import chat_prompt
+
+        body = await read_json(request)
+        return json_response({"prompt": chat_prompt(state, body)})
