@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .engine import Engine
-from .speculative import SpecStats, generate as _generate
+from .speculative import SpecStats, decode
 
 DEFAULT_MAX_DRAFT = 8   # engines that do not state a maximum draft depth accept up to this many drafts
 
@@ -81,7 +81,7 @@ class Model:
     def generate(self, prompt: str | list[int], n_predict: int = 64, spec_type: str = "draft-mtp",
                  n_max: int | str = 3, temp: float = 0.0, seed: int | None = None, ignore_eos: bool = False, *,
                  n_min: int = 0, p_min: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                 stop=(), draft_sampling: str = "greedy") -> GenerateResult:
+                 stop=(), draft_sampling: str = "greedy", on_tokens=None) -> GenerateResult:
         """Generate after `prompt` (text, tokenized without any prefix, or token ids).
 
         `spec_type` "draft-mtp" speculates with the NextN head, "none" decodes plainly. `n_max`: draft depth (an
@@ -92,7 +92,9 @@ class Model:
         draws drafts from the NextN distribution and verifies by rejection sampling (`sampling.py`). Output
         is distributed as plain sampling either way; greedy output (`temp` 0) is identical.
         `stop`: strings that end generation (the text is cut before the stop string; `ids` end with the token
-        that completed it). Raises NextnError for bad values or a prompt that does not fit the context."""
+        that completed it). `on_tokens(ids)` is called with each decoding step's emitted tokens as they arrive (for
+        streaming; `text_stream.TextStream` turns them into printable text). Raises NextnError for bad values or a
+        prompt that does not fit the context."""
         from .errors import NextnError
 
         if spec_type not in ("none", "draft-mtp"):
@@ -111,10 +113,18 @@ class Model:
         spec = spec_type == "draft-mtp"
         eff = "auto" if n_max == "auto" else min(int(n_max), self.max_draft)
         stop = [stop] if isinstance(stop, str) else list(stop)
-        g = _generate(self.engine, ids, n_predict, spec=spec, n_max=eff, temp=temp, seed=seed,
-                      eog_ids=frozenset() if ignore_eos else self.tokenizer.eog_ids, n_min=n_min, p_min=p_min,
-                      top_k=top_k, top_p=top_p, min_p=min_p, draft_sampling=draft_sampling, stop=stop,
-                      token_bytes=self.tokenizer.token_to_bytes)
+        steps = decode(self.engine, ids, n_predict, spec=spec, n_max=eff, temp=temp, seed=seed,
+                       eog_ids=frozenset() if ignore_eos else self.tokenizer.eog_ids, n_min=n_min, p_min=p_min,
+                       top_k=top_k, top_p=top_p, min_p=min_p, draft_sampling=draft_sampling, stop=stop,
+                       token_bytes=self.tokenizer.token_to_bytes)
+        while True:
+            try:
+                toks = next(steps)
+            except StopIteration as e:
+                g = e.value
+                break
+            if on_tokens is not None:
+                on_tokens(toks)
         text = self.tokenizer.decode(g.tokens)
         if g.finish_reason == "stop":
             text = text[:min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))]

@@ -8,6 +8,7 @@ import sys
 import click
 
 from .errors import NextnError
+from .text_stream import TextStream
 
 
 MTP_DENSE_HELP = ("glm-dsa (GLM-5.x): run the NextN block as dense MLA without an indexer, as llama.cpp does. "
@@ -104,13 +105,21 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
     elif spec_type == "draft-mtp" and not m.has_mtp:
         raise NextnError(f"{model}: --spec-type draft-mtp needs a NextN block; this model is trunk-only "
                          f"(give the MTP GGUF with --model-draft, or use --spec-type none)")
+    shown = None if as_json else TextStream(m.tokenizer.token_to_bytes, stops)   # printed as tokens are emitted
+
+    def show(toks):
+        text = "".join(shown.push(t) or "" for t in toks)
+        if text:
+            click.echo(text, nl=False)
+            sys.stdout.flush()
+
     r = m.generate(prompt, n_predict=n_predict, spec_type=spec_type, n_max=n_max, temp=temp, seed=seed,
                    ignore_eos=ignore_eos, n_min=spec_draft_n_min, p_min=spec_draft_p_min, top_k=top_k, top_p=top_p,
-                   min_p=min_p, stop=stops, draft_sampling=spec_draft_sampling)
+                   min_p=min_p, stop=stops, draft_sampling=spec_draft_sampling, on_tokens=None if as_json else show)
     if as_json:
         click.echo(json.dumps(r.to_json()))
         return
-    click.echo(r.text)
+    click.echo(shown.finish())
     s = r.stats
     if spec_type == "draft-mtp":
         pos = ", ".join(f"{x:.3f}" for x in s.per_pos)
