@@ -367,3 +367,55 @@ def test_health_is_503_while_the_model_loads(monkeypatch):
         gate.set()
         run._thread.join(20)
     assert str(run.error) == "no model here" and not run._thread.is_alive()
+
+
+def test_bounded_load_mixed_routes(server, client):
+    """24 requests from 6 concurrent clients over 2 slots, all route families, half streaming: no errors, and each
+    text equals the same request's text when it ran alone (bench/serve_load.py is the long version)."""
+    prompts = ["def main():", "import os\n", "class A:", "The os module"]
+
+    def body(i):
+        p = prompts[i % 4]
+        kind = ("/completion", "/v1/completions", "/v1/chat/completions")[i % 3]
+        b = {"prompt": p} if kind != "/v1/chat/completions" else {"messages": [{"role": "user", "content": p}]}
+        return kind, {**b, "max_tokens": 12, "temperature": 0, "stream": i % 2 == 1}
+
+    def text_of(kind, r):
+        if not r.headers["content-type"].startswith("text/event-stream"):
+            o = r.json()
+            return o["content"] if kind == "/completion" else (o["choices"][0].get("text") or
+                                                               o["choices"][0]["message"]["content"])
+        objs = [json.loads(e) for e in sse_events(r.text) if e != "[DONE]"]
+        if kind == "/completion":
+            return "".join(o["content"] for o in objs)
+        return "".join(c.get("text") or c.get("delta", {}).get("content") or "" for o in objs for c in o["choices"])
+
+    alone = {}
+    for i in range(12):      # the text of each (route, prompt, stream) combination, one request at a time
+        kind, b = body(i)
+        alone[i] = text_of(kind, client.post(kind, json=b))
+    got, errors, lock = {}, [], threading.Lock()
+    todo = iter(range(24))
+
+    def worker():
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as c:
+            while True:
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                kind, b = body(i)
+                r = c.post(kind, json=b)
+                if r.status_code != 200:
+                    errors.append((i, r.status_code, r.text))
+                else:
+                    got[i] = text_of(kind, r)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors and len(got) == 24
+    for i, text in got.items():
+        assert text == alone[i % 12], i
