@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from .cli_options import spec_options
 from .errors import NextnError
 from .text_stream import TextStream
 
@@ -56,17 +57,7 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
 @click.option("--temp", default=0.0, show_default=True, help="Temperature; 0 = greedy.")
 @click.option("--seed", default=None, type=int, help="RNG seed for sampling.")
 @click.option("-c", "--ctx-size", default=None, type=int, help="Context size (KV cells) [default: min(train ctx, 4096)].")
-@click.option("--spec-type", type=click.Choice(["none", "draft-mtp"]), default=None,
-              help="Speculation: draft-mtp uses the model's NextN head [default: draft-mtp when the model has one].")
-@click.option("--spec-draft-n-max", default="3", show_default=True,
-              help="Draft depth n_max: an integer (lowered to the engine's maximum) or 'auto' (adaptive depth that "
-                   "falls back to plain decoding when speculation does not pay).")
-@click.option("--spec-draft-n-min", default=0, show_default=True, help="Discard drafts shorter than this.")
-@click.option("--spec-draft-p-min", default=0.0, show_default=True,
-              help="Stop drafting when the draft's probability falls below this.")
-@click.option("--spec-draft-sampling", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
-              help="At --temp > 0: greedy drafts verified by sample-and-match (same seed = same text as spec off), "
-                   "or sampled drafts verified by rejection sampling.")
+@spec_options
 @click.option("--top-k", default=40, show_default=True, help="Top-k sampling (<= 0: off).")
 @click.option("--top-p", default=0.95, show_default=True, help="Top-p sampling (1.0: off).")
 @click.option("--min-p", default=0.05, show_default=True, help="Min-p sampling (0.0: off).")

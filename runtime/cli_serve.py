@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from .cli_options import spec_options
 from .errors import NextnError
 
 
@@ -20,16 +21,7 @@ def register(cli: click.Group) -> None:
 @click.option("-np", "--parallel", "n_parallel", default=1, show_default=True,
               help="Slots: requests decoded at once, each with its own KV and speculation state; more requests queue.")
 @click.option("-t", "--threads", default=None, type=int, help="CPU threads for the compiled kernels.")
-@click.option("--spec-type", type=click.Choice(["none", "draft-mtp"]), default=None,
-              help="Speculation [default: draft-mtp when the model has a NextN block].")
-@click.option("--spec-draft-n-max", default="3", show_default=True,
-              help="Draft depth n_max (integer, lowered to the engine's maximum, or 'auto'); a request's "
-                   "speculative.n_max can only lower it.")
-@click.option("--spec-draft-n-min", default=0, show_default=True, help="Discard drafts shorter than this.")
-@click.option("--spec-draft-p-min", default=0.0, show_default=True,
-              help="Stop drafting when the draft's probability falls below this.")
-@click.option("--spec-draft-sampling", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
-              help="At temperature > 0: greedy drafts + sample-and-match, or sampled drafts + rejection sampling.")
+@spec_options
 @click.option("-n", "--n-predict", default=-1, show_default=True, help="Default tokens per request (-1: until the "
                                                                          "context is full).")
 @click.option("--temp", default=0.8, show_default=True, help="Default temperature (0 = greedy).")

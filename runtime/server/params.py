@@ -19,11 +19,11 @@ INT32_MAX = 2**31 - 1
 
 
 @dataclass
-class ServerDefaults:
-    """What the command line sets: sampling defaults (llama.cpp common/common.h) and the speculation settings."""
+class Settings:
+    """Sampling and speculation settings: the server's defaults, then each request's effective values."""
 
     n_predict: int = -1
-    temperature: float = 0.8
+    temperature: float = 0.8             # llama.cpp common/common.h defaults
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
@@ -33,28 +33,25 @@ class ServerDefaults:
     n_min: int = 0
     p_min: float = 0.0
     draft_sampling: str = "greedy"       # greedy | sample
+
+
+@dataclass
+class ServerDefaults(Settings):
+    """What the command line sets."""
+
     n_parallel: int = 1
 
 
 @dataclass
-class GenParams:
-    n_predict: int = -1
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int = -1
+class GenParams(Settings):
+    """One request's parameters."""
+
     stop: list = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
     ignore_eos: bool = False
     return_tokens: bool = False
     timings_per_token: bool = False
-    spec_type: str = "none"
-    n_max: int | str = 3
-    n_min: int = 0
-    p_min: float = 0.0
-    draft_sampling: str = "greedy"
 
     def settings_json(self) -> dict:
         """llama-server's `generation_settings` subset that applies here, plus the effective speculative values."""

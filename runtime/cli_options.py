@@ -1,0 +1,26 @@
+"""Options shared by several `nextn` commands."""
+from __future__ import annotations
+
+import click
+
+
+def spec_options(f):
+    """The speculation flags of `run` and `serve` (llama.cpp's names)."""
+    opts = [
+        click.option("--spec-type", type=click.Choice(["none", "draft-mtp"]), default=None,
+                     help="Speculation: draft-mtp uses the model's NextN head [default: draft-mtp when the model has "
+                          "one]."),
+        click.option("--spec-draft-n-max", default="3", show_default=True,
+                     help="Draft depth n_max: an integer (lowered to the engine's maximum) or 'auto' (adaptive depth "
+                          "that falls back to plain decoding when speculation does not pay)."),
+        click.option("--spec-draft-n-min", default=0, show_default=True, help="Discard drafts shorter than this."),
+        click.option("--spec-draft-p-min", default=0.0, show_default=True,
+                     help="Stop drafting when the draft's probability falls below this."),
+        click.option("--spec-draft-sampling", type=click.Choice(["greedy", "sample"]), default="greedy",
+                     show_default=True,
+                     help="At temperature > 0: greedy drafts verified by sample-and-match (same seed = same text as "
+                          "spec off), or sampled drafts verified by rejection sampling."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
