@@ -419,3 +419,11 @@ def test_bounded_load_mixed_routes(server, client):
     assert not errors and len(got) == 24
     for i, text in got.items():
         assert text == alone[i % 12], i
+
+
+def test_timings_per_token(client):
+    p = PROMPTS["code-short"]
+    events = [json.loads(e) for e in sse_events(client.post("/completion", json=greedy(
+        p, 6, stream=True, timings_per_token=True)).text)]
+    assert all(e["timings"]["predicted_n"] == e["tokens_predicted"] for e in events)
+    assert [e["timings"]["predicted_n"] for e in events] == [1, 2, 3, 4, 5, 6, 6]

@@ -78,8 +78,12 @@ def load_state(state, opt: ServeOptions, log) -> None:
     state.scheduler.start()
 
 
+GGML_TYPE_NAMES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
 def _check_cache_types(eng, opt: ServeOptions) -> None:
-    have = sorted({str(s.dtype) for s in eng.states.values()})
+    """-ctk/-ctv name ggml types; the KV type is fixed when an artifact is compiled, so only that one is accepted."""
+    have = sorted({GGML_TYPE_NAMES.get(str(s.dtype), str(s.dtype)) for s in eng.states.values()})
     for flag, want in (("--cache-type-k", opt.cache_type_k), ("--cache-type-v", opt.cache_type_v)):
         if want and [want.lower()] != have:
             raise NextnError(f"{flag} {want}: this artifact's KV cache is {', '.join(have)} (fixed when it was compiled)")

@@ -75,7 +75,13 @@ async def _generate(request: Request, state, kind: str):
     eog = frozenset() if p.ignore_eos else (state.chat_eog if kind == CHAT else state.eog)
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
-    task = Task(ids, p, eog, lambda k, v: loop.call_soon_threadsafe(q.put_nowait, (k, v)))
+    def post(kind, value):       # called from the scheduler thread
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, (kind, value))
+        except RuntimeError:     # the event loop is closed: the server is shutting down
+            pass
+
+    task = Task(ids, p, eog, post)
     state.scheduler.submit(task)
     meta = R.Meta(state.model_name, state.fingerprint)
     spec = {"type": p.spec_type, "n_max": p.n_max, "n_min": p.n_min, "p_min": p.p_min}
@@ -163,15 +169,18 @@ class _Writer:
     def _piece(self, piece: str, tok: int | None) -> list:
         o = self.task.outcome
         if self.kind == COMPLETION:
-            return [R.completion_partial(o, piece, tok, self.n_gen)] if tok is not None or piece else []
-        if self.kind == TEXT:
-            return [R.text_chunk(self.meta, piece)] if tok is not None or piece else []
-        objs = []
-        if not self.role_sent:
-            objs.append(R.chat_chunk(self.meta, {"role": "assistant", "content": None}))
-            self.role_sent = True
-        if piece:
-            objs.append(R.chat_chunk(self.meta, {"content": piece}))
+            objs = [R.completion_partial(o, piece, tok, self.n_gen)] if tok is not None or piece else []
+        elif self.kind == TEXT:
+            objs = [R.text_chunk(self.meta, piece)] if tok is not None or piece else []
+        else:
+            objs = []
+            if not self.role_sent:
+                objs.append(R.chat_chunk(self.meta, {"role": "assistant", "content": None}))
+                self.role_sent = True
+            if piece:
+                objs.append(R.chat_chunk(self.meta, {"content": piece}))
+        if objs and self.task.params.timings_per_token:   # llama-server: timings on every partial when asked
+            objs[-1]["timings"] = R.timings(o, self.n_gen)
         return objs
 
     def final_stream(self, o) -> bytes:
