@@ -20,10 +20,7 @@ import time
 
 import numpy as np
 
-
-def rel_err(got, want):
-    got, want = np.atleast_2d(got), np.atleast_2d(want)
-    return float((np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max())
+from nextn.common.compare import rel_err
 
 
 def copy_bandwidth(dev, nbytes=256 << 20, reps=10):

@@ -21,7 +21,7 @@ rm -rf "$B/site/tvm/3rdparty" "$B/site/tvm/include" "$B/site/tvm/src" "$B/site/t
        "$B/site/tvm/lib/libtvm_compiler.so" "$B/site/tvm/lib/libtvm_runtime_extra.so" \
        "$B/site/tvm_ffi/3rdparty" "$B/site/tvm_ffi/include" "$B/site/tvm_ffi/src" "$B/site/tvm_ffi/cython" \
        "$B/site/tvm_ffi/stub" "$B/site/tvm_ffi/share" "$B/site/tvm_ffi/cmake"
-for p in compiler runtime schedules; do cp -r "$ROOT/$p" "$B/site/nextn/$p"; done
+for p in common compiler runtime schedules; do cp -r "$ROOT/$p" "$B/site/nextn/$p"; done
 find "$B/site/nextn" -name "__pycache__" -type d -prune -exec rm -rf {} +
 CUDART=$("$PY" -c "from nextn.compiler.gpu_build import _find_cudart; print(_find_cudart())")
 cp -L "$CUDART" "$B/lib/libcudart.so.13"

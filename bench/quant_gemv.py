@@ -39,9 +39,9 @@ def build(kind, n, k, rows, target="llvm", arch=None):
     import tvm
     from tvm import te, tirx
 
-    from nextn.compiler.compile import make_target
+    from nextn.compiler.target import make_target
     from nextn.compiler.lower import te_ops
-    from nextn.compiler.quant import FORMATS
+    from nextn.common.quant import FORMATS
     from nextn.schedules import schedule_pass
 
     i64 = lambda s: [tirx.IntImm("int64", int(v)) for v in s]  # noqa: E731
@@ -92,7 +92,7 @@ def main():
     import gguf
     import tvm
 
-    from nextn.compiler.quant import by_ggml_type
+    from nextn.common.quant import by_ggml_type
 
     rng = np.random.default_rng(0)
     n, k = args.n, args.k

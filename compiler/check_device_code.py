@@ -80,7 +80,7 @@ def missing_arches(lib: str, expect: list[str]) -> list[str]:
 
 def check_artifact(path: str) -> dict:
     """Check every library of an artifact against the arches its manifest lists; raises NextnError on a gap."""
-    from nextn.runtime.errors import NextnError
+    from nextn.common.errors import NextnError
 
     with open(os.path.join(path, "manifest.json")) as f:
         m = json.load(f)
@@ -102,7 +102,7 @@ def check_artifact(path: str) -> dict:
 def main(argv=None):
     import argparse
 
-    from nextn.runtime.errors import NextnError
+    from nextn.common.errors import NextnError
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path", help="artifact directory or library .so")

@@ -1,13 +1,5 @@
-"""`nextn compile`: GGUF → IR graphs per entry point → Relax → TVM → artifact directory.
-
-Entry points (fixed names; the runtime never contains model-specific code):
-    prefill    trunk over the prompt rows; logits for `out_ids` rows only
-    verify     trunk over [id_last, d1..dk] (k+1 rows); logits and argmax for every row
-    mtp_rows   NextN rows teacher-forced with trunk hidden states (prompt warm-up, after each verify)
-    mtp_draft  NextN rows with logits for every row (`mtp_logits` uses T rows)
-    decode     `verify` specialised to one row (plain decoding): static shapes, fewer VM shape checks, tunable
-    draft      `mtp_draft` specialised to one row (a draft step)
-"""
+"""`nextn compile`: GGUF → IR graphs per entry point (graphs.py) → Relax → TVM → artifact directory (the
+manifest format: nextn.common.manifest)."""
 from __future__ import annotations
 
 import datetime
@@ -15,84 +7,19 @@ import json
 import os
 import platform
 import shutil
+import sys
 import tempfile
 from contextlib import nullcontext
 
-from nextn.runtime.artifact import MANIFEST, SCHEMA, sha256_file
-from nextn.runtime.errors import NextnError
+from nextn.common.errors import NextnError
+from nextn.common.manifest import MANIFEST, MAX_DRAFT, SCHEMA, library_entry
 
+from nextn.common.versions import nextn_version
+
+from . import reproducible
+from .graphs import STATIC, build_graphs, weight_kind
 from .loader.model_files import ModelFiles
-
-ENTRY_POINTS = {
-    "prefill": ("trunk", False),
-    "verify": ("trunk", True),
-    "mtp_rows": ("mtp", False),
-    "mtp_draft": ("mtp", True),
-    "decode": ("trunk", True),
-    "draft": ("mtp", True),
-}
-MAX_DRAFT = 8
-# Entry points whose symbols are fixed at compile time; the runtime routes one-row calls to them.
-STATIC = {"decode": {"T": 1}, "draft": {"T": 1}, "mtp_draft_shared": {"T": 1}}
-TARGETS = ("llvm", "cuda", "rocm")
-GPU_TARGETS = ("cuda", "rocm")   # scratch-holding ops as separate kernels there (to_relax.SPLIT_OPS)
-
-
-def nextn_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("nextn")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
-def make_target(target: str, arches: list[str] | None = None):
-    """The TVM target for `target`; for GPUs, `arches` (see gpu_build.parse_arches): CUDA schedules for the lowest
-    (its fatbin holds all), ROCm takes one arch per target (one library each)."""
-    from tvm.target import Target
-
-    if target in ("cuda", "rocm"):
-        from .gpu_build import cuda_target, parse_arches, rocm_target
-
-        arches = parse_arches(target, arches)
-        return cuda_target(arches) if target == "cuda" else rocm_target(arches[0])
-    if target == "llvm":
-        # This host's CPU: the kernels use its vector ISA (the manifest records it; the runtime checks it).
-        from tvm.target import codegen
-
-        return Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
-    raise NextnError(f"unsupported target '{target}' (supported: {', '.join(TARGETS)})")
-
-
-def weight_kind(mf: ModelFiles, name: str) -> str:
-    """Buffer-plan kind of a tensor: its quantized format's kind, or "f32" (float types are widened on load)."""
-    from .quant import by_ggml_type
-
-    fmt = by_ggml_type(mf.file_of(name).tensor_type(name))
-    return fmt.kind if fmt is not None else "f32"
-
-
-def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None):
-    """Graphs of every entry point; `options` are compile options (e.g. mtp_dense_attention), passed to the
-    arch's builders that declare them (ModelSpec.compile_options). Each graph's `kind` is "trunk" or "mtp"."""
-    spec, c = mf.spec, mf.config
-    opts = {k: v for k, v in (options or {}).items() if k in spec.compile_options}
-    graphs = {}
-    for name, (kind, all_rows) in ENTRY_POINTS.items():
-        if kind == "mtp" and not with_mtp:
-            continue
-        g = spec.build_trunk(c, mf.has_tensor, all_rows) if kind == "trunk" else spec.build_mtp(c, mf.has_tensor, all_rows, **opts)
-        g.name, g.kind = name, kind
-        graphs[name] = g
-    if spec.extra_entry_points is not None:
-        for name, (kind, g) in spec.extra_entry_points(c, mf.has_tensor, **opts).items():
-            if kind == "mtp" and not with_mtp:
-                continue
-            g.name, g.kind = name, kind
-            graphs[name] = g
-    return graphs
-
+from .target import GPU_TARGETS, TARGETS, make_target
 
 def _rel(path: str, base: str) -> str:
     path = os.path.abspath(path)
@@ -111,15 +38,13 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     `split_kernels`: attention, the DSA index score and top-k as separate kernels (to_relax.SPLIT_OPS); default:
     on GPU targets only (tests set it on llvm to check the GPU form's arithmetic).
     The build runs in a reproducible child process where possible (compiler/reproducible.py)."""
-    from . import reproducible
-
     if not reproducible.in_child() and reproducible.available():
-        return reproducible.run_in_child(
-            {"model": os.fspath(model), "out_dir": os.fspath(out_dir), "target": target,
-             "draft": os.fspath(draft) if draft else None, "dump_ir": dump_ir, "arches": list(arches) if arches else None,
-             "mtp_dense_attention": bool(mtp_dense_attention),
-             "tuning_log": os.fspath(tuning_log) if tuning_log else None, "cuda_graph": bool(cuda_graph),
-             "split_kernels": split_kernels}, log)
+        return reproducible.run_in_child("nextn.compiler.compile", {
+            "model": os.fspath(model), "out_dir": os.fspath(out_dir), "target": target,
+            "draft": os.fspath(draft) if draft else None, "dump_ir": dump_ir, "arches": list(arches) if arches else None,
+            "mtp_dense_attention": bool(mtp_dense_attention),
+            "tuning_log": os.fspath(tuning_log) if tuning_log else None, "cuda_graph": bool(cuda_graph),
+            "split_kernels": split_kernels}, log)
     import tvm
     import tvm_ffi
 
@@ -158,7 +83,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     tmp = tempfile.mkdtemp(prefix=".nextn-", dir=out_dir)   # write then rename: never a half artifact
     libs = []
     try:
-        from .gpu_build import build_scope, write_schedule_report
+        from .gpu_build import build_scope
 
         for la in lib_arches:
             tgt = make_target(target, la or None)
@@ -173,11 +98,10 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             if tuning_info is not None:
                 tuning_info["kernels_tuned"] = len(sched.applied)
                 log(f"tuning log: {len(sched.applied)} kernel(s) use tuned schedules, the rest default schedules")
-            write_schedule_report(target, dump_ir)
+            _write_schedule_report(target, dump_ir)
             lib_name = f"model_{target}.so" if target != "rocm" else f"model_{target}_{la[0]}.so"
             ex.export_library(os.path.join(tmp, lib_name))
-            libs.append({"file": lib_name, "sha256": sha256_file(os.path.join(tmp, lib_name)),
-                         "size": os.path.getsize(os.path.join(tmp, lib_name)), "arches": la})
+            libs.append(library_entry(os.path.join(tmp, lib_name), la))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -239,9 +163,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
                         "weight_bytes": sum(b["nbytes"] for b in buffers),
                         "trunk_weight_bytes": sum(b["nbytes"] for b in buffers if not b["mtp_only"])},
         "tuning_log": tuning_info,
-        # The deepest draft a request may ask for; per-request n_max is lowered to it (the KV buffers of the
-        # static engine hold any depth, this bounds the per-position stats and the adaptive controller).
-        "max_draft": MAX_DRAFT,
+        "max_draft": MAX_DRAFT,   # the deepest draft a request may ask for (common/manifest.py)
         "split_kernels": split,   # attention / index score / top-k as separate kernels (to_relax.SPLIT_OPS)
         # one-row steps replayed as CUDA graphs: their inputs must stay put, L is rounded up to kv_bucket
         "cuda_graph": {"entries": graph_entries, "kv_bucket": capture_graphs.KV_BUCKET,
@@ -257,9 +179,24 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     return out_dir
 
 
+def _write_schedule_report(target: str, dump_dir: str | None):
+    """With --dump-ir on a GPU target: DIR/schedule_report.json, PrimFunc → the schedule rule that took it
+    (python -m nextn.compiler.schedule_report prints the same table without a build)."""
+    if not dump_dir or target not in GPU_TARGETS:
+        return
+    from nextn.schedules.gpu import last_report
+
+    with open(os.path.join(dump_dir, "schedule_report.json"), "w") as f:
+        json.dump(last_report(), f, indent=1, sort_keys=True)
+
+
 def _weight_of_buffer(g, kinds):
     from .lower.to_relax import weight_buffers
 
     for name, node in g.weights.items():
         for _ in weight_buffers(kinds[name], node.shape):
             yield name
+
+
+if __name__ == "__main__":   # the reproducible child (compiler/reproducible.py) runs the build here
+    sys.exit(reproducible.child_main(compile_model, sys.argv[1]))

@@ -24,7 +24,7 @@ import re
 import shutil
 import subprocess
 
-from nextn.runtime.errors import NextnError
+from nextn.common.errors import NextnError
 
 CUDA_ARCHES = ("sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_103",
                "sm_120", "sm_120a")
@@ -121,7 +121,7 @@ def _find_cudart() -> str:
 
 def stub_libcuda(cache: str | None = None) -> str:
     """Path of the build-machine stub `libcuda.so.1` (compiled with gcc into the nextn cache once)."""
-    from nextn.runtime.model_check import cache_dir
+    from nextn.common.paths import cache_dir
 
     d = os.path.join(cache or cache_dir(), "cudastub")
     so = os.path.join(d, "libcuda.so.1")
@@ -142,18 +142,12 @@ def stub_libcuda(cache: str | None = None) -> str:
     return so
 
 
-def cuda_plugin_loaded() -> bool:
-    import tvm_ffi
-
-    return "ffi.Module.create.cuda" in tvm_ffi.registry.list_global_func_names()
-
-
 def ensure_cuda_build_env() -> str:
-    """Make TVM's CUDA plugin available in this process; returns 'driver' or the stub path used."""
-    import tvm
+    """Make TVM's CUDA plugin available in this process; returns 'loaded', 'driver' or the stub path used."""
+    from nextn.common import cuda
 
     find_nvcc()
-    if cuda_plugin_loaded():
+    if cuda.plugin_loaded():
         return "loaded"
     used = "driver"
     try:
@@ -162,13 +156,7 @@ def ensure_cuda_build_env() -> str:
         used = stub_libcuda()
         ctypes.CDLL(used, mode=ctypes.RTLD_GLOBAL)
     ctypes.CDLL(_find_cudart(), mode=ctypes.RTLD_GLOBAL)
-    plugin = os.path.join(os.path.dirname(tvm.__file__), "lib", "libtvm_runtime_cuda.so")
-    try:
-        ctypes.CDLL(plugin, mode=ctypes.RTLD_GLOBAL)
-    except OSError as e:
-        raise NextnError(f"cannot load TVM's CUDA plugin {plugin}: {e}") from None
-    if not cuda_plugin_loaded():
-        raise NextnError(f"{plugin} loaded but registered no CUDA module factory; cannot embed compiled device code")
+    cuda.load_plugin("without it TVM cannot embed compiled device code")
     return used
 
 
@@ -287,15 +275,3 @@ def build_scope(target: str, arches: list[str]):
             yield
     else:
         yield
-
-
-def write_schedule_report(target: str, dump_dir: str | None):
-    """With --dump-ir on a GPU target: DIR/schedule_report.json, PrimFunc → the schedule rule that took it."""
-    if not dump_dir or target not in ("cuda", "rocm"):
-        return
-    import json
-
-    from nextn.schedules.gpu import last_report
-
-    with open(os.path.join(dump_dir, "schedule_report.json"), "w") as f:
-        json.dump(last_report(), f, indent=1, sort_keys=True)

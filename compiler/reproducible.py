@@ -5,6 +5,10 @@ kernels in a different order. `nextn compile` therefore runs the build in a chil
 randomisation off (`setarch -R`) and a fixed PYTHONHASHSEED, which makes that order — and the library's
 sha256 — a function of the inputs. Where `setarch` is missing the build runs in-process (still correct,
 not byte-reproducible).
+
+The child is `python -m MODULE JSON_KWARGS`: MODULE's `__main__` block calls `child_main(its function, arg)`
+(compiler/compile.py), which speaks the line protocol `run_in_child` reads: {"log": str}, {"error": str} (a
+NextnError), {"done": result}.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import shutil
 import subprocess
 import sys
 
-from nextn.runtime.errors import NextnError
+from nextn.common.errors import NextnError
 
 CHILD_ENV = "NEXTN_COMPILE_CHILD"
 
@@ -28,11 +32,10 @@ def available() -> bool:
     return shutil.which("setarch") is not None and os.environ.get("NEXTN_REPRODUCIBLE", "1") != "0"
 
 
-def run_in_child(kwargs: dict, log) -> str:
-    """Run compile_model(**kwargs) in the reproducible child; forward its log lines; re-raise its errors."""
+def run_in_child(module: str, kwargs: dict, log) -> str:
+    """Run `python -m module json(kwargs)` in the reproducible child; forward its log lines; re-raise its errors."""
     env = {**os.environ, CHILD_ENV: "1", "PYTHONHASHSEED": "0"}
-    cmd = ["setarch", platform.machine(), "-R", sys.executable, "-m", "nextn.compiler.reproducible",
-           json.dumps(kwargs)]
+    cmd = ["setarch", platform.machine(), "-R", sys.executable, "-m", module, json.dumps(kwargs)]
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     result = None
     for line in p.stdout:
@@ -55,21 +58,16 @@ def run_in_child(kwargs: dict, log) -> str:
     return result
 
 
-def _child_main(arg: str) -> int:
-    from .compile import compile_model
-
+def child_main(fn, arg: str) -> int:
+    """In the child: fn(**json.loads(arg), log=...) with its log lines, error or result as protocol lines."""
     def out(obj):
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
 
     try:
-        res = compile_model(**json.loads(arg), log=lambda m: out({"log": str(m)}))
+        res = fn(**json.loads(arg), log=lambda m: out({"log": str(m)}))
     except NextnError as e:
         out({"error": str(e)})
         return 3
     out({"done": res})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1]))

@@ -5,7 +5,7 @@
     r = m.generate("def main():", n_predict=32, spec_type="draft-mtp", n_max=3)
     r.text, r.stats.acceptance, m.logits(ids), m.mtp_logits(ids)
 """
-from .errors import NextnError
+from nextn.common.errors import NextnError
 
 
 def load(*args, **kwargs):

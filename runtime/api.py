@@ -5,10 +5,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nextn.common.errors import NextnError
+from nextn.common.timing import python_share, tokens_per_s
+
 from .engine import Engine
 from .speculative import SpecStats, decode
-
-DEFAULT_MAX_DRAFT = 8   # engines that do not state a maximum draft depth accept up to this many drafts
 
 
 @dataclass
@@ -31,11 +32,12 @@ class GenerateResult:
 
     @property
     def tokens_per_s(self) -> float:
-        return len(self.ids) / self.decode_s if self.decode_s > 0 else 0.0
+        return tokens_per_s(len(self.ids), self.decode_s)
 
     @property
     def python_share(self) -> float:
-        return max(0.0, 1.0 - sum(self.vm_s.values()) / self.decode_s) if self.decode_s > 0 else 0.0
+        """Share of decode time spent outside the compiled entry points (the loop, conversions, host copies)."""
+        return python_share(self.vm_s, self.decode_s)
 
     def to_json(self) -> dict:
         return {
@@ -76,7 +78,7 @@ class Model:
     @property
     def max_draft(self) -> int:
         """The engine's maximum draft depth; a request's n_max may only lower it."""
-        return int(getattr(self.engine, "max_draft", DEFAULT_MAX_DRAFT))
+        return self.engine.max_draft
 
     def generate(self, prompt: str | list[int], n_predict: int = 64, spec_type: str = "draft-mtp",
                  n_max: int | str = 3, temp: float = 0.0, seed: int | None = None, ignore_eos: bool = False, *,
@@ -95,8 +97,6 @@ class Model:
         that completed it). `on_tokens(ids)` is called with each decoding step's emitted tokens as they arrive (for
         streaming; `text_stream.TextStream` turns them into printable text). Raises NextnError for bad values or a
         prompt that does not fit the context."""
-        from .errors import NextnError
-
         if spec_type not in ("none", "draft-mtp"):
             raise NextnError(f"--spec-type '{spec_type}': expected none or draft-mtp")
         if n_max != "auto" and (isinstance(n_max, bool) or not isinstance(n_max, (int, np.integer)) or n_max < 1):

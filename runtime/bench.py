@@ -13,7 +13,7 @@ import json
 import os
 from importlib import resources
 
-from .errors import NextnError
+from nextn.common.errors import NextnError
 
 CONFIGS = [("off", "none", 1), ("n_max=1", "draft-mtp", 1), ("n_max=2", "draft-mtp", 2),
            ("n_max=3", "draft-mtp", 3), ("auto", "draft-mtp", "auto")]

@@ -1,4 +1,9 @@
-"""The `nextn` command line. User errors print one line on stderr and exit 1, never a traceback."""
+"""The `nextn` command line. User errors print one line on stderr and exit 1, never a traceback.
+
+Every command and its options are declared here and in cli_tune.py, so `nextn --help` and `nextn run ARTIFACT`
+import no compiler module; the commands that compile or tune (compile, tune, tuning export/import/merge/ingest/
+show) call the compiler through `nextn.compiler.entry`, imported when such a command runs.
+"""
 from __future__ import annotations
 
 import json
@@ -7,8 +12,9 @@ import sys
 
 import click
 
-from .cli_options import spec_options
-from .errors import NextnError
+from nextn.common.errors import NextnError
+
+from .cli_options import parse_n_max, spec_options
 from .text_stream import TextStream
 
 
@@ -39,12 +45,12 @@ def cli():
               help="CUDA: replay the one-row decode and draft steps as CUDA graphs (one per 256-cell KV bucket).")
 def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tuning_log, cuda_graph):
     """Compile MODEL.gguf into an artifact directory (library + manifest.json)."""
-    from nextn.compiler.compile import compile_model
+    from nextn.compiler import entry
 
     if out is None:
         base = os.path.splitext(os.path.basename(model))[0]
         out = os.path.join("artifacts", f"{base}-{target}")
-    compile_model(model, out, target=target, draft=draft, dump_ir=dump_ir, log=lambda m: click.echo(m, err=True),
+    entry.compile_model(model, out, target=target, draft=draft, dump_ir=dump_ir, log=lambda m: click.echo(m, err=True),
                   arches=list(arches) or None, mtp_dense_attention=mtp_dense_attention, tuning_log=tuning_log,
                   cuda_graph=cuda_graph)
 
@@ -123,19 +129,6 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
                    f"acc per pos = ({pos})", err=True)
     click.echo(f"prompt {r.prompt_tokens} tokens in {r.prefill_s * 1e3:.1f} ms; generated {len(r.ids)} tokens in "
                f"{r.decode_s * 1e3:.1f} ms ({r.tokens_per_s:.1f} tok/s), finish: {r.finish_reason}", err=True)
-
-
-def parse_n_max(value: str):
-    """--spec-draft-n-max: an integer >= 1 or 'auto'."""
-    if str(value).strip().lower() == "auto":
-        return "auto"
-    try:
-        k = int(value)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise NextnError(f"--spec-draft-n-max {value}: expected an integer >= 1 or 'auto'")
-    return k
 
 
 @cli.command()

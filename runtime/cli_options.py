@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from nextn.common.errors import NextnError
+
 
 def spec_options(f):
     """The speculation flags of `run` and `serve` (llama.cpp's names)."""
@@ -24,3 +26,16 @@ def spec_options(f):
     for o in reversed(opts):
         f = o(f)
     return f
+
+
+def parse_n_max(value: str):
+    """--spec-draft-n-max: an integer >= 1 or 'auto'."""
+    if str(value).strip().lower() == "auto":
+        return "auto"
+    try:
+        k = int(value)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise NextnError(f"--spec-draft-n-max {value}: expected an integer >= 1 or 'auto'")
+    return k

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import click
 
-from .cli_options import spec_options
-from .errors import NextnError
+from nextn.common.errors import NextnError
+
+from .cli_options import parse_n_max, spec_options
 
 
 def register(cli: click.Group) -> None:
@@ -50,7 +51,6 @@ def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draf
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
     /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
     /v1/models, /slots, /metrics."""
-    from .cli import parse_n_max
     from .server import ServeOptions, serve as run_server
     from .server.params import ServerDefaults
 

@@ -1,4 +1,8 @@
-"""`nextn tune` and `nextn tuning export|import|merge|show` (registered on the main CLI group)."""
+"""`nextn tune` and `nextn tuning export|import|merge|measure|ingest|show` (registered on the main CLI group).
+
+`tuning measure` runs with the TVM runtime only (runtime/measure.py); the others call the compiler through
+`nextn.compiler.entry`, imported when they run.
+"""
 from __future__ import annotations
 
 import os
@@ -9,6 +13,10 @@ import click
 def register(cli: click.Group) -> None:
     cli.add_command(tune)
     cli.add_command(tuning)
+
+
+def _echo(s):
+    click.echo(s, err=True)
 
 
 @click.command()
@@ -31,21 +39,16 @@ def register(cli: click.Group) -> None:
                    "`nextn tuning measure DIR` where the device is and `nextn tuning ingest DIR -o LOG_DIR` here.")
 def tune(model, target, trials, out, max_kernels, draft, cost_model, only, keep_slower, search, arches, offline):
     """Tune MODEL's distinct kernels for TARGET; records go to OUTPUT/log.json as each kernel finishes."""
-    from nextn.compiler.tune.run import tune_model
+    from nextn.compiler import entry
 
     if offline:
-        from nextn.compiler.tune.offline import gen
-
-        gen(model, offline, target=target, arches=list(arches) or None, trials=trials, max_kernels=max_kernels,
-            only=only, draft=draft, log=lambda s: click.echo(s, err=True))
-        click.echo(f"candidates in {offline}; next: nextn tuning measure {offline} (on the device machine)", err=True)
+        entry.tune_offline(model, offline, target=target, arches=list(arches) or None, trials=trials,
+                           max_kernels=max_kernels, only=only, draft=draft, log=_echo)
+        _echo(f"candidates in {offline}; next: nextn tuning measure {offline} (on the device machine)")
         return
-
-    os.makedirs(out, exist_ok=True)
-    book = tune_model(model, out, target=target, trials=trials, max_kernels=max_kernels, draft=draft,
-                      cost_model=cost_model, log=lambda s: click.echo(s, err=True), only=only,
-                      keep_slower=keep_slower, search=search)
-    click.echo(f"{len(book['records'])} record(s) in {os.path.join(out, 'log.json')}", err=True)
+    book = entry.tune(model, out, target=target, trials=trials, max_kernels=max_kernels, draft=draft,
+                      cost_model=cost_model, log=_echo, only=only, keep_slower=keep_slower, search=search)
+    _echo(f"{len(book['records'])} record(s) in {os.path.join(out, 'log.json')}")
 
 
 @click.group()
@@ -58,11 +61,9 @@ def tuning():
 @click.option("-o", "--output", "out", required=True, help="FILE.json to write.")
 def export_(log_dir, out):
     """Write LOG_DIR's log as one JSON file (best record per workload and target)."""
-    from nextn.compiler.tune import log as tlog
+    from nextn.compiler import entry
 
-    book = tlog.merge([tlog.read(log_dir)])
-    tlog.write(book, out if out.endswith(".json") else out + ".json")
-    click.echo(f"exported {len(book['records'])} record(s) to {out}", err=True)
+    _echo(f"exported {entry.tuning_export(log_dir, out)} record(s) to {out}")
 
 
 @tuning.command("import")
@@ -70,13 +71,10 @@ def export_(log_dir, out):
 @click.option("-o", "--output", "out", required=True, help="LOG_DIR to merge the records into.")
 def import_(file, out):
     """Validate FILE.json and merge its records into LOG_DIR (kept: the faster record per workload/target)."""
-    from nextn.compiler.tune import log as tlog
+    from nextn.compiler import entry
 
-    new = tlog.read(file)
-    have = tlog.read(out) if os.path.exists(os.path.join(out, tlog.LOG_FILE)) else tlog.empty_log()
-    book = tlog.merge([have, new])
-    tlog.write(book, out)
-    click.echo(f"imported {len(new['records'])} record(s); {len(book['records'])} in {out}", err=True)
+    n_new, n_all = entry.tuning_import(file, out)
+    _echo(f"imported {n_new} record(s); {n_all} in {out}")
 
 
 @tuning.command("merge")
@@ -84,11 +82,9 @@ def import_(file, out):
 @click.option("-o", "--output", "out", required=True, help="LOG_DIR to write.")
 def merge(log_dirs, out):
     """Merge logs, keeping the fastest record per workload and target."""
-    from nextn.compiler.tune import log as tlog
+    from nextn.compiler import entry
 
-    book = tlog.merge([tlog.read(d) for d in log_dirs])
-    tlog.write(book, out)
-    click.echo(f"merged {len(log_dirs)} log(s): {len(book['records'])} record(s) in {out}", err=True)
+    _echo(f"merged {len(log_dirs)} log(s): {entry.tuning_merge(log_dirs, out)} record(s) in {out}")
 
 
 @tuning.command("measure")
@@ -98,7 +94,7 @@ def measure_(cand_dir, device):
     """Time the candidates of an offline run (TVM runtime only); writes CAND_DIR/results.json."""
     from .measure import measure
 
-    measure(cand_dir, device, log=lambda s: click.echo(s, err=True))
+    measure(cand_dir, device, log=_echo)
 
 
 @tuning.command("ingest")
@@ -106,19 +102,18 @@ def measure_(cand_dir, device):
 @click.option("-o", "--output", "out", required=True, help="LOG_DIR to merge the measured records into.")
 def ingest_(cand_dir, out):
     """Turn measured candidates into log records (only those beating the default schedule)."""
-    from nextn.compiler.tune.offline import ingest
+    from nextn.compiler import entry
 
-    book = ingest(cand_dir, out, log=lambda s: click.echo(s, err=True))
-    click.echo(f"{len(book['records'])} record(s) in {out}", err=True)
+    _echo(f"{entry.tuning_ingest(cand_dir, out, log=_echo)} record(s) in {out}")
 
 
 @tuning.command("show")
 @click.argument("log", type=click.Path())
 def show(log):
     """Print a log's records: workload, target, measured time."""
-    from nextn.compiler.tune import log as tlog
+    from nextn.compiler import entry
 
-    book = tlog.read(log)
+    book = entry.tuning_show(log)
     click.echo(f"{log}: {book['format']} schema {book['schema']}, nextn {book['nextn_version']}, "
                f"TVM {book['tvm_version']}, {len(book['records'])} record(s)")
     for r in book["records"]:

@@ -21,9 +21,9 @@ Every switch is recorded in `events` with the numbers behind it.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
+
+from nextn.common.timing import time_call
 
 
 class FixedDepth:
@@ -134,16 +134,6 @@ class AdaptiveDepth:
 
     def _event(self, n_emitted, to_k: int, why: str) -> None:
         self.events.append({"at_token": n_emitted, "to_depth": to_k, "why": why})
-
-
-def time_call(f, reps: int = 1) -> float:
-    """Min seconds of `reps` calls of f()."""
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    return min(ts)
 
 
 def calibrate(engine, k_max: int, reps: int = 5):

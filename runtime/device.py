@@ -6,20 +6,22 @@ per-call conversion). Each step copies only its few input ids/positions to the d
 rows and argmax ids it needs; logits stay on the device until asked for. TVM launches on the CUDA legacy default
 stream, which is also cupy's default: one stream, so no synchronisation between them is needed.
 
-Runtime-only TVM (tvm-field-guide.md §6.3: the wheel minus libtvm_compiler.so) does not auto-load the CUDA
-plugin, so it is loaded here by path before the artifact is opened.
+A runtime-only TVM (the wheel minus libtvm_compiler.so) does not auto-load the CUDA plugin, so it is loaded by
+path (nextn.common.cuda) before the artifact is opened.
 
 GPU execution of this module is written but has not been run (no GPU was available where it was written).
 """
 from __future__ import annotations
 
-import ctypes
-import os
 import re
 
 import numpy as np
 
-from .errors import NextnError
+from nextn.common import cuda
+from nextn.common.errors import NextnError
+
+# What TVM's CUDA plugin needs where it runs (said when it cannot be loaded).
+CUDA_NEEDS = "it needs libcudart.so.13 on LD_LIBRARY_PATH and an NVIDIA driver for CUDA 13 (R580 or newer)"
 
 
 def parse_device(device: str) -> tuple[str, int]:
@@ -32,21 +34,6 @@ def parse_device(device: str) -> tuple[str, int]:
     if re.fullmatch(r"(rocm|hip)(?::\d+)?", d):
         return "rocm", 0
     raise NextnError(f"--device {device}: expected cpu or cuda:N")
-
-
-def load_cuda_plugin():
-    """Make `libtvm_runtime_cuda.so` (and through it libcudart + the driver) available in this process."""
-    import tvm
-    import tvm_ffi
-
-    if "ffi.Module.load_from_bytes.cuda" in tvm_ffi.registry.list_global_func_names():
-        return
-    plugin = os.path.join(os.path.dirname(tvm.__file__), "lib", "libtvm_runtime_cuda.so")
-    try:
-        ctypes.CDLL(plugin, mode=ctypes.RTLD_GLOBAL)
-    except OSError as e:
-        raise NextnError(f"cannot load TVM's CUDA runtime plugin ({e}); it needs libcudart.so.13 on LD_LIBRARY_PATH "
-                         f"and an NVIDIA driver for CUDA 13 (R580 or newer)") from None
 
 
 class Device:
@@ -73,7 +60,7 @@ class Device:
             self.dev = tvm.cpu()
             self.vm_devices = [self.dev]
             return
-        load_cuda_plugin()
+        cuda.load_plugin(CUDA_NEEDS)
         self.dev = tvm.cuda(idx)
         if not self.dev.exist:
             raise NextnError(f"--device {device}: no such CUDA device (is the NVIDIA driver loaded?)")
@@ -121,5 +108,6 @@ class Device:
         return tvm_ffi.from_dlpack(cp_array)
 
     def synchronize(self):
+        """Wait for the device's queued work (CUDA launches return at once); nothing to wait for on the CPU."""
         if self.kind == "cuda":
             self.dev.sync()

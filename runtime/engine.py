@@ -1,10 +1,9 @@
-"""A loaded model: the artifact's compiled entry points, the weights, and static KV buffers.
+"""A loaded model: the artifact's compiled entry points, called one per step.
 
 The engine calls one compiled entry point per step (prefill chunk, verify pass, MTP rows, draft step);
 each is a Relax VM function that runs every kernel of that step, so Python never dispatches per kernel.
-KV buffers are static, indexed by position: `[ctx, n_head_kv, head_dim]` float32 per layer for the trunk
-(layers 0..n_layer-1) and for the NextN block (its own, separate buffers). Rolling back is free: cells past
-the committed prefix are masked out (attention reads cells <= pos) and overwritten by the next write.
+Its pieces: the weights (`weights.py`, bound once), the static KV / state buffers (`state.py`), the device
+(`device.py`). Entry-point signatures: (*inputs, Shape([L]), *states, *weight buffers), as the manifest records.
 """
 from __future__ import annotations
 
@@ -14,9 +13,12 @@ import time
 
 import numpy as np
 
+from nextn.common.errors import NextnError
+from nextn.common.manifest import MAX_DRAFT
+
+from . import state
 from .artifact import Artifact, load_artifact
-from .errors import NextnError
-from .model_check import check_model_files
+from .weights import ArtifactFiles, load_weights
 
 PREFILL_CHUNK = 512   # rows per prefill call (llama.cpp's default n_ubatch)
 ONE_ROW = {"verify": "decode", "mtp_draft": "draft"}   # one-row calls go to the static-shape entry points
@@ -28,20 +30,16 @@ class Engine:
     def __init__(self, artifact: Artifact, ctx_size: int | None = None, load_mtp: bool = True,
                  model_path: str | None = None, draft_path: str | None = None, device: str = "cpu"):
         import tvm
-        from tvm.runtime.vm import VirtualMachine
         import tvm_ffi
+        from tvm.runtime.vm import VirtualMachine
 
-        from nextn.compiler.loader.model_files import ModelFiles
+        from .device import Device
 
         self.artifact = artifact
         m = artifact.manifest
         self.hparams = m["hparams"]
-        model_path = model_path or artifact.model_path("model")
-        draft_path = draft_path or artifact.model_path("draft")
-        load_mtp = load_mtp and (m["has_mtp"] or draft_path is not None)
-        self.files = ModelFiles(model_path, draft_path, load_mtp=load_mtp)
-        check_model_files(artifact, self.files)
-        self.has_mtp = load_mtp and m["has_mtp"]
+        self.has_mtp = bool(load_mtp and m["has_mtp"])
+        self.files = ArtifactFiles(artifact, model_path, draft_path, with_draft=self.has_mtp)
         self.n_ctx = int(ctx_size or min(self.hparams["n_ctx_train"], 4096))
         if self.n_ctx < 2:
             raise NextnError(f"context size {self.n_ctx} is too small (-c)")
@@ -49,28 +47,15 @@ class Engine:
         if cg and self.n_ctx > int(cg["max_ctx"]):
             raise NextnError(f"{artifact.path}: context size {self.n_ctx} (-c) is larger than the {cg['max_ctx']} cells this "
                              f"artifact's CUDA graphs were planned for; recompile with --no-cuda-graph")
-        from .device import Device
-
         self.device = Device(artifact, device)   # cpu, or cuda:N (weights + KV in device memory)
         self.dev = self.device.dev
         self._shape = tvm_ffi.Shape
         self._tensor = self.device.tensor
-        ex = tvm.runtime.load_module(artifact.library_path)
-        self.vm = VirtualMachine(ex, self.device.vm_devices)
+        self.vm = VirtualMachine(tvm.runtime.load_module(artifact.library_path), self.device.vm_devices)
 
         # Weights, in the manifest's buffer plan; NextN-only buffers only when speculation is on.
-        bufs = {}
         plan = [b for b in m["buffer_plan"]["weights"] if self.has_mtp or not b["mtp_only"]]
-        by_tensor: dict[str, list[dict]] = {}
-        for b in plan:
-            by_tensor.setdefault(b["tensor"], []).append(b)
-        for tname, blist in by_tensor.items():
-            w = self.files.load(tname, quantized=blist[0]["kind"] != "f32")
-            for b, arr in zip(blist, w.arrays):
-                if list(arr.shape) != b["shape"] or str(arr.dtype) != b["dtype"]:
-                    raise NextnError(f"{self.files.file_of(tname).path}: tensor '{tname}' loads as {arr.dtype}{list(arr.shape)}, "
-                                     f"the artifact expects {b['dtype']}{b['shape']}; recompile the artifact")
-                bufs[b["buffer"]] = self._tensor(arr)
+        bufs = load_weights(self.files, plan, self._tensor)
         self.weight_bytes = sum(b["nbytes"] for b in plan)
 
         self._weights = bufs
@@ -78,7 +63,7 @@ class Engine:
         self._fn = {name: self.vm[name] for name in self._entries}
         self._alloc_states()
         self.vm_seconds = {name: 0.0 for name in self._fn}   # time inside compiled entry points, per entry
-        self.max_draft = int(m.get("max_draft", 8))           # compiled maximum draft depth (manifest)
+        self.max_draft = int(m.get("max_draft", MAX_DRAFT))   # compiled maximum draft depth
         # glm-dsa: draft steps 1..n_max-1 reuse step 0's NextN DSA selection (index_share_for_mtp_iteration)
         self.share_mtp_index = True
         # CUDA graphs (manifest "cuda_graph"): the captured entry points read their inputs from buffers that must
@@ -89,15 +74,11 @@ class Engine:
         self._inbuf: dict[tuple, list] = {}
 
     def _alloc_states(self) -> None:
-        """Static KV of one sequence: one zeroed buffer per state name, shaped as the manifest says with C = n_ctx."""
-        self.states, self._rest = {}, {}
-        for name, ep in self._entries.items():
-            for s in ep["states"]:
-                if s not in self.states:
-                    shape = tuple(self.n_ctx if d == "C" else int(d) for d in ep["state_shapes"][s])
-                    self.states[s] = self.device.empty(shape, ep["state_dtypes"][s])
-            self._rest[name] = [self.states[s] for s in ep["states"]] + [self._weights[w] for w in ep["weights"]]
-        self.kv_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in self.states.values())
+        """Static KV of one sequence (state.py), and each entry point's trailing arguments: its states, its weights."""
+        self.states = state.state_buffers(self._entries, self.n_ctx, self.device.empty)
+        self._rest = {name: [self.states[s] for s in ep["states"]] + [self._weights[w] for w in ep["weights"]]
+                      for name, ep in self._entries.items()}
+        self.kv_bytes = state.nbytes(self.states)
 
     def resize_context(self, ctx_size: int) -> None:
         """Reallocate this sequence's KV for `ctx_size` cells (what it held is dropped)."""
@@ -131,17 +112,13 @@ class Engine:
         """Open an artifact directory, or a GGUF file (compiled for `target` first, cached by its sha256)."""
         if os.path.isdir(path):
             return cls(load_artifact(path), ctx_size, load_mtp, draft_path=draft_path, device=device)
-        from .cache import compiled_artifact
+        from nextn.compiler import entry   # the one door into the compiler: compile-and-cache
 
-        art_dir = compiled_artifact(path, target, draft_path, log=log, arches=arches,
-                                    mtp_dense_attention=mtp_dense_attention)
+        art_dir = entry.compiled_artifact(path, target, draft_path, log=log, arches=arches,
+                                          mtp_dense_attention=mtp_dense_attention)
         return cls(load_artifact(art_dir), ctx_size, load_mtp, model_path=path, draft_path=draft_path, device=device)
 
     # -- entry points -----------------------------------------------------------------------------
-    def _check_room(self, end: int):
-        if end > self.n_ctx:
-            raise NextnError(f"context is full: {end} tokens do not fit in the context of {self.n_ctx} (-c)")
-
     def n_kv(self, end: int) -> int:
         """L for a call whose last row is cell end-1: end rounded up to kv_bucket cells, within the context."""
         b = self.kv_bucket
@@ -160,7 +137,8 @@ class Engine:
 
     def _run(self, name, tokens, pos0, extra=()):
         T = len(tokens)
-        self._check_room(pos0 + T)
+        if pos0 + T > self.n_ctx:
+            raise NextnError(f"context is full: {pos0 + T} tokens do not fit in the context of {self.n_ctx} (-c)")
         if T == 1 and ONE_ROW.get(name) in self._fn:
             name = ONE_ROW[name]
         arrays = [np.asarray(tokens, np.int32), np.arange(pos0, pos0 + T, dtype=np.int32),
@@ -168,18 +146,21 @@ class Engine:
         args = [*self._inputs(name, arrays), self._shape([self.n_kv(pos0 + T)])]
         t0 = time.perf_counter()
         out = self._fn[name](*args, *self._rest[name])
+        self.device.synchronize()   # a CUDA launch returns before the kernels finish: time the work, not the launch
         self.vm_seconds[name] += time.perf_counter() - t0
         return out
+
+    @staticmethod
+    def _by_chunk(call, pos0: int, *rows):
+        """call(*(r[s:s + PREFILL_CHUNK] for r in rows), pos0 + s) for each chunk of PREFILL_CHUNK rows, in order."""
+        return [call(*(r[s:s + PREFILL_CHUNK] for r in rows), pos0 + s) for s in range(0, len(rows[0]), PREFILL_CHUNK)]
 
     def prefill(self, tokens, pos0: int = 0):
         """Trunk over `tokens` at positions pos0.. (chunked). Returns (hidden [T, n_embd] f32 post output_norm,
         logits [n_vocab] f32 of the last row, argmax of the last row)."""
-        hs = []
-        for s in range(0, len(tokens), PREFILL_CHUNK):
-            chunk = tokens[s:s + PREFILL_CHUNK]
-            h, lg, am = self._run("prefill", chunk, pos0 + s, (np.array([len(chunk) - 1], np.int32),))
-            hs.append(h.numpy())
-        return np.concatenate(hs), lg.numpy()[0], int(am.numpy()[0])
+        outs = self._by_chunk(lambda t, p: self._run("prefill", t, p, (np.array([len(t) - 1], np.int32),)), pos0, tokens)
+        _h, lg, am = outs[-1]
+        return np.concatenate([o[0].numpy() for o in outs]), lg.numpy()[0], int(am.numpy()[0])
 
     def verify(self, tokens, pos0: int):
         """Trunk over k+1 rows [id_last, d1..dk] at pos0..: (hidden [k+1, E], logits [k+1, V], argmax [k+1])."""
@@ -189,13 +170,11 @@ class Engine:
     def mtp_rows(self, tokens, h_prev, pos0: int):
         """NextN rows teacher-forced: row t pairs tokens[t] with h_prev[t]; writes the NextN KV at pos0..
         Returns h_nextn [T, E] of the rows."""
-        outs = []
-        for s in range(0, len(tokens), PREFILL_CHUNK):
-            t = tokens[s:s + PREFILL_CHUNK]
-            h, _lg, _am = self._run("mtp_rows", t, pos0 + s,
-                                    (np.ascontiguousarray(h_prev[s:s + len(t)], np.float32), np.array([len(t) - 1], np.int32)))
-            outs.append(h.numpy())
-        return np.concatenate(outs)
+        def rows(t, h, p):
+            out = self._run("mtp_rows", t, p, (np.ascontiguousarray(h, np.float32), np.array([len(t) - 1], np.int32)))
+            return out[0].numpy()
+
+        return np.concatenate(self._by_chunk(rows, pos0, tokens, h_prev))
 
     def mtp_draft(self, tokens, h_prev, pos0: int, reuse_index: bool = False):
         """NextN rows with logits for every row: (h_nextn [T, E], logits [T, V] tvm tensor, argmax [T]).
@@ -214,11 +193,7 @@ class Engine:
         """Trunk logits `[T, n_vocab]` float32 for `token_ids` at positions 0..T-1 (no KV reuse).
         Semantics: llama.cpp src/models/glm4-moe.cpp (reference §4.1)."""
         ids = np.asarray(token_ids, np.int32)
-        out = []
-        for s in range(0, len(ids), PREFILL_CHUNK):
-            _h, lg, _am = self.verify(ids[s:s + PREFILL_CHUNK], s)
-            out.append(lg.numpy())
-        return np.concatenate(out)
+        return np.concatenate(self._by_chunk(lambda t, p: self.verify(t, p)[1].numpy(), 0, ids))
 
     def hidden(self, token_ids) -> np.ndarray:
         """Trunk post-`output_norm` hidden `[T, n_embd]` float32 (the MTP seed `t_h_nextn`)."""
@@ -233,8 +208,4 @@ class Engine:
         ids = np.asarray(token_ids, np.int32)
         h = self.hidden(ids)
         h_prev = np.concatenate([np.zeros((1, h.shape[1]), np.float32), h[:-1]])
-        out = []
-        for s in range(0, len(ids), PREFILL_CHUNK):
-            _h, lg, _am = self.mtp_draft(ids[s:s + PREFILL_CHUNK], h_prev[s:s + PREFILL_CHUNK], s)
-            out.append(lg.numpy())
-        return np.concatenate(out)
+        return np.concatenate(self._by_chunk(lambda t, hp, p: self.mtp_draft(t, hp, p)[1].numpy(), 0, ids, h_prev))

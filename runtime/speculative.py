@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .depth import AdaptiveDepth, FixedDepth, calibrate, time_call
-from .errors import NextnError
+from nextn.common.errors import NextnError
+from nextn.common.timing import time_call
+
+from .depth import AdaptiveDepth, FixedDepth, calibrate
 from .sampling import DRAFT, TARGET, CounterRNG, SamplerChain, rejection_sample, sample_and_match
 
 
@@ -116,15 +118,6 @@ class Generation:
     vm_s: dict = field(default_factory=dict)   # decode-phase seconds inside each compiled entry point
     seed: int = 0
     n_past: int = 0                 # trunk KV cells committed at the end (prompt + emitted - 1)
-
-    @property
-    def python_share(self) -> float:
-        """Share of decode time spent outside compiled entry points (the loop, conversions, host copies)."""
-        return max(0.0, 1.0 - sum(self.vm_s.values()) / self.decode_s) if self.decode_s > 0 else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return len(self.tokens) / self.decode_s if self.decode_s > 0 else 0.0
 
 
 class FinishRules:
@@ -229,7 +222,7 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
         raise NextnError("--spec-type draft-mtp needs a NextN block, and this model has none loaded")
     chain, rng = SamplerChain(temp, top_k, top_p, min_p), CounterRNG(seed)
     auto = spec and n_max == "auto"
-    k_max = (getattr(engine, "max_draft", 8) if auto else int(n_max)) if spec else 0
+    k_max = (engine.max_draft if auto else int(n_max)) if spec else 0
     # `auto` refreshes verify costs while cost-bound by timing a verify at the next cells (rewritten before read).
     remeasure = lambda T: time_call(lambda: engine.verify([id_last] * T, n_past))   # noqa: E731
     depth = controller or (AdaptiveDepth(k_max, calibrate(engine, k_max), remeasure) if auto else FixedDepth(k_max))

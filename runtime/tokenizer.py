@@ -21,7 +21,7 @@ from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from nextn.runtime.errors import NextnError
+from nextn.common.errors import NextnError
 
 #: Pre-tokenizer split of llama.cpp's CHATGLM4 type (``tokenizer.ggml.pre`` = ``glm4`` or ``chatglm-bpe``).
 GLM4_SPLIT_REGEX = (

@@ -11,6 +11,8 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir, tirx
 
+from .loops import static_extent
+
 LANES = 16
 TILE = 64
 PARALLEL_MIN_WORK = 1 << 19     # multiply-adds per row above which a kernel is split across threads
@@ -23,10 +25,6 @@ def _knob(sch, choices, default, sample: bool):
     if not sample:
         return default
     return sch.sample_categorical(candidates=list(choices), probs=[1.0 / len(choices)] * len(choices))
-
-
-def _static(e):
-    return int(e) if isinstance(e, (int, tirx.IntImm)) else None
 
 
 def _iter_kinds(sch, block):
@@ -43,7 +41,7 @@ def schedule_reduction(sch: s_tir.Schedule, block, sample: bool = False) -> bool
     n_red = sum(1 for k in kinds if k == tirx.IterVar.CommReduce)
     if n_red != 1:
         return False
-    k = _static(sch.get(loops[-1]).extent)
+    k = static_extent(sch.get(loops[-1]).extent)
     if k is None or k % LANES or k < 2 * LANES:
         return False
     lanes = _knob(sch, [c for c in LANE_CHOICES if k % c == 0 and k >= 2 * c], LANES, sample)
@@ -55,7 +53,7 @@ def schedule_reduction(sch: s_tir.Schedule, block, sample: bool = False) -> bool
     spatial = rf_loops[:-2]
     if not spatial:
         return True
-    n = _static(sch.get(spatial[-1]).extent)
+    n = static_extent(sch.get(spatial[-1]).extent)
     if n is not None and n >= 128 and n * k >= PARALLEL_MIN_WORK:
         # Split the output axis into 64-wide tiles, hoist the tile loop outermost and spread it over threads;
         # rows (T) iterate inside a tile, so the verify pass reuses each weight tile from cache.
@@ -73,8 +71,8 @@ def schedule_weighted_sum(sch: s_tir.Schedule, block) -> bool:
     if len(loops) != len(kinds) or len(kinds) < 2 or kinds[-1] != tirx.IterVar.CommReduce \
             or kinds[-2] != tirx.IterVar.DataPar:
         return False
-    j = _static(sch.get(loops[-2]).extent)
-    if j is None or j % 8 or _static(sch.get(loops[-1]).extent) is not None:
+    j = static_extent(sch.get(loops[-2]).extent)
+    if j is None or j % 8 or static_extent(sch.get(loops[-1]).extent) is not None:
         return False   # only the dynamic-length reduction over KV cells
     sch.reorder(loops[-1], loops[-2])
     sch.vectorize(loops[-2])

@@ -5,7 +5,7 @@ function or fails the compile naming it (never a silent unscheduled kernel). The
 is recorded (`last_report()`, `nextn compile --dump-ir` writes it as `schedule_report.json`), so one can see
 which fused kernels defeated the specialised rules and landed in `Fallback`:
 
-    python -m nextn.schedules.gpu MODEL.gguf [--target cuda|rocm] [--arch sm_90]   # PrimFunc -> rule table
+    python -m nextn.compiler.schedule_report MODEL.gguf [--target cuda|rocm] [--arch sm_90]   # PrimFunc -> rule
 
 Rule order (tvm-field-guide.md §2.6, §2.9): `LowBatchGEMV` before `Matmul` because every matmul here has a
 dynamic row count T (1 for a draft step, k+1 for verify, up to 512 for prefill); `GEMV` for static single rows;
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import tvm
 from tvm import tirx
+
+from .loops import static_extent
 
 _REPORT: dict[str, str] = {}
 
@@ -33,10 +35,6 @@ def _rule_list():
         ("hand:row_reduction", _Hand(row_reduction)),
         ("Fallback", dl.gpu.Fallback()),
     ]
-
-
-def _static(e):
-    return int(e) if isinstance(e, (int, tirx.IntImm)) else None
 
 
 def row_reduction(func: tirx.PrimFunc, target):
@@ -60,7 +58,7 @@ def row_reduction(func: tirx.PrimFunc, target):
     if len(loops) != len(kinds) or len(kinds) < 2 or kinds[-1] != tirx.IterVar.CommReduce \
             or any(k != tirx.IterVar.DataPar for k in kinds[:-1]):
         return None
-    K = _static(sch.get(loops[-1]).extent)
+    K = static_extent(sch.get(loops[-1]).extent)
     if K is None or K < 32:
         return None
     max_threads = int(target.attrs.get("max_num_threads", target.attrs.get("max_threads_per_block", 256)) or 256)
@@ -165,42 +163,3 @@ class ScheduleGPU:
 def last_report() -> dict[str, str]:
     """PrimFunc name → rule, from the last ScheduleGPU run in this process."""
     return dict(_REPORT)
-
-
-def main(argv=None):
-    import argparse
-    import collections
-    import json
-
-    from nextn.compiler.compile import make_target
-    from nextn.compiler.lower.pipeline import phases
-    from nextn.compiler.lower.to_relax import build_module
-
-    ap = argparse.ArgumentParser(description="List which dlight rule schedules each fused PrimFunc (no codegen).")
-    ap.add_argument("model")
-    ap.add_argument("--target", default="cuda")
-    ap.add_argument("--arch", default=None)
-    ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(argv)
-    from nextn.compiler.compile import build_graphs, weight_kind
-    from nextn.compiler.loader.model_files import ModelFiles
-
-    mf = ModelFiles(a.model, None, load_mtp=False)
-    graphs = build_graphs(mf, mf.has_nextn)
-    kinds = {n: weight_kind(mf, n) for g in graphs.values() for n in g.weights}
-    tgt = make_target(a.target, [a.arch] if a.arch else None)
-    mod = build_module(list(graphs.values()), kinds, split_kernels=True)
-    with tgt:
-        for _name, passes in phases(tgt, ScheduleGPU(tgt))[:3]:
-            mod = tvm.transform.Sequential(passes)(mod)
-    rep = last_report()
-    if a.json:
-        print(json.dumps(rep, indent=1))
-    else:
-        for k in sorted(rep):
-            print(f"{k:48s} {rep[k]}")
-        print("counts:", dict(collections.Counter(rep.values())))
-
-
-if __name__ == "__main__":
-    main()

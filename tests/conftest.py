@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nextn.common.compare import rel_err
+
 FIXTURES = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures"
 G4 = FIXTURES / "tiny-glm4moe"
 REPO = Path(__file__).resolve().parents[1]
@@ -19,12 +21,6 @@ def reference(model_dir: Path = G4) -> dict:
 
 def reference_logits(model_dir: Path = G4):
     return np.load(model_dir / "reference_logits.npz")
-
-
-def rel_err(got: np.ndarray, want: np.ndarray) -> float:
-    """Max over rows of max|got - want| / max|want| (the fixtures' tolerance measure)."""
-    got, want = np.atleast_2d(got), np.atleast_2d(want)
-    return float((np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)).max())
 
 
 def dequantized(mf):

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import G4
 
+from nextn.common.errors import NextnError
 from nextn.runtime.artifact import load_artifact
-from nextn.runtime.errors import NextnError
 
 
 def sha(p):

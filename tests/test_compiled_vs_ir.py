@@ -8,7 +8,7 @@ import pytest
 
 from conftest import G4, check_mtp_vs_ir, check_trunk_vs_ir, dequantized, reference
 
-from nextn.compiler.compile import build_graphs
+from nextn.compiler.graphs import build_graphs
 from nextn.compiler.loader.model_files import ModelFiles
 
 PROMPT = next(p for p in reference()["prompts"] if p["kind"] == "code-short")["prompt_ids"]

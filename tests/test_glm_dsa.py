@@ -12,12 +12,14 @@ import pytest
 
 from badgguf import with_metadata
 from conftest import (FIXTURES, check_greedy_and_speculative, check_mtp_vs_ir, check_trunk_vs_ir, dequantized, reference,
-                      reference_logits, rel_err)
+                      reference_logits)
 from test_rope import naive_rope
 
 import nextn.runtime as rt
+from nextn.common.compare import rel_err
 from nextn.compiler.ir import Graph, interpret
 from nextn.compiler.loader.model_files import ModelFiles
+from nextn.compiler.models.glm_base import graph as glm_graph
 from nextn.compiler.models.glm_dsa import config as dsa_config
 from nextn.compiler.models.glm_dsa import graph as dsa_graph
 
@@ -284,12 +286,12 @@ def test_greedy_and_speculative(dsa, kind):
     check_greedy_and_speculative(dsa, p)
 
 
-def test_long_context_sparse(dsa):
+def test_long_context_sparse(dsa, bf16_files):
     """2220 tokens > top_k 2048: last logits and greedy text equal the reference; acceptance equals it with the
     NextN index recomputed every step (the reference rule); with sharing on, the text is still identical and the
     shared-index draft entry is what runs at steps 1..n_max-1."""
     p, eng = PROMPTS["long-context"], dsa.engine
-    assert len(p["prompt_ids"]) > dsa.engine.files.config.idx_top_k
+    assert len(p["prompt_ids"]) > bf16_files[0].config.idx_top_k
     _h, last, am = eng.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
     assert rel_err(last, reference_logits(D)["long-context/last_logits"]) < 1e-4 and am == p["last_logits_argmax"]
     plain = dsa.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True)
@@ -309,9 +311,9 @@ def test_long_context_sparse(dsa):
         eng.share_mtp_index = True
 
 
-def test_kv_states_trunk_and_nextn_separate(dsa):
+def test_kv_states_trunk_and_nextn_separate(dsa, bf16_files):
     """Trunk cache: trunk layers only (latent KV + indexer keys on full layers); NextN cache: the NextN layer only."""
-    c, st = dsa.engine.files.config, dsa.engine.states
+    c, st = bf16_files[0].config, dsa.engine.states
     C = dsa.engine.n_ctx
     want = {f"kv.{i}": (C, 1, c.kv_lora + c.n_rot) for i in range(c.n_layer)}
     want |= {f"ik.{i}": (C, 1, c.idx_hd) for i in range(c.n_layer) if c.idx_full[i]}
@@ -348,11 +350,11 @@ def test_index_share_state(bf16_files):
     tok, pos, hp = g.input("tokens", (1,), "int32"), g.input("pos", (1,), "int32"), g.input("h_prev", (1, E))
     mk = g.input("mask", (1, "L"))
     p = "blk.4.nextn."
-    z = dsa_graph._linear(g, g.concat(dsa_graph._norm(g, g.get_rows(g.weight("token_embd.weight", (c.n_vocab, E)), tok),
-                                                      p + "enorm.weight", c.rms_eps),
-                                      dsa_graph._norm(g, hp, p + "hnorm.weight", c.rms_eps), axis=1), p + "eh_proj", E)
+    z = glm_graph.linear(g, g.concat(glm_graph.norm(g, g.get_rows(g.weight("token_embd.weight", (c.n_vocab, E)), tok),
+                                                    p + "enorm.weight", c.rms_eps),
+                                     glm_graph.norm(g, hp, p + "hnorm.weight", c.rms_eps), axis=1), p + "eh_proj", E)
     x, _ = dsa_graph.block(g, c, 4, z, pos, g.state("nextn.kv.4", ("C", 1, c.kv_width)), None, mk, True)
-    g.output("h", dsa_graph._norm(g, x, p + "shared_head_norm.weight", c.rms_eps))
+    g.output("h", glm_graph.norm(g, x, p + "shared_head_norm.weight", c.rms_eps))
     want = interpret.run(g, {"tokens": ids[1:2], "pos": np.array([T + 1], np.int32), "h_prev": h_prev[T + 1:T + 2],
                              "mask": m[None, :T + 2]}, w, {"nextn.kv.4": kv_before}, n_kv=T + 2)
     assert np.array_equal(got["h_nextn"], want["h"])
@@ -361,7 +363,7 @@ def test_index_share_state(bf16_files):
 def _check_compiled_vs_ir(m, path):
     """Prefill + verify, then NextN rows + a draft step, of artifact `m` against the IR interpreter on the
     gguf-py-dequantized weights of `path`."""
-    from nextn.compiler.compile import build_graphs
+    from nextn.compiler.graphs import build_graphs
 
     mf = ModelFiles(path, load_mtp=True)
     graphs, weights = build_graphs(mf, with_mtp=True), dequantized(mf)

@@ -69,7 +69,7 @@ def test_fatbin_headers_agree_with_cubin_elf_flags(cuda_art):
 
 def test_checker_reports_missing_arch_and_source_only(cuda_art, tmp_path):
     from nextn.compiler.check_device_code import check_artifact, device_code, missing_arches
-    from nextn.runtime.errors import NextnError
+    from nextn.common.errors import NextnError
 
     d = cuda_art[0]
     assert missing_arches(f"{d}/model_cuda.so", ["sm_90", "sm_86"]) == ["sm_86"]
@@ -161,7 +161,7 @@ def test_no_cuda_graph_and_context_limit(cuda_art, tmp_path):
     from nextn.compiler.compile import compile_model
     from nextn.runtime.artifact import load_artifact
     from nextn.runtime.engine import Engine
-    from nextn.runtime.errors import NextnError
+    from nextn.common.errors import NextnError
 
     out, dump = str(tmp_path / "art"), str(tmp_path / "ir")
     compile_model(str(MODEL), out, target="cuda", arches=["sm_90"], log=lambda *_: None, dump_ir=dump,
@@ -187,7 +187,7 @@ def test_rocm_gfx942_code_object(rocm_art):
 
 def test_arch_parsing():
     from nextn.compiler.gpu_build import gencode_flags, parse_arches
-    from nextn.runtime.errors import NextnError
+    from nextn.common.errors import NextnError
 
     assert parse_arches("cuda", ["sm_90,80", "sm_120", "sm_90"]) == ["sm_90", "sm_80", "sm_120"]
     assert parse_arches("cuda", None) == CUDA_ARCHES

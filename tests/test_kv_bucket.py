@@ -70,7 +70,8 @@ def test_index_mask_store_by_position():
 
 @pytest.mark.parametrize("arch", sorted(CASES))
 def test_split_kernels_form(arch, tmp_path):
-    from nextn.compiler.compile import build_graphs, compile_model
+    from nextn.compiler.compile import compile_model
+    from nextn.compiler.graphs import build_graphs
     from nextn.compiler.loader.model_files import ModelFiles
 
     path = CASES[arch]

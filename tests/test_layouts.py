@@ -8,7 +8,7 @@ import pytest
 from conftest import G4, reference
 
 import nextn.runtime as rt
-from nextn.runtime.errors import NextnError
+from nextn.common.errors import NextnError
 
 P = next(p for p in reference()["prompts"] if p["kind"] == "docs-api")
 

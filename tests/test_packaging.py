@@ -1,4 +1,4 @@
-"""The package builds as a wheel holding every module of compiler/, runtime/, schedules/ under `nextn.`."""
+"""The package builds as a wheel holding every module of common/, compiler/, runtime/, schedules/ under `nextn.`."""
 import subprocess
 import sys
 import zipfile
@@ -12,7 +12,7 @@ def test_wheel_contains_every_module(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     wheel = next(tmp_path.glob("nextn-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    want = {f"nextn/{p.relative_to(REPO).as_posix()}" for top in ("compiler", "runtime", "schedules")
+    want = {f"nextn/{p.relative_to(REPO).as_posix()}" for top in ("common", "compiler", "runtime", "schedules")
             for p in (REPO / top).rglob("*.py")}
     assert want <= names, sorted(want - names)
     assert any(n.endswith("entry_points.txt") for n in names)

@@ -1,4 +1,5 @@
-"""Block-quantized weights dequantized inside the compiled kernels (nextn.compiler.quant), per format.
+"""Block-quantized weights dequantized inside the compiled kernels, per format (layout and packing:
+nextn.common.quant; element expressions: nextn.compiler.quant).
 
 For every format: random blocks (random quant bytes, float16 scale fields set to ordinary, extreme,
 subnormal and zero values, whole zero blocks, and gguf-py-quantized real data where gguf-py can quantize) are
@@ -16,12 +17,11 @@ import pytest
 import tvm
 from tvm import te, tirx
 
-from conftest import rel_err
-
-from nextn.compiler.compile import make_target
+from nextn.common.compare import rel_err
+from nextn.common.errors import NextnError
+from nextn.common.quant import FORMATS, by_ggml_type
 from nextn.compiler.lower import te_ops
-from nextn.compiler.quant import FORMATS, by_ggml_type
-from nextn.runtime.errors import NextnError
+from nextn.compiler.target import make_target
 from nextn.schedules import schedule_pass
 
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
@@ -117,7 +117,11 @@ def case(request):
 
 def test_registry_and_buffer_bytes():
     """Every format is registered and its buffers hold the GGUF's bytes: exactly, plus a codebook for IQ2_XXS / IQ1_S,
-    plus 4 bytes per 256 weights for Q3_K / Q4_K / Q5_K (their 6-bit scales unpacked to bytes)."""
+    plus 4 bytes per 256 weights for Q3_K / Q4_K / Q5_K (their 6-bit scales unpacked to bytes). Each format has
+    both halves: the run-time layout (common.quant) and the compile-time element (compiler.quant)."""
+    from nextn.compiler.quant import ELEMENTS
+
+    assert set(ELEMENTS) == set(FORMATS) == {by_ggml_type(t).kind for t in TYPES}
     for ttype in TYPES:
         fmt = by_ggml_type(ttype)
         assert fmt is not None and fmt.ggml_type == ttype
@@ -169,7 +173,7 @@ def test_mul_mat_id(case, T):
 
 def test_unsupported_type_names_tensor(tmp_path):
     """A tensor of a type nextn has no kernel for is refused when the file is validated (compile time)."""
-    from nextn.compiler.loader.gguf_file import GGUFFile
+    from nextn.common.gguf import GGUFFile
 
     path = tmp_path / "tq.gguf"
     wr = gguf.GGUFWriter(str(path), "glm4moe")

@@ -13,7 +13,7 @@ import pytest
 from conftest import FIXTURES, G4, check_mtp_vs_ir, check_trunk_vs_ir, dequantized, reference, reference_logits
 
 import nextn.runtime as rt
-from nextn.compiler.compile import build_graphs
+from nextn.compiler.graphs import build_graphs
 from nextn.compiler.loader.model_files import ModelFiles
 
 Q4KM = G4 / "tiny-glm4moe-Q4_K_M.gguf"

@@ -6,7 +6,9 @@ Expected values are read from ../shared/fixtures/tiny-glm4moe/reference*.{json,n
 import numpy as np
 import pytest
 
-from conftest import check_greedy_and_speculative, reference, reference_logits, rel_err
+from conftest import check_greedy_and_speculative, reference, reference_logits
+
+from nextn.common.compare import rel_err
 
 REF = reference()
 PROMPTS = {p["kind"]: p for p in REF["prompts"]}

@@ -8,10 +8,10 @@ import pytest
 import tvm
 from tvm import te
 
+from nextn.common.errors import NextnError
 from nextn.compiler.ir import Graph, interpret, rope
 from nextn.compiler.lower import te_ops
-from nextn.compiler.models.glm4moe import config as g4
-from nextn.runtime.errors import NextnError
+from nextn.compiler.models.glm_base import config as glm_config
 
 
 def naive_rope(x, pos, n_dims, mode, freq_base, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0,
@@ -88,7 +88,6 @@ def test_yarn_corr_dims_by_hand():
     i = np.arange(32)
     assert np.allclose(f[:11], 10000.0 ** (-2 * i[:11] / 64)) and np.allclose(f[23:], 10000.0 ** (-2 * i[23:] / 64) / 40)
     assert rope.magnitude(1 / 40, 1.0, 1.0) == pytest.approx(1 + 0.1 * math.log(40))
-    assert rope.is_plain() and not rope.is_plain(freq_scale=0.5)
 
 
 def test_yarn_factor_one_is_plain_rope():
@@ -113,18 +112,18 @@ class _Keys:
 
 
 def test_rope_keys_resolved_as_llama_context():
-    r = g4.rope_keys(_Keys(), "glm4moe")                       # no keys: "linear" with factor 1 = plain rope
+    r = glm_config.rope_keys(_Keys(), "glm4moe")                       # no keys: "linear" with factor 1 = plain rope
     assert (r["rope_scaling"], r["rope_freq_scale"], r["rope_ext_factor"], r["rope_attn_factor"]) == ("none", 1, 0, 1)
-    r = g4.rope_keys(_Keys(type="linear", factor=4.0), "glm4moe")
+    r = glm_config.rope_keys(_Keys(type="linear", factor=4.0), "glm4moe")
     assert (r["rope_scaling"], r["rope_freq_scale"], r["rope_ext_factor"]) == ("linear", 0.25, 0.0)
-    r = g4.rope_keys(_Keys(type="none", factor=4.0), "glm4moe")
+    r = glm_config.rope_keys(_Keys(type="none", factor=4.0), "glm4moe")
     assert r["rope_freq_scale"] == 1.0
-    r = g4.rope_keys(_Keys(type="yarn", factor=40.0, attn_factor=0.5), "glm4moe")
+    r = glm_config.rope_keys(_Keys(type="yarn", factor=40.0, attn_factor=0.5), "glm4moe")
     # get_mscale(40) / (1 + 0.1 ln 40) cancels; the key's attn_factor stays; n_ctx_orig defaults to context_length
     assert (r["rope_freq_scale"], r["rope_ext_factor"], r["rope_n_ctx_orig"]) == (1 / 40, 1.0, 8192)
     assert r["rope_attn_factor"] == pytest.approx(0.5)
     assert (r["rope_beta_fast"], r["rope_beta_slow"]) == (32.0, 1.0)
-    r = g4.rope_keys(_Keys(type="yarn", factor=40.0, original_context_length=4096), "glm4moe")
+    r = glm_config.rope_keys(_Keys(type="yarn", factor=40.0, original_context_length=4096), "glm4moe")
     assert r["rope_n_ctx_orig"] == 4096 and r["rope_attn_factor"] == pytest.approx(1.0)
 
 
@@ -133,4 +132,4 @@ def test_rope_keys_resolved_as_llama_context():
                                          (dict(type="yarn", factor=0.0), "'glm4moe.rope.scaling.factor' = 0.0")])
 def test_rope_keys_bad_values(kv, needle):
     with pytest.raises(NextnError, match="model.gguf: " + needle.replace(".", r"\.")):
-        g4.rope_keys(_Keys(**kv), "glm4moe")
+        glm_config.rope_keys(_Keys(**kv), "glm4moe")

@@ -347,7 +347,7 @@ def test_a_disconnected_stream_frees_its_slot(server, client):
 
 def test_health_is_503_while_the_model_loads(monkeypatch):
     import nextn.runtime.server as srv
-    from nextn.runtime.errors import NextnError
+    from nextn.common.errors import NextnError
 
     gate = threading.Event()
 

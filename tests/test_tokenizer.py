@@ -8,7 +8,7 @@ import pytest
 import tokenizers
 from tokenizers.pre_tokenizers import ByteLevel
 
-from nextn.runtime.errors import NextnError
+from nextn.common.errors import NextnError
 from nextn.runtime.tokenizer import Tokenizer, _byte_level_chars
 
 FIXTURES = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures"

@@ -24,11 +24,6 @@ DEFAULTS = dict(freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0,
 PARAMS = ("freq_base", *DEFAULTS)    # the order of rope_ext's attributes after n_rot and mode
 
 
-def is_plain(freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, **_) -> bool:
-    """True when rope_ext reduces to freq_base^(-2i/n_rot) angles with unit magnitude."""
-    return freq_scale == 1.0 and ext_factor == 0.0 and attn_factor == 1.0
-
-
 def corr_dims(n_rot: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
     """(low, high): the pair indices where YaRN's ramp starts and ends (ggml_rope_yarn_corr_dims).
     A pair that turns fewer than beta times over n_ctx_orig positions is interpolated, one that turns more

@@ -1,4 +1,2 @@
-"""GGUF → hyper-parameters + weight arrays (the first room of gguf → ir → lower → artifact → runtime)."""
-from .gguf_file import GGUFFile, Weight
-
-__all__ = ["GGUFFile", "Weight"]
+"""GGUF → hyper-parameters + validated tensors (the first room of gguf → ir → lower → artifact → runtime).
+The file reader itself is shared with the runtime: nextn.common.gguf."""

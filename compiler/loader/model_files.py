@@ -7,9 +7,8 @@ speculation is requested (`load_mtp`).
 """
 from __future__ import annotations
 
-from nextn.runtime.errors import NextnError
-
-from .gguf_file import GGUFFile
+from nextn.common.errors import NextnError
+from nextn.common.gguf import GGUFFile
 
 
 class ModelFiles:

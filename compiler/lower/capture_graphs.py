@@ -27,7 +27,7 @@ PASS_CONFIG = {"relax.backend.use_cuda_graph": True}
 
 def mark(mod, max_ctx: int, entries):
     """`mod` with the capture attributes on the Relax functions named in `entries` (the static one-row steps,
-    compile.STATIC; contexts up to `max_ctx` cells); returns (mod, the names present in `mod`)."""
+    graphs.STATIC; contexts up to `max_ctx` cells); returns (mod, the names present in `mod`)."""
     import tvm
 
     funcs, marked = {}, []

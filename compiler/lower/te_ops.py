@@ -1,7 +1,7 @@
 """TE definitions of the IR's ggml ops (one function per op, same semantics as `ir/interpret.py`).
 
 Weights reach `mul_mat`, `mul_mat_id` and `get_rows` either as one float32 tensor or as the buffers of a
-block-quantized format (nextn.compiler.quant) that the kernel dequantizes while it reads, so the weights
+block-quantized format (layout: nextn.common.quant; element expression: nextn.compiler.quant) that the kernel dequantizes while it reads, so the weights
 stay quantized in memory. All arithmetic is float32; rope angles are float64 (as the reference).
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ class QWeight:
         self.logical_shape = tuple(logical_shape)
 
     def at(self, *idx):
-        from nextn.compiler.quant import FORMATS
+        from nextn.compiler.quant import ELEMENTS
 
-        return FORMATS[self.kind].element(self.tensors, idx)
+        return ELEMENTS[self.kind](self.tensors, idx)
 
     @property
     def shape(self):

@@ -33,7 +33,7 @@ def weight_buffers(kind: str, shape) -> list[tuple[str, str, tuple]]:
     """(suffix, dtype, shape) of the buffers a weight of `kind` and logical `shape` occupies."""
     if kind == "f32":
         return [("", "float32", tuple(shape))]
-    from nextn.compiler.quant import FORMATS
+    from nextn.common.quant import FORMATS
 
     return FORMATS[kind].buffers(tuple(shape))
 
@@ -76,9 +76,6 @@ def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str],
             params.append(v)
             vs.append(v)
         env[n.id] = (kind, vs, tuple(n.shape))
-
-    def arg_te(x):
-        return x
 
     with bb.function(graph.name, params):
         with bb.dataflow():

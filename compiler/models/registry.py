@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from nextn.runtime.errors import NextnError
+from nextn.common.errors import NextnError
 
 
 @dataclass(frozen=True)
@@ -24,17 +24,19 @@ class ModelSpec:
 
 
 def _glm4moe() -> ModelSpec:
+    from .glm_base.config import nextn_optional
     from .glm4moe import config, graph
 
     return ModelSpec("glm4moe", config.config_from_gguf, config.Glm4MoeConfig.from_json, config.trunk_tensors,
-                     config.nextn_tensors, config.nextn_optional, graph.build_trunk, graph.build_mtp)
+                     config.nextn_tensors, nextn_optional, graph.build_trunk, graph.build_mtp)
 
 
 def _glm_dsa() -> ModelSpec:
+    from .glm_base.config import nextn_optional
     from .glm_dsa import config, graph
 
     return ModelSpec("glm-dsa", config.config_from_gguf, config.GlmDsaConfig.from_json, config.trunk_tensors,
-                     config.nextn_tensors, config.nextn_optional, graph.build_trunk, graph.build_mtp,
+                     config.nextn_tensors, nextn_optional, graph.build_trunk, graph.build_mtp,
                      ("mtp_dense_attention",), graph.extra_entry_points)
 
 

@@ -1,26 +1,15 @@
-"""Q4_0, Q4_1, Q5_0, Q5_1: blocks of 32 weights (ggml/src/ggml-common.h block_q4_0 …, gguf-py gguf/quants.py).
+"""Q4_0, Q4_1, Q5_0, Q5_1 elements (layout and block bytes: nextn.common.quant.legacy).
 
-Block bytes and the buffers they become (for a weight `[..., N, K]`, nb = K / 32 blocks per row):
-
-    Q4_0  d f16 | qs[16]                 w = d * (q - 8)
-    Q4_1  d f16 | m f16 | qs[16]         w = d * q + m
-    Q5_0  d f16 | qh u32 | qs[16]        w = d * (q - 16),  q = nibble | bit << 4
-    Q5_1  d f16 | m f16 | qh u32 | qs    w = d * q + m
-
-    .qs uint8 [..., N, K/2]   byte 16*b + l holds element 32*b + l (low nibble) and 32*b + 16 + l (high nibble)
-    .d / .m float16 [..., N, K/32]
-    .qh uint32 [..., N, K/32] bit j = high bit of element 32*b + j
-
-With the CPU schedule's 16-lane split of K, one vector step reads 16 consecutive bytes of .qs with one shift
-for all lanes, and one scale per step (a broadcast).
+    Q4_0  w = d * (q - 8)       Q4_1  w = d * q + m
+    Q5_0  w = d * (q - 16)      Q5_1  w = d * q + m      (q = nibble | high bit << 4)
 """
 from __future__ import annotations
 
-import numpy as np
 from tvm import tirx
 
-from . import QuantFormat, register
-from ._common import bits, blocks, f32, field
+from nextn.common.quant.legacy import LAYOUTS
+
+from .te import bits, element, f32
 
 
 def _nibble(qs, lead, k):
@@ -31,45 +20,20 @@ def _high_bit(qh, lead, k):
     return bits(qh[(*lead, k // 32)], k % 32, 1)
 
 
-def _make(name: str, type_size: int, has_min: bool, has_high: bool):
-    off_qh = 4 if has_min else 2
-    off_qs = off_qh + (4 if has_high else 0)
-    assert off_qs + 16 == type_size
-
-    def buffers(shape):
-        *lead, k = shape
-        out = [(".qs", "uint8", (*lead, k // 2)), (".d", "float16", (*lead, k // 32))]
-        if has_min:
-            out.append((".m", "float16", (*lead, k // 32)))
-        if has_high:
-            out.append((".qh", "uint32", (*lead, k // 32)))
-        return out
-
-    def pack(raw, shape):
-        *lead, k = shape
-        b = blocks(raw, shape, 32, type_size)
-        out = [field(b, off_qs, type_size, np.uint8, (*lead, k // 2)), field(b, 0, 2, np.float16, (*lead, k // 32))]
-        if has_min:
-            out.append(field(b, 2, 4, np.float16, (*lead, k // 32)))
-        if has_high:
-            out.append(field(b, off_qh, off_qh + 4, np.uint32, (*lead, k // 32)))
-        return tuple(out)
-
-    def element(t, idx):
+def _make(has_min: bool, has_high: bool):
+    def expr(t, idx):
         *lead, k = idx
         qs, d = t[0], t[1]
         q = _nibble(qs, lead, k).astype("int32")
         if has_high:
             q = q | (_high_bit(t[-1], lead, k).astype("int32") << 4)
         scale = f32(d[(*lead, k // 32)])
-        if has_min:   # gguf-py: d * q + m (d * q is exact, see _common)
+        if has_min:   # gguf-py: d * q + m (d * q is exact, see te.py)
             return scale * f32(q) + f32(t[2][(*lead, k // 32)])
         return scale * f32(q - tirx.const(16 if has_high else 8, "int32"))
 
-    return register(QuantFormat(name.lower(), name, 32, buffers, pack, element))
+    return expr
 
 
-Q4_0 = _make("Q4_0", 18, has_min=False, has_high=False)
-Q4_1 = _make("Q4_1", 20, has_min=True, has_high=False)
-Q5_0 = _make("Q5_0", 22, has_min=False, has_high=True)
-Q5_1 = _make("Q5_1", 24, has_min=True, has_high=True)
+for _name, (_size, _has_min, _has_high) in LAYOUTS.items():
+    element(_name.lower())(_make(_has_min, _has_high))

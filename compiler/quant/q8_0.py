@@ -1,26 +1,11 @@
-"""Q8_0: blocks of 32 weights = float16 scale d + 32 × int8 q; w = float32(d) * q (34 bytes)."""
+"""Q8_0 element: w = float32(d) * q (layout: nextn.common.quant.q8_0)."""
 from __future__ import annotations
 
-import numpy as np
-
-from . import QuantFormat, register
+from .te import element
 
 
-def _buffers(shape):
-    return [(".qs", "int8", tuple(shape)), (".d", "float16", (*shape[:-1], shape[-1] // 32))]
-
-
-def _pack(raw, shape):
-    blocks = raw.reshape(-1, 34)
-    d = blocks[:, :2].copy().view(np.float16).reshape(*shape[:-1], shape[-1] // 32)
-    qs = blocks[:, 2:].copy().view(np.int8).reshape(shape)
-    return qs, d
-
-
+@element("q8_0")
 def _element(t, idx):
     qs, d = t
     *lead, k = idx
     return d[(*lead, k // 32)].astype("float32") * qs[idx].astype("float32")
-
-
-Q8_0 = register(QuantFormat("q8_0", "Q8_0", 32, _buffers, _pack, _element))

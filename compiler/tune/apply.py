@@ -17,7 +17,6 @@ class ApplyTuningLog:
         self.records = records
         self.default = default
         self.applied: set[str] = set()
-        self.tunable_seen: set[str] = set()
 
     def transform_module(self, mod, ctx):
         from tvm.s_tir import meta_schedule as ms
@@ -56,7 +55,7 @@ def schedule_with_log(tuning_log: str | None, target, default, log=print):
         return default, None
     import os
 
-    from nextn.runtime.artifact import sha256_file
+    from nextn.common.hashing import sha256_file
 
     from . import log as tlog
     from .workloads import target_key

@@ -15,7 +15,7 @@ import base64
 import json
 import os
 
-from nextn.runtime.errors import NextnError
+from nextn.common.errors import NextnError
 
 FORMAT = "nextn-tuning-log"
 SCHEMA = 1
@@ -27,15 +27,9 @@ _TGT = {"key", "kind", "mcpu", "arch", "device_name", "json"}
 
 
 def empty_log() -> dict:
-    from nextn.compiler.compile import nextn_version
+    from nextn.common.versions import nextn_version, package_version
 
-    try:
-        from importlib.metadata import version
-
-        tvm_version = version("apache-tvm")
-    except Exception:
-        tvm_version = "unknown"
-    return {"format": FORMAT, "schema": SCHEMA, "nextn_version": nextn_version(), "tvm_version": tvm_version,
+    return {"format": FORMAT, "schema": SCHEMA, "nextn_version": nextn_version(), "tvm_version": package_version("apache-tvm"),
             "records": []}
 
 

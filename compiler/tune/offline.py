@@ -15,15 +15,12 @@ import base64
 import json
 import os
 
-from nextn.runtime.artifact import sha256_file
-from nextn.runtime.errors import NextnError
-from nextn.runtime.measure import arg_specs
+from nextn.common.errors import NextnError
+from nextn.common.hashing import sha256_file
+from nextn.common.measure import CANDIDATES, RESULTS
 
 from . import log as tlog
-from .workloads import select, target_key
-
-CANDIDATES = "candidates.json"
-RESULTS = "results.json"
+from .workloads import arg_specs, select, target_key
 
 
 def gen(model: str, out_dir: str, target: str = "cuda", arches=None, trials: int = 16, max_kernels: int | None = None,
@@ -32,7 +29,7 @@ def gen(model: str, out_dir: str, target: str = "cuda", arches=None, trials: int
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from nextn.compiler.compile import make_target
+    from nextn.compiler.target import make_target
     from nextn.schedules import schedule_pass
 
     from .run import _to_py

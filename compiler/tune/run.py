@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 
-from nextn.runtime.errors import NextnError
+from nextn.common.errors import NextnError
 
 from . import log as tlog
 from .workloads import select, target_key
@@ -38,7 +38,9 @@ def _time_func(func, target, number: int = 50) -> float:
     """Seconds per call of `func` on random inputs (CPU), timed as `nextn tuning measure` times candidates."""
     import tvm
 
-    from nextn.runtime.measure import arg_specs, random_args, time_main
+    from nextn.common.measure import random_args, time_main
+
+    from .workloads import arg_specs
 
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     with target:
@@ -62,8 +64,8 @@ def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32,
     from tvm.s_tir import meta_schedule as ms
     from tvm.target import Target
 
-    from nextn.compiler.compile import make_target
-    from nextn.runtime.measure import cpu_name
+    from nextn.common.measure import cpu_name
+    from nextn.compiler.target import make_target
     from nextn.schedules import schedule_pass
 
     # meta_schedule logs every search iteration at INFO; its per-task logs still go to files under the work dir

@@ -21,6 +21,11 @@ class Workload:
     entry_points: list
 
 
+def arg_specs(func) -> list[dict]:
+    """[{shape, dtype}] of a static PrimFunc's buffer parameters (the form candidates.json stores)."""
+    return [{"shape": [int(d) for d in p.shape], "dtype": str(p.dtype)} for p in func.params]
+
+
 def workload_hash(func) -> str:
     import tvm_ffi
 
@@ -52,7 +57,8 @@ def fused_module(model: str, target, draft: str | None = None):
     """The model's Relax module after the legalize and fuse phases (what the schedule phase sees)."""
     import tvm
 
-    from nextn.compiler.compile import GPU_TARGETS, STATIC, build_graphs, weight_kind
+    from nextn.compiler.graphs import STATIC, build_graphs, weight_kind
+    from nextn.compiler.target import GPU_TARGETS
     from nextn.compiler.loader.model_files import ModelFiles
     from nextn.compiler.lower.pipeline import phases
     from nextn.compiler.lower.to_relax import build_module

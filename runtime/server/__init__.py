@@ -3,8 +3,8 @@ streaming, speculation stats, parallel slots). Data flow: HTTP (app.py, routes_*
 (one scheduler thread, N engine sequences) → runtime/speculative.py `decode` → responses.py / sse.py.
 
 `start(...)` loads the model in a background thread while the HTTP server already answers (503 until loaded);
-`serve(...)` runs it until interrupted. The runtime reaches the compiler only through `runtime.cache` (compile a
-GGUF on first use), like `nextn run`.
+`serve(...)` runs it until interrupted. The runtime reaches the compiler only through `nextn.compiler.entry`
+(compile a GGUF on first use), like `nextn run`.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from ..errors import NextnError
+from nextn.common.errors import NextnError
 from .params import ServerDefaults
 
 

@@ -9,12 +9,11 @@ is not an invalid-argument error). An unexpected exception in a route is a 500 a
 """
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 
 from .errors import ApiError
-from .sse import dumps
+from .http import error_response, json_response
 
 PUBLIC = ("/health", "/v1/health")
 
@@ -39,17 +38,6 @@ class ServerState:
     log: object = None
 
 
-def json_response(obj, status: int = 200, headers=None):
-    from starlette.responses import Response
-
-    return Response(dumps(obj).encode("utf-8"), status_code=status, media_type="application/json; charset=utf-8",
-                    headers=headers)
-
-
-def error_response(e: ApiError):
-    return json_response({"error": e.to_json()}, e.status)
-
-
 class Gate:
     """Pure ASGI middleware: 503 while loading, then the API key check."""
 
@@ -72,19 +60,6 @@ class Gate:
         if err is None:
             return await self.app(scope, receive, send)
         await error_response(err)(scope, receive, send)
-
-
-async def read_json(request) -> dict:
-    """The request body as a JSON object; a non-object is refused with 400, a non-JSON body with 500 (as
-    llama-server)."""
-    raw = await request.body()
-    try:
-        body = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(f"[json.exception.parse_error] {e}", "server_error") from None
-    if not isinstance(body, dict):
-        raise ApiError("the request body must be a JSON object")
-    return body
 
 
 def create_app(state: ServerState):

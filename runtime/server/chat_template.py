@@ -56,7 +56,7 @@ class ChatTemplate:
         try:
             self._template = _environment().from_string(source)
         except jinja2.exceptions.TemplateSyntaxError as e:
-            from ..errors import NextnError
+            from nextn.common.errors import NextnError
 
             raise NextnError(f"{origin}: chat template does not parse (line {e.lineno}: {e.message})") from None
 
@@ -64,7 +64,7 @@ class ChatTemplate:
     def load(cls, gguf_fields: dict, path: str | None, bos_token: str = "", eos_token: str = "") -> "ChatTemplate":
         """`--chat-template-file` if given, else the GGUF's `tokenizer.chat_template`, else the shipped GLM-4.5 one."""
         if path:
-            from ..errors import NextnError
+            from nextn.common.errors import NextnError
 
             try:
                 with open(path, encoding="utf-8") as f:

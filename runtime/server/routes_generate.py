@@ -18,27 +18,13 @@ from starlette.requests import Request
 from ..text_stream import TextStream
 from . import responses as R
 from . import sse
-from .app import error_response, json_response, read_json
 from .errors import ApiError, exceed_context
+from .http import error_response, json_response, read_json
 from .params import parse_gen_params
-from .routes_info import tokens_of
+from .prompts import chat_prompt, tokens_of
 from .slots import Task
 
 COMPLETION, TEXT, CHAT = "completion", "text_completion", "chat"
-
-
-def chat_prompt(state, body: dict) -> str:
-    """The chat template applied to the request's `messages` (llama-server `oaicompat_chat_params_parse`)."""
-    if "messages" not in body:
-        raise ApiError("'messages' is required")
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise ApiError("Field 'chat_template_kwargs': expected an object")
-    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
-        raise ApiError('invalid type for "enable_thinking" (expected boolean, got string)')
-    agp = body.get("add_generation_prompt", True)
-    tools = body.get("tools") or None
-    return state.template.render(body["messages"], tools=tools, add_generation_prompt=agp is not False, **kwargs)
 
 
 def register(app, state) -> None:

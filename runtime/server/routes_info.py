@@ -7,8 +7,9 @@ import time
 
 from starlette.requests import Request
 
-from .app import json_response, read_json
 from .errors import ApiError
+from .http import json_response, read_json
+from .prompts import chat_prompt, tokens_of
 
 
 def model_info(state) -> dict:
@@ -25,26 +26,6 @@ def speculative_info(state) -> dict:
     d = state.defaults
     return {"type": d.spec_type, "n_max": d.n_max, "n_min": d.n_min, "p_min": d.p_min,
             "draft_sampling": d.draft_sampling, "max_draft": state.model.max_draft}
-
-
-def tokens_of(state, content) -> list[int]:
-    """A prompt as llama-server's `tokenize_mixed` reads it: a string, or an array of strings and token ids."""
-    tok = state.model.tokenizer
-    if isinstance(content, str):
-        return tok.encode(content)
-    if isinstance(content, list):
-        ids = []
-        for x in content:
-            if isinstance(x, str):
-                ids += tok.encode(x)
-            elif isinstance(x, int) and not isinstance(x, bool):
-                if not 0 <= x < tok.n_vocab:
-                    raise ApiError(f"token id {x} is out of range [0, {tok.n_vocab})")
-                ids.append(x)
-            else:
-                raise ApiError("a prompt array holds strings and token ids only (one prompt per request)")
-        return ids
-    raise ApiError("'prompt' must be a string or an array of strings and token ids")
 
 
 def register(app, state) -> None:
@@ -127,7 +108,5 @@ def register(app, state) -> None:
 
     @app.post("/apply-template")
     async def apply_template(request: Request):
-        from .routes_generate import chat_prompt
-
         body = await read_json(request)
         return json_response({"prompt": chat_prompt(state, body)})

@@ -20,7 +20,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import NextnError
+from nextn.common.errors import NextnError
+
 from ..speculative import decode
 from .errors import ApiError
 from .metrics import Metrics

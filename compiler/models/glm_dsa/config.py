@@ -1,8 +1,8 @@
 """glm-dsa (GLM-5 / 5.1 / 5.2) hyper-parameters and tensor table.
 
-Keys: glm-mtp-reference.md §2; tensors: §3.2 (llama.cpp src/llama-model.cpp, src/models/glm-dsa.cpp).
-Absorbed MLA (q/kv LoRA, `attn_k_b` / `attn_v_b`), the DSA lightning indexer, and the glm4moe MoE FFN and
-NextN frame, whose tensor tables are imported from `..glm4moe.config` rather than restated.
+Keys and tensors as llama.cpp reads them for LLM_ARCH_GLM_DSA (src/llama-model.cpp `load_hparams` and
+`load_tensors`; src/models/glm-dsa.cpp). Absorbed MLA (q/kv LoRA, `attn_k_b` / `attn_v_b`), the DSA lightning
+indexer, and the GLM MoE FFN and NextN frame shared with glm4moe (..glm_base.config).
 `block_count` includes the NextN block; trunk layers are 0..n_layer-1, the NextN block is blk.{n_layer}.
 """
 from __future__ import annotations
@@ -10,16 +10,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from nextn.runtime.errors import NextnError
+from nextn.common.errors import NextnError
 
-from ..glm4moe import config as g4
+from ..glm_base.config import (GlmConfig, ffn_tensors, layer_counts, moe_keys, nextn_frame_tensors, nextn_index,
+                               rope_keys, scalar_or_first)
 
 ARCH = "glm-dsa"
 INDEXER_K_NORM_EPS = 1e-6   # the model's LayerNorm eps (transformers GlmMoeDsaIndexer); llama.cpp uses 0 (§10)
 
 
 @dataclass(frozen=True)
-class GlmDsaConfig(g4.GlmConfig):
+class GlmDsaConfig(GlmConfig):
     """glm-dsa: absorbed MLA (n_rot = qk_rope, NORM rope on the rope slice only) and the DSA indexer."""
     q_lora: int             # attention.q_lora_rank
     kv_lora: int            # attention.kv_lora_rank
@@ -69,10 +70,10 @@ def _indexer_types(f, key: str, n_layer: int, n_ctx_train: int) -> list[int]:
 def config_from_gguf(f) -> GlmDsaConfig:
     """Read every glm-dsa key of reference §2 from GGUFFile `f` (bundled, trunk-only or MTP-only file)."""
     a = ARCH
-    n_layer, n_nextn = g4.layer_counts(f, a)
+    n_layer, n_nextn = layer_counts(f, a)
     n_embd = f.get(f"{a}.embedding_length", kind=int)
-    n_head = g4._scalar_or_first(f, f"{a}.attention.head_count")
-    n_head_kv = g4._scalar_or_first(f, f"{a}.attention.head_count_kv") if f.has(f"{a}.attention.head_count_kv") else 1
+    n_head = scalar_or_first(f, f"{a}.attention.head_count")
+    n_head_kv = scalar_or_first(f, f"{a}.attention.head_count_kv") if f.has(f"{a}.attention.head_count_kv") else 1
     if n_head_kv != 1:
         raise NextnError(f"{f.path}: '{a}.attention.head_count_kv' = {n_head_kv}, expected 1 (absorbed MLA: one latent KV head)")
     q_lora = f.get(f"{a}.attention.q_lora_rank", kind=int)
@@ -87,7 +88,7 @@ def config_from_gguf(f) -> GlmDsaConfig:
     hd_v = f.get(f"{a}.attention.value_length_mla", val_len, kind=int)
     if n_rot % 2 or not 0 < n_rot < hd_k:
         raise NextnError(f"{f.path}: '{a}.rope.dimension_count' = {n_rot}, expected an even number < key_length_mla ({hd_k})")
-    rope = g4.rope_keys(f, a)
+    rope = rope_keys(f, a)
     idx_hd = f.get(f"{a}.attention.indexer.key_length", kind=int)
     if idx_hd <= n_rot:
         raise NextnError(f"{f.path}: '{a}.attention.indexer.key_length' = {idx_hd}, expected > rope dims ({n_rot})")
@@ -102,7 +103,7 @@ def config_from_gguf(f) -> GlmDsaConfig:
         rope_freq_base=f.get(f"{a}.rope.freq_base", 10000.0, kind=float),
         kq_scale=mla_kq_scale(hd_k, rope["rope_freq_scale"], rope["rope_attn_factor"]),
         rms_eps=f.get(f"{a}.attention.layer_norm_rms_epsilon", kind=float),
-        **g4.moe_keys(f, a),
+        **moe_keys(f, a),
         n_ctx_train=n_ctx_train,
         idx_heads=f.get(f"{a}.attention.indexer.head_count", kind=int),
         idx_hd=idx_hd,
@@ -142,19 +143,12 @@ def trunk_tensors(c: GlmDsaConfig) -> dict[str, tuple[int, ...]]:
     t = {"token_embd.weight": (c.n_vocab, c.n_embd), "output_norm.weight": (c.n_embd,)}
     for il in range(c.n_layer):
         t |= attention_tensors(c, il, indexer=bool(c.idx_full[il]))
-        t |= g4.ffn_tensors(c, il, moe=il >= c.n_lead_dense)
+        t |= ffn_tensors(c, il, moe=il >= c.n_lead_dense)
     return t
-
-
-nextn_index = g4.nextn_index
-nextn_optional = g4.nextn_optional   # embed_tokens / shared_head_head / shared_head_norm → fallbacks (§3.1)
 
 
 def nextn_tensors(c: GlmDsaConfig) -> dict[str, tuple[int, ...]]:
     """NextN block tensors that must be present: MLA + MoE block, eh_proj/enorm/hnorm. The block's own indexer
     tensors are optional here (needed only without --mtp-dense-attention; the graph builder asks for them)."""
     il = nextn_index(c)
-    p = f"blk.{il}.nextn."
-    t = attention_tensors(c, il, indexer=False) | g4.ffn_tensors(c, il, moe=True)
-    t |= {p + "eh_proj.weight": (c.n_embd, 2 * c.n_embd), p + "enorm.weight": (c.n_embd,), p + "hnorm.weight": (c.n_embd,)}
-    return t
+    return attention_tensors(c, il, indexer=False) | ffn_tensors(c, il, moe=True) | nextn_frame_tensors(c)

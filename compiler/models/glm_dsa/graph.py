@@ -5,7 +5,8 @@ Absorbed MLA: the KV cache of a layer stores one latent head per token, `[kv_cmp
 queries are absorbed through `attn_k_b` (q_nope → kv_lora columns), V is the first kv_lora columns of the
 cached K, and the output is expanded through `attn_v_b`. The DSA indexer (full layers) keeps its own key cache,
 scores keys with relu'd per-head dot products weighted by `indexer.proj`, and lets each query attend only to its
-top-k keys; shared layers reuse the last full layer's selection. The MoE FFN and the NextN frame are glm4moe's.
+top-k keys; shared layers reuse the last full layer's selection. The MoE FFN and the NextN frame are the GLM
+base's (..glm_base.graph), as glm4moe's.
 
 Where nextn follows the model rather than llama.cpp (fixtures README): the indexer `k_norm` eps is 1e-6, and the
 NextN block runs its own indexer (llama.cpp: dense MLA there, our `mtp_dense_attention=True`).
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 from nextn.compiler.ir import Graph
 
-from ..glm4moe import graph as g4
-from ..glm4moe.graph import _head, _linear, _norm, dense_ffn, moe
-from .config import INDEXER_K_NORM_EPS, GlmDsaConfig, nextn_index
+from ..glm_base.config import nextn_index
+from ..glm_base.graph import dense_ffn, linear, moe, nextn_frame, nextn_head, norm, trunk_inputs, trunk_outputs
+from .config import INDEXER_K_NORM_EPS, GlmDsaConfig
 
 # Both use NORM rope (adjacent pairs), as llama.cpp: the converter permutes the rope rows of the weights that
 # transformers rotates split-half. The indexer's rope slice comes first ([rope | nope]), MLA's last (q_pe, k_pe).
@@ -30,13 +31,13 @@ def indexer(g: Graph, c: GlmDsaConfig, il: int, h, qr, pos, ikc):
     returns the additive selection mask [T, L] (0 on each row's top-k keys, -inf elsewhere)."""
     p = f"blk.{il}.indexer."
     T = h.shape[0]
-    iq = g.reshape(_linear(g, qr, p + "attn_q_b", c.idx_heads * c.idx_hd), (T, c.idx_heads, c.idx_hd))
+    iq = g.reshape(linear(g, qr, p + "attn_q_b", c.idx_heads * c.idx_hd), (T, c.idx_heads, c.idx_hd))
     iq = g.rope_ext(iq, pos, c.n_rot, INDEXER_ROPE_MODE, **c.rope_args())   # layout [rope | nope]
-    ik = g.norm(_linear(g, h, p + "attn_k", c.idx_hd), INDEXER_K_NORM_EPS)
+    ik = g.norm(linear(g, h, p + "attn_k", c.idx_hd), INDEXER_K_NORM_EPS)
     ik = g.add(g.mul(ik, g.weight(p + "k_norm.weight", (c.idx_hd,))), g.weight(p + "k_norm.bias", (c.idx_hd,)))
     ik = g.rope_ext(g.reshape(ik, (T, 1, c.idx_hd)), pos, c.n_rot, INDEXER_ROPE_MODE, **c.rope_args())
     ikc = g.set_rows(ikc, ik, pos)
-    w = g.scale(_linear(g, h, p + "proj", c.idx_heads), (c.idx_hd * c.idx_heads) ** -0.5)
+    w = g.scale(linear(g, h, p + "proj", c.idx_heads), (c.idx_hd * c.idx_heads) ** -0.5)
     score = g.lightning_indexer(iq, ikc, w, pos)                                        # [T, L]
     return g.top_k_mask(score, pos, c.idx_top_k)
 
@@ -47,28 +48,28 @@ def attention(g: Graph, c: GlmDsaConfig, il: int, x, pos, kvc, ikc=None, mask=No
     or None for dense attention). Returns (out [T, n_embd], mask)."""
     p, H = f"blk.{il}.", c.n_head
     T = x.shape[0]
-    h = _norm(g, x, p + "attn_norm.weight", c.rms_eps)
-    qr = _norm(g, _linear(g, h, p + "attn_q_a", c.q_lora), p + "attn_q_a_norm.weight", c.rms_eps)
+    h = norm(g, x, p + "attn_norm.weight", c.rms_eps)
+    qr = norm(g, linear(g, h, p + "attn_q_a", c.q_lora), p + "attn_q_a_norm.weight", c.rms_eps)
     if ikc is not None:
         mask = indexer(g, c, il, h, qr, pos, ikc)
-    q = g.reshape(_linear(g, qr, p + "attn_q_b", H * c.hd_k), (T, H, c.hd_k))
+    q = g.reshape(linear(g, qr, p + "attn_q_b", H * c.hd_k), (T, H, c.hd_k))
     q_nope = g.view(q, 2, 0, c.nope)
     q_pe = g.rope_ext(g.view(q, 2, c.nope, c.n_rot), pos, c.n_rot, MLA_ROPE_MODE, **c.rope_args())
-    kv = _linear(g, h, p + "attn_kv_a_mqa", c.kv_width)
-    kv_cmpr = _norm(g, g.view(kv, 1, 0, c.kv_lora), p + "attn_kv_a_norm.weight", c.rms_eps)   # norm after the split
+    kv = linear(g, h, p + "attn_kv_a_mqa", c.kv_width)
+    kv_cmpr = norm(g, g.view(kv, 1, 0, c.kv_lora), p + "attn_kv_a_norm.weight", c.rms_eps)   # norm after the split
     k_pe = g.rope_ext(g.reshape(g.view(kv, 1, c.kv_lora, c.n_rot), (T, 1, c.n_rot)), pos, c.n_rot,
                       MLA_ROPE_MODE, **c.rope_args())
     q_abs = g.mul_mat(g.weight(p + "attn_k_b.weight", (H, c.kv_lora, c.nope)), q_nope)        # [T, H, kv_lora]
     kvc = g.set_rows(kvc, g.concat(g.reshape(kv_cmpr, (T, 1, c.kv_lora)), k_pe, axis=2), pos)
     o = g.flash_attn_ext_mla(g.concat(q_abs, q_pe, axis=2), kvc, pos, mask, c.kq_scale, c.kv_lora)  # [T, H, kv_lora]
     o = g.mul_mat(g.weight(p + "attn_v_b.weight", (H, c.hd_v, c.kv_lora)), o)                 # [T, H, hd_v]
-    return _linear(g, g.reshape(o, (T, H * c.hd_v)), p + "attn_output", c.n_embd), mask
+    return linear(g, g.reshape(o, (T, H * c.hd_v)), p + "attn_output", c.n_embd), mask
 
 
 def block(g: Graph, c: GlmDsaConfig, il: int, x, pos, kvc, ikc, mask, is_moe: bool):
     a, mask = attention(g, c, il, x, pos, kvc, ikc, mask)
     r = g.add(a, x)
-    h2 = _norm(g, r, f"blk.{il}.ffn_norm.weight", c.rms_eps)
+    h2 = norm(g, r, f"blk.{il}.ffn_norm.weight", c.rms_eps)
     ffn = moe(g, c, il, h2) if is_moe else dense_ffn(g, c, il, h2)
     return g.add(ffn, r), mask
 
@@ -86,16 +87,12 @@ def build_trunk(c: GlmDsaConfig, has_tensor, all_rows: bool) -> Graph:
     `t_h_nextn`), `logits` [R, n_vocab] and `argmax` [R] for rows `out_ids` (all rows if `all_rows`).
     States: `kv.{il}` [C, 1, kv_lora+rope] per trunk layer, `ik.{il}` [C, 1, idx_hd] on full indexer layers."""
     g = Graph("verify" if all_rows else "prefill")
-    tokens = g.input("tokens", ("T",), "int32")
-    pos = g.input("pos", ("T",), "int32")
-    x = g.get_rows(g.weight("token_embd.weight", (c.n_vocab, c.n_embd)), tokens)
+    pos, x = trunk_inputs(g, c)
     mask = None
     for il in range(c.n_layer):
         ikc = _ik_state(g, c, "", il) if c.idx_full[il] else None
         x, mask = block(g, c, il, x, pos, _kv_state(g, c, "", il), ikc, mask, il >= c.n_lead_dense)
-    hN = _norm(g, x, "output_norm.weight", c.rms_eps)
-    g.output("hidden", hN)
-    _head(g, c, hN, "output.weight" if has_tensor("output.weight") else "token_embd.weight", all_rows)
+    trunk_outputs(g, c, has_tensor, x, all_rows)
     return g
 
 
@@ -117,7 +114,7 @@ def build_mtp(c: GlmDsaConfig, has_tensor, all_rows: bool, mtp_dense_attention: 
         index = "store" if all_rows else "own"
     assert index in MTP_INDEX_MODES, index
     g = Graph("mtp_draft" if all_rows else "mtp_rows")
-    pos, z = g4.nextn_frame(g, c, has_tensor, il)
+    pos, z = nextn_frame(g, c, has_tensor, il)
     kvc = _kv_state(g, c, "nextn.", il)
     ikc, mask = None, None
     if not mtp_dense_attention:
@@ -126,7 +123,7 @@ def build_mtp(c: GlmDsaConfig, has_tensor, all_rows: bool, mtp_dense_attention: 
         else:
             ikc = _ik_state(g, c, "nextn.", il)
     x, mask = block(g, c, il, z, pos, kvc, ikc, mask, True)
-    g4.nextn_head(g, c, has_tensor, il, x, all_rows)
+    nextn_head(g, c, has_tensor, il, x, all_rows)
     if not mtp_dense_attention and index == "store":   # last output: the in-place store must stay live
         g.output("index_mask", g.index_mask_store(g.state("nextn.index_mask", ("C",)), mask, pos))
     return g

@@ -1,28 +1,29 @@
-"""Reading and validating one GGUF file with gguf-py.
+"""Reading and validating one GGUF file with gguf-py (the compiler reads hyper-parameters and checks tensors,
+the runtime reads weights and tokenizer fields).
 
 Shapes in nextn are row-major (numpy / PyTorch order): a GGUF matrix whose ggml `ne` is `{in, out}` is
-`[out, in]` here, a 3-D expert tensor `{in, out, n_expert}` is `[n_expert, out, in]`
-(glm-mtp-reference.md §1). Every error names the file and the key or tensor and what was expected.
+`[out, in]` here, a 3-D expert tensor `{in, out, n_expert}` is `[n_expert, out, in]` (ggml's `ne[0]` is the
+contiguous axis; gguf-py's `GGUFReader` reports `ne` order). Every error names the file and the key or tensor
+and what was expected.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from nextn.runtime.errors import NextnError
+from .errors import NextnError
+from .hashing import file_sha256
+from .quant import FORMATS, by_ggml_type
 
 _GGUF_MAGIC = b"GGUF"
 
-# Float types are widened to float32 on load; block-quantized types stay packed (nextn.compiler.quant).
+# Float types are widened to float32 on load; block-quantized types stay packed (nextn.common.quant).
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 def _supported_types() -> tuple[str, ...]:
-    from nextn.compiler.quant import FORMATS
-
     return FLOAT_TYPES + tuple(f.ggml_type for f in FORMATS.values())
 
 
@@ -31,7 +32,7 @@ class Weight:
     """One tensor as stored for the kernels.
 
     `kind` is "f32" (one float32 array of the logical shape) or a quantized format's kind (e.g. "q8_0"),
-    whose arrays are that format's buffers (nextn.compiler.quant).
+    whose arrays are that format's buffers (nextn.common.quant).
     """
 
     name: str
@@ -80,7 +81,6 @@ class GGUFFile:
             if end > size:
                 raise NextnError(f"{self.path}: tensor '{t.name}' extends past the end of the file "
                                  f"({end} > {size} bytes); file truncated")
-        self._sha256: str | None = None
 
     # -- metadata ---------------------------------------------------------------------------------
     def has(self, key: str) -> bool:
@@ -131,8 +131,6 @@ class GGUFFile:
         """
         import gguf
 
-        from nextn.compiler.quant import by_ggml_type
-
         t = self.tensors[name]
         shape = self.tensor_shape(name)
         ttype = t.tensor_type.name
@@ -147,10 +145,5 @@ class GGUFFile:
         return Weight(name, "f32", shape, (np.ascontiguousarray(arr),))
 
     def sha256(self) -> str:
-        if self._sha256 is None:
-            h = hashlib.sha256()
-            with open(self.path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 22), b""):
-                    h.update(chunk)
-            self._sha256 = h.hexdigest()
-        return self._sha256
+        """Hex sha256 of the whole file (memoised per path, size and mtime: common.hashing.file_sha256)."""
+        return file_sha256(self.path)

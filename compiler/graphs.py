@@ -1,0 +1,53 @@
+"""The IR graph of every entry point of a model (fixed names; the runtime never contains model-specific code):
+
+    prefill    trunk over the prompt rows; logits for `out_ids` rows only
+    verify     trunk over [id_last, d1..dk] (k+1 rows); logits and argmax for every row
+    mtp_rows   NextN rows teacher-forced with trunk hidden states (prompt warm-up, after each verify)
+    mtp_draft  NextN rows with logits for every row (`mtp_logits` uses T rows)
+    decode     `verify` specialised to one row (plain decoding): static shapes, fewer VM shape checks, tunable
+    draft      `mtp_draft` specialised to one row (a draft step)
+plus an arch's extra entry points (glm-dsa: `mtp_draft_shared`).
+"""
+from __future__ import annotations
+
+from .loader.model_files import ModelFiles
+
+ENTRY_POINTS = {
+    "prefill": ("trunk", False),
+    "verify": ("trunk", True),
+    "mtp_rows": ("mtp", False),
+    "mtp_draft": ("mtp", True),
+    "decode": ("trunk", True),
+    "draft": ("mtp", True),
+}
+# Entry points whose symbols are fixed at compile time; the runtime routes one-row calls to them.
+STATIC = {"decode": {"T": 1}, "draft": {"T": 1}, "mtp_draft_shared": {"T": 1}}
+
+
+def weight_kind(mf: ModelFiles, name: str) -> str:
+    """Buffer-plan kind of a tensor: its quantized format's kind, or "f32" (float types are widened on load)."""
+    from nextn.common.quant import by_ggml_type
+
+    fmt = by_ggml_type(mf.file_of(name).tensor_type(name))
+    return fmt.kind if fmt is not None else "f32"
+
+
+def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None):
+    """Graphs of every entry point; `options` are compile options (e.g. mtp_dense_attention), passed to the
+    arch's builders that declare them (ModelSpec.compile_options). Each graph's `kind` is "trunk" or "mtp"."""
+    spec, c = mf.spec, mf.config
+    opts = {k: v for k, v in (options or {}).items() if k in spec.compile_options}
+    graphs = {}
+    for name, (kind, all_rows) in ENTRY_POINTS.items():
+        if kind == "mtp" and not with_mtp:
+            continue
+        g = spec.build_trunk(c, mf.has_tensor, all_rows) if kind == "trunk" else spec.build_mtp(c, mf.has_tensor, all_rows, **opts)
+        g.name, g.kind = name, kind
+        graphs[name] = g
+    if spec.extra_entry_points is not None:
+        for name, (kind, g) in spec.extra_entry_points(c, mf.has_tensor, **opts).items():
+            if kind == "mtp" and not with_mtp:
+                continue
+            g.name, g.kind = name, kind
+            graphs[name] = g
+    return graphs

@@ -1,0 +1,71 @@
+"""The model's weights as the artifact's buffer plan lays them out.
+
+The GGUF file(s) an artifact was compiled from — the model, and an MTP-only draft for a trunk-only model — are
+checked against the manifest (size and sha256: the same bytes, hence the same hyper-parameters and tensors), then
+each planned buffer is read from the file its plan entry names ("role"), packed by its format
+(nextn.common.quant), checked against the planned dtype and shape, and put on the device once. With speculation
+off the NextN-only buffers are never read, and the draft file is not even opened.
+"""
+from __future__ import annotations
+
+import os
+
+from nextn.common.errors import NextnError
+from nextn.common.gguf import GGUFFile
+from nextn.common.hashing import file_sha256
+
+
+class ArtifactFiles:
+    """The artifact's GGUF files, opened: `main` (role "model") and `draft` (role "draft", or None).
+
+    `model_path` / `draft_path` override the paths the manifest records. Raises NextnError when a file is
+    missing, is not the file the artifact was compiled from, or a draft is given to an artifact compiled without one."""
+
+    def __init__(self, artifact, model_path: str | None = None, draft_path: str | None = None,
+                 with_draft: bool = True):
+        roles = {f["role"]: f for f in artifact.manifest["model_files"]}
+        if draft_path is not None and "draft" not in roles:
+            raise NextnError(f"{draft_path}: {artifact.path} was compiled without an MTP draft GGUF; recompile with "
+                             f"--model-draft to use it")
+        self.main = GGUFFile(model_path or artifact.model_path("model"))
+        self.draft = None
+        if with_draft and "draft" in roles:
+            self.draft = GGUFFile(draft_path or artifact.model_path("draft"))
+        for role, f in (("model", self.main), ("draft", self.draft)):
+            if f is not None:
+                _check_same_file(artifact, roles[role], f.path)
+
+    def of_role(self, role: str) -> GGUFFile:
+        f = self.main if role == "model" else self.draft
+        if f is None:
+            raise NextnError(f"{self.main.path}: the artifact reads tensors from a {role} GGUF, none is open")
+        return f
+
+    @property
+    def files(self) -> list[GGUFFile]:
+        return [self.main] + ([self.draft] if self.draft is not None else [])
+
+
+def _check_same_file(artifact, entry: dict, path: str) -> None:
+    if os.path.getsize(path) != entry["size"] or file_sha256(path) != entry["sha256"]:
+        raise NextnError(f"{path}: sha256 differs from the file this artifact was compiled from "
+                         f"({entry['path']}); recompile with `nextn compile`")
+
+
+def load_weights(files: ArtifactFiles, plan: list[dict], to_device) -> dict:
+    """{buffer name: device tensor} for every entry of `plan` (the manifest's buffer_plan.weights, already filtered
+    to what will run), reading each tensor once; `to_device(np.ndarray)` uploads. Raises NextnError naming the file
+    and tensor when a tensor does not load as planned."""
+    by_tensor: dict[str, list[dict]] = {}
+    for b in plan:
+        by_tensor.setdefault(b["tensor"], []).append(b)
+    bufs = {}
+    for tname, blist in by_tensor.items():
+        f = files.of_role(blist[0]["role"])
+        w = f.load(tname, quantized=blist[0]["kind"] != "f32")
+        for b, arr in zip(blist, w.arrays):
+            if list(arr.shape) != b["shape"] or str(arr.dtype) != b["dtype"]:
+                raise NextnError(f"{f.path}: tensor '{tname}' loads as {arr.dtype}{list(arr.shape)}, "
+                                 f"the artifact expects {b['dtype']}{b['shape']}; recompile the artifact")
+            bufs[b["buffer"]] = to_device(arr)
+    return bufs
