@@ -11,6 +11,9 @@ import numpy as np
 
 CANDIDATES = "candidates.json"
 RESULTS = "results.json"
+# Seconds a tuning candidate may take to build, and to run, in meta_schedule's workers (`nextn tune
+# --build-timeout`): meta_schedule's own 30 s fails every candidate on a busy machine.
+BUILD_TIMEOUT_S = 600.0
 
 
 def random_args(specs, dev, seed: int = 0) -> list:

@@ -9,6 +9,8 @@ import os
 
 import click
 
+from nextn.common.measure import BUILD_TIMEOUT_S
+
 
 def register(cli: click.Group) -> None:
     cli.add_command(tune)
@@ -34,10 +36,14 @@ def _echo(s):
               help="knobs: nextn's CPU schedule family with sampled lane count / tile; generic: meta_schedule's "
                    "default design space.")
 @click.option("--arch", "arches", multiple=True, help="GPU arch(s) for --target cuda/rocm (offline flow).")
+@click.option("--build-timeout", default=BUILD_TIMEOUT_S, show_default=True, type=float,
+              help="Seconds a candidate may take to build, and to run, before it counts as failed (meta_schedule's "
+                   "own 30 s fails every candidate on a busy machine).")
 @click.option("--offline", default=None, type=click.Path(file_okay=False),
               help="Offline flow: sample and build candidates into this directory (no device needed); then "
                    "`nextn tuning measure DIR` where the device is and `nextn tuning ingest DIR -o LOG_DIR` here.")
-def tune(model, target, trials, out, max_kernels, draft, cost_model, only, keep_slower, search, arches, offline):
+def tune(model, target, trials, out, max_kernels, draft, cost_model, only, keep_slower, search, arches, build_timeout,
+         offline):
     """Tune MODEL's distinct kernels for TARGET; records go to OUTPUT/log.json as each kernel finishes."""
     from nextn.compiler import entry
 
@@ -47,7 +53,8 @@ def tune(model, target, trials, out, max_kernels, draft, cost_model, only, keep_
         _echo(f"candidates in {offline}; next: nextn tuning measure {offline} (on the device machine)")
         return
     book = entry.tune(model, out, target=target, trials=trials, max_kernels=max_kernels, draft=draft,
-                      cost_model=cost_model, log=_echo, only=only, keep_slower=keep_slower, search=search)
+                      cost_model=cost_model, log=_echo, only=only, keep_slower=keep_slower, search=search,
+                      build_timeout=build_timeout)
     _echo(f"{len(book['records'])} record(s) in {os.path.join(out, 'log.json')}")
 
 
