@@ -101,25 +101,43 @@ def test_same_tokens_with_and_without_drafting_at_temperature(client):
     assert other_seed["tokens"] != drafted["tokens"]      # the seed is honoured (else the check above is empty)
 
 
-def test_same_greedy_content_for_several_n_min_n_max(client):
+@pytest.fixture(scope="module")
+def strict(compiled):
+    """A server whose operator set n_min 3 and p_min 0.95: requests may only lower them."""
+    run = start_server(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), ctx_size=2048,
+                       defaults={"n_min": 3, "p_min": 0.95})
+    with httpx.Client(base_url=run.url, timeout=120) as c:
+        yield c
+    run.stop()
+
+
+def test_same_greedy_content_for_several_n_min_n_max(strict):
     p = PROMPTS["docs-heading"]
-    for n_min, n_max in ((0, 1), (0, 2), (1, 2), (2, 3), (3, 3), (0, 8)):
-        r = post(client, "/completion", greedy(p, **{"speculative.n_min": n_min, "speculative.n_max": n_max}))
+    for n_min, n_max in ((0, 1), (0, 2), (1, 2), (2, 3), (3, 3), (5, 8)):
+        r = post(strict, "/completion", greedy(p, **{"speculative.n_min": n_min, "speculative.n_max": n_max,
+                                                     "speculative.p_min": 0.0}))
         eff = r["speculative"]
-        assert eff["n_max"] == min(n_max, 3), "a request may only lower the server's n_max"
-        assert eff["n_min"] == min(n_min, eff["n_max"])
-        assert r["generation_settings"]["speculative.n_max"] == eff["n_max"]
+        assert eff["n_max"] == min(n_max, 3) and eff["n_min"] == min(n_min, 3, eff["n_max"]) and eff["p_min"] == 0.0
+        assert r["generation_settings"]["speculative.n_min"] == eff["n_min"]
         assert r["tokens"] == p["greedy_ids"] and r["content"] == p["greedy_text"]
         if n_min == 0:
             want = p["spec"][str(eff["n_max"])]
             assert (r["timings"]["draft_n"], r["timings"]["draft_n_accepted"]) == (want["drafted"], want["accepted"])
 
 
-def test_p_min_one_makes_no_drafts_and_reports_it(client):
+def test_per_request_speculation_only_lowers_the_server_settings(strict, client):
     p = PROMPTS["code-short"]
-    r = post(client, "/completion", greedy(p, 16, **{"speculative.p_min": 1.0}))
-    assert r["tokens"] == p["greedy_ids"][:16]
-    assert "draft_n" not in r["timings"] and r["speculative"]["p_min"] == 1.0
+    loose = post(strict, "/completion", greedy(p, **{"speculative.n_min": 0, "speculative.p_min": 0.0}))
+    tight = post(strict, "/completion", greedy(p))                           # the operator's n_min 3, p_min 0.95
+    raised = post(strict, "/completion", greedy(p, **{"speculative.p_min": 1.0, "speculative.n_max": 9}))
+    assert tight["speculative"] == raised["speculative"] == {"type": "draft-mtp", "n_max": 3, "n_min": 3, "p_min": 0.95}
+    assert tight["tokens"] == loose["tokens"] == raised["tokens"] == p["greedy_ids"]
+    assert tight["timings"].get("draft_n", 0) < loose["timings"]["draft_n"] == p["spec"]["3"]["drafted"]
+    r = post(client, "/completion", greedy(p, 16, **{"speculative.p_min": 1.0, "speculative.n_min": 2}))
+    assert r["speculative"]["p_min"] == 0.0 and r["speculative"]["n_min"] == 0 and r["timings"]["draft_n"] > 0
+    off = post(client, "/completion", greedy(p, 16, **{"speculative.n_max": 0}))
+    assert off["speculative"]["type"] == "none" and "draft_n" not in off["timings"]
+    assert off["tokens"] == r["tokens"] == p["greedy_ids"][:16]
 
 
 def test_ignore_eos_gives_stop_type_limit(client):
@@ -291,6 +309,8 @@ BAD = [
     ("wrong type bool", "/completion", b'{"prompt": "x", "stream": 1}', 400, "invalid_request_error"),
     ("negative n_predict", "/completion", b'{"prompt": "x", "n_predict": -2}', 400, "invalid_request_error"),
     ("huge n_predict", "/v1/completions", b'{"prompt": "x", "max_tokens": 4294967296}', 400, "invalid_request_error"),
+    ("speculative out of range", "/completion", b'{"prompt": "x", "speculative.p_min": 2}', 400,
+     "invalid_request_error"),
     ("no prompt", "/completion", b'{"n_predict": 4}', 400, "invalid_request_error"),
     ("bad token id", "/completion", b'{"prompt": [1, 99999999]}', 400, "invalid_request_error"),
     ("no messages", "/v1/chat/completions", b'{"max_tokens": 4}', 400, "invalid_request_error"),

@@ -5,8 +5,9 @@ Each field has a name, aliases (the first one present wins), a default from the 
 "Field 'NAME': Value must be between LO <= value <= HI, but got X" (`n_predict`, the speculative fields). A null
 value counts as absent. A value of the wrong JSON type is refused with 400 naming the field. Unknown fields are
 ignored. Beyond llama-server (which compiles its per-request speculative fields out): `speculative.n_max`,
-`speculative.n_min`, `speculative.p_min` are honoured per request; n_max only lowers the server's n_max (and n_min
-never exceeds the effective n_max); the effective values are reported in the response.
+`speculative.n_min`, `speculative.p_min` are honoured per request, lowering only: each may lower the server's value
+(`speculative.n_max` 0 turns drafting off), never raise it, and n_min never exceeds the effective n_max; the
+effective values are reported in every final response (`speculative`) and in `generation_settings`.
 """
 from __future__ import annotations
 
@@ -149,8 +150,8 @@ def parse_gen_params(body: dict, d: ServerDefaults) -> GenParams:
                 p.spec_type = "none"
             elif d.n_max == "auto" or req_max < d.n_max:
                 p.n_max = req_max
-        p.n_min = _num(body, ("speculative.n_min",), d.n_min, int, 0, INT32_MAX, hard=True)
-        p.p_min = _num(body, ("speculative.p_min",), d.p_min, float, 0.0, 1.0, hard=True)
+        p.n_min = min(d.n_min, _num(body, ("speculative.n_min",), d.n_min, int, 0, INT32_MAX, hard=True))
+        p.p_min = min(d.p_min, _num(body, ("speculative.p_min",), d.p_min, float, 0.0, 1.0, hard=True))
         if p.n_max != "auto":
             p.n_min = min(p.n_min, p.n_max)
     if p.spec_type == "none":
