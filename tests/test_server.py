@@ -313,6 +313,7 @@ BAD = [
      "invalid_request_error"),
     ("no prompt", "/completion", b'{"n_predict": 4}', 400, "invalid_request_error"),
     ("bad token id", "/completion", b'{"prompt": [1, 99999999]}', 400, "invalid_request_error"),
+    ("several prompts", "/completion", b'{"prompt": ["a", "b"]}', 400, "invalid_request_error"),
     ("no messages", "/v1/chat/completions", b'{"max_tokens": 4}', 400, "invalid_request_error"),
     ("bad messages", "/v1/chat/completions", b'{"messages": "hi"}', 400, "invalid_request_error"),
     ("unknown role", "/v1/chat/completions", b'{"messages": [{"role": "robot", "content": "x"}]}', 400,
@@ -345,9 +346,14 @@ def test_unknown_route_and_api_key(server, client):
         assert anon.post("/completion", json={"prompt": "x", "n_predict": 1}, headers={"X-Api-Key": KEY}).status_code == 200
 
 
-def test_unknown_fields_are_ignored(client):
-    r = post(client, "/completion", greedy(PROMPTS["code-short"], 4, cache_prompt=True, mirostat=0, foo={"bar": 1}))
-    assert r["tokens"] == PROMPTS["code-short"]["greedy_ids"][:4]
+def test_unknown_fields_are_ignored_and_prompt_forms(client, server):
+    p = PROMPTS["code-short"]
+    r = post(client, "/completion", greedy(p, 4, cache_prompt=True, mirostat=0, foo={"bar": 1}))
+    assert r["tokens"] == p["greedy_ids"][:4]
+    text = server.state.model.tokenizer.decode(p["prompt_ids"])
+    for prompt in (text, [text], [p["prompt_ids"]], [text[:5], *server.state.model.tokenizer.encode(text[5:])]):
+        r = post(client, "/completion", {**greedy(p, 4), "prompt": prompt})
+        assert r["tokens_evaluated"] > 0 and r["prompt"].endswith(text[-8:])
 
 
 def test_a_disconnected_stream_frees_its_slot(server, client):

@@ -5,10 +5,16 @@ from .errors import ApiError
 
 
 def tokens_of(state, content) -> list[int]:
-    """A prompt as llama-server's `tokenize_mixed` reads it: a string, or an array of strings and token ids."""
+    """A prompt as llama-server's `tokenize_input_prompts` reads it: a string, an array of token ids, or an array
+    mixing strings and token ids (one prompt); an array of several strings or arrays is several prompts, which this
+    server refuses (one prompt per request), except a one-element one."""
     tok = state.model.tokenizer
     if isinstance(content, str):
         return tok.encode(content)
+    if isinstance(content, list) and len(content) == 1 and isinstance(content[0], (str, list)):
+        return tokens_of(state, content[0])
+    if isinstance(content, list) and content and all(isinstance(x, (str, list)) for x in content):
+        raise ApiError("several prompts in one request are not supported; send one request per prompt")
     if isinstance(content, list):
         ids = []
         for x in content:
