@@ -71,7 +71,9 @@ class Slot:
 
     def to_json(self) -> dict:
         t = self.task
-        return {"id": self.id, "id_task": t.id if t else -1, "n_ctx": self.n_ctx,
+        n_prompt = len(t.prompt_ids) if t else 0
+        return {"id": self.id, "id_task": t.id if t else -1, "n_ctx": self.n_ctx, "n_prompt_tokens": n_prompt,
+                "n_prompt_tokens_processed": n_prompt if self.n_gen else 0, "n_prompt_tokens_cache": 0,
                 "speculative": bool(t and t.params.spec_type != "none"), "is_processing": t is not None,
                 "next_token": [{"has_next_token": t is not None, "has_new_line": False,
                                 "n_remain": (t.params.n_predict - self.n_gen if t and t.params.n_predict >= 0 else -1),
