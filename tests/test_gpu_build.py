@@ -39,7 +39,8 @@ def _manifest(d):
 
 
 def test_cuda_artifact_carries_each_requested_arch(cuda_art):
-    from nextn.compiler.check_device_code import check_artifact, device_code
+    from nextn.common.device_code import device_code
+    from nextn.compiler.check_device_code import check_artifact
 
     d = cuda_art[0]
     m = _manifest(d)
@@ -56,7 +57,7 @@ def test_cuda_artifact_carries_each_requested_arch(cuda_art):
 
 def test_fatbin_headers_agree_with_cubin_elf_flags(cuda_art):
     """Two independent readings of the same bytes: fatbin entry headers and the cubins' own ELF e_flags."""
-    from nextn.compiler.check_device_code import _elf_archs, _fatbin_entries, FATBIN_MAGIC
+    from nextn.common.device_code import _elf_archs, _fatbin_entries, FATBIN_MAGIC
     import re
 
     d = cuda_art[0]
@@ -68,7 +69,8 @@ def test_fatbin_headers_agree_with_cubin_elf_flags(cuda_art):
 
 
 def test_checker_reports_missing_arch_and_source_only(cuda_art, tmp_path):
-    from nextn.compiler.check_device_code import check_artifact, device_code, missing_arches
+    from nextn.common.device_code import device_code, missing_arches
+    from nextn.compiler.check_device_code import check_artifact
     from nextn.common.errors import NextnError
 
     d = cuda_art[0]
@@ -175,7 +177,8 @@ def test_no_cuda_graph_and_context_limit(cuda_art, tmp_path):
 
 
 def test_rocm_gfx942_code_object(rocm_art):
-    from nextn.compiler.check_device_code import check_artifact, device_code
+    from nextn.common.device_code import device_code
+    from nextn.compiler.check_device_code import check_artifact
 
     m = _manifest(rocm_art)
     assert m["target"]["kind"] == "rocm" and m["target"]["arches"] == ["gfx942"]

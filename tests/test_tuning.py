@@ -167,7 +167,7 @@ def test_offline_flow_llvm_end_to_end(tmp_path):
 def test_offline_gen_builds_cuda_candidates_without_a_gpu(tmp_path):
     """`nextn tune --target cuda --offline DIR` builds each candidate with SASS for the arch (no GPU here).
     Run through the CLI: the CUDA build plugin (stub driver) stays out of the test process."""
-    from nextn.compiler.check_device_code import device_code
+    from nextn.common.device_code import device_code
 
     cand = tmp_path / "cuda"
     r = subprocess.run([sys.executable, "-m", "nextn.runtime.cli", "tune", str(MODEL), "--target", "cuda", "--arch",
