@@ -1,18 +1,19 @@
 """Where an engine runs: the CPU, or a CUDA GPU for a CUDA artifact. No compiler is needed on a GPU machine.
 
-On CUDA, weights and the static KV buffers live in device memory, allocated with cupy when it is installed (else
-by TVM's own allocator) and handed to the compiled entry points through DLPack once, at load (zero-copy views, no
-per-call conversion). Each step copies only its few input ids/positions to the device, and reads back the hidden
-rows and argmax ids it needs; logits stay on the device until asked for. TVM launches on the CUDA legacy default
-stream, which is also cupy's default: one stream, so no synchronisation between them is needed.
+On CUDA, weights and the static KV buffers live in device memory allocated by TVM and are handed to the compiled
+entry points once, at load. Weights stream from the memory-mapped GGUF to the device in bounded chunks
+(UPLOAD_CHUNK bytes per copy, one progress bar for the model): the copy reads the mapped pages and the driver
+stages them through its own pinned buffers, so the host never holds a second copy of the model. Each step copies
+only its few input ids / positions to the device and reads back the hidden rows and argmax ids it needs; logits
+stay on the device until asked for.
 
 A runtime-only TVM (the wheel minus libtvm_compiler.so) does not auto-load the CUDA plugin, so it is loaded by
 path (nextn.common.cuda) before the artifact is opened.
-
-GPU execution of this module is written but has not been run (no GPU was available where it was written).
 """
 from __future__ import annotations
 
+import contextlib
+import platform
 import re
 
 import numpy as np
@@ -22,6 +23,8 @@ from nextn.common.errors import NextnError
 
 # What TVM's CUDA plugin needs where it runs (said when it cannot be loaded).
 CUDA_NEEDS = "it needs libcudart.so.13 on LD_LIBRARY_PATH and an NVIDIA driver for CUDA 13 (R580 or newer)"
+UPLOAD_CHUNK = 64 << 20       # bytes per host-to-device copy: bounds what one copy pins / stages
+PROGRESS_MIN = 1 << 30        # a load of fewer bytes shows no progress bar (the tiny models load in milliseconds)
 
 
 def parse_device(device: str) -> tuple[str, int]:
@@ -55,7 +58,10 @@ class Device:
                              f"run it with --device cuda:0")
         if kind == "cuda" and tk != "cuda":
             raise NextnError(f"--device {device}: this artifact is built for {tk}; compile with --target cuda")
-        self._cp = None
+        host = artifact.manifest.get("host")
+        if host and host != platform.machine():   # its host code (and for llvm all of it) is for that machine
+            raise NextnError(f"{artifact.path}: compiled for a {host} host, this machine is {platform.machine()}; "
+                             f"compile it again here")
         if kind == "cpu":
             self.dev = tvm.cpu()
             self.vm_devices = [self.dev]
@@ -73,39 +79,66 @@ class Device:
                                  f"{', '.join(have)} (recompile with --arch {self.arch})")
             # newer GPU: the driver JIT-compiles the embedded PTX of the lowest arch (slow first load, still correct)
         self.vm_devices = [self.dev, tvm.cpu()]
-        try:
-            import cupy
-
-            self._cp = cupy
-            cupy.cuda.Device(idx).use()
-        except ImportError:
-            self._cp = None
 
     # -- memory ------------------------------------------------------------------------------------------------
     def tensor(self, a: np.ndarray):
+        """A device copy of `a` (on CUDA written in chunks of UPLOAD_CHUNK bytes)."""
         import tvm
 
-        a = np.ascontiguousarray(a)
-        if self._cp is None:
-            return tvm.runtime.tensor(a, self.dev)
-        return self._wrap(self._cp.asarray(a))
+        if self.kind == "cpu":
+            return tvm.runtime.tensor(np.ascontiguousarray(a), self.dev)
+        t = tvm.runtime.empty(a.shape, str(a.dtype), self.dev)
+        self.write(t, a)
+        return t
+
+    def write(self, t, a: np.ndarray, progress=None) -> None:
+        """Copy host array `a` (e.g. a view of the mapped GGUF) into device tensor `t` of the same byte size,
+        UPLOAD_CHUNK bytes per copy, through byte views of both: no host copy of `a` unless it is not contiguous."""
+        src = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        flat = t._create_view((src.size,), "uint8")
+        for off in range(0, src.size, UPLOAD_CHUNK):
+            n = min(UPLOAD_CHUNK, src.size - off)
+            flat._create_view((n,), "uint8", off).copyfrom(src[off:off + n])
+            if progress is not None:
+                progress.update(n)
+
+    @contextlib.contextmanager
+    def uploader(self, total_bytes: int, what: str = "weights"):
+        """Within the block, `put(np_array)` → device tensor, all puts sharing one progress bar (bytes, on
+        stderr) when `total_bytes` reaches PROGRESS_MIN."""
+        from tqdm import tqdm
+
+        with tqdm(total=total_bytes, desc=f"{what} -> {self.kind}", unit="B", unit_scale=True, leave=False,
+                  disable=total_bytes < PROGRESS_MIN) as bar:
+            if self.kind == "cpu":
+                def put(a):
+                    t = self.tensor(a)
+                    bar.update(a.nbytes)
+                    return t
+            else:
+                def put(a):
+                    import tvm
+
+                    t = tvm.runtime.empty(a.shape, str(a.dtype), self.dev)
+                    self.write(t, a, bar)
+                    return t
+            yield put
 
     def empty(self, shape, dtype: str):
         """A zero-filled buffer. Zeros, not garbage: KV cells past the last row are read (and masked) when L is
-        rounded up to a bucket, and a masked NaN would still poison P·V (0 × NaN)."""
+        rounded up to a bucket, and a masked NaN would still poison P·V (0 × NaN). Filled UPLOAD_CHUNK bytes at
+        a time from one zero chunk (no host buffer the size of the KV)."""
         import tvm
 
-        if self._cp is None:
-            t = tvm.runtime.empty(tuple(shape), dtype, self.dev)
-            t.copyfrom(np.zeros(tuple(shape), dtype))
-            return t
-        return self._wrap(self._cp.zeros(tuple(shape), dtype=dtype))
-
-    def _wrap(self, cp_array):
-        """A TVM view of a cupy array (zero-copy through DLPack); the cupy owner is kept alive by the capsule."""
-        import tvm_ffi
-
-        return tvm_ffi.from_dlpack(cp_array)
+        t = tvm.runtime.empty(tuple(shape), dtype, self.dev)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if nbytes:
+            zeros = np.zeros(min(nbytes, UPLOAD_CHUNK), np.uint8)
+            flat = t._create_view((nbytes,), "uint8")
+            for off in range(0, nbytes, UPLOAD_CHUNK):
+                n = min(UPLOAD_CHUNK, nbytes - off)
+                flat._create_view((n,), "uint8", off).copyfrom(zeros[:n])
+        return t
 
     def synchronize(self):
         """Wait for the device's queued work (CUDA launches return at once); nothing to wait for on the CPU."""

@@ -27,11 +27,14 @@ ONE_ROW = {"verify": "decode", "mtp_draft": "draft"}   # one-row calls go to the
 class Engine:
     """Load with `Engine.open(path, ...)`; `path` is an artifact directory or a GGUF (compiled and cached)."""
 
+    LOAD_STEPS = ("load_module", "vm_init", "weights", "kv")   # what loading does, in order (load_info)
+
     def __init__(self, artifact: Artifact, ctx_size: int | None = None, load_mtp: bool = True,
-                 model_path: str | None = None, draft_path: str | None = None, device: str = "cpu"):
-        import tvm
+                 model_path: str | None = None, draft_path: str | None = None, device: str = "cpu",
+                 staged: bool = False):
+        """Check the files and the device, then load (LOAD_STEPS). `staged`: leave the loading to `load_step`
+        / `load_all` (bench/device_check.py runs and times each step on its own)."""
         import tvm_ffi
-        from tvm.runtime.vm import VirtualMachine
 
         from .device import Device
 
@@ -51,18 +54,10 @@ class Engine:
         self.dev = self.device.dev
         self._shape = tvm_ffi.Shape
         self._tensor = self.device.tensor
-        self.vm = VirtualMachine(tvm.runtime.load_module(artifact.library_path), self.device.vm_devices)
-
         # Weights, in the manifest's buffer plan; NextN-only buffers only when speculation is on.
-        plan = [b for b in m["buffer_plan"]["weights"] if self.has_mtp or not b["mtp_only"]]
-        bufs = load_weights(self.files, plan, self._tensor)
-        self.weight_bytes = sum(b["nbytes"] for b in plan)
-
-        self._weights = bufs
+        self._plan = [b for b in m["buffer_plan"]["weights"] if self.has_mtp or not b["mtp_only"]]
+        self.weight_bytes = sum(b["nbytes"] for b in self._plan)
         self._entries = {name: ep for name, ep in m["entry_points"].items() if ep["graph"] != "mtp" or self.has_mtp}
-        self._fn = {name: self.vm[name] for name in self._entries}
-        self._alloc_states()
-        self.vm_seconds = {name: 0.0 for name in self._fn}   # time inside compiled entry points, per entry
         self.max_draft = int(m.get("max_draft", MAX_DRAFT))   # compiled maximum draft depth
         # glm-dsa: draft steps 1..n_max-1 reuse step 0's NextN DSA selection (index_share_for_mtp_iteration)
         self.share_mtp_index = True
@@ -72,6 +67,50 @@ class Engine:
         self.kv_bucket = int(cg.get("kv_bucket", 1))
         self.static_inputs = set(cg.get("entries", []))
         self._inbuf: dict[tuple, list] = {}
+        self.load_info: dict[str, dict] = {}   # per load step: seconds (device-synchronized), bytes where it moves any
+        if not staged:
+            self.load_all()
+
+    def load_all(self) -> None:
+        """Run the load steps not run yet, in order."""
+        for step in self.LOAD_STEPS:
+            if step not in self.load_info:
+                self.load_step(step)
+
+    def load_step(self, step: str) -> dict:
+        """Run one of LOAD_STEPS (the earlier ones must have run): `load_module` opens the library (a PTX JIT
+        shows here), `vm_init` creates the Relax VM on the device, `weights` reads the buffer plan from the GGUF
+        onto the device, `kv` allocates and zeroes the state buffers. Returns and records its load_info."""
+        i = self.LOAD_STEPS.index(step)
+        missing = [s for s in self.LOAD_STEPS[:i] if s not in self.load_info]
+        if missing:
+            raise NextnError(f"load step {step} needs {', '.join(missing)} first")
+        t0 = time.perf_counter()
+        info = getattr(self, f"_load_{step}")() or {}
+        self.device.synchronize()
+        self.load_info[step] = {"s": time.perf_counter() - t0, **info}
+        return self.load_info[step]
+
+    def _load_load_module(self):
+        import tvm
+
+        self._module = tvm.runtime.load_module(self.artifact.library_path)
+
+    def _load_vm_init(self):
+        from tvm.runtime.vm import VirtualMachine
+
+        self.vm = VirtualMachine(self._module, self.device.vm_devices)
+        self._fn = {name: self.vm[name] for name in self._entries}
+        self.vm_seconds = {name: 0.0 for name in self._fn}   # time inside compiled entry points, per entry
+
+    def _load_weights(self):
+        with self.device.uploader(self.weight_bytes, "weights") as put:
+            self._weights = load_weights(self.files, self._plan, put)
+        return {"bytes": self.weight_bytes}
+
+    def _load_kv(self):
+        self._alloc_states()
+        return {"bytes": self.kv_bytes}
 
     def _alloc_states(self) -> None:
         """Static KV of one sequence (state.py), and each entry point's trailing arguments: its states, its weights."""
