@@ -1,139 +1,742 @@
-"""Device check of a compiled nextn artifact: correctness vs the fixture references, then decode speed.
+"""Staged device check of nextn's compiled artifacts: where the first run on a new GPU dies, and what it gets right.
 
-    python bench/device_check.py ARTIFACT_DIR --refs REF_DIR [--device cuda:0] [--out DIR] [-n 64]
+    python3 run.py device-check [--device cuda:0] [--out DIR] [--quick] [--only STAGE,...]   (inside a bundle)
+    python bench/device_check.py --plan PLAN.json --device cpu --out DIR                       (llvm artifacts)
 
-1. logits vs references (trunk logits, hidden, NextN logits for the prompts with full rows; last-row logits and
-   argmax for every prompt; tolerance 1e-4 relative, as the CPU tests), greedy continuation == reference,
-   greedy spec-on (n_max 1..3) == spec-off with the reference acceptance counts;
-2. decode tokens/s with speculation off and on (n_max 3), the fraction of the copy-bandwidth floor for the active
-   weight bytes (tokens/s × bytes read per token ÷ measured device-to-device copy bandwidth), the MTP speedup.
-Details go to OUT/device_check.json; a short table is printed last. Builds nothing, needs no compiler.
+The plan (the bundle's `bundle.json`, or any JSON of the same form) names the artifacts, their GGUFs and their
+references. Every stage runs in its own `try`: it prints its name, then `ok` with its numbers or `FAIL` with the
+exception and `cudaGetLastError`; `$OUT/device_check.json` is rewritten after every stage, so a run killed in
+stage N still leaves stages 1..N-1 behind. A stage whose inputs failed says `skip` and names them; the stages
+after it still run.
+
+Stages: environment (Python, modules, nvidia-smi, driver / runtime versions through ctypes, the mapped CUDA
+libraries, compute capability, SASS or PTX-JIT for this artifact, free memory) → plugin → load_module (timed:
+a PTX JIT shows here) → vm_init → weights (bytes, s) → kv → prefill → decode without CUDA graphs, then with
+graphs, across a 256-cell KV bucket boundary, compared bit for bit → per-entry timings (device-synchronized) →
+one reference stage per model (logits, greedy ids, greedy spec on ≡ spec off with the reference acceptance) →
+speed (decode tok/s spec off / n_max 1..3 / auto, MTP speedup, fraction of the copy-bandwidth floor measured in
+the same run) → realwidth (GLM-4.5-Air widths: generate the GGUF, check its sha256, time plain decode, a verify of
+k+1 rows and a draft step against the HBM floor). `--device cpu` runs every stage on llvm artifacts, which is
+how CI proves this script's logic. A short table is printed last. Builds nothing and needs no compiler.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
+import traceback
 
 import numpy as np
 
-from nextn.common.compare import rel_err
+GB = 1e9
+FULL_ROW_KINDS = ("code-short", "docs-heading")   # prompts whose every row has reference logits
+QUICK_KINDS = ("code-short", "repetitive")
+N_MAX = (1, 2, 3)
+BUCKET_PROMPT = 250          # decode from cell 250 over the 256-cell bucket boundary
+BUCKET_STEPS = 12
+LOGIT_TOL = 1e-4             # the fixtures' tolerance: max |Δ| / max |ref| per row
+SPEED_CONFIGS = [("off", "none", 1), ("n_max=1", "draft-mtp", 1), ("n_max=2", "draft-mtp", 2),
+                 ("n_max=3", "draft-mtp", 3), ("auto", "draft-mtp", "auto")]
+ROUTED = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+# The stages each stage needs (a reference stage opens its own engine: it needs the plugin only).
+NEEDS = {"open": ["plugin"], "load_module": ["open"], "vm_init": ["load_module"], "weights": ["vm_init"],
+         "kv": ["weights"], "prefill": ["kv"], "decode_graphs": ["prefill"], "entry_timings": ["prefill"],
+         "speed": ["prefill"], "realwidth": ["plugin"]}
 
 
-def copy_bandwidth(dev, nbytes=256 << 20, reps=10):
-    """Device-to-device copy bandwidth in bytes/s (reads + writes counted once each: 2 × nbytes per copy)."""
+def needs(stage: str) -> list[str]:
+    return ["plugin"] if stage.startswith("reference ") else NEEDS.get(stage, [])
+
+
+# -- CUDA through ctypes: versions, errors, memory (the runtime library TVM's plugin uses) ------------------------
+class CudaRT:
+    """libcudart / libcuda entry points used for diagnosis; every method answers even when CUDA is absent."""
+
+    def __init__(self):
+        self.rt = self.drv = None
+        self.why = ""
+        for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+            try:
+                self.rt = ctypes.CDLL(name)
+                break
+            except OSError as e:
+                self.why = str(e)
+        if self.rt is not None:
+            self.rt.cudaGetErrorName.restype = ctypes.c_char_p
+        try:
+            self.drv = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            self.why = self.why or str(e)
+
+    def _int(self, lib, fn, *args):
+        v = ctypes.c_int()
+        rc = getattr(lib, fn)(*args, ctypes.byref(v)) if lib is not None else -1
+        return v.value if rc == 0 else None
+
+    @staticmethod
+    def _ver(v):
+        return None if v is None else f"{v // 1000}.{v % 1000 // 10}"
+
+    def last_error(self) -> str | None:
+        if self.rt is None:
+            return None
+        e = int(self.rt.cudaGetLastError())
+        return f"{self.rt.cudaGetErrorName(e).decode()} ({e})"
+
+    def versions(self) -> dict:
+        return {"driver_cuda": self._ver(self._int(self.drv, "cuDriverGetVersion")),
+                "runtime_cuda": self._ver(self._int(self.rt, "cudaRuntimeGetVersion"))}
+
+    def capability(self, dev: int = 0) -> str | None:
+        major = self._int(self.rt, "cudaDeviceGetAttribute", ctypes.c_int(75), ctypes.c_int(dev)) if self.rt else None
+        minor = self._int(self.rt, "cudaDeviceGetAttribute", ctypes.c_int(76), ctypes.c_int(dev)) if self.rt else None
+        return None if major is None else f"sm_{major}{minor}"
+
+    def mem_info(self) -> dict | None:
+        if self.rt is None:
+            return None
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        if self.rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
+            return None
+        return {"free_GB": free.value / GB, "total_GB": total.value / GB}
+
+
+def mapped_libraries(words=("libcuda", "libcudart", "libtvm", "libnvrtc", "ptxjitcompiler", "libnvidia")) -> list:
+    """Shared libraries of this process whose file name holds one of `words` (from /proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {ln.split(None, 5)[5].strip() for ln in f if len(ln.split(None, 5)) == 6}
+    except OSError:
+        return []
+    return sorted(p for p in paths if any(w in os.path.basename(p) for w in words))
+
+
+def nvidia_smi() -> str:
+    try:
+        r = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30)
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,"
+                            "clocks.mem,temperature.gpu,power.draw", "--format=csv"],
+                           capture_output=True, text=True, timeout=30)
+        return (r.stdout + r.stderr + q.stdout + q.stderr).strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"nvidia-smi: {e}"
+
+
+# -- the stage runner ------------------------------------------------------------------------------------------------
+class Skip(Exception):
+    """A stage that cannot run because a stage it needs did not succeed."""
+
+
+class Check:
+    """Runs stages one by one, each in its own try; prints and records each; rewrites OUT/device_check.json."""
+
+    def __init__(self, out_dir: str, device: str, n_stages: int):
+        self.out_dir, self.device, self.n_stages = out_dir, device, n_stages
+        self.cuda = CudaRT() if device.startswith("cuda") else None
+        self.results: dict = {"device": device, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "stages": []}
+        self.ok: set[str] = set()
+        os.makedirs(out_dir, exist_ok=True)
+
+    def stage(self, name: str, fn, needs=()):
+        i = len(self.results["stages"]) + 1
+        print(f"[{i:2d}/{self.n_stages}] {name} ...", flush=True)
+        rec = {"stage": name, "status": "ok", "s": 0.0}
+        t0 = time.perf_counter()
+        try:
+            missing = [n for n in needs if n not in self.ok]
+            if missing:
+                raise Skip(f"needs {', '.join(missing)}")
+            rec["result"] = fn() or {}
+            self.ok.add(name)
+        except Skip as e:
+            rec.update(status="skip", error=str(e))
+        except BaseException as e:   # noqa: BLE001 — a stage may die in any way (a native RuntimeError, an assert)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            rec.update(status="FAIL", error=f"{type(e).__name__}: {e}".strip(), traceback=traceback.format_exc())
+        rec["s"] = time.perf_counter() - t0
+        if self.cuda is not None:
+            rec["cuda_last_error"] = self.cuda.last_error()
+        self.results["stages"].append(rec)
+        if rec["status"] == "ok":
+            print(f"    ok   {rec['s']:.2f} s  {summary(rec['result'])}", flush=True)
+        else:
+            cuda = f" | cudaGetLastError = {rec['cuda_last_error']}" if self.cuda is not None else ""
+            print(f"    {rec['status']:4s} {rec['s']:.2f} s  {rec['error'].splitlines()[0][:400]}{cuda}", flush=True)
+        self.write()
+        return rec
+
+    def write(self):
+        path = os.path.join(self.out_dir, "device_check.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.results, f, indent=1, default=_json_default)
+        os.replace(path + ".tmp", path)
+
+
+def _json_default(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def summary(result: dict, width: int = 300) -> str:
+    """A stage's result on one line: the scalars, not the tables."""
+    parts = []
+    for k, v in result.items():
+        if isinstance(v, float):
+            parts.append(f"{k}={v:.4g}")
+        elif isinstance(v, (int, str, bool)) or v is None:
+            parts.append(f"{k}={v}")
+    s = " ".join(parts)
+    return s if len(s) <= width else s[:width] + " …"
+
+
+# -- measuring -------------------------------------------------------------------------------------------------------
+def rel_err(got, want) -> float:
+    from nextn.common.compare import rel_err as _rel_err
+
+    return _rel_err(got, want)
+
+
+def copy_bandwidth(dev, nbytes: int, reps: int = 10) -> float:
+    """Device-to-device copy bandwidth in bytes/s, bytes read plus bytes written (2 × nbytes per copy), best of reps."""
     import tvm
 
-    a = tvm.runtime.empty((nbytes // 4,), "float32", dev)
-    b = tvm.runtime.empty((nbytes // 4,), "float32", dev)
+    a = tvm.runtime.empty((nbytes,), "uint8", dev)
+    b = tvm.runtime.empty((nbytes,), "uint8", dev)
     b.copyfrom(a)
     dev.sync()
-    t0 = time.perf_counter()
+    best = float("inf")
     for _ in range(reps):
+        t = time.perf_counter()
         b.copyfrom(a)
-    dev.sync()
-    return 2 * nbytes * reps / (time.perf_counter() - t0)
+        dev.sync()
+        best = min(best, time.perf_counter() - t)
+    return 2 * nbytes / best
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("artifact")
-    ap.add_argument("--refs", required=True, help="dir with reference.json + reference_logits.npz")
-    ap.add_argument("--model", default=None, help="GGUF the artifact was built from (if not at its recorded path)")
-    ap.add_argument("--device", default="cuda:0")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("-n", type=int, default=64)
-    a = ap.parse_args(argv)
-
-    from nextn.runtime.api import Model
-    from nextn.runtime.artifact import load_artifact
-    from nextn.runtime.engine import Engine
-
-    ref = json.load(open(os.path.join(a.refs, "reference.json")))
-    npz = np.load(os.path.join(a.refs, "reference_logits.npz"))
-    prompts = {p["kind"]: p for p in ref["prompts"]}
-    t0 = time.perf_counter()
-    eng = Engine(load_artifact(a.artifact), 4096, True, model_path=a.model, device=a.device)
-    load_s = time.perf_counter() - t0
-    m = Model(eng)
-    dev = eng.dev
-    res = {"device": a.device, "gpu": getattr(dev, "device_name", platform.processor()),
-           "arch": getattr(eng.device, "arch", "cpu"), "load_s": load_s, "checks": [], "timing": {}}
-    fails = 0
-
-    def check(name, ok, detail=""):
-        nonlocal fails
-        fails += 0 if ok else 1
-        res["checks"].append({"check": name, "ok": bool(ok), "detail": detail})
-        print(f"{'ok  ' if ok else 'FAIL'} {name} {detail}", flush=True)
-
-    for kind in sorted(prompts):
-        ids = prompts[kind]["prompt_ids"]
-        if f"{kind}/trunk_logits" in npz.files:
-            e = rel_err(m.logits(ids), npz[f"{kind}/trunk_logits"])
-            check(f"{kind} trunk logits", e < 1e-4, f"rel_err={e:.2e}")
-            e = rel_err(eng.hidden(ids), npz[f"{kind}/trunk_hidden"])
-            check(f"{kind} trunk hidden", e < 1e-4, f"rel_err={e:.2e}")
-            if eng.has_mtp:
-                e = rel_err(m.mtp_logits(ids), npz[f"{kind}/mtp_logits"])
-                check(f"{kind} mtp logits", e < 1e-4, f"rel_err={e:.2e}")
-        _h, last, am = eng.prefill(np.asarray(ids, np.int32), 0)
-        e = rel_err(last, npz[f"{kind}/last_logits"])
-        check(f"{kind} last logits", e < 1e-4 and am == prompts[kind]["last_logits_argmax"], f"rel_err={e:.2e} argmax={am}")
-        p = prompts[kind]
-        plain = m.generate(ids, p["n_predict"], spec_type="none", ignore_eos=True)
-        check(f"{kind} greedy", plain.ids == p["greedy_ids"])
-        if eng.has_mtp:
-            for n_max in (1, 2, 3):
-                r = m.generate(ids, p["n_predict"], spec_type="draft-mtp", n_max=n_max, ignore_eos=True)
-                w = p["spec"][str(n_max)]
-                check(f"{kind} spec n_max={n_max} == greedy", r.ids == plain.ids,
-                      f"accepted {r.stats.accepted}/{r.stats.drafted} (ref {w['accepted']}/{w['drafted']})")
-
-    # -- timing ---------------------------------------------------------------------------------------------------
-    ids = prompts[sorted(prompts)[0]]["prompt_ids"]
-    bw = copy_bandwidth(dev) if eng.device.kind == "cuda" else float("nan")
-    man = eng.artifact.manifest
-    active = man["buffer_plan"].get("trunk_weight_bytes", eng.weight_bytes)
-    timing = {}
-    for label, spec, n_max in (("spec off", "none", 0), ("spec on (n_max 3)", "draft-mtp", 3)):
-        if spec == "draft-mtp" and not eng.has_mtp:
+def step_bytes(manifest: dict, entry: str) -> int:
+    """Weight bytes one row of `entry` must read: every weight buffer it takes, the routed experts scaled by
+    n_expert_used / n_expert, one row of the token embedding. A lower bound for a verify of k+1 rows (they may all
+    route to the same experts)."""
+    hp = manifest["hparams"]
+    names = set(manifest["entry_points"][entry]["weights"])
+    used = int(hp.get("n_expert_used", 1)) / max(1, int(hp.get("n_expert", 1)))
+    total = 0.0
+    for b in manifest["buffer_plan"]["weights"]:
+        if b["buffer"] not in names:
             continue
-        m.generate(ids, 8, spec_type=spec, n_max=max(n_max, 1), ignore_eos=True)   # warm-up
-        runs = [m.generate(ids, a.n, spec_type=spec, n_max=max(n_max, 1), ignore_eos=True) for _ in range(3)]
-        best = max(runs, key=lambda r: r.tokens_per_s)
-        tps = best.tokens_per_s
-        # Bytes the trunk must read per generated token (plain decoding); speculation amortises it over accepted tokens.
-        floor_tps = bw / active if bw == bw else float("nan")
-        timing[label] = {"tokens_per_s": tps, "floor_tokens_per_s": floor_tps, "fraction_of_floor": tps / floor_tps,
-                         "acceptance": best.stats.acceptance if spec != "none" else None,
-                         "mean_len": best.stats.mean_len if spec != "none" else None}
-    if len(timing) == 2:
-        timing["mtp_speedup"] = timing["spec on (n_max 3)"]["tokens_per_s"] / timing["spec off"]["tokens_per_s"]
-    res["timing"] = timing
-    res["copy_bandwidth_GBps"] = bw / 1e9
-    res["active_weight_bytes"] = active
-    res["cuda_graph"] = man.get("cuda_graph")
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "device_check.json"), "w") as f:
-        json.dump(res, f, indent=1)
+        if b["tensor"].endswith(ROUTED):
+            total += b["nbytes"] * used
+        elif b["tensor"] == "token_embd.weight" and "output.weight" in {x["tensor"] for x in manifest["buffer_plan"]["weights"]}:
+            total += b["nbytes"] / int(hp["n_vocab"])
+        else:
+            total += b["nbytes"]
+    return int(total)
 
-    print()
-    print(f"device {res['gpu']} ({res['arch']}), artifact {man['target']['name']} {','.join(man['target'].get('arches', []))}"
-          f" (CUDA graphs {'on: ' + ','.join(man['cuda_graph']['entries']) if man.get('cuda_graph') else 'off'}), "
-          f"copy bw {bw / 1e9:.0f} GB/s, active weights {active / 1e6:.1f} MB")
-    print(f"checks: {len(res['checks']) - fails}/{len(res['checks'])} ok")
-    print(f"{'mode':20s} {'tok/s':>10s} {'floor tok/s':>12s} {'of floor':>9s} {'accept':>7s}")
-    for label, t in timing.items():
-        if isinstance(t, dict):
-            acc = f"{t['acceptance']:.3f}" if t["acceptance"] is not None else "-"
-            print(f"{label:20s} {t['tokens_per_s']:10.1f} {t['floor_tokens_per_s']:12.1f} {t['fraction_of_floor']:9.3f} {acc:>7s}")
-    if "mtp_speedup" in timing:
-        print(f"MTP speedup: {timing['mtp_speedup']:.2f}x")
-    return 1 if fails else 0
+
+def timed_entry(eng, name: str, call, reps: int) -> dict:
+    """Median and min of `reps` calls of `call()`: device time inside entry `name` (the engine synchronizes the
+    device after each call) and wall time of the whole call (inputs, readback)."""
+    call()                                       # warm-up: first launch, graph capture
+    vm, wall = [], []
+    for _ in range(reps):
+        v0, t0 = eng.vm_seconds[name], time.perf_counter()
+        call()
+        wall.append(time.perf_counter() - t0)
+        vm.append(eng.vm_seconds[name] - v0)
+    return {"entry": name, "reps": reps, "median_ms": float(np.median(vm) * 1e3), "min_ms": float(min(vm) * 1e3),
+            "wall_median_ms": float(np.median(wall) * 1e3)}
+
+
+# -- references --------------------------------------------------------------------------------------------------
+def fixture_want(ref_dir: str, kinds) -> dict:
+    """What a BF16 model must reproduce, from the fixture's reference.json + reference_logits.npz."""
+    ref = json.load(open(os.path.join(ref_dir, "reference.json")))
+    npz = np.load(os.path.join(ref_dir, "reference_logits.npz"))
+    want = {}
+    for p in ref["prompts"]:
+        if kinds and p["kind"] not in kinds:
+            continue
+        w = {"prompt_ids": p["prompt_ids"], "n_predict": p["n_predict"], "greedy_ids": p["greedy_ids"],
+             "argmax": p["last_logits_argmax"], "last_logits": npz[f"{p['kind']}/last_logits"],
+             "spec": {str(k): [p["spec"][str(k)][f] for f in ("steps", "drafted", "accepted")] for k in N_MAX}}
+        if f"{p['kind']}/trunk_logits" in npz.files:
+            w["rows"] = {f: npz[f"{p['kind']}/{f}"] for f in ("trunk_logits", "trunk_hidden", "mtp_logits")}
+        want[p["kind"]] = w
+    return want
+
+
+def expect_want(path: str, kinds) -> dict:
+    """What a quantized model must reproduce: its own outputs on the CPU (llvm artifact), recorded by
+    `record_expectations` when the bundle was built."""
+    data = json.load(open(path + ".json"))
+    npz = np.load(path + ".npz")
+    return {k: dict(v, last_logits=npz[f"{k}/last_logits"]) for k, v in data.items() if not kinds or k in kinds}
+
+
+def model_outputs(m, prompts: dict, rows: bool) -> dict:
+    """Per prompt kind: last-row logits and argmax, the greedy continuation, greedy speculation at n_max 1..3
+    ((rounds, drafted, accepted) and whether its tokens equal plain decoding); with `rows`, every row's trunk
+    logits, hidden and NextN logits for the full-row kinds. glm-dsa drafts recompute the NextN index at every step
+    (the references' rule); a second n_max 3 run with the shared index must give the same tokens."""
+    eng = m.engine
+    shared = "mtp_draft_shared" in eng._fn
+    out = {}
+    for kind, p in prompts.items():
+        ids = p["prompt_ids"]
+        _h, last, am = eng.prefill(np.asarray(ids, np.int32), 0)
+        plain = m.generate(ids, p["n_predict"], spec_type="none", ignore_eos=True)
+        o = {"last_logits": np.asarray(last), "argmax": int(am), "greedy_ids": list(plain.ids), "spec": {},
+             "spec_equal": {}}
+        if m.has_mtp:
+            eng.share_mtp_index = False
+            try:
+                for k in N_MAX:
+                    r = m.generate(ids, p["n_predict"], spec_type="draft-mtp", n_max=k, ignore_eos=True)
+                    o["spec"][str(k)] = [r.stats.rounds, r.stats.drafted, r.stats.accepted]
+                    o["spec_equal"][str(k)] = r.ids == plain.ids
+            finally:
+                eng.share_mtp_index = True
+            if shared:
+                r = m.generate(ids, p["n_predict"], spec_type="draft-mtp", n_max=3, ignore_eos=True)
+                o["spec_equal"]["3 shared index"] = r.ids == plain.ids
+        if rows and "rows" in p:
+            o["rows"] = {"trunk_logits": m.logits(ids), "trunk_hidden": eng.hidden(ids)}
+            if m.has_mtp:
+                o["rows"]["mtp_logits"] = m.mtp_logits(ids)
+        out[kind] = o
+    return out
+
+
+def compare(got: dict, want: dict, exact_acceptance: bool) -> list[dict]:
+    """One line per check: logits within LOGIT_TOL, argmax, greedy ids, spec ≡ plain, acceptance counts."""
+    checks = []
+
+    def check(what, ok, detail=""):
+        checks.append({"check": what, "ok": bool(ok), "detail": detail})
+
+    for kind, w in want.items():
+        g = got[kind]
+        e = rel_err(g["last_logits"], w["last_logits"])
+        check(f"{kind} last logits", e < LOGIT_TOL and g["argmax"] == w["argmax"],
+              f"rel_err {e:.2e}, argmax {g['argmax']} (want {w['argmax']})")
+        for f, arr in (w.get("rows") or {}).items():
+            if f in g.get("rows", {}):
+                e = rel_err(g["rows"][f], arr)
+                check(f"{kind} {f}", e < LOGIT_TOL, f"rel_err {e:.2e}")
+        same = g["greedy_ids"] == w["greedy_ids"]
+        first = next((i for i, (a, b) in enumerate(zip(g["greedy_ids"], w["greedy_ids"])) if a != b), None)
+        check(f"{kind} greedy ids", same, "" if same else f"first difference at token {first}")
+        for k, eq in g["spec_equal"].items():
+            check(f"{kind} spec n_max={k} == spec off", eq)
+        if exact_acceptance:
+            for k, counts in g["spec"].items():
+                if k in w["spec"]:
+                    check(f"{kind} n_max={k} (rounds, drafted, accepted)", list(counts) == list(w["spec"][k]),
+                          f"{counts} (want {w['spec'][k]})")
+    return checks
+
+
+def record_expectations(m, ref_dir: str, path: str, kinds=None) -> None:
+    """Write PATH.json + PATH.npz: this model's outputs on the fixture prompts (run here, on the CPU), the
+    expectation a GPU run of the same GGUF is compared with."""
+    prompts = fixture_want(ref_dir, kinds)
+    got = model_outputs(m, prompts, rows=False)
+    np.savez_compressed(path + ".npz", **{f"{k}/last_logits": v["last_logits"] for k, v in got.items()})
+    keep = {k: {"prompt_ids": prompts[k]["prompt_ids"], "n_predict": prompts[k]["n_predict"],
+                "argmax": v["argmax"], "greedy_ids": v["greedy_ids"], "spec": v["spec"]} for k, v in got.items()}
+    with open(path + ".json", "w") as f:
+        json.dump(keep, f)
+
+
+# -- the check -------------------------------------------------------------------------------------------------------
+class DeviceCheck:
+    def __init__(self, plan: dict, base: str, args):
+        self.plan, self.base, self.a = plan, base, args
+        self.kinds = [k for k in (args.prompts or "").split(",") if k] or (list(QUICK_KINDS) if args.quick else None)
+        self.ctx = None
+        self.engines: dict = {}
+
+    def path(self, p: str | None) -> str | None:
+        return None if p is None else p if os.path.isabs(p) else os.path.normpath(os.path.join(self.base, p))
+
+    def check_of(self, role: str) -> dict:
+        return next(c for c in self.plan["checks"] if c.get("role") == role)
+
+    def stages(self):
+        main = ["environment", "plugin", "open", "load_module", "vm_init", "weights", "kv", "prefill",
+                "decode_graphs", "entry_timings"]
+        refs = [f"reference {c['name']}" for c in self.plan["checks"] if c.get("role") != "nograph"]
+        tail = ["speed"] + (["realwidth"] if self.plan.get("realwidth") else [])
+        return main + refs + tail
+
+    def run(self) -> int:
+        names = self.stages()
+        only = [s for s in (self.a.only or "").split(",") if s]
+        self.ctx = Check(self.a.out, self.a.device, len(names))
+        self.ctx.results["plan"] = {k: v for k, v in self.plan.items() if k != "checks"} | {
+            "checks": [c["name"] for c in self.plan["checks"]]}
+        main = self.check_of("main")
+        if only:   # --only STAGE runs STAGE and the stages it needs, transitively
+            want = {n for n in names if any(n == o or n.startswith(o + " ") for o in only)}
+            while True:
+                more = {d for n in want for d in needs(n)}
+                if more <= want:
+                    break
+                want |= more
+            names = [n for n in names if n in want]
+        self.ctx.n_stages = len(names)
+        for name in names:
+            if name.startswith("reference "):
+                c = next(c for c in self.plan["checks"] if f"reference {c['name']}" == name)
+                fn = lambda c=c: self.reference(c)   # noqa: E731
+            else:
+                fn = lambda f=getattr(self, "s_" + name): f(main)   # noqa: E731
+            self.ctx.stage(name, fn, needs=needs(name))
+        # what this process ran on: a runtime-only bundle maps no TVM compiler library and imports no nextn.compiler
+        self.ctx.results["runtime_only"] = {
+            "libtvm_compiler_mapped": any("libtvm_compiler" in p for p in mapped_libraries(("libtvm",))),
+            "compiler_modules": sorted(m for m in sys.modules if m.startswith("nextn.compiler"))}
+        self.ctx.write()
+        self.print_table()
+        return 0 if all(s["status"] == "ok" for s in self.ctx.results["stages"]) else 1
+
+    # -- engine stages -----------------------------------------------------------------------------------------
+    def s_environment(self, _main) -> dict:
+        import importlib
+
+        env = {"python": sys.version.split()[0], "executable": sys.executable, "machine": platform.machine(),
+               "platform": platform.platform(), "bundle": os.environ.get("NEXTN_BUNDLE"), "modules": {}}
+        for mod in ("numpy", "tvm", "tvm_ffi", "tokenizers", "gguf", "tqdm", "yaml", "click"):
+            try:
+                m = importlib.import_module(mod)
+                env["modules"][mod] = f"{getattr(m, '__version__', '?')} {os.path.dirname(m.__file__)}"
+            except Exception as e:   # noqa: BLE001 — report, the stage that needs it fails on its own
+                env["modules"][mod] = f"missing ({type(e).__name__}: {e})"
+        from nextn.common.measure import cpu_name
+
+        env["cpu"], env["cpus"] = cpu_name(), os.cpu_count()
+        if os.environ.get("NEXTN_BUNDLE_PRELOAD_ERROR"):
+            env["preload_error"] = os.environ["NEXTN_BUNDLE_PRELOAD_ERROR"]
+        if self.ctx.cuda is not None:
+            cu = self.ctx.cuda
+            env["nvidia_smi"] = nvidia_smi()
+            print("\n".join("    | " + ln for ln in env["nvidia_smi"].splitlines()), flush=True)
+            env.update(cu.versions())
+            env["capability"] = cu.capability(int(self.a.device.partition(":")[2] or 0))
+            env["memory"] = cu.mem_info()
+            env["cudart_error"] = cu.why if cu.rt is None else None
+            env["artifact_code"] = self.device_code(self.check_of("main"), env["capability"])
+        env["mapped_libraries"] = mapped_libraries()
+        self.ctx.results["environment"] = env
+        return {"python": env["python"], "numpy": env["modules"]["numpy"].split()[0],
+                "capability": env.get("capability"), "driver_cuda": env.get("driver_cuda"),
+                "runtime_cuda": env.get("runtime_cuda"), "free_GB": (env.get("memory") or {}).get("free_GB"),
+                "code": (env.get("artifact_code") or {}).get("runs_as")}
+
+    def device_code(self, check: dict, capability: str | None) -> dict:
+        """SASS for this GPU, or PTX the driver must JIT-compile (at load_module), or neither."""
+        from nextn.common.device_code import device_code
+
+        art = self.path(check["artifact"])
+        man = json.load(open(os.path.join(art, "manifest.json")))
+        info = device_code(os.path.join(art, man["libraries"][0]["file"]))
+        sm = int(capability[3:]) if capability else 0
+        ptx = [a for a in info["cuda_ptx"] if int(a[3:].rstrip("a")) <= sm]
+        runs = (f"SASS {capability}" if capability in info["cuda_sass"] else
+                f"PTX JIT from {max(ptx)}" if ptx else f"no code for {capability}")
+        return {"sass": info["cuda_sass"], "ptx": info["cuda_ptx"], "source": bool(info["cuda_source"]), "runs_as": runs}
+
+    def s_plugin(self, _main) -> dict:
+        if self.ctx.cuda is None:
+            return {"plugin": "not needed on the cpu"}
+        from nextn.common import cuda
+
+        t0 = time.perf_counter()
+        cuda.load_plugin()
+        return {"s": time.perf_counter() - t0, "loaded": [os.path.basename(p) for p in mapped_libraries()]}
+
+    def open_engine(self, check: dict, ctx_size: int):
+        """An engine of `check` whose load steps have not run yet."""
+        from nextn.runtime.artifact import load_artifact
+        from nextn.runtime.engine import Engine
+
+        return Engine(load_artifact(self.path(check["artifact"])), ctx_size, True,
+                      model_path=self.path(check.get("model")), device=self.a.device, staged=True)
+
+    def s_open(self, main) -> dict:
+        eng = self.open_engine(main, self.a.ctx)
+        self.engines["main"] = eng
+        return {"artifact": main["artifact"], "target": eng.artifact.manifest["target"]["name"],
+                "arches": ",".join(eng.artifact.manifest["target"].get("arches", [])),
+                "cuda_graph": bool(eng.artifact.manifest.get("cuda_graph")), "n_ctx": eng.n_ctx}
+
+    def _step(self, step: str) -> dict:
+        eng = self.engines["main"]
+        eng.load_step(step)
+        return dict(eng.load_info[step])
+
+    def s_load_module(self, _main):
+        return self._step("load_module")
+
+    def s_vm_init(self, _main):
+        return self._step("vm_init")
+
+    def s_weights(self, _main):
+        r = self._step("weights")
+        r["GBps"] = r["bytes"] / r["s"] / GB if r["s"] > 0 else None
+        return r
+
+    def s_kv(self, _main):
+        return self._step("kv")
+
+    def s_prefill(self, main) -> dict:
+        from nextn.runtime.api import Model
+
+        eng = self.engines["main"]
+        want = fixture_want(self.path(main["reference"]), ["code-short"])["code-short"]
+        ids = np.asarray(want["prompt_ids"], np.int32)
+        eng.prefill(ids, 0)                                   # first call: launches, allocator warm-up
+        t0 = time.perf_counter()
+        _h, last, am = eng.prefill(ids, 0)
+        s = time.perf_counter() - t0
+        e = rel_err(last, want["last_logits"])
+        self.model = Model(eng)
+        if not (e < LOGIT_TOL and am == want["argmax"]):
+            raise AssertionError(f"last logits rel_err {e:.2e} (tolerance {LOGIT_TOL}), argmax {am} (want {want['argmax']})")
+        return {"tokens": len(ids), "ms": s * 1e3, "rel_err": e, "argmax": am}
+
+    def s_decode_graphs(self, main) -> dict:
+        """Greedy decode from cell BUCKET_PROMPT for BUCKET_STEPS steps with the no-graph artifact, then with the
+        graph one (one-row `decode` replayed as CUDA graphs, L rounded up to 256-cell buckets), bit for bit."""
+        graph = self.engines["main"]
+        ng = self.check_of("nograph") if any(c.get("role") == "nograph" for c in self.plan["checks"]) else main
+        nograph = self.open_engine(ng, self.a.ctx)
+        nograph.load_all()
+        long = next(p for p in json.load(open(os.path.join(self.path(main["reference"]), "reference.json")))["prompts"]
+                    if len(p["prompt_ids"]) >= BUCKET_PROMPT)
+        ids = np.asarray(long["prompt_ids"][:BUCKET_PROMPT], np.int32)
+        runs = []
+        for eng in (nograph, graph):
+            _h, _last, tok = eng.prefill(ids, 0)
+            rows = []
+            for i in range(BUCKET_STEPS):
+                h, lg, am = eng.verify([tok], BUCKET_PROMPT + i)
+                rows.append((np.array(h), lg.numpy().copy(), int(am[0])))
+                tok = int(am[0])
+            runs.append(rows)
+        del nograph
+        L = [graph.n_kv(BUCKET_PROMPT + i + 1) for i in range(BUCKET_STEPS)]
+        diff = [i for i, (a, b) in enumerate(zip(*runs))
+                if a[2] != b[2] or a[0].tobytes() != b[0].tobytes() or a[1].tobytes() != b[1].tobytes()]
+        res = {"graph_artifact": main["artifact"], "nograph_artifact": ng["artifact"], "steps": BUCKET_STEPS,
+               "L": sorted(set(L)), "ids": [r[2] for r in runs[1]], "bit_exact": not diff}
+        if diff:
+            i = diff[0]
+            raise AssertionError(f"decode with CUDA graphs differs from decode without at step {i} (cell "
+                                 f"{BUCKET_PROMPT + i}, L {L[i]}): ids {runs[0][i][2]} vs {runs[1][i][2]}, logits "
+                                 f"rel_err {rel_err(runs[1][i][1], runs[0][i][1]):.2e}")
+        return res
+
+    def s_entry_timings(self, main) -> dict:
+        eng = self.engines["main"]
+        reps = 3 if self.a.quick else 20
+        rows = entry_timings(eng, reps)
+        self.ctx.results["entry_timings"] = rows
+        for r in rows:
+            print(f"    {r['entry']:18s} rows {r['rows']:4d}  {r['median_ms']:9.3f} ms (min {r['min_ms']:.3f}, "
+                  f"wall {r['wall_median_ms']:.3f})", flush=True)
+        return {r["entry"] + "_ms": r["median_ms"] for r in rows}
+
+    # -- references and speed ------------------------------------------------------------------------------------
+    def reference(self, c: dict) -> dict:
+        from nextn.runtime.api import Model
+
+        if c.get("role") == "main" and "main" in self.engines and "prefill" in self.ctx.ok:
+            m = self.model
+        else:
+            eng = self.open_engine(c, self.a.ctx)
+            eng.load_all()
+            m = Model(eng)
+        ref_dir = self.path(c["reference"])
+        expect = self.path(c.get("expect"))
+        want = expect_want(expect, self.kinds) if expect else fixture_want(ref_dir, self.kinds)
+        got = model_outputs(m, want, rows=True)
+        checks = compare(got, want, exact_acceptance=True)
+        self.ctx.results.setdefault("references", {})[c["name"]] = checks
+        bad = [x for x in checks if not x["ok"]]
+        for x in bad[:10]:
+            print(f"    FAIL {x['check']} {x['detail']}", flush=True)
+        if bad:
+            raise AssertionError(f"{len(bad)} of {len(checks)} checks differ (first: {bad[0]['check']} {bad[0]['detail']})")
+        return {"checks": len(checks), "prompts": len(want), "against": "cpu run" if expect else "fixture reference"}
+
+    def s_speed(self, main) -> dict:
+        """Decode tok/s per config on the main model: best of R runs; fraction of the copy-bandwidth floor."""
+        m = self.model
+        eng = m.engine
+        want = fixture_want(self.path(main["reference"]), ["code-module"])["code-module"]
+        ids = want["prompt_ids"]
+        n, reps = (16, 1) if self.a.quick else (self.a.n, 3)
+        bw = copy_bandwidth(eng.dev, (64 << 20) if eng.device.kind == "cpu" else (1 << 30))
+        per_token = step_bytes(eng.artifact.manifest, "decode")
+        floor_tps = bw / per_token
+        rows, plain = [], None
+        for label, spec, k in SPEED_CONFIGS:
+            if spec != "none" and not m.has_mtp:
+                continue
+            m.generate(ids, 8, spec_type=spec, n_max=k, ignore_eos=True)            # warm-up (and auto calibration)
+            best = max((m.generate(ids, n, spec_type=spec, n_max=k, ignore_eos=True) for _ in range(reps)),
+                       key=lambda r: r.tokens_per_s)
+            plain = plain or best
+            rows.append({"config": label, "tok_s": best.tokens_per_s, "of_floor": best.tokens_per_s / floor_tps,
+                         "acceptance": best.stats.acceptance if spec != "none" else None,
+                         "mean_len": best.stats.mean_len if spec != "none" else None,
+                         "same_as_off": best.ids == plain.ids, "vm_s": best.vm_s})
+        off = rows[0]["tok_s"]
+        spec_rows = [r for r in rows[1:]]
+        res = {"prompt": "code-module", "n": n, "best_of": reps, "copy_GBps": bw / GB, "bytes_per_token": per_token,
+               "floor_tok_s": floor_tps, "off_tok_s": off,
+               "mtp_speedup": max(r["tok_s"] for r in spec_rows) / off if spec_rows and off else None,
+               "auto_speedup": next((r["tok_s"] / off for r in spec_rows if r["config"] == "auto"), None)}
+        self.ctx.results["speed"] = res | {"rows": rows}
+        if not all(r["same_as_off"] for r in rows):
+            raise AssertionError("a speculative config produced other tokens than spec off: "
+                                 + ", ".join(r["config"] for r in rows if not r["same_as_off"]))
+        return res
+
+    # -- real width ----------------------------------------------------------------------------------------------
+    def s_realwidth(self, _main) -> dict:
+        from nextn.common.hashing import sha256_file
+        from nextn.runtime.artifact import load_artifact
+        from nextn.runtime.engine import Engine
+
+        rw = self.plan["realwidth"]
+        res = {}
+        if rw.get("synth"):    # generate the GGUF here (deterministic: the bytes the artifact was compiled from)
+            d = self.a.realwidth_dir
+            os.makedirs(d, exist_ok=True)
+            path = os.path.join(d, rw["file"])
+            if not (os.path.isfile(path) and os.path.getsize(path) == rw["size"]):
+                t0 = time.perf_counter()
+                env = dict(os.environ, FIXTURES=self.path(rw["fixtures"]))
+                r = subprocess.run([sys.executable, self.path(rw["synth"]), rw["preset"], path + ".tmp", str(rw["n_moe"])],
+                                   env=env, capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise RuntimeError(f"synth_realwidth.py failed: {(r.stderr or r.stdout).strip()[-400:]}")
+                os.replace(path + ".tmp", path)
+                res["generate_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            sha = sha256_file(path)
+            res["sha256_s"] = time.perf_counter() - t0
+            if sha != rw["sha256"]:
+                raise AssertionError(f"{path}: sha256 {sha[:16]}… is not the {rw['sha256'][:16]}… the artifact was "
+                                     f"compiled from (synth_realwidth.py not deterministic here?)")
+        else:
+            path = self.path(rw["model"])
+        res["gguf_GB"] = os.path.getsize(path) / GB
+        t0 = time.perf_counter()
+        eng = Engine(load_artifact(self.path(rw["artifact"])), rw.get("ctx", 4096), True, model_path=path,
+                     device=self.a.device, staged=True)
+        eng.load_all()
+        res["load_s"] = time.perf_counter() - t0
+        res["upload_GBps"] = eng.load_info["weights"]["bytes"] / eng.load_info["weights"]["s"] / GB
+        man = eng.artifact.manifest
+        bw = copy_bandwidth(eng.dev, (256 << 20) if eng.device.kind == "cpu" else (1 << 30), reps=5)
+        res["copy_GBps"] = bw / GB
+        reps = 3 if self.a.quick else 20
+        rows = entry_timings(eng, reps, prompt=64, k=3)
+        for r in rows:
+            if r["entry"] in ("decode", "verify", "draft"):
+                b = step_bytes(man, r["entry"])
+                r["floor_ms"] = b / bw * 1e3
+                r["of_floor"] = r["floor_ms"] / r["median_ms"]
+                r["weight_bytes"] = b
+        self.ctx.results["realwidth"] = res | {"rows": rows}
+        for r in rows:
+            fl = f"  floor {r['floor_ms']:.3f} ms = {r['of_floor']:.3f} of it" if "floor_ms" in r else ""
+            print(f"    {r['entry']:18s} rows {r['rows']:4d}  {r['median_ms']:9.3f} ms{fl}", flush=True)
+        return res | {r["entry"] + "_of_floor": r["of_floor"] for r in rows if "of_floor" in r}
+
+    # -- the table -----------------------------------------------------------------------------------------------
+    def print_table(self):
+        r = self.ctx.results
+        env = r.get("environment", {})
+        print()
+        gpu = (env.get("nvidia_smi") or "").splitlines()[-1] if env.get("nvidia_smi") else env.get("cpu", "?")
+        print(f"device {self.a.device}: {gpu}")
+        if env.get("capability"):
+            print(f"  {env['capability']}, driver CUDA {env.get('driver_cuda')}, runtime CUDA {env.get('runtime_cuda')}, "
+                  f"code {(env.get('artifact_code') or {}).get('runs_as')}")
+        print(f"{'stage':34s} {'status':6s} {'s':>8s}")
+        for s in r["stages"]:
+            print(f"{s['stage']:34s} {s['status']:6s} {s['s']:8.2f}  {s.get('error', '').splitlines()[0][:80] if s.get('error') else ''}")
+        sp = r.get("speed")
+        if sp:
+            print(f"\nspeed ({sp['prompt']}, {sp['n']} tokens, best of {sp['best_of']}): copy {sp['copy_GBps']:.1f} GB/s, "
+                  f"{sp['bytes_per_token'] / 1e6:.2f} MB/token -> floor {sp['floor_tok_s']:.0f} tok/s")
+            print(f"{'config':10s} {'tok/s':>10s} {'of floor':>9s} {'accept':>7s} {'x off':>6s}")
+            for row in sp["rows"]:
+                acc = f"{row['acceptance']:.3f}" if row["acceptance"] is not None else "-"
+                print(f"{row['config']:10s} {row['tok_s']:10.1f} {row['of_floor']:9.3f} {acc:>7s} "
+                      f"{row['tok_s'] / sp['off_tok_s']:6.2f}")
+            if sp.get("mtp_speedup"):
+                print(f"MTP speedup (best fixed or auto over spec off): {sp['mtp_speedup']:.2f}x")
+        rw = r.get("realwidth")
+        if rw:
+            print(f"\nreal width ({self.plan['realwidth'].get('preset', 'file')}): copy {rw['copy_GBps']:.1f} GB/s, "
+                  f"upload {rw['upload_GBps']:.2f} GB/s")
+            for row in rw["rows"]:
+                if "floor_ms" in row:
+                    print(f"  {row['entry']:8s} rows {row['rows']:3d} {row['median_ms']:9.3f} ms  floor "
+                          f"{row['floor_ms']:8.3f} ms  {row['of_floor']:.3f} of the HBM floor")
+        bad = [s["stage"] for s in r["stages"] if s["status"] != "ok"]
+        print(f"\n{len(r['stages']) - len(bad)}/{len(r['stages'])} stages ok" + (f"; not ok: {', '.join(bad)}" if bad else ""))
+
+
+def entry_timings(eng, reps: int, prompt: int = 64, k: int = 3) -> list[dict]:
+    """Synced per-entry timings: prefill of `prompt` rows, verify of k+1 rows, decode (one row), NextN rows for the
+    prompt, one draft step. Token ids are arbitrary in-vocabulary values (timing only)."""
+    V = int(eng.hparams["n_vocab"])
+    ids = np.arange(7, 7 + prompt, dtype=np.int32) % V
+    h, _last, tok = eng.prefill(ids, 0)
+    rows = [timed_entry(eng, "prefill", lambda: eng.prefill(ids, 0), reps) | {"rows": prompt},
+            timed_entry(eng, "verify", lambda: eng.verify(np.array([tok] * (k + 1), np.int32), prompt), reps)
+            | {"rows": k + 1},
+            timed_entry(eng, "decode", lambda: eng.verify(np.array([tok], np.int32), prompt), reps) | {"rows": 1}]
+    if eng.has_mtp:
+        hp = np.concatenate([np.zeros_like(h[:1]), h[:-1]])
+        rows.append(timed_entry(eng, "mtp_rows", lambda: eng.mtp_rows(ids, hp, 0), reps) | {"rows": prompt})
+        rows.append(timed_entry(eng, "draft", lambda: eng.mtp_draft(np.array([tok], np.int32), h[-1:], prompt), reps)
+                    | {"rows": 1})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--plan", default=None, help="plan JSON [default: bundle.json beside this script]")
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "device_check_out")
+    ap.add_argument("-c", "--ctx", type=int, default=4096, help="KV cells of the engines")
+    ap.add_argument("-n", type=int, default=64, help="tokens per speed run")
+    ap.add_argument("--quick", action="store_true", help="two prompts, short speed runs (CI's CPU mode)")
+    ap.add_argument("--prompts", default=None, help="comma list of prompt kinds for the reference stages")
+    ap.add_argument("--only", default=None, help="comma list of stages to run (with what they need)")
+    ap.add_argument("--realwidth-dir", default=os.environ.get("NEXTN_REALWIDTH_DIR", "/tmp/nextn-realwidth"),
+                    help="where the real-width GGUF is generated")
+    a = ap.parse_args(argv)
+    plan_path = a.plan or os.path.join(os.path.dirname(os.path.abspath(__file__)), "bundle.json")
+    with open(plan_path) as f:
+        plan = json.load(f)
+    return DeviceCheck(plan, os.path.dirname(os.path.abspath(plan_path)), a).run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,391 @@
+"""Build, here, the runtime bundle a GPU machine runs the device check from (`bash bench/make_gpu_bundle.sh`).
+
+    python bench/bundle.py [-o bench/gpu_bundle] [--host h200|here] [--arch sm_90] [--checks NAME,...]
+                           [--realwidth glm45air-1|none] [--no-tar]
+
+A bundle is a directory (and, for a GPU machine, its `.tar.xz`, the one file the device run carries):
+
+    bundle.json   the plan: host (CPython version + ABI, machine, oldest glibc), what it carries and what it needs
+                  from the host, the checks (artifact, GGUF, references), the real-width slice
+    run.py        launcher (bench/bundle_run.py): checks the host against bundle.json, then runs the device check
+                  or the nextn CLI with the bundle's site/ first on sys.path
+    device_check.py
+    site/         the TVM runtime without the compiler (no libtvm_compiler.so), tvm_ffi built for the host's
+                  CPython, gguf-py, nextn.common + nextn.runtime only (no nextn.compiler: the runtime-only path),
+                  and with --host here numpy, tokenizers, tqdm, yaml, click, typing_extensions too
+    lib/          libcudart.so.13 (TVM's CUDA plugin needs it; preloaded by run.py)
+    art/          artifacts compiled here: per check one (the BF16 one also without CUDA graphs), the real-width one
+    models/       the fixture GGUFs (Q8_0 glm4moe is a link to the repository's artifacts/ copy: it travels anyway)
+    refs/         the fixture references; for quantized GGUFs the outputs of their llvm artifact on this CPU
+    tools/        synth_realwidth.py: the real-width GGUF is generated where it runs (same bytes: sha256 checked)
+
+Hosts: `h200` is the lent GPU machine's image (CPython 3.12, x86_64; numpy, tokenizers, tqdm, PyYAML, click and
+typing_extensions installed there, so the bundle needs them instead of carrying them); `here` is this interpreter
+(the bundle carries everything: what CI's runtime-only test runs under `python -I -S`).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.environ.get("NEXTN_FIXTURES") or os.path.join(os.path.dirname(ROOT), "shared", "fixtures")
+SYNTH = os.path.join(os.path.dirname(FIXTURES), "tools", "synth_realwidth.py")
+REALWIDTH_DIR = os.environ.get("NEXTN_REALWIDTH", "/work/realwidth")
+LIMIT_MB = 64                 # what one device run may carry: bundle + the repository's tracked files (MiB)
+
+# Import name -> distribution, for what the runtime imports beyond the standard library.
+HOST_PACKAGES = {"numpy": "numpy>=1.26", "tokenizers": "tokenizers>=0.20", "tqdm": "tqdm>=4.60",
+                 "yaml": "pyyaml>=5.1", "click": "click>=8.1", "typing_extensions": "typing_extensions>=4.13"}
+# What `--host here` copies for them (top-level files / folders of site-packages).
+COPY = {"numpy": ["numpy", "numpy.libs"], "tokenizers": ["tokenizers"], "tqdm": ["tqdm"], "yaml": ["yaml", "_yaml"],
+        "click": ["click"], "typing_extensions": ["typing_extensions.py"]}
+HOSTS = {
+    # The GPU machine lent to this project (its KINDS.md page): /opt/torch/.venv/bin/python3, CPython 3.12.
+    "h200": {"implementation": "cpython", "python": "3.12", "soabi": "cpython-312-x86_64-linux-gnu",
+             "machine": "x86_64", "needs": dict(HOST_PACKAGES)},
+}
+TVM_TRIM = ["3rdparty", "include", "src", "web", "lib64", "lib/libtvm_compiler.so", "lib/libtvm_runtime_extra.so"]
+FFI_TRIM = ["3rdparty", "include", "src", "cython", "stub", "share", "cmake"]
+TVM_FFI_PIN = "apache-tvm-ffi==0.1.14.post1"
+
+# name: (fixture dir, GGUF, how it is checked). "fixture": the fixture's references (BF16 weights, exact);
+# "cpu": its own outputs on this CPU (quantized weights: the llvm artifact, tested against the IR interpreter).
+CHECKS = {
+    "glm4moe-BF16": ("tiny-glm4moe", "tiny-glm4moe-BF16.gguf", "fixture"),
+    "glm4moe-Q8_0": ("tiny-glm4moe", "tiny-glm4moe-Q8_0.gguf", "cpu"),
+    "glm4moe-Q4_K_M": ("tiny-glm4moe", "tiny-glm4moe-Q4_K_M.gguf", "cpu"),
+    "glm-dsa-Q8_0": ("tiny-glm-dsa", "tiny-glm-dsa-Q8_0.gguf", "cpu"),
+}
+IN_REPO = {"tiny-glm4moe/tiny-glm4moe-Q8_0.gguf": "artifacts/tiny-glm4moe-Q8_0.gguf"}   # same bytes, tracked
+REALWIDTH = {"glm45air-1": ("glm45air", 1)}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# -- site/ ---------------------------------------------------------------------------------------------------------
+def site_packages() -> str:
+    import tvm
+
+    return os.path.dirname(os.path.dirname(tvm.__file__))
+
+
+def _trim(root: str, paths) -> None:
+    for p in paths:
+        full = os.path.join(root, p)
+        if os.path.isdir(full):
+            shutil.rmtree(full)
+        elif os.path.exists(full):
+            os.remove(full)
+    for d in glob.glob(os.path.join(root, "**", "__pycache__"), recursive=True):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _copy(src: str, dst: str) -> None:
+    if os.path.isdir(src):
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    else:
+        shutil.copy2(src, dst)
+
+
+def _glibc_of_tags(tags) -> str:
+    """Oldest glibc a wheel's platform tags accept ('' for pure-Python wheels)."""
+    vers = []
+    for t in tags:
+        m = re.search(r"manylinux_(\d+)_(\d+)", t) or re.search(r"manylinux(2014|2010|1)", t)
+        if m and m.lastindex == 2:
+            vers.append((int(m.group(1)), int(m.group(2))))
+        elif m:
+            vers.append({"2014": (2, 17), "2010": (2, 12), "1": (2, 5)}[m.group(1)])
+    return "%d.%d" % min(vers) if vers else ""
+
+
+def _dist_info(site: str, dist: str) -> tuple[str, str, list[str]]:
+    """(dist-info folder, version, wheel tags) of an installed distribution."""
+    norm = dist.replace("-", "_").lower()
+    for d in os.listdir(site):
+        if d.lower().startswith(norm + "-") and d.endswith(".dist-info"):
+            version = d[len(norm) + 1:-len(".dist-info")]
+            wheel = os.path.join(site, d, "WHEEL")
+            tags = [ln.split(":", 1)[1].strip() for ln in open(wheel) if ln.startswith("Tag:")] if os.path.isfile(wheel) else []
+            return d, version, tags
+    raise SystemExit(f"bundle: {dist} is not installed in {site}")
+
+
+def ffi_wheel(host: dict, cache: str) -> str:
+    """The apache-tvm-ffi wheel for the host's CPython (pip download, kept in the nextn cache)."""
+    tag = host["soabi"].split("-")[1]                     # cpython-312-... -> 312
+    d = os.path.join(cache, "wheels")
+    found = glob.glob(os.path.join(d, f"apache_tvm_ffi-0.1.14.post1-cp{tag}-*.whl"))
+    if found:
+        return found[0]
+    os.makedirs(d, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
+           host["python"], "--implementation", "cp", "--platform", "manylinux_2_28_x86_64", "--platform",
+           "manylinux_2_24_x86_64", "--platform", "manylinux_2_17_x86_64", "-d", d, TVM_FFI_PIN]
+    log("bundle: " + " ".join(cmd))
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return glob.glob(os.path.join(d, f"apache_tvm_ffi-0.1.14.post1-cp{tag}-*.whl"))[0]
+
+
+def build_site(site: str, host_name: str, cache: str) -> dict:
+    """Fill site/; return {"host": ..., "carries": {dist: version}, "needs": {import: requirement}}."""
+    src = site_packages()
+    os.makedirs(os.path.join(site, "nextn"))
+    carries, glibc = {}, []
+    for name, dist in (("tvm", "apache_tvm"), ("gguf", "gguf")):
+        _copy(os.path.join(src, name), os.path.join(site, name))
+        _d, ver, tags = _dist_info(src, dist)
+        carries[name] = ver
+        glibc.append(_glibc_of_tags(tags))
+    _trim(os.path.join(site, "tvm"), TVM_TRIM)
+    if host_name == "here":
+        h = {"implementation": sys.implementation.name, "python": "%d.%d" % sys.version_info[:2],
+             "soabi": sysconfig.get_config_var("SOABI"), "machine": platform.machine()}
+        _copy(os.path.join(src, "tvm_ffi"), os.path.join(site, "tvm_ffi"))
+        _d, ver, tags = _dist_info(src, "apache_tvm_ffi")
+        needs = {}
+        for mod, files in COPY.items():
+            for f in files:
+                if os.path.exists(os.path.join(src, f)):
+                    _copy(os.path.join(src, f), os.path.join(site, f))
+            carries[mod] = _dist_info(src, {"yaml": "pyyaml"}.get(mod, mod))[1]
+    else:
+        h = {k: v for k, v in HOSTS[host_name].items() if k != "needs"}
+        whl = ffi_wheel(h, cache)
+        with zipfile.ZipFile(whl) as z:
+            z.extractall(site, [n for n in z.namelist() if n.startswith("tvm_ffi/")])
+        ver, tags = "0.1.14.post1", [os.path.basename(whl)[:-4].split("-", 2)[2]]
+        needs = dict(HOSTS[host_name]["needs"])
+    _trim(os.path.join(site, "tvm_ffi"), FFI_TRIM)
+    carries["tvm_ffi"] = ver
+    glibc.append(_glibc_of_tags(tags))
+    for pkg in ("common", "runtime"):      # the runtime and its shared leaves; nextn.compiler stays behind
+        _copy(os.path.join(ROOT, pkg), os.path.join(site, "nextn", pkg))
+    h["glibc"] = max((g for g in glibc if g), key=lambda v: tuple(map(int, v.split("."))), default="")
+    return {"host": h, "carries": carries, "needs": needs}
+
+
+# -- artifacts, references -----------------------------------------------------------------------------------------
+def compile_into(model: str, out: str, target: str, arches, cuda_graph: bool = True) -> str:
+    from nextn.compiler.compile import compile_model
+
+    compile_model(model, out, target=target, arches=arches, cuda_graph=cuda_graph, log=log)
+    if target == "cuda":
+        from nextn.compiler.check_device_code import check_artifact
+
+        check_artifact(out)
+    return out
+
+
+def copy_refs(fixture: str, dst: str) -> None:
+    """reference.json and the reference logits the device check reads: last rows of every prompt, every row of
+    code-short (the others' full rows would be most of the bundle)."""
+    import numpy as np
+
+    os.makedirs(dst, exist_ok=True)
+    shutil.copy2(os.path.join(FIXTURES, fixture, "reference.json"), dst)
+    z = np.load(os.path.join(FIXTURES, fixture, "reference_logits.npz"))
+    keep = {k: z[k] for k in z.files if k.endswith("/last_logits") or k.startswith("code-short/")}
+    np.savez_compressed(os.path.join(dst, "reference_logits.npz"), **keep)
+
+
+def record_cpu_expectations(gguf: str, fixture: str, path: str) -> None:
+    """The GGUF's outputs through its llvm artifact on this CPU (compiled and cached), the quantized models' bar."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import device_check
+    import nextn.runtime as rt
+
+    log(f"bundle: recording {os.path.basename(gguf)} on this CPU (llvm) ...")
+    device_check.record_expectations(rt.load(gguf, ctx_size=4096, log=log), os.path.join(FIXTURES, fixture), path)
+
+
+# -- the bundle ------------------------------------------------------------------------------------------------------
+def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",), checks=tuple(CHECKS),
+          realwidth: str | None = "glm45air-1", prebuilt: dict | None = None, copy_models: bool = True,
+          cache: str | None = None) -> dict:
+    """Write the bundle directory `out`; returns its bundle.json. `prebuilt` {check name (+ "-nograph"): artifact
+    dir} skips compiling those; `copy_models` False references the fixture GGUFs where they are (CI)."""
+    from nextn.common.paths import cache_dir
+
+    cache = cache or cache_dir()
+    target = "cuda" if device == "cuda" else "llvm"
+    arches = list(arches) if target == "cuda" else None
+    prebuilt = prebuilt or {}
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    os.makedirs(out)
+    plan = {"format": 1, "device": device, "created_by": f"bench/bundle.py at {git_head()}"}
+    plan |= build_site(os.path.join(out, "site"), host, cache)
+    if target == "cuda":
+        from nextn.compiler.gpu_build import _find_cudart
+
+        os.makedirs(os.path.join(out, "lib"))
+        shutil.copy2(os.path.realpath(_find_cudart()), os.path.join(out, "lib", "libcudart.so.13"))
+        plan["preload"] = ["lib/libcudart.so.13"]
+    plan["checks"] = []
+    first = True
+    for name in checks:
+        fixture, gguf, how = CHECKS[name]
+        rel = f"{fixture}/{gguf}"
+        src = os.path.join(FIXTURES, rel)
+        if not copy_models:
+            model = src
+        elif rel in IN_REPO:
+            model = place_link(out, f"models/{rel}", IN_REPO[rel], src)
+        else:
+            os.makedirs(os.path.join(out, "models", fixture), exist_ok=True)
+            shutil.copy2(src, os.path.join(out, "models", rel))
+            model = f"models/{rel}"
+        ref = f"refs/{fixture}"
+        if not os.path.isdir(os.path.join(out, ref)):
+            copy_refs(fixture, os.path.join(out, ref))
+        entry = {"name": name, "model": model, "reference": ref}
+        variants = [(name, True)] + ([(name + "-nograph", False)] if first and target == "cuda" else [])
+        for vname, graph in variants:
+            art = os.path.join(out, "art", vname)
+            if vname in prebuilt:
+                shutil.copytree(prebuilt[vname], art)
+            else:
+                compile_into(src, art, target, arches, cuda_graph=graph)
+            e = dict(entry, artifact=f"art/{vname}", role="main" if first and graph else "nograph" if not graph else None)
+            if how == "cpu":
+                e["expect"] = f"refs/expect-{name}"
+                if not os.path.isfile(os.path.join(out, e["expect"] + ".json")):
+                    record_cpu_expectations(src, fixture, os.path.join(out, e["expect"]))
+            plan["checks"].append({k: v for k, v in e.items() if v is not None})
+        first = False
+    if isinstance(realwidth, dict):     # a given file + artifact (CI: the real-width stage on a tiny model)
+        shutil.copytree(realwidth["artifact"], os.path.join(out, "art", "realwidth"))
+        plan["realwidth"] = {"name": realwidth["name"], "model": realwidth["model"], "artifact": "art/realwidth"}
+    elif realwidth:
+        plan["realwidth"] = realwidth_slice(out, realwidth, target, arches, prebuilt)
+    shutil.copy2(os.path.join(ROOT, "bench", "bundle_run.py"), os.path.join(out, "run.py"))
+    shutil.copy2(os.path.join(ROOT, "bench", "device_check.py"), os.path.join(out, "device_check.py"))
+    with open(os.path.join(out, "bundle.json"), "w") as f:
+        json.dump(plan, f, indent=1)
+    return plan
+
+
+def place_link(out: str, rel: str, repo_rel: str, src: str) -> str:
+    """models/REL as a relative link to the repository's copy of the same file (bench/gpu_bundle/ sits two
+    levels below the repository root, where the device run unpacks it)."""
+    if sha256(src) != sha256(os.path.join(ROOT, repo_rel)):
+        raise SystemExit(f"bundle: {repo_rel} is not the fixture {src}")
+    link = os.path.join(out, rel)
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    depth = rel.count("/") + 2                             # models/a/b.gguf in bench/gpu_bundle/
+    os.symlink(os.path.join(*[".."] * depth, repo_rel), link)
+    return rel
+
+
+def realwidth_slice(out: str, name: str, target: str, arches, prebuilt: dict) -> dict:
+    """The real-width GGUF's recipe (generated on the GPU host), its sha256 and size, and its artifact."""
+    preset, n_moe = REALWIDTH[name]
+    gguf = os.path.join(REALWIDTH_DIR, f"{name}.gguf")
+    art = os.path.join(out, "art", f"{name}-{target}")
+    if name in prebuilt:
+        shutil.copytree(prebuilt[name], art)
+    else:
+        compile_into(gguf, art, target, arches)
+    man = json.load(open(os.path.join(art, "manifest.json")))
+    mf = next(f for f in man["model_files"] if f["role"] == "model")
+    os.makedirs(os.path.join(out, "tools"), exist_ok=True)
+    shutil.copy2(SYNTH, os.path.join(out, "tools", "synth_realwidth.py"))
+    # synth_realwidth.py reads the tiny fixture of the same arch as its metadata template: FIXTURES=models/
+    tpl = "tiny-glm4moe/tiny-glm4moe-Q8_0.gguf"
+    if not os.path.lexists(os.path.join(out, "models", tpl)):
+        place_link(out, f"models/{tpl}", IN_REPO[tpl], os.path.join(FIXTURES, tpl))
+    return {"name": name, "preset": preset, "n_moe": n_moe, "file": f"{name}.gguf", "size": mf["size"],
+            "sha256": mf["sha256"], "artifact": os.path.relpath(art, out), "synth": "tools/synth_realwidth.py",
+            "fixtures": "models"}
+
+
+def git_head() -> str:
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def repo_bytes() -> int:
+    """Bytes of the repository's tracked files (they travel with every device run)."""
+    files = subprocess.run(["git", "-C", ROOT, "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
+    return sum(os.path.getsize(os.path.join(ROOT, f.decode())) for f in files if f and
+               os.path.isfile(os.path.join(ROOT, f.decode())))
+
+
+def make_tar(out: str) -> str:
+    """out.tar.xz holding out/ (links kept), compressed by xz -9 (multi-threaded when xz is installed)."""
+    tar = out.rstrip("/") + ".tar.xz"
+    parent, base = os.path.split(os.path.abspath(out))
+    if shutil.which("xz"):
+        with open(tar, "wb") as f:
+            p1 = subprocess.Popen(["tar", "-C", parent, "-cf", "-", base], stdout=subprocess.PIPE)
+            subprocess.run(["xz", "-9", "-T0", "-c"], stdin=p1.stdout, stdout=f, check=True)
+            if p1.wait() != 0:
+                raise SystemExit("bundle: tar failed")
+    else:
+        with tarfile.open(tar, "w:xz", preset=9) as t:
+            t.add(out, arcname=base)
+    return tar
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-o", "--out", default=os.path.join(ROOT, "bench", "gpu_bundle"))
+    ap.add_argument("--host", default="h200", choices=["h200", "here"])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--arch", default="sm_90", help="CUDA arch(s) of the artifacts (comma list)")
+    ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma list of {', '.join(CHECKS)}")
+    ap.add_argument("--realwidth", default="glm45air-1", help="real-width slice (glm45air-1) or none")
+    ap.add_argument("--no-tar", action="store_true", help="leave the directory only")
+    ap.add_argument("--limit-mb", type=float, default=LIMIT_MB, help="MiB a device run may carry (with the repository)")
+    a = ap.parse_args(argv)
+    checks = [c for c in a.checks.split(",") if c]
+    bad = [c for c in checks if c not in CHECKS]
+    if bad:
+        raise SystemExit(f"bundle: unknown check(s) {', '.join(bad)}; expected {', '.join(CHECKS)}")
+    rw = None if a.realwidth == "none" else a.realwidth
+    build(a.out, a.host, a.device, a.arch.split(","), checks, rw)
+    raw = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(a.out) for f in fs
+              if not os.path.islink(os.path.join(d, f)))
+    log(f"bundle: {a.out} {raw / 2**20:.1f} MiB unpacked")
+    if a.no_tar:
+        return 0
+    tar = make_tar(a.out)
+    size, repo = os.path.getsize(tar), repo_bytes()
+    total = (size + repo) / 2**20
+    print(f"{tar}: {size / 2**20:.1f} MiB; with the repository's tracked files ({repo / 2**20:.1f} MiB) a device run "
+          f"carries {total:.1f} MiB of the {a.limit_mb:.0f} MiB limit")
+    if total > a.limit_mb:
+        print(f"bundle: {total:.1f} MiB is over the {a.limit_mb:.0f} MiB a device run may carry; drop a check "
+              f"(--checks) or the real-width slice (--realwidth none)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

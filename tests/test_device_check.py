@@ -1,0 +1,300 @@
+"""The runtime bundle and the staged device check, run on this CPU the way a GPU machine runs them.
+
+A bundle for this interpreter (bench/bundle.py, host "here") holding the BF16 fixture's llvm artifact runs in a fresh
+`python -I -S`: nothing from this interpreter's site-packages, only what the bundle carries, which has no
+libtvm_compiler.so and no nextn.compiler. Its device check in CPU mode runs every stage, and the reference stage
+reproduces the fixture's reference.json (logits, greedy ids, acceptance counts). A bundle built for another
+interpreter or machine stops with one line; a failing stage is reported and the stages after it still run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import G4, REPO, reference
+
+sys.path.insert(0, str(REPO / "bench"))
+
+import bundle as bundle_builder  # noqa: E402
+import device_check  # noqa: E402
+
+STAGES = ["environment", "plugin", "open", "load_module", "vm_init", "weights", "kv", "prefill", "decode_graphs",
+          "entry_timings", "reference glm4moe-BF16", "speed", "realwidth"]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory, compiled):
+    art = compiled("bf16", G4 / "tiny-glm4moe-BF16.gguf")
+    q8 = compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf")
+    out = tmp_path_factory.mktemp("bundle") / "b"
+    plan = bundle_builder.build(str(out), host="here", device="cpu", checks=["glm4moe-BF16"],
+                                realwidth={"name": "tiny Q8_0", "model": str(G4 / "tiny-glm4moe-Q8_0.gguf"),
+                                           "artifact": q8},
+                                prebuilt={"glm4moe-BF16": art}, copy_models=False)
+    return out, plan
+
+
+def run_bundle(b, *args, timeout=900):
+    """run.py of bundle dir `b` in a fresh interpreter that sees no site-packages (-I -S)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return subprocess.run([sys.executable, "-I", "-S", str(b / "run.py"), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def with_plan(b, tmp_path, edit):
+    """A bundle sharing b's files whose bundle.json is edited by `edit(plan)`."""
+    d = tmp_path / "edited"
+    d.mkdir()
+    for f in os.listdir(b):
+        if f != "bundle.json":
+            os.symlink(b / f, d / f)
+    plan = json.loads((b / "bundle.json").read_text())
+    edit(plan)
+    (d / "bundle.json").write_text(json.dumps(plan))
+    return d
+
+
+def test_bundle_carries_the_runtime_only(bundle):
+    b, plan = bundle
+    files = [os.path.join(d, f) for d, _, fs in os.walk(b / "site") for f in fs]
+    assert not [f for f in files if "libtvm_compiler" in f]
+    assert sorted(os.listdir(b / "site" / "nextn")) == ["common", "runtime"]
+    assert plan["host"]["python"] == "%d.%d" % sys.version_info[:2] and plan["needs"] == {}
+    assert {"tvm", "tvm_ffi", "gguf", "numpy", "tokenizers"} <= set(plan["carries"])
+
+
+def test_device_check_cpu_mode_in_a_runtime_only_interpreter(bundle, tmp_path):
+    b, _plan = bundle
+    out = tmp_path / "out"
+    r = run_bundle(b, "device-check", "--device", "cpu", "--quick", "--out", str(out))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    res = json.loads((out / "device_check.json").read_text())
+    assert [s["stage"] for s in res["stages"]] == STAGES
+    assert [s["status"] for s in res["stages"]] == ["ok"] * len(STAGES)
+    assert r.stdout.rstrip().endswith(f"{len(STAGES)}/{len(STAGES)} stages ok")
+    # what ran: the bundle's own packages, no TVM compiler library, no nextn.compiler module
+    env = res["environment"]
+    for mod in ("numpy", "tvm", "tvm_ffi", "tokenizers"):
+        assert str(b / "site") in env["modules"][mod], env["modules"][mod]
+    assert res["runtime_only"] == {"libtvm_compiler_mapped": False, "compiler_modules": []}
+    # the fixture's references, reproduced: logits, every row of code-short, greedy ids, acceptance counts
+    checks = {c["check"]: c for c in res["references"]["glm4moe-BF16"]}
+    assert all(c["ok"] for c in checks.values())
+    for kind in device_check.QUICK_KINDS:
+        assert f"{kind} greedy ids" in checks and f"{kind} n_max=3 (rounds, drafted, accepted)" in checks
+    assert {"code-short trunk_logits", "code-short trunk_hidden", "code-short mtp_logits"} <= set(checks)
+    st = {s["stage"]: s.get("result", {}) for s in res["stages"]}
+    assert st["decode_graphs"]["bit_exact"] and st["decode_graphs"]["steps"] == device_check.BUCKET_STEPS
+    assert st["weights"]["bytes"] > 0 and st["kv"]["bytes"] > 0
+    assert [x["config"] for x in res["speed"]["rows"]] == ["off", "n_max=1", "n_max=2", "n_max=3", "auto"]
+    assert all(x["same_as_off"] and x["tok_s"] > 0 for x in res["speed"]["rows"])
+    assert {x["entry"] for x in res["entry_timings"]} == {"prefill", "verify", "decode", "mtp_rows", "draft"}
+    assert {x["entry"] for x in res["realwidth"]["rows"] if "of_floor" in x} == {"decode", "verify", "draft"}
+
+
+@pytest.mark.slow
+def test_runtime_only_reproduces_every_reference_prompt(bundle, tmp_path):
+    """Every prompt of reference.json, the 2220-token one included, through the bundle's runtime only."""
+    b, _plan = bundle
+    out = tmp_path / "out"
+    r = run_bundle(b, "device-check", "--device", "cpu", "--only", "reference", "--out", str(out))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    res = json.loads((out / "device_check.json").read_text())
+    checks = res["references"]["glm4moe-BF16"]
+    kinds = {p["kind"] for p in reference()["prompts"]}
+    assert {c["check"].split()[0] for c in checks} == kinds and all(c["ok"] for c in checks)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("python", "3.99", "Python 3.99"),
+    ("soabi", "cpython-399-x86_64-linux-gnu", "cpython-399"),
+    ("machine", "riscv64", "a riscv64 machine"),
+    ("glibc", "99.0", "glibc >= 99.0"),
+])
+def test_other_host_stops_with_one_line(bundle, tmp_path, field, value, says):
+    b, _plan = bundle
+    d = with_plan(b, tmp_path, lambda p: p["host"].__setitem__(field, value))
+    r = run_bundle(d, "device-check", "--device", "cpu", "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "rebuild" in lines[0], r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_host_package_stops_with_one_line(bundle, tmp_path):
+    b, _plan = bundle
+    d = with_plan(b, tmp_path, lambda p: p.__setitem__("needs", {"nextn_no_such_module": "nextn-no-such>=1.0"}))
+    r = run_bundle(d, "device-check", "--device", "cpu", "--out", str(tmp_path / "out"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "nextn-no-such>=1.0" in lines[0], r.stderr
+
+
+def test_a_failing_stage_is_reported_and_the_next_stages_run(bundle, tmp_path):
+    """The no-graph artifact is missing and a second model's GGUF is not the one it was compiled from: those two
+    stages fail with their errors, every other stage still runs and passes, the exit status says so."""
+    b, plan = bundle
+
+    def edit(p):
+        main = next(c for c in p["checks"] if c["role"] == "main")
+        p["checks"].append(dict(main, role="nograph", name="missing", artifact="art/no-such-artifact"))
+        p["checks"].append(dict(main, role=None, name="wrong-gguf", model=str(G4 / "tiny-glm4moe-Q4_K_M.gguf")))
+
+    d = with_plan(b, tmp_path, edit)
+    out = tmp_path / "out"
+    r = run_bundle(d, "device-check", "--device", "cpu", "--quick", "--out", str(out),
+                   "--only", "plugin,open,load_module,vm_init,weights,kv,prefill,decode_graphs,entry_timings,"
+                             "reference wrong-gguf,speed")
+    assert r.returncode == 1
+    res = json.loads((out / "device_check.json").read_text())
+    status = {s["stage"]: s for s in res["stages"]}
+    assert status["decode_graphs"]["status"] == "FAIL" and "no-such-artifact" in status["decode_graphs"]["error"]
+    assert status["reference wrong-gguf"]["status"] == "FAIL"
+    assert "tiny-glm4moe-Q4_K_M.gguf" in status["reference wrong-gguf"]["error"]
+    assert [s for s, v in status.items() if v["status"] != "ok"] == ["decode_graphs", "reference wrong-gguf"]
+    assert "entry_timings" in status and "speed" in status          # the stages after the failures ran
+    assert "    FAIL" in r.stdout and "no-such-artifact" in r.stdout
+    assert "traceback" in status["decode_graphs"]
+
+
+def test_a_failing_load_step_skips_what_needs_it(bundle, tmp_path):
+    b, _plan = bundle
+
+    def edit(p):
+        next(c for c in p["checks"] if c["role"] == "main")["model"] = str(tmp_path / "gone.gguf")
+
+    d = with_plan(b, tmp_path, edit)
+    out = tmp_path / "out"
+    r = run_bundle(d, "device-check", "--device", "cpu", "--quick", "--out", str(out), "--only",
+                   "environment,plugin,open,load_module,weights,prefill,realwidth")
+    res = json.loads((out / "device_check.json").read_text())
+    status = {s["stage"]: s["status"] for s in res["stages"]}
+    assert r.returncode == 1 and status == {"environment": "ok", "plugin": "ok", "open": "FAIL", "load_module": "skip",
+                                            "vm_init": "skip", "weights": "skip", "kv": "skip", "prefill": "skip",
+                                            "realwidth": "ok"}   # --only adds what the named stages need
+    assert "gone.gguf" in res["stages"][2]["error"]
+
+
+def test_quantized_expectations_catch_a_difference(compiled, tmp_path):
+    """A quantized model is held to its own CPU outputs (recorded when the bundle is built): they reproduce
+    themselves, and one changed token or logit is caught by name."""
+    import nextn.runtime as rt
+
+    m = rt.load(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), ctx_size=4096)
+    path = str(tmp_path / "expect")
+    device_check.record_expectations(m, str(G4), path, kinds=["code-short"])
+    want = device_check.expect_want(path, None)
+    got = device_check.model_outputs(m, want, rows=False)
+    checks = device_check.compare(got, want, exact_acceptance=True)
+    assert len(checks) == 1 + 1 + 3 + 3 and all(c["ok"] for c in checks)   # logits, ids, spec ≡ off, counts
+    want["code-short"]["greedy_ids"][5] += 1
+    want["code-short"]["last_logits"] = want["code-short"]["last_logits"] * 1.001
+    bad = [c["check"] for c in device_check.compare(got, want, exact_acceptance=True) if not c["ok"]]
+    assert bad == ["code-short last logits", "code-short greedy ids"]
+
+
+def test_step_bytes_counts_active_experts_and_one_embedding_row(compiled):
+    from nextn.runtime.artifact import load_artifact
+
+    man = load_artifact(compiled("bf16", G4 / "tiny-glm4moe-BF16.gguf")).manifest
+    hp = man["hparams"]
+    plan = {b["buffer"]: b for b in man["buffer_plan"]["weights"]}
+    names = man["entry_points"]["decode"]["weights"]
+    routed = sum(plan[n]["nbytes"] for n in names if "_exps" in plan[n]["tensor"])
+    embd = sum(plan[n]["nbytes"] for n in names if plan[n]["tensor"] == "token_embd.weight")
+    rest = sum(plan[n]["nbytes"] for n in names) - routed - embd
+    want = rest + routed * hp["n_expert_used"] / hp["n_expert"] + embd / hp["n_vocab"]
+    assert routed > 0 and embd > 0 and device_check.step_bytes(man, "decode") == int(want)
+
+
+def test_device_writes_in_bounded_chunks(monkeypatch):
+    """Device.write / empty move UPLOAD_CHUNK bytes per copy; odd sizes and dtypes land byte for byte, a read-only
+    memory map is read in place, and a new buffer reads as zeros."""
+    import tvm
+
+    from nextn.runtime import device as device_mod
+
+    monkeypatch.setattr(device_mod, "UPLOAD_CHUNK", 1000)
+
+    class Art:
+        path, manifest = "art", {"target": {"kind": "llvm"}}
+
+    dev = device_mod.Device(Art(), "cpu")
+    rng = np.random.default_rng(0)
+    updates = []
+
+    class Bar:
+        def update(self, n):
+            updates.append(n)
+
+    for a in (rng.standard_normal((37, 29)).astype(np.float32), rng.integers(0, 255, 4099, dtype=np.uint8),
+              rng.integers(0, 65535, (3, 701), dtype=np.uint16)):
+        t = tvm.runtime.empty(a.shape, str(a.dtype), dev.dev)
+        updates.clear()
+        dev.write(t, a, Bar())
+        assert np.array_equal(t.numpy(), a) and sum(updates) == a.nbytes and max(updates) <= 1000
+        assert len(updates) == -(-a.nbytes // 1000)
+    z = dev.empty((3, 1001), "float32")
+    assert z.numpy().shape == (3, 1001) and not z.numpy().any()
+
+
+def test_memmap_view_uploads_without_a_host_copy(tmp_path):
+    """A tensor read from the map goes to the device without a host copy of it (numpy reports its allocations to
+    tracemalloc: the peak stays far below the tensor's size)."""
+    import tracemalloc
+
+    import tvm
+
+    from nextn.runtime import device as device_mod
+
+    a = np.arange(2 << 20, dtype=np.float32)            # 8 MiB
+    a.tofile(tmp_path / "w.bin")
+    mm = np.memmap(tmp_path / "w.bin", dtype=np.float32, mode="r").reshape(1024, -1)
+
+    class Art:
+        path, manifest = "art", {"target": {"kind": "llvm"}}
+
+    dev = device_mod.Device(Art(), "cpu")
+    t = tvm.runtime.empty(mm.shape, "float32", dev.dev)
+    tracemalloc.start()
+    dev.write(t, mm)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < a.nbytes // 16, peak
+    assert np.array_equal(t.numpy().reshape(-1), a)
+
+
+def test_staged_engine_steps_run_in_order(compiled):
+    from nextn.common.errors import NextnError
+    from nextn.runtime.artifact import load_artifact
+    from nextn.runtime.engine import Engine
+
+    eng = Engine(load_artifact(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf")), 256, staged=True)
+    with pytest.raises(NextnError, match="load step weights needs load_module, vm_init first"):
+        eng.load_step("weights")
+    eng.load_all()
+    assert list(eng.load_info) == list(Engine.LOAD_STEPS)
+    assert eng.load_info["weights"]["bytes"] == eng.weight_bytes and eng.load_info["kv"]["bytes"] == eng.kv_bytes
+    _h, _last, am = eng.prefill(np.asarray(reference()["prompts"][2]["prompt_ids"], np.int32), 0)
+    assert am >= 0
+
+
+def test_bundle_tar_keeps_links(tmp_path):
+    """The bundle travels as one .tar.xz; the link to the repository's copy of a GGUF survives it."""
+    d = tmp_path / "gpu_bundle"
+    (d / "models").mkdir(parents=True)
+    (d / "bundle.json").write_text("{}")
+    os.symlink("../../../artifacts/tiny-glm4moe-Q8_0.gguf", d / "models" / "q8.gguf")
+    tar = bundle_builder.make_tar(str(d))
+    shutil.rmtree(d)
+    import tarfile
+
+    with tarfile.open(tar) as t:
+        names = {m.name: m for m in t.getmembers()}
+    assert names["gpu_bundle/models/q8.gguf"].issym()
+    assert names["gpu_bundle/models/q8.gguf"].linkname == "../../../artifacts/tiny-glm4moe-Q8_0.gguf"
