@@ -47,12 +47,14 @@ def _cell(r) -> dict:
     return {"tok_s": r.tokens_per_s, "decode_s": r.decode_s, "prefill_s": r.prefill_s, "tokens": len(r.ids),
             "finish_reason": r.finish_reason, "rounds": s.rounds, "plain_rounds": s.plain_rounds,
             "drafted": s.drafted, "accepted": s.accepted, "acceptance": s.acceptance, "mean_len": s.mean_len,
-            "per_pos": s.per_pos, "per_pos_rate": s.per_pos_rate, "depth_switches": s.events}
+            "per_pos": s.per_pos, "per_pos_rate": s.per_pos_rate, "depth_switches": s.events, "entry_s": r.vm_s}
 
 
 def run_bench(model: str, prompts: str | None, out: str, n_predict: int = 64, repeat: int = 3, temp: float = 0.8,
-              seed: int = 1, ctx_size: int = 4096, target: str = "llvm", plot: bool = True, log=print) -> dict:
-    """Run the benchmark on MODEL (GGUF or artifact dir); write `out` (JSON) and `out` with .png; return the report."""
+              seed: int = 1, ctx_size: int = 4096, target: str = "llvm", device: str = "cpu", plot: bool = True,
+              log=print) -> dict:
+    """Run the benchmark on MODEL (GGUF or artifact dir) on `device` (cpu, cuda:N); write `out` (JSON) and `out`
+    with .png; return the report. Timings are device-synchronized (per entry point: `entry_s`)."""
     from tqdm import tqdm
 
     from .api import load
@@ -60,7 +62,7 @@ def run_bench(model: str, prompts: str | None, out: str, n_predict: int = 64, re
     if n_predict < 1 or repeat < 1:
         raise NextnError(f"-n {n_predict} / --repeat {repeat}: expected >= 1")
     plist = load_prompts(prompts)
-    m = load(model, target=target, ctx_size=ctx_size, log=log)
+    m = load(model, target=target, ctx_size=ctx_size, device=device, log=log)
     if not m.has_mtp:
         raise NextnError(f"{model}: the benchmark compares speculation settings and needs a NextN block")
     encoded = []
@@ -72,7 +74,7 @@ def run_bench(model: str, prompts: str | None, out: str, n_predict: int = 64, re
         m.generate(encoded[0][:8], 4, spec_type=spec_type, n_max=k, ignore_eos=True)
 
     report = {"model": model, "n_predict": n_predict, "repeat": repeat, "temp": temp, "seed": seed,
-              "cpus": os.cpu_count(), "prompts": prompts or "house", "configs": [c[0] for c in CONFIGS], "modes": {}}
+              "device": device, "cpus": os.cpu_count(), "prompts": prompts or "house", "configs": [c[0] for c in CONFIGS], "modes": {}}
     bar = tqdm(total=len(modes) * len(plist) * repeat * len(CONFIGS), desc="bench", unit="run", leave=False)
     for mode, t in modes:
         rows = []

@@ -143,13 +143,14 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
 @click.option("--seed", default=1, show_default=True, help="Seed of the sampled runs.")
 @click.option("-c", "--ctx-size", default=4096, show_default=True, help="Context size (KV cells).")
 @click.option("--target", default="llvm", show_default=True, help="Target used when MODEL is a GGUF.")
+@click.option("--device", default="cpu", show_default=True, help="Where to run: cpu, or cuda:N for a CUDA artifact.")
 @click.option("--no-plot", is_flag=True, help="Do not draw the PNG.")
-def bench(model, prompts, out, n_predict, repeat, temp, seed, ctx_size, target, no_plot):
+def bench(model, prompts, out, n_predict, repeat, temp, seed, ctx_size, target, device, no_plot):
     """House benchmark: greedy and sampled, spec off / n_max 1..3 / auto, per prompt kind (report, table, PNG)."""
     from .bench import run_bench
 
     run_bench(model, prompts, out, n_predict=n_predict, repeat=repeat, temp=temp, seed=seed, ctx_size=ctx_size,
-              target=target, plot=not no_plot, log=lambda s: click.echo(s, err=True))
+              target=target, device=device, plot=not no_plot, log=lambda s: click.echo(s, err=True))
 
 
 from .cli_serve import register as _register_serve  # noqa: E402

@@ -74,7 +74,9 @@ def test_run_json_contract(compiled):
     out = json.loads(r.stdout)
     assert set(out) >= {"prompt_tokens", "tokens", "text", "stats", "timings"}
     assert set(out["stats"]) >= {"rounds", "drafted", "accepted", "acceptance", "mean_len", "per_pos"}
-    assert set(out["timings"]) >= {"prefill_s", "decode_s", "tokens_per_s"}
+    assert set(out["timings"]) >= {"prefill_s", "decode_s", "tokens_per_s", "entry_s"}
+    entry = out["timings"]["entry_s"]   # seconds inside each compiled entry point, device-synchronized
+    assert entry["verify"] > 0 and entry["draft"] > 0 and sum(entry.values()) <= out["timings"]["decode_s"]
     assert len(out["tokens"]) == 12 and len(out["stats"]["per_pos"]) == 2
     assert out["stats"]["mean_len"] == pytest.approx(1 + out["stats"]["accepted"] / out["stats"]["rounds"])
     plain = subprocess.run([sys.executable, "-m", "nextn.runtime.cli", "run", art, "-p", "import os\nimport sys\n", "-n", "12",
