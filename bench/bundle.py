@@ -199,13 +199,16 @@ def compile_into(model: str, out: str, target: str, arches, cuda_graph: bool = T
     return out
 
 
-def copy_refs(fixture: str, dst: str) -> None:
-    """reference.json and the reference logits the device check reads: last rows of every prompt, every row of
-    code-short (the others' full rows would be most of the bundle)."""
+def copy_refs(fixture: str, dst: str, logits: bool) -> None:
+    """reference.json (the prompts) and, with `logits`, the reference logits the device check reads: last rows of
+    every prompt, every row of code-short (the others' full rows would be most of the bundle)."""
     import numpy as np
 
     os.makedirs(dst, exist_ok=True)
-    shutil.copy2(os.path.join(FIXTURES, fixture, "reference.json"), dst)
+    if not os.path.isfile(os.path.join(dst, "reference.json")):
+        shutil.copy2(os.path.join(FIXTURES, fixture, "reference.json"), dst)
+    if not logits or os.path.isfile(os.path.join(dst, "reference_logits.npz")):
+        return
     z = np.load(os.path.join(FIXTURES, fixture, "reference_logits.npz"))
     keep = {k: z[k] for k in z.files if k.endswith("/last_logits") or k.startswith("code-short/")}
     np.savez_compressed(os.path.join(dst, "reference_logits.npz"), **keep)
@@ -259,8 +262,7 @@ def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",),
             shutil.copy2(src, os.path.join(out, "models", rel))
             model = f"models/{rel}"
         ref = f"refs/{fixture}"
-        if not os.path.isdir(os.path.join(out, ref)):
-            copy_refs(fixture, os.path.join(out, ref))
+        copy_refs(fixture, os.path.join(out, ref), logits=how == "fixture")
         entry = {"name": name, "model": model, "reference": ref}
         variants = [(name, True)] + ([(name + "-nograph", False)] if first and target == "cuda" else [])
         for vname, graph in variants:
