@@ -73,10 +73,11 @@ class CudaRT:
         except OSError as e:
             self.why = self.why or str(e)
 
-    def _int(self, lib, fn, *args):
+    @staticmethod
+    def _version(lib, fn):
+        """cuDriverGetVersion / cudaRuntimeGetVersion(int *version)."""
         v = ctypes.c_int()
-        rc = getattr(lib, fn)(*args, ctypes.byref(v)) if lib is not None else -1
-        return v.value if rc == 0 else None
+        return v.value if lib is not None and getattr(lib, fn)(ctypes.byref(v)) == 0 else None
 
     @staticmethod
     def _ver(v):
@@ -89,13 +90,18 @@ class CudaRT:
         return f"{self.rt.cudaGetErrorName(e).decode()} ({e})"
 
     def versions(self) -> dict:
-        return {"driver_cuda": self._ver(self._int(self.drv, "cuDriverGetVersion")),
-                "runtime_cuda": self._ver(self._int(self.rt, "cudaRuntimeGetVersion"))}
+        return {"driver_cuda": self._ver(self._version(self.drv, "cuDriverGetVersion")),
+                "runtime_cuda": self._ver(self._version(self.rt, "cudaRuntimeGetVersion"))}
 
     def capability(self, dev: int = 0) -> str | None:
-        major = self._int(self.rt, "cudaDeviceGetAttribute", ctypes.c_int(75), ctypes.c_int(dev)) if self.rt else None
-        minor = self._int(self.rt, "cudaDeviceGetAttribute", ctypes.c_int(76), ctypes.c_int(dev)) if self.rt else None
-        return None if major is None else f"sm_{major}{minor}"
+        """sm_XY from cudaDeviceGetAttribute(int *value, attr, device): 75 = major, 76 = minor."""
+        if self.rt is None:
+            return None
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if (self.rt.cudaDeviceGetAttribute(ctypes.byref(major), 75, dev) != 0
+                or self.rt.cudaDeviceGetAttribute(ctypes.byref(minor), 76, dev) != 0):
+            return None
+        return f"sm_{major.value}{minor.value}"
 
     def mem_info(self) -> dict | None:
         if self.rt is None:

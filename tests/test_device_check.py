@@ -298,3 +298,20 @@ def test_bundle_tar_keeps_links(tmp_path):
         names = {m.name: m for m in t.getmembers()}
     assert names["gpu_bundle/models/q8.gguf"].issym()
     assert names["gpu_bundle/models/q8.gguf"].linkname == "../../../artifacts/tiny-glm4moe-Q8_0.gguf"
+
+
+def test_cuda_mode_without_a_gpu_says_why(bundle, tmp_path):
+    """On a machine without an NVIDIA driver (this one), --device cuda:0 does not die silently: the environment
+    stage reports what it found, the plugin stage fails naming the missing driver library, every stage that needs
+    the GPU says so, and the partial JSON is there."""
+    b, _plan = bundle
+    out = tmp_path / "out"
+    r = run_bundle(b, "device-check", "--device", "cuda:0", "--out", str(out))
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
+    res = json.loads((out / "device_check.json").read_text())
+    status = {s["stage"]: s for s in res["stages"]}
+    assert status["environment"]["status"] == "ok" and "nvidia_smi" in res["environment"]
+    assert status["plugin"]["status"] == "FAIL" and "libcuda.so.1" in status["plugin"]["error"]
+    assert all("cuda_last_error" in s for s in res["stages"])
+    assert all(s["status"] == "skip" for n, s in status.items() if n not in ("environment", "plugin"))
+    assert "cudaGetLastError" in r.stdout and "needs plugin" in r.stdout
