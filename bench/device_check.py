@@ -633,7 +633,11 @@ class DeviceCheck:
             path = os.path.join(d, rw["file"])
             if not (os.path.isfile(path) and os.path.getsize(path) == rw["size"]):
                 t0 = time.perf_counter()
-                env = dict(os.environ, FIXTURES=self.path(rw["fixtures"]))
+                import gguf
+
+                # the generator runs in a child interpreter: give it the gguf and numpy this one imports (the bundle's)
+                paths = {os.path.dirname(os.path.dirname(m.__file__)) for m in (gguf, np)}
+                env = dict(os.environ, FIXTURES=self.path(rw["fixtures"]), PYTHONPATH=os.pathsep.join(sorted(paths)))
                 r = subprocess.run([sys.executable, self.path(rw["synth"]), rw["preset"], path + ".tmp", str(rw["n_moe"])],
                                    env=env, capture_output=True, text=True)
                 if r.returncode != 0:

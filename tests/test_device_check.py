@@ -47,9 +47,9 @@ def run_bundle(b, *args, timeout=900):
                           timeout=timeout, env=env)
 
 
-def with_plan(b, tmp_path, edit):
+def with_plan(b, tmp_path, edit, name="edited"):
     """A bundle sharing b's files whose bundle.json is edited by `edit(plan)`."""
-    d = tmp_path / "edited"
+    d = tmp_path / name
     d.mkdir()
     for f in os.listdir(b):
         if f != "bundle.json":
@@ -315,3 +315,34 @@ def test_cuda_mode_without_a_gpu_says_why(bundle, tmp_path):
     assert all("cuda_last_error" in s for s in res["stages"])
     assert all(s["status"] == "skip" for n, s in status.items() if n not in ("environment", "plugin"))
     assert "cudaGetLastError" in r.stdout and "needs plugin" in r.stdout
+
+
+def test_realwidth_generates_its_gguf_and_checks_the_bytes(bundle, tmp_path):
+    """The real-width stage makes its GGUF where it runs, with the bundle's generator in a child interpreter that
+    gets the bundle's gguf and numpy (the parent runs under -I -S), and refuses bytes other than the artifact's.
+    The generator here writes the tiny Q8_0 fixture (the real one writes 4.4 GB)."""
+    import hashlib
+
+    b, _plan = bundle
+    src = G4 / "tiny-glm4moe-Q8_0.gguf"
+    (tmp_path / "tools").mkdir()
+    gen = tmp_path / "tools" / "gen.py"
+    gen.write_text("import os, shutil, sys\nimport gguf, numpy  # the generator's imports\n"
+                   "shutil.copy(os.path.join(os.environ['FIXTURES'], 'tiny-glm4moe', 'tiny-glm4moe-Q8_0.gguf'), sys.argv[2])\n")
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    for want, ok in ((sha, True), ("0" * 64, False)):
+        def edit(p, want=want):
+            p["realwidth"] = {"name": "gen", "preset": "tiny", "n_moe": 1, "file": "gen.gguf", "size": src.stat().st_size,
+                              "sha256": want, "artifact": "art/realwidth", "synth": str(gen), "fixtures": str(G4.parent)}
+
+        d = with_plan(b, tmp_path, edit, name=f"b-{ok}")
+        out, gen_dir = tmp_path / f"out-{ok}", tmp_path / f"gen-{ok}"
+        r = run_bundle(d, "device-check", "--device", "cpu", "--quick", "--only", "realwidth", "--out", str(out),
+                       "--realwidth-dir", str(gen_dir))
+        st = json.loads((out / "device_check.json").read_text())["stages"][-1]
+        assert st["stage"] == "realwidth" and (st["status"] == "ok") == ok, r.stdout[-3000:]
+        assert (gen_dir / "gen.gguf").read_bytes() == src.read_bytes()
+        if ok:
+            assert st["result"]["generate_s"] > 0 and st["result"]["decode_of_floor"] > 0
+        else:
+            assert "sha256" in st["error"] and "is not the 0000000000000000" in st["error"]
