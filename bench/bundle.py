@@ -271,7 +271,8 @@ def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",),
                 shutil.copytree(prebuilt[vname], art)
             else:
                 compile_into(src, art, target, arches, cuda_graph=graph)
-            e = dict(entry, artifact=f"art/{vname}", role="main" if first and graph else "nograph" if not graph else None)
+            e = dict(entry, name=vname, artifact=f"art/{vname}",
+                     role="main" if first and graph else "nograph" if not graph else None)
             if how == "cpu":
                 e["expect"] = f"refs/expect-{name}"
                 if not os.path.isfile(os.path.join(out, e["expect"] + ".json")):
