@@ -92,6 +92,7 @@ def test_device_check_cpu_mode_in_a_runtime_only_interpreter(bundle, tmp_path):
     st = {s["stage"]: s.get("result", {}) for s in res["stages"]}
     assert st["decode_graphs"]["bit_exact"] and st["decode_graphs"]["steps"] == device_check.BUCKET_STEPS
     assert st["weights"]["bytes"] > 0 and st["kv"]["bytes"] > 0
+    assert st["prefill"]["matches_reference"] and st["prefill"]["rel_err"] < device_check.LOGIT_TOL
     assert [x["config"] for x in res["speed"]["rows"]] == ["off", "n_max=1", "n_max=2", "n_max=3", "auto"]
     assert all(x["same_as_off"] and x["tok_s"] > 0 for x in res["speed"]["rows"])
     assert {x["entry"] for x in res["entry_timings"]} == {"prefill", "verify", "decode", "mtp_rows", "draft"}
