@@ -227,15 +227,24 @@ def record_cpu_expectations(gguf: str, fixture: str, path: str) -> None:
 # -- the bundle ------------------------------------------------------------------------------------------------------
 def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",), checks=tuple(CHECKS),
           realwidth: str | None = "glm45air-1", prebuilt: dict | None = None, copy_models: bool = True,
-          cache: str | None = None) -> dict:
-    """Write the bundle directory `out`; returns its bundle.json. `prebuilt` {check name (+ "-nograph"): artifact
-    dir} skips compiling those; `copy_models` False references the fixture GGUFs where they are (CI)."""
+          cache: str | None = None, reuse: str | None = None) -> dict:
+    """Write the bundle directory `out`; returns its bundle.json. `prebuilt` {check name (+ "-nograph"), or the
+    real-width name: artifact dir} skips compiling those; `reuse`: an earlier bundle whose artifacts and CPU
+    expectations are taken as they are (built by the same compiler: nothing checks that); `copy_models` False
+    references the fixture GGUFs where they are (CI)."""
     from nextn.common.paths import cache_dir
 
     cache = cache or cache_dir()
     target = "cuda" if device == "cuda" else "llvm"
     arches = list(arches) if target == "cuda" else None
-    prebuilt = prebuilt or {}
+    prebuilt = dict(prebuilt or {})
+    if reuse and os.path.abspath(reuse) == os.path.abspath(out):
+        reuse = out.rstrip("/") + ".prev"
+        shutil.rmtree(reuse, ignore_errors=True)
+        os.replace(out, reuse)
+    if reuse:
+        for name in os.listdir(os.path.join(reuse, "art")):
+            prebuilt.setdefault(re.sub(f"-{target}$", "", name), os.path.join(reuse, "art", name))
     if os.path.exists(out):
         shutil.rmtree(out)
     os.makedirs(out)
@@ -275,6 +284,8 @@ def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",),
                      role="main" if first and graph else "nograph" if not graph else None)
             if how == "cpu":
                 e["expect"] = f"refs/expect-{name}"
+                for ext in (".json", ".npz") if reuse and os.path.isfile(os.path.join(reuse, e["expect"] + ".json")) else ():
+                    shutil.copy2(os.path.join(reuse, e["expect"] + ext), os.path.join(out, e["expect"] + ext))
                 if not os.path.isfile(os.path.join(out, e["expect"] + ".json")):
                     record_cpu_expectations(src, fixture, os.path.join(out, e["expect"]))
             plan["checks"].append({k: v for k, v in e.items() if v is not None})
@@ -365,6 +376,8 @@ def main(argv=None) -> int:
     ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma list of {', '.join(CHECKS)}")
     ap.add_argument("--realwidth", default="glm45air-1", help="real-width slice (glm45air-1) or none")
     ap.add_argument("--no-tar", action="store_true", help="leave the directory only")
+    ap.add_argument("--reuse", default=None, help="take the artifacts and CPU expectations of this earlier bundle "
+                                                  "(e.g. the output directory itself) instead of compiling again")
     ap.add_argument("--limit-mb", type=float, default=LIMIT_MB, help="MiB a device run may carry (with the repository)")
     a = ap.parse_args(argv)
     checks = [c for c in a.checks.split(",") if c]
@@ -372,7 +385,7 @@ def main(argv=None) -> int:
     if bad:
         raise SystemExit(f"bundle: unknown check(s) {', '.join(bad)}; expected {', '.join(CHECKS)}")
     rw = None if a.realwidth == "none" else a.realwidth
-    build(a.out, a.host, a.device, a.arch.split(","), checks, rw)
+    build(a.out, a.host, a.device, a.arch.split(","), checks, rw, reuse=a.reuse)
     raw = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(a.out) for f in fs
               if not os.path.islink(os.path.join(d, f)))
     log(f"bundle: {a.out} {raw / 2**20:.1f} MiB unpacked")
