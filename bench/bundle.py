@@ -351,19 +351,21 @@ def repo_bytes() -> int:
                os.path.isfile(os.path.join(ROOT, f.decode())))
 
 
-def make_tar(out: str) -> str:
-    """out.tar.xz holding out/ (links kept), compressed by xz -9 (multi-threaded when xz is installed)."""
+def make_tar(out: str, top: str = "gpu_bundle") -> str:
+    """out.tar.xz holding out/ as `top`/ (the folder bench/device_check.sh unpacks into bench/), links kept;
+    xz -9, multi-threaded when the xz program is installed."""
     tar = out.rstrip("/") + ".tar.xz"
-    parent, base = os.path.split(os.path.abspath(out))
     if shutil.which("xz"):
         with open(tar, "wb") as f:
-            p1 = subprocess.Popen(["tar", "-C", parent, "-cf", "-", base], stdout=subprocess.PIPE)
-            subprocess.run(["xz", "-9", "-T0", "-c"], stdin=p1.stdout, stdout=f, check=True)
-            if p1.wait() != 0:
-                raise SystemExit("bundle: tar failed")
+            xz = subprocess.Popen(["xz", "-9", "-T0", "-c"], stdin=subprocess.PIPE, stdout=f)
+            with tarfile.open(fileobj=xz.stdin, mode="w|") as t:
+                t.add(out, arcname=top)
+            xz.stdin.close()
+            if xz.wait() != 0:
+                raise SystemExit("bundle: xz failed")
     else:
         with tarfile.open(tar, "w:xz", preset=9) as t:
-            t.add(out, arcname=base)
+            t.add(out, arcname=top)
     return tar
 
 

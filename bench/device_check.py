@@ -708,7 +708,7 @@ class DeviceCheck:
             for row in rw["rows"]:
                 if "floor_ms" in row:
                     print(f"  {row['entry']:8s} rows {row['rows']:3d} {row['median_ms']:9.3f} ms  floor "
-                          f"{row['floor_ms']:8.3f} ms  {row['of_floor']:.3f} of the HBM floor")
+                          f"{row['floor_ms']:8.3f} ms  {row['of_floor']:.3f} of the floor (weight bytes / copy bandwidth)")
         bad = [s["stage"] for s in r["stages"] if s["status"] != "ok"]
         print(f"\n{len(r['stages']) - len(bad)}/{len(r['stages'])} stages ok" + (f"; not ok: {', '.join(bad)}" if bad else ""))
 

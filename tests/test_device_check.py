@@ -286,8 +286,9 @@ def test_staged_engine_steps_run_in_order(compiled):
 
 
 def test_bundle_tar_keeps_links(tmp_path):
-    """The bundle travels as one .tar.xz; the link to the repository's copy of a GGUF survives it."""
-    d = tmp_path / "gpu_bundle"
+    """The bundle travels as one .tar.xz whose folder is gpu_bundle/ (what device_check.sh unpacks) whatever the
+    directory it was built in; the link to the repository's copy of a GGUF survives it."""
+    d = tmp_path / "some_dir"
     (d / "models").mkdir(parents=True)
     (d / "bundle.json").write_text("{}")
     os.symlink("../../../artifacts/tiny-glm4moe-Q8_0.gguf", d / "models" / "q8.gguf")
