@@ -1,0 +1,508 @@
+"""Real-width speed, side by side in one run: nextn vs llama.cpp (the peer) on the same GGUFs.
+
+    python bench/realwidth.py [FILE ...] [--repeat 3] [-t THREADS] [-o report.json]
+
+FILE: paths, or names in --dir (default $NEXTN_REALWIDTH or /work/realwidth); default: every file of
+`/work/lead/shared-resources.md` that exists there (glm45air-1, its IQ4_XS and Q8_0 variants, glm45air-3,
+glm52-1), smallest first. Run it under `flock /work/realwidth/heavy.lock` on a shared machine.
+
+Per file, `--repeat` rounds; each round measures, back to back so that drift hits all three alike:
+  1. the machine's read bandwidth: `-t` numpy threads each summing its share of a 512 MB float32 array (STREAM-like
+     "sum"; numpy releases the GIL in reductions), and a single-threaded 256 MB copy;
+  2. nextn in a fresh process (`nextn.runtime.load`, compiled and cached on the first round): plain decode tok/s
+     (`Model.generate(spec_type="none")`, --n-gen decoded tokens after an 8-token prompt), prefill tok/s
+     (`Engine.prefill` of --n-prompt random tokens), and the ms of `Engine.verify` over k+1 = 1..4 rows and of one
+     `Engine.mtp_draft` row at the position after that prompt, each the min of 3 round-robin calls
+     (`runtime.depth.time_call`); the rows are distinct random tokens, so each row routes to its own experts as in
+     real speculation (the depth calibration's repeated token would route every row to the same experts);
+  3. `llama-bench -p N_PROMPT -n N_GEN -r 1 -t THREADS` (pp and tg, llama-bench's own warm-up).
+Best of the rounds counts (max tok/s, min ms). After the rounds, once per file: `nextn run FILE -n 1` and
+`llama-completion -m FILE -n 1 -no-cnv` (both -c 4096, warm page cache): wall seconds and peak RSS.
+
+Weight bytes read per decoded token (`decode_bytes`): every trunk weight once, except the routed experts
+(`ffn_{gate,up,down}_exps`), of which n_expert_used / n_expert are read, and `token_embd`, of which one row is read
+(unless the model has no `output.weight` and ties its lm head to it). NextN weights are not read by plain decoding; KV
+reads are left out (an 8..40-cell context). Counted twice: from the GGUF's tensor sizes (what llama.cpp reads) and
+from the nextn artifact's buffer plan (what nextn's kernels stream; larger where a format is repacked). GB/s per
+engine = its bytes per token × its tok/s.
+
+Memory: each measured process is watched (/proc) and killed when its anonymous memory passes --mem-budget-gb
+(default 12) or the machine's MemAvailable falls under 1 GB; the report records it and goes on. Peak RSS is the
+kernel's (wait4 ru_maxrss). Threads: llama.cpp `-t`; nextn TVM_NUM_THREADS (default: physical cores).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_DIR = os.environ.get("NEXTN_REALWIDTH", "/work/realwidth")
+KNOWN = ["glm45air-1.gguf", "glm45air-1-IQ4_XS.gguf", "glm45air-1-Q8_0.gguf", "glm45air-3.gguf", "glm52-1.gguf"]
+ROUTED = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+VERIFY_ROWS = (1, 2, 3, 4)          # T = k+1 rows for k = 0 (one decode), 1, 2, 3
+PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+GB = 1e9
+
+
+# -- bytes read per decoded token ------------------------------------------------------------------------------------
+def per_token_bytes(tensors, n_expert: int, n_expert_used: int, n_vocab: int) -> dict:
+    """tensors: [(gguf tensor name, bytes)] of the trunk (NextN excluded), several entries per tensor allowed.
+    Returns bytes read per decoded token by category (see the module doc) and their `total`."""
+    names = {n for n, _ in tensors}
+    tied = "output.weight" not in names
+    out = {"dense": 0, "routed": 0, "lm_head": 0, "token_embd_row": 0}
+    for name, nbytes in tensors:
+        if name.endswith(ROUTED):
+            out["routed"] += nbytes * n_expert_used / n_expert
+        elif name == "token_embd.weight":
+            out["token_embd_row"] += nbytes / n_vocab
+            if tied:
+                out["lm_head"] += nbytes
+        elif name == "output.weight":
+            out["lm_head"] += nbytes
+        else:
+            out["dense"] += nbytes
+    out["total"] = sum(out.values())
+    return out
+
+
+def decode_bytes_from_plan(manifest: dict) -> dict:
+    """Bytes per decoded token from a nextn artifact's manifest (buffer plan + hparams)."""
+    hp = manifest["hparams"]
+    trunk = [(b["tensor"], b["nbytes"]) for b in manifest["buffer_plan"]["weights"] if not b["mtp_only"]]
+    return per_token_bytes(trunk, int(hp["n_expert"]), int(hp["n_expert_used"]), int(hp["n_vocab"]))
+
+
+def gguf_info(path: str) -> dict:
+    """arch, layer counts, expert counts, vocab, and the tensors [(name, ggml type, bytes)] of a GGUF."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(path)
+    arch = str(r.fields["general.architecture"].contents())
+
+    def key(k, default=None):
+        f = r.fields.get(f"{arch}.{k}")
+        return f.contents() if f is not None else default
+
+    n_block = int(key("block_count"))
+    n_nextn = int(key("nextn_predict_layers", 0))
+    embd = next(t for t in r.tensors if t.name == "token_embd.weight")
+    return {"arch": arch, "n_layer": n_block - n_nextn, "n_nextn": n_nextn, "n_expert": int(key("expert_count", 1)),
+            "n_expert_used": int(key("expert_used_count", 1)), "n_vocab": int(embd.shape[-1]),
+            "tensors": [(t.name, t.tensor_type.name, int(t.n_bytes)) for t in r.tensors]}
+
+
+def decode_bytes_from_gguf(info: dict) -> dict:
+    """Bytes per decoded token from the GGUF's tensor sizes (`gguf_info`): NextN blocks (blk.i, i >= n_layer) excluded."""
+    def trunk(name):
+        return not name.startswith("blk.") or int(name.split(".")[1]) < info["n_layer"]
+    tensors = [(n, b) for n, _t, b in info["tensors"] if trunk(n)]
+    return per_token_bytes(tensors, info["n_expert"], info["n_expert_used"], info["n_vocab"])
+
+
+# -- the machine -----------------------------------------------------------------------------------------------------
+def physical_cores() -> int:
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def stream_bandwidth(threads: int, read_mb: int = 512, copy_mb: int = 256, reps: int = 5) -> dict:
+    """GB/s of a multi-threaded read (sum) and of a single-threaded copy (read + write bytes), best of `reps`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = np.ones(read_mb * (1 << 20) // 4, np.float32)
+    parts = np.array_split(a, threads)
+    best_read = 0.0
+    with ThreadPoolExecutor(threads) as ex:
+        for _ in range(reps):
+            t = time.perf_counter()
+            list(ex.map(np.sum, parts))
+            best_read = max(best_read, a.nbytes / (time.perf_counter() - t))
+    del a, parts
+    src = np.ones(copy_mb * (1 << 20) // 4, np.float32)
+    dst = np.empty_like(src)
+    best_copy = 0.0
+    for _ in range(reps):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best_copy = max(best_copy, 2 * src.nbytes / (time.perf_counter() - t))
+    return {"read_GBps": best_read / GB, "copy_GBps": best_copy / GB, "threads": threads}
+
+
+def machine() -> dict:
+    from nextn.runtime.measure import cpu_name
+
+    mem = meminfo()
+    return {"cpu": cpu_name(), "physical_cores": physical_cores(), "logical_cpus": os.cpu_count(),
+            "mem_total_GB": mem.get("MemTotal", 0) / GB, "loadavg": os.getloadavg(), "host": platform.node()}
+
+
+def meminfo() -> dict:
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            k, v = line.split(":", 1)
+            out[k] = int(v.split()[0]) * 1024
+    return out
+
+
+def proc_mem(pid: int) -> dict:
+    """VmRSS / RssAnon / VmHWM bytes of a process (empty when it is gone)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmRSS", "RssAnon", "VmHWM"):
+                    out[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def run_watched(cmd, budget_bytes: float, env=None, timeout: float = 3600.0, log=None) -> dict:
+    """Run cmd; kill it when its anonymous memory passes budget_bytes or MemAvailable < 1 GB.
+    Returns rc, stdout, stderr, wall_s, peak_rss (ru_maxrss), peak_anon (sampled), killed (reason or None)."""
+    err = tempfile.TemporaryFile()
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in p.stdout], daemon=True)
+    reader.start()
+    peak_anon, killed, status, ru = 0, None, None, None
+    while True:
+        pid, st, r = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            status, ru = st, r
+            break
+        mem = proc_mem(p.pid)
+        peak_anon = max(peak_anon, mem.get("RssAnon", 0))
+        avail = meminfo().get("MemAvailable", 1 << 40)
+        if killed is None:
+            if mem.get("RssAnon", 0) > budget_bytes:
+                killed = f"anonymous memory {mem['RssAnon'] / GB:.1f} GB > budget {budget_bytes / GB:.1f} GB"
+            elif avail < 1e9:
+                killed = f"machine MemAvailable {avail / GB:.2f} GB < 1 GB"
+            elif time.perf_counter() - t0 > timeout:
+                killed = f"timeout {timeout:.0f} s"
+            if killed:
+                if log:
+                    log(f"  killing {os.path.basename(cmd[0])}: {killed}")
+                p.kill()
+        time.sleep(0.2)
+    reader.join(5)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    err.seek(0)
+    return {"rc": p.returncode, "stdout": b"".join(lines.queue).decode(errors="replace"),
+            "stderr": err.read().decode(errors="replace"), "wall_s": time.perf_counter() - t0,
+            "peak_rss": ru.ru_maxrss * 1024, "peak_anon": peak_anon, "killed": killed}
+
+
+def _failure(res: dict) -> str:
+    if res["killed"]:
+        return f"killed: {res['killed']}"
+    tail = [x for x in res["stderr"].strip().splitlines() if x.strip()][-1:] or ["(no output)"]
+    return f"exit {res['rc']}: {tail[0][:300]}"
+
+
+# -- nextn (in a worker process, one per round) ---------------------------------------------------------------------
+def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int) -> dict:
+    """One nextn round on `path` in this process; returns the measurements (see the module doc)."""
+    import nextn.runtime as rt
+    from nextn.runtime.depth import time_call
+
+    t = time.perf_counter()
+    m = rt.load(path, ctx_size=ctx, log=lambda s: print(s, file=sys.stderr))
+    load_s = time.perf_counter() - t
+    eng = m.engine
+    rng = np.random.default_rng(seed)
+    V = int(eng.hparams["n_vocab"])
+    out = {"load_s": load_s, "weight_bytes": eng.weight_bytes, "kv_bytes": eng.kv_bytes,
+           "plan_bytes_per_token": decode_bytes_from_plan(eng.artifact.manifest), "threads_env":
+           os.environ.get("TVM_NUM_THREADS"), "has_mtp": eng.has_mtp}
+    ids = m.tokenizer.encode(PROMPT)[:8]
+    m.generate(ids, 3, spec_type="none", ignore_eos=True)                  # warm-up: first calls of each entry
+    g = m.generate(ids, n_gen + 1, spec_type="none", ignore_eos=True)    # first token comes from prefill
+    out["decode_tok_s"] = n_gen / g.decode_s
+    out["python_share"] = g.python_share
+    toks = rng.integers(0, V, n_prompt).astype(np.int32)
+    out["prefill_tok_s"] = n_prompt / time_call(lambda: eng.prefill(toks, 0))
+    hidden, _lg, am = eng.prefill(toks[:8], 0)
+    pos = 8
+    rows = rng.integers(0, V, max(VERIFY_ROWS)).astype(np.int32)
+    calls = {f"verify_{T}": (lambda T=T: eng.verify(rows[:T], pos)) for T in VERIFY_ROWS}
+    if eng.has_mtp:
+        calls["draft"] = lambda: eng.mtp_draft([am], hidden[-1:], pos)
+    best = {k: float("inf") for k in calls}
+    for _ in range(3):       # round-robin, so a burst of load hits every size alike
+        for k, f in calls.items():
+            best[k] = min(best[k], time_call(f))
+    out["ms"] = {k: v * 1e3 for k, v in best.items()}
+    return out
+
+
+def nextn_round(path, a, log) -> dict:
+    env = dict(os.environ, TVM_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", path, "--n-gen", str(a.n_gen),
+           "--n-prompt", str(a.n_prompt), "--ctx", str(a.ctx)]
+    res = run_watched(cmd, a.mem_budget_gb * GB, env=env, log=log)
+    mem = {"peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"], "wall_s": res["wall_s"]}
+    line = next((x for x in reversed(res["stdout"].splitlines()) if x.startswith("RESULT ")), None)
+    if res["rc"] != 0 or line is None:
+        return {"status": _failure(res), **mem}
+    return {"status": "ok", **json.loads(line[len("RESULT "):]), **mem}
+
+
+# -- llama.cpp ------------------------------------------------------------------------------------------------------
+def parse_llama_bench(text: str) -> dict:
+    """llama-bench `-o jsonl` lines → {"pp": tok/s, "tg": tok/s, "n_prompt", "n_gen", "n_threads", "build"}."""
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        kind = "pp" if r["n_prompt"] > 0 and r["n_gen"] == 0 else "tg" if r["n_gen"] > 0 and r["n_prompt"] == 0 else None
+        if kind:
+            out[kind] = float(r["avg_ts"])
+            out[f"n_{'prompt' if kind == 'pp' else 'gen'}"] = int(r["n_prompt" if kind == "pp" else "n_gen"])
+            out["n_threads"] = int(r["n_threads"])
+            out["build"] = f"{r.get('build_number')} ({r.get('build_commit')})"
+    return out
+
+
+def llama_round(path, a, tools, log) -> dict:
+    if "llama-bench" not in tools:
+        return {"status": tools["missing llama-bench"]}
+    cmd = [tools["llama-bench"], "-m", path, "-p", str(a.n_prompt), "-n", str(a.n_gen), "-r", "1",
+           "-t", str(a.threads), "-o", "jsonl"]
+    res = run_watched(cmd, a.mem_budget_gb * GB, log=log)
+    parsed = parse_llama_bench(res["stdout"]) if res["rc"] == 0 else {}
+    mem = {"peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"], "wall_s": res["wall_s"]}
+    if "tg" not in parsed or "pp" not in parsed:
+        return {"status": _failure(res), **mem}
+    return {"status": "ok", **parsed, **mem}
+
+
+def first_token(path, a, tools, log, skip_nextn=None) -> dict:
+    """`nextn run -n 1` and `llama-completion -n 1` wall seconds and peak RSS (warm page cache: after the rounds);
+    `skip_nextn`: why nextn is not run (it went over the memory budget in the rounds)."""
+    out = {"nextn": {"status": f"not run ({skip_nextn} in the rounds)"}} if skip_nextn else {}
+    nextn_cli = os.path.join(os.path.dirname(sys.executable), "nextn")
+    env = dict(os.environ, TVM_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
+    runs = {"nextn": ([nextn_cli, "run", path, "-p", PROMPT, "-n", "1", "-c", str(a.ctx)], env)}
+    if "llama-completion" in tools:
+        runs["llama"] = ([tools["llama-completion"], "-m", path, "-p", PROMPT, "-n", "1", "-c", str(a.ctx),
+                          "-t", str(a.threads), "-no-cnv"], None)
+    for name, (cmd, e) in runs.items():
+        if name not in a.engines or name in out:
+            continue
+        log(f"  first token: {name}")
+        res = run_watched(cmd, a.mem_budget_gb * GB, env=e, log=log)
+        out[name] = {"status": "ok" if res["rc"] == 0 and not res["killed"] else _failure(res),
+                     "wall_s": res["wall_s"], "peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"]}
+    return out
+
+
+# -- summary and table ----------------------------------------------------------------------------------------------
+def summarize(entry: dict) -> dict:
+    """Best of the rounds and the ratios of one file's entry (rounds of nextn, llama, bandwidth)."""
+    def best(rounds, key, fn=max):
+        vals = [r[key] for r in rounds if r.get("status") == "ok" and key in r]
+        return fn(vals) if vals else None
+
+    nx = [r["nextn"] for r in entry["rounds"]]
+    ll = [r["llama"] for r in entry["rounds"]]
+    ok = [r for r in nx if r.get("status") == "ok"]
+    bws = [r["bandwidth"]["read_GBps"] for r in entry["rounds"] if "bandwidth" in r]
+    bw = max(bws) if bws else None
+    s = {"read_GBps": bw, "nextn_tg": best(nx, "decode_tok_s"), "nextn_pp": best(nx, "prefill_tok_s"),
+         "llama_tg": best(ll, "tg"), "llama_pp": best(ll, "pp")}
+    s["ms"] = ms = {k: min(r["ms"][k] for r in ok) for k in ok[0]["ms"]} if ok else {}
+    s["verify_x_decode"] = ({str(T): ms[f"verify_{T}"] / ms["verify_1"] for T in VERIFY_ROWS[1:]}   # JSON keys
+                            if "verify_1" in ms else None)
+    s["draft_x_decode"] = ms["draft"] / ms["verify_1"] if "draft" in ms else None
+    gg = entry["bytes_per_token"]["gguf"]["total"]
+    plan = ok[0]["plan_bytes_per_token"]["total"] if ok else None
+    s["bytes_per_token_gguf"], s["bytes_per_token_plan"] = gg, plan
+    s["nextn_GBps"] = s["nextn_tg"] * plan / GB if s["nextn_tg"] and plan else None
+    s["llama_GBps"] = s["llama_tg"] * gg / GB if s["llama_tg"] else None
+    div = lambda x, y: x / y if x is not None and y else None   # noqa: E731
+    s["tg_ratio"] = div(s["nextn_tg"], s["llama_tg"])
+    s["pp_ratio"] = div(s["nextn_pp"], s["llama_pp"])
+    s["nextn_bw_fraction"] = div(s["nextn_GBps"], bw)
+    s["llama_bw_fraction"] = div(s["llama_GBps"], bw)
+    failed = lambda rounds: next((r["status"] for r in rounds if r.get("status") != "ok"), "no rounds")  # noqa: E731
+    s["nextn_status"] = "ok" if ok else failed(nx)
+    s["llama_status"] = "ok" if s["llama_tg"] is not None else failed(ll)
+    return s
+
+
+def _f(x, fmt="{:.2f}"):
+    return "–" if x is None else fmt.format(x)
+
+
+def format_table(report: dict) -> str:
+    """Markdown: one row per file, ratios last; then first-token wall time and peak RSS; then any failures."""
+    head = ["file", "MB/token GGUF / plan", "read GB/s", "nextn tg", "llama tg", "nextn pp", f"llama pp{report['n_prompt']}",
+            "nextn GB/s", "llama GB/s", "verify 2/3/4 rows ÷ decode", "draft ÷ decode",
+            "tg nextn/llama", "pp nextn/llama", "nextn/read BW", "llama/read BW"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes = []
+    for e in report["files"]:
+        s = e["summary"]
+        vx = s.get("verify_x_decode")
+        cells = [e["name"], f"{s['bytes_per_token_gguf'] / 1e6:.0f} / {_f(s['bytes_per_token_plan'] and s['bytes_per_token_plan'] / 1e6, '{:.0f}')}",
+                 _f(s["read_GBps"], "{:.1f}"), _f(s["nextn_tg"]), _f(s["llama_tg"]), _f(s["nextn_pp"], "{:.1f}"),
+                 _f(s["llama_pp"], "{:.1f}"), _f(s["nextn_GBps"], "{:.1f}"), _f(s["llama_GBps"], "{:.1f}"),
+                 " / ".join(_f(vx[str(T)]) for T in VERIFY_ROWS[1:]) if vx else "–", _f(s.get("draft_x_decode")),
+                 _f(s["tg_ratio"]), _f(s["pp_ratio"]), _f(s["nextn_bw_fraction"]), _f(s["llama_bw_fraction"])]
+        lines.append("| " + " | ".join(cells) + " |")
+        for eng in ("nextn", "llama"):
+            if s[f"{eng}_status"] != "ok" and not s[f"{eng}_status"].startswith("not run"):
+                notes.append(f"- {e['name']}: {eng}: {s[f'{eng}_status']}")
+    ft = [e for e in report["files"] if e.get("first_token")]
+    if ft:
+        lines += ["", "| file | nextn run -n 1 s | nextn peak RSS GB | llama-completion -n 1 s | llama peak RSS GB | "
+                  "wall nextn/llama | RSS nextn/llama |", "|---|---|---|---|---|---|---|"]
+        for e in ft:
+            n, l = e["first_token"].get("nextn", {}), e["first_token"].get("llama", {})
+            ok = lambda r: r.get("status") == "ok"   # noqa: E731
+            nw, nr = (n["wall_s"], n["peak_rss"] / GB) if ok(n) else (None, None)
+            lw, lr = (l["wall_s"], l["peak_rss"] / GB) if ok(l) else (None, None)
+            lines.append(f"| {e['name']} | {_f(nw, '{:.1f}')} | {_f(nr)} | {_f(lw, '{:.1f}')} | {_f(lr)} | "
+                         f"{_f(nw / lw if nw and lw else None)} | {_f(nr / lr if nr and lr else None)} |")
+            for eng, r in (("nextn", n), ("llama", l)):
+                if r and not ok(r):
+                    notes.append(f"- {e['name']}: first token, {eng}: {r['status']}")
+    m = report["machine"]
+    lines += ["", f"{m['cpu']}, {m['physical_cores']} cores, {report['threads']} threads, best of {report['repeat']} "
+              f"interleaved rounds, tg = {report['n_gen']} decoded tokens; loadavg at start "
+              f"{m['loadavg'][0]:.2f} (others' load; ours adds up to {report['threads']})"
+              + (" (machine loaded: read the ratios, not the absolute numbers)" if report["loaded"] else "")]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def over_budget(entry: dict) -> str | None:
+    """The status of an earlier nextn round of this file that went over the memory budget, if any."""
+    return next((x["nextn"]["status"] for x in entry["rounds"] if x["nextn"]["status"].startswith("killed: anon")), None)
+
+
+# -- the run --------------------------------------------------------------------------------------------------------
+def resolve_files(names, directory) -> list[str]:
+    if not names:
+        cands = [os.path.join(directory, n) for n in KNOWN]
+        paths = [p for p in cands if os.path.isfile(p)]
+    else:
+        paths = []
+        for n in names:
+            p = n if os.path.exists(n) else os.path.join(directory, n)
+            if not os.path.isfile(p):
+                raise SystemExit(f"realwidth: {n}: no such file (looked in . and {directory})")
+            paths.append(p)
+    return sorted(paths, key=os.path.getsize)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="*", help="GGUF paths or names in --dir [default: the known real-width files there]")
+    ap.add_argument("--dir", default=DEFAULT_DIR)
+    ap.add_argument("--repeat", type=int, default=3, choices=range(1, 100), metavar="N",
+                    help="interleaved rounds per file (best counts) [default: 3]")
+    ap.add_argument("-t", "--threads", type=int, default=None, help="threads for both engines [default: physical cores]")
+    ap.add_argument("-n", "--n-gen", type=int, default=32, help="decoded tokens (llama-bench -n)")
+    ap.add_argument("-p", "--n-prompt", type=int, default=512, help="prefill tokens (llama-bench -p)")
+    ap.add_argument("-c", "--ctx", type=int, default=4096, help="context of the nextn engine and the first-token runs")
+    ap.add_argument("--engines", default="nextn,llama", help="comma list: nextn, llama")
+    ap.add_argument("--no-first-token", action="store_true", help="skip the `run -n 1` wall time / peak RSS runs")
+    ap.add_argument("--mem-budget-gb", type=float, default=12.0, help="kill a measured process above this anon memory")
+    ap.add_argument("-o", "--output", default=None, help="write the JSON report here")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        res = worker(a.worker, a.n_gen, a.n_prompt, a.ctx, seed=0)
+        print("RESULT " + json.dumps(res), flush=True)
+        return
+    a.threads = a.threads or physical_cores()
+    a.engines = set(a.engines.split(","))
+    log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
+    sys.path.insert(0, HERE)
+    from peer import PeerMissing, peer_tool
+
+    tools = {}
+    if "llama" in a.engines:
+        for t in ("llama-bench", "llama-completion"):
+            try:
+                tools[t] = peer_tool(t)
+            except PeerMissing as e:
+                tools[f"missing {t}"] = str(e)
+                log(f"realwidth: {e}")
+    files = resolve_files(a.files, a.dir)
+    if not files:
+        raise SystemExit(f"realwidth: no real-width GGUF found in {a.dir} (see /work/lead/shared-resources.md)")
+    report = {"machine": machine(), "threads": a.threads, "repeat": a.repeat, "n_gen": a.n_gen,
+              "n_prompt": a.n_prompt, "ctx": a.ctx, "engines": sorted(a.engines), "files": []}
+    for path in files:
+        info = gguf_info(path)
+        entry = {"name": os.path.basename(path), "path": os.path.abspath(path), "size": os.path.getsize(path),
+                 "arch": info["arch"], "n_layer": info["n_layer"],
+                 "tensor_types": sorted({t for _n, t, _b in info["tensors"]}),
+                 "bytes_per_token": {"gguf": decode_bytes_from_gguf(info)}, "rounds": []}
+        for r in range(a.repeat):
+            log(f"{entry['name']}: round {r + 1}/{a.repeat}: bandwidth")
+            rnd = {"bandwidth": stream_bandwidth(a.threads)}
+            log(f"  read {rnd['bandwidth']['read_GBps']:.1f} GB/s, copy {rnd['bandwidth']['copy_GBps']:.1f} GB/s")
+            over = over_budget(entry)
+            if over:   # memory use does not change from round to round: do not load it again
+                rnd["nextn"] = {"status": f"not run again ({over} in an earlier round)"}
+            elif "nextn" in a.engines:
+                log(f"{entry['name']}: round {r + 1}/{a.repeat}: nextn")
+                n = rnd["nextn"] = nextn_round(path, a, log)
+                log(f"  nextn: {n['status']}" + (f": tg {n['decode_tok_s']:.2f} tok/s, pp {n['prefill_tok_s']:.1f} tok/s, "
+                                                f"load {n['load_s']:.0f} s, peak RSS {n['peak_rss'] / GB:.1f} GB "
+                                                f"(anon {n['peak_anon'] / GB:.1f})" if n["status"] == "ok" else ""))
+            else:
+                rnd["nextn"] = {"status": "not run (--engines)"}
+            if "llama" in a.engines:
+                log(f"{entry['name']}: round {r + 1}/{a.repeat}: llama-bench")
+                q = rnd["llama"] = llama_round(path, a, tools, log)
+                log(f"  llama: {q['status']}" + (f": tg {q['tg']:.2f} tok/s, pp {q['pp']:.1f} tok/s, peak RSS "
+                                                f"{q['peak_rss'] / GB:.1f} GB (anon {q['peak_anon'] / GB:.1f})"
+                                                if q["status"] == "ok" else ""))
+            else:
+                rnd["llama"] = {"status": "not run (--engines)"}
+            entry["rounds"].append(rnd)
+        if not a.no_first_token:
+            entry["first_token"] = first_token(path, a, tools, log, skip_nextn=over_budget(entry))
+        entry["summary"] = summarize(entry)
+        report["files"].append(entry)
+        if a.output:   # keep what is measured so far
+            _write(report, a)
+    report["loadavg_end"] = os.getloadavg()
+    # Our own processes raise the load during the run, so only the load before it says whether others were busy.
+    report["loaded"] = report["machine"]["loadavg"][0] > 0.5
+    if a.output:
+        _write(report, a)
+    print(format_table(report))
+
+
+def _write(report, a):
+    tmp = a.output + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    os.replace(tmp, a.output)
+
+
+if __name__ == "__main__":
+    main()
