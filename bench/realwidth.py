@@ -387,7 +387,7 @@ def format_table(report: dict) -> str:
                 if r and not ok(r):
                     notes.append(f"- {e['name']}: first token, {eng}: {r['status']}")
     m = report["machine"]
-    lines += ["", f"{m['cpu']}, {m['physical_cores']} cores, {report['threads']} threads, best of {report['repeat']} "
+    lines += ["", f"{m['cpu']}, {m['physical_cores']} cores, {report['threads']} thread(s), best of {report['repeat']} "
               f"interleaved rounds, tg = {report['n_gen']} decoded tokens; loadavg at start "
               f"{m['loadavg'][0]:.2f} (others' load; ours adds up to {report['threads']})"
               + (" (machine loaded: read the ratios, not the absolute numbers)" if report["loaded"] else "")]
