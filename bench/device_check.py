@@ -42,7 +42,6 @@ BUCKET_STEPS = 12
 LOGIT_TOL = 1e-4             # the fixtures' tolerance: max |Δ| / max |ref| per row
 SPEED_CONFIGS = [("off", "none", 1), ("n_max=1", "draft-mtp", 1), ("n_max=2", "draft-mtp", 2),
                  ("n_max=3", "draft-mtp", 3), ("auto", "draft-mtp", "auto")]
-ROUTED = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 # The stages each stage needs (a reference stage opens its own engine: it needs the plugin only).
 NEEDS = {"open": ["plugin"], "load_module": ["open"], "vm_init": ["load_module"], "weights": ["vm_init"],
          "kv": ["weights"], "prefill": ["kv"], "decode_graphs": ["prefill"], "entry_timings": ["prefill"],
@@ -229,23 +228,10 @@ def copy_bandwidth(dev, nbytes: int, reps: int = 10) -> float:
 
 
 def step_bytes(manifest: dict, entry: str) -> int:
-    """Weight bytes one row of `entry` must read: every weight buffer it takes, the routed experts scaled by
-    n_expert_used / n_expert, one row of the token embedding. A lower bound for a verify of k+1 rows (they may all
-    route to the same experts)."""
-    hp = manifest["hparams"]
-    names = set(manifest["entry_points"][entry]["weights"])
-    used = int(hp.get("n_expert_used", 1)) / max(1, int(hp.get("n_expert", 1)))
-    total = 0.0
-    for b in manifest["buffer_plan"]["weights"]:
-        if b["buffer"] not in names:
-            continue
-        if b["tensor"].endswith(ROUTED):
-            total += b["nbytes"] * used
-        elif b["tensor"] == "token_embd.weight" and "output.weight" in {x["tensor"] for x in manifest["buffer_plan"]["weights"]}:
-            total += b["nbytes"] / int(hp["n_vocab"])
-        else:
-            total += b["nbytes"]
-    return int(total)
+    """Weight bytes one row of `entry` must read (`nextn.common.manifest.step_read_bytes`)."""
+    from nextn.common.manifest import step_read_bytes
+
+    return int(step_read_bytes(manifest, entry)["total"])
 
 
 def timed_entry(eng, name: str, call, reps: int) -> dict:

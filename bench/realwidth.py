@@ -19,12 +19,12 @@ Per file, `--repeat` rounds; each round measures, back to back so that drift hit
 Best of the rounds counts (max tok/s, min ms). After the rounds, once per file: `nextn run FILE -n 1` and
 `llama-completion -m FILE -n 1 -no-cnv` (both -c 4096, warm page cache): wall seconds and peak RSS.
 
-Weight bytes read per decoded token (`decode_bytes`): every trunk weight once, except the routed experts
-(`ffn_{gate,up,down}_exps`), of which n_expert_used / n_expert are read, and `token_embd`, of which one row is read
-(unless the model has no `output.weight` and ties its lm head to it). NextN weights are not read by plain decoding; KV
-reads are left out (an 8..40-cell context). Counted twice: from the GGUF's tensor sizes (what llama.cpp reads) and
-from the nextn artifact's buffer plan (what nextn's kernels stream; larger where a format is repacked). GB/s per
-engine = its bytes per token × its tok/s.
+Weight bytes read per decoded token (`nextn.common.manifest.read_bytes_per_row`): every trunk weight once, except
+the routed experts (`ffn_{gate,up,down}_exps`), of which n_expert_used / n_expert are read, and `token_embd`, of
+which one row is read (unless the model has no `output.weight` and ties its lm head to it). NextN weights are not
+read by plain decoding; KV reads are left out (an 8..40-cell context). Counted twice: from the GGUF's tensor sizes
+(what llama.cpp reads) and from the buffers the artifact's `decode` entry takes (`step_read_bytes`: what nextn's
+kernels stream; larger where a format is repacked). GB/s per engine = its bytes per token × its tok/s.
 
 Memory: each measured process is watched (/proc) and killed when its anonymous memory passes --mem-budget-gb
 (default 12) or the machine's MemAvailable falls under 1 GB; the report records it and goes on. Peak RSS is the
@@ -48,41 +48,12 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_DIR = os.environ.get("NEXTN_REALWIDTH", "/work/realwidth")
 KNOWN = ["glm45air-1.gguf", "glm45air-1-IQ4_XS.gguf", "glm45air-1-Q8_0.gguf", "glm45air-3.gguf", "glm52-1.gguf"]
-ROUTED = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 VERIFY_ROWS = (1, 2, 3, 4)          # T = k+1 rows for k = 0 (one decode), 1, 2, 3
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 GB = 1e9
 
 
-# -- bytes read per decoded token ------------------------------------------------------------------------------------
-def per_token_bytes(tensors, n_expert: int, n_expert_used: int, n_vocab: int) -> dict:
-    """tensors: [(gguf tensor name, bytes)] of the trunk (NextN excluded), several entries per tensor allowed.
-    Returns bytes read per decoded token by category (see the module doc) and their `total`."""
-    names = {n for n, _ in tensors}
-    tied = "output.weight" not in names
-    out = {"dense": 0, "routed": 0, "lm_head": 0, "token_embd_row": 0}
-    for name, nbytes in tensors:
-        if name.endswith(ROUTED):
-            out["routed"] += nbytes * n_expert_used / n_expert
-        elif name == "token_embd.weight":
-            out["token_embd_row"] += nbytes / n_vocab
-            if tied:
-                out["lm_head"] += nbytes
-        elif name == "output.weight":
-            out["lm_head"] += nbytes
-        else:
-            out["dense"] += nbytes
-    out["total"] = sum(out.values())
-    return out
-
-
-def decode_bytes_from_plan(manifest: dict) -> dict:
-    """Bytes per decoded token from a nextn artifact's manifest (buffer plan + hparams)."""
-    hp = manifest["hparams"]
-    trunk = [(b["tensor"], b["nbytes"]) for b in manifest["buffer_plan"]["weights"] if not b["mtp_only"]]
-    return per_token_bytes(trunk, int(hp["n_expert"]), int(hp["n_expert_used"]), int(hp["n_vocab"]))
-
-
+# -- bytes read per decoded token (nextn.common.manifest.read_bytes_per_row) ----------------------------------------
 def gguf_info(path: str) -> dict:
     """arch, layer counts, expert counts, vocab, and the tensors [(name, ggml type, bytes)] of a GGUF."""
     from gguf import GGUFReader
@@ -106,8 +77,11 @@ def decode_bytes_from_gguf(info: dict) -> dict:
     """Bytes per decoded token from the GGUF's tensor sizes (`gguf_info`): NextN blocks (blk.i, i >= n_layer) excluded."""
     def trunk(name):
         return not name.startswith("blk.") or int(name.split(".")[1]) < info["n_layer"]
+    from nextn.common.manifest import read_bytes_per_row
+
     tensors = [(n, b) for n, _t, b in info["tensors"] if trunk(n)]
-    return per_token_bytes(tensors, info["n_expert"], info["n_expert_used"], info["n_vocab"])
+    tied = "output.weight" not in {n for n, _t, _b in info["tensors"]}
+    return read_bytes_per_row(tensors, info["n_expert"], info["n_expert_used"], info["n_vocab"], tied)
 
 
 # -- the machine -----------------------------------------------------------------------------------------------------
@@ -141,7 +115,7 @@ def stream_bandwidth(threads: int, read_mb: int = 512, copy_mb: int = 256, reps:
 
 
 def machine() -> dict:
-    from nextn.runtime.measure import cpu_name
+    from nextn.common.measure import cpu_name
 
     mem = meminfo()
     return {"cpu": cpu_name(), "physical_cores": physical_cores(), "logical_cpus": os.cpu_count(),
@@ -220,7 +194,8 @@ def _failure(res: dict) -> str:
 def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int) -> dict:
     """One nextn round on `path` in this process; returns the measurements (see the module doc)."""
     import nextn.runtime as rt
-    from nextn.runtime.depth import time_call
+    from nextn.common.manifest import step_read_bytes
+    from nextn.common.timing import time_call
 
     t = time.perf_counter()
     m = rt.load(path, ctx_size=ctx, log=lambda s: print(s, file=sys.stderr))
@@ -229,7 +204,7 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     V = int(eng.hparams["n_vocab"])
     out = {"load_s": load_s, "weight_bytes": eng.weight_bytes, "kv_bytes": eng.kv_bytes,
-           "plan_bytes_per_token": decode_bytes_from_plan(eng.artifact.manifest), "threads_env":
+           "plan_bytes_per_token": step_read_bytes(eng.artifact.manifest, "decode"), "threads_env":
            os.environ.get("TVM_NUM_THREADS"), "has_mtp": eng.has_mtp}
     ids = m.tokenizer.encode(PROMPT)[:8]
     m.generate(ids, 3, spec_type="none", ignore_eos=True)                  # warm-up: first calls of each entry

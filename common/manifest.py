@@ -53,3 +53,43 @@ def read_manifest(path: str) -> dict:
     if not manifest.get("libraries"):
         raise NextnError(f"{mpath}: lists no library")
     return manifest
+
+
+# Weight bytes a step reads per row: what bounds decoding on a memory-bound machine (bench/realwidth.py,
+# bench/device_check.py). The MoE FFN of a token reads n_expert_used of the n_expert routed experts.
+ROUTED_EXPERTS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+
+
+def read_bytes_per_row(tensors, n_expert: int, n_expert_used: int, n_vocab: int, tied: bool | None = None) -> dict:
+    """Weight bytes one row (token) reads, by category, and their `total`: the routed experts (`ffn_{gate,up,down}
+    _exps`) at n_expert_used / n_expert (`routed`), one row of `token_embd` (`token_embd_row`; the whole of it as
+    `lm_head` too when there is no `output.weight`: a tied lm head), `output.weight` (`lm_head`), the rest whole
+    (`dense`). `tensors`: [(GGUF tensor name, bytes)], several entries per tensor allowed (a format's buffers);
+    `tied`: whether the model lacks `output.weight` [default: it is not among `tensors`].
+    A lower bound for k+1 rows, which may route to the same experts; KV reads are not counted."""
+    if tied is None:
+        tied = "output.weight" not in {n for n, _ in tensors}
+    out = {"dense": 0.0, "routed": 0.0, "lm_head": 0.0, "token_embd_row": 0.0}
+    for name, nbytes in tensors:
+        if name.endswith(ROUTED_EXPERTS):
+            out["routed"] += nbytes * n_expert_used / max(1, n_expert)
+        elif name == "token_embd.weight":
+            out["token_embd_row"] += nbytes / n_vocab
+            out["lm_head"] += nbytes if tied else 0
+        elif name == "output.weight":
+            out["lm_head"] += nbytes
+        else:
+            out["dense"] += nbytes
+    out["total"] = sum(out.values())
+    return out
+
+
+def step_read_bytes(manifest: dict, entry: str = "decode") -> dict:
+    """`read_bytes_per_row` over the weight buffers entry point `entry` takes, in the buffer plan's bytes (the
+    layout the kernels stream, repacked formats included)."""
+    hp = manifest["hparams"]
+    plan = {b["buffer"]: b for b in manifest["buffer_plan"]["weights"]}
+    tensors = [(plan[w]["tensor"], plan[w]["nbytes"]) for w in manifest["entry_points"][entry]["weights"]]
+    tied = "output.weight" not in {b["tensor"] for b in plan.values()}
+    return read_bytes_per_row(tensors, int(hp.get("n_expert", 1)), int(hp.get("n_expert_used", 1)),
+                              int(hp["n_vocab"]), tied)

@@ -1,6 +1,7 @@
-"""bench/realwidth.py's own logic, without llama.cpp or real-width files: the bytes read per decoded token (against an
-independent count from the GGUF of the tiny Q8_0 fixture, whose buffer plan keeps the file's bytes), the llama-bench
-parser, the summary and its table, file selection, the memory guard, and bench/peer.py. No timings are asserted."""
+"""bench/realwidth.py's own logic, without llama.cpp or real-width files: the bytes read per decoded token
+(nextn.common.manifest, against an independent count from the GGUF of the tiny Q8_0 fixture, whose buffer plan keeps
+the file's bytes), the llama-bench parser, the summary and its table, file selection, the memory guard, and
+bench/peer.py. No timings are asserted."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import G4
+from nextn.common.manifest import read_bytes_per_row, step_read_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import peer  # noqa: E402
@@ -45,19 +47,19 @@ def test_decode_bytes_match_an_independent_count(compiled):
     gguf = G4 / "tiny-glm4moe-Q8_0.gguf"
     manifest = json.loads((Path(compiled("q8", gguf)) / "manifest.json").read_text())
     want = independent_decode_bytes(gguf)
-    plan = rw.decode_bytes_from_plan(manifest)
+    plan = step_read_bytes(manifest, "decode")
     assert plan["total"] == pytest.approx(want, rel=1e-12)
     assert rw.decode_bytes_from_gguf(rw.gguf_info(str(gguf)))["total"] == pytest.approx(want, rel=1e-12)
     # The routed experts are read in part: less than the whole trunk, more than the trunk without experts.
     assert plan["routed"] > 0 and plan["total"] < manifest["buffer_plan"]["trunk_weight_bytes"]
 
 
-def test_per_token_bytes_by_hand():
+def test_read_bytes_per_row_by_hand():
     tensors = [("token_embd.weight", 1000), ("blk.0.ffn_up_exps.weight", 800), ("blk.0.ffn_down_exps.weight", 400),
                ("blk.0.attn_q.weight", 50), ("output.weight", 300)]
-    b = rw.per_token_bytes(tensors, n_expert=8, n_expert_used=2, n_vocab=10)
+    b = read_bytes_per_row(tensors, n_expert=8, n_expert_used=2, n_vocab=10)
     assert (b["token_embd_row"], b["routed"], b["dense"], b["lm_head"], b["total"]) == (100, 300, 50, 300, 750)
-    tied = rw.per_token_bytes(tensors[:-1], n_expert=8, n_expert_used=2, n_vocab=10)   # lm head = token_embd
+    tied = read_bytes_per_row(tensors[:-1], n_expert=8, n_expert_used=2, n_vocab=10)   # lm head = token_embd
     assert (tied["lm_head"], tied["total"]) == (1000, 100 + 300 + 50 + 1000)
 
 
