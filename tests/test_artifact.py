@@ -18,25 +18,35 @@ def sha(p):
 
 
 def test_manifest(compiled):
-    art = compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf")
+    import gguf
+
+    path = G4 / "tiny-glm4moe-Q8_0.gguf"
+    art = compiled("q8", path)
     m = json.load(open(f"{art}/manifest.json"))
     assert m["tvm_version"] == "0.27.0.post1" and m["tvm_ffi_version"] == "0.1.14.post1"
     assert m["target"]["name"] == "llvm" and m["arch"] == "glm4moe"
-    assert m["model_files"][0]["sha256"] == sha(G4 / "tiny-glm4moe-Q8_0.gguf")
-    assert m["hparams"]["n_layer"] == 4 and m["hparams"]["n_expert_used"] == 2
+    assert m["model_files"][0]["sha256"] == sha(path)
+    # hyper-parameters as the fixture states them: its HF config and the GGUF read with gguf-py
+    hf = json.loads((G4 / "hf" / "config.json").read_text())
+    r = gguf.GGUFReader(path)
+    assert m["hparams"]["n_layer"] == hf["num_hidden_layers"] == \
+        r.fields["glm4moe.block_count"].contents() - r.fields["glm4moe.nextn_predict_layers"].contents()
+    assert m["hparams"]["n_expert_used"] == hf["num_experts_per_tok"]
+    assert (m["hparams"]["n_embd"], m["hparams"]["n_vocab"]) == (hf["hidden_size"], hf["vocab_size"])
     assert set(m["entry_points"]) == {"prefill", "verify", "mtp_rows", "mtp_draft", "decode", "draft"}
     assert m["entry_points"]["decode"]["static"] == {"T": 1}
     assert m["max_draft"] == 8   # the compiled maximum draft depth that per-request n_max is lowered to
     for lib in m["libraries"]:
         assert sha(f"{art}/{lib['file']}") == lib["sha256"]
     plan = m["buffer_plan"]
-    # Q8_0 stays quantized: qs int8 + d float16 buffers, no float32 copy of those tensors
+    # Q8_0 stays quantized: qs int8 [N, K] + d float16 [N, K/32] (the GGUF's own shape), no float32 copy
+    t = next(t for t in r.tensors if t.name == "blk.1.attn_q.weight")
+    assert t.tensor_type.name == "Q8_0"
+    K, N = (int(x) for x in t.shape)   # ggml ne: {in, out}
+    assert (N, K) == (hf["num_attention_heads"] * hf["head_dim"], hf["hidden_size"])
     q = [b for b in plan["weights"] if b["tensor"] == "blk.1.attn_q.weight"]
-    assert [(b["dtype"], b["shape"]) for b in q] == [("int8", [256, 256]), ("float16", [256, 8])]
+    assert [(b["dtype"], b["shape"]) for b in q] == [("int8", [N, K]), ("float16", [N, K // 32])]
     # weight buffers vs the GGUF's tensor data: Q8_0 is 34 bytes per 32 weights either way
-    import gguf
-
-    r = gguf.GGUFReader(G4 / "tiny-glm4moe-Q8_0.gguf")
     data = sum(int(t.n_bytes) for t in r.tensors)
     assert abs(plan["weight_bytes"] - data) / data < 0.05
 

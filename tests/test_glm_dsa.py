@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from badgguf import with_metadata
-from conftest import (FIXTURES, check_greedy_and_speculative, check_mtp_vs_ir, check_trunk_vs_ir, dequantized, reference,
-                      reference_logits)
+from conftest import (FIXTURES, REF_TOL, check_greedy_and_speculative, check_mtp_vs_ir, check_trunk_vs_ir, dequantized,
+                      reference, reference_logits)
 from test_rope import naive_rope
 
 import nextn.runtime as rt
@@ -263,9 +263,9 @@ def test_top_k_mask_kernel_matches_interpreter(values):
 def test_trunk_and_mtp_logits(dsa, kind):
     npz = reference_logits(D)
     ids = PROMPTS[kind]["prompt_ids"]
-    assert rel_err(dsa.logits(ids), npz[f"{kind}/trunk_logits"]) < 1e-4
-    assert rel_err(dsa.engine.hidden(ids), npz[f"{kind}/trunk_hidden"]) < 1e-4
-    assert rel_err(dsa.mtp_logits(ids), npz[f"{kind}/mtp_logits"]) < 1e-4
+    assert rel_err(dsa.logits(ids), npz[f"{kind}/trunk_logits"]) < REF_TOL
+    assert rel_err(dsa.engine.hidden(ids), npz[f"{kind}/trunk_hidden"]) < REF_TOL
+    assert rel_err(dsa.mtp_logits(ids), npz[f"{kind}/mtp_logits"]) < REF_TOL
 
 
 def test_mtp_dense_attention_equals_indexer_when_short(dsa, dsa_dense):
@@ -273,7 +273,7 @@ def test_mtp_dense_attention_equals_indexer_when_short(dsa, dsa_dense):
     assert dsa_dense.engine.artifact.manifest["options"] == {"mtp_dense_attention": True}
     assert not any("ik" in s or "index" in s for s in dsa_dense.engine.states if s.startswith("nextn."))
     ids = PROMPTS["docs-heading"]["prompt_ids"]
-    assert rel_err(dsa_dense.mtp_logits(ids), reference_logits(D)["docs-heading/mtp_logits"]) < 1e-4
+    assert rel_err(dsa_dense.mtp_logits(ids), reference_logits(D)["docs-heading/mtp_logits"]) < REF_TOL
     np.testing.assert_allclose(dsa_dense.mtp_logits(ids), dsa.mtp_logits(ids), rtol=0, atol=1e-6)
 
 
@@ -282,7 +282,7 @@ def test_greedy_and_speculative(dsa, kind):
     """Last logits, greedy continuation and spec on ≡ spec off with the reference acceptance (n_kv <= top_k)."""
     p = PROMPTS[kind]
     _h, last, am = dsa.engine.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
-    assert rel_err(last, reference_logits(D)[f"{kind}/last_logits"]) < 1e-4 and am == p["last_logits_argmax"]
+    assert rel_err(last, reference_logits(D)[f"{kind}/last_logits"]) < REF_TOL and am == p["last_logits_argmax"]
     check_greedy_and_speculative(dsa, p)
 
 
@@ -293,7 +293,7 @@ def test_long_context_sparse(dsa, bf16_files):
     p, eng = PROMPTS["long-context"], dsa.engine
     assert len(p["prompt_ids"]) > bf16_files[0].config.idx_top_k
     _h, last, am = eng.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
-    assert rel_err(last, reference_logits(D)["long-context/last_logits"]) < 1e-4 and am == p["last_logits_argmax"]
+    assert rel_err(last, reference_logits(D)["long-context/last_logits"]) < REF_TOL and am == p["last_logits_argmax"]
     plain = dsa.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True)
     assert plain.ids == p["greedy_ids"]
     try:

@@ -168,8 +168,9 @@ def test_no_cuda_graph_and_context_limit(cuda_art, tmp_path):
     out, dump = str(tmp_path / "art"), str(tmp_path / "ir")
     compile_model(str(MODEL), out, target="cuda", arches=["sm_90"], log=lambda *_: None, dump_ir=dump,
                   cuda_graph=False, split_kernels=False)
-    assert _manifest(out)["cuda_graph"] is None and captures(dump, "decode") == (0, captures(dump, "decode")[1])
-    assert len(captures(dump, "decode")[1]) > 20
+    regions, launched = captures(dump, "decode")
+    assert _manifest(out)["cuda_graph"] is None and regions == 0   # no captured region: every kernel launched alone
+    assert len(launched) > 20
     assert "flash_attn_ext" in workspaces(dump)   # the fused form keeps its [T, H, L] scratch inside the kernel
     max_ctx = _manifest(cuda_art[0])["cuda_graph"]["max_ctx"]
     with pytest.raises(NextnError, match=f"larger than the {max_ctx} cells .* --no-cuda-graph"):

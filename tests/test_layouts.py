@@ -1,5 +1,6 @@
 """GGUF layouts: trunk-only (spec off; draft-mtp refused clearly) and trunk-only + MTP-only draft."""
 import json
+import os
 import subprocess
 import sys
 
@@ -47,12 +48,56 @@ def test_trunk_plus_mtp_draft_equals_bundle(compiled, q8_model):
         assert got.stats.drafted > 0
 
 
-def test_mtp_weights_not_read_when_spec_off(compiled):
-    m = rt.load(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), spec=False)
-    assert not m.has_mtp
-    plan = m.engine.artifact.manifest["buffer_plan"]
-    assert m.engine.weight_bytes == plan["trunk_weight_bytes"] < plan["weight_bytes"]
-    assert not any(k.startswith("nextn.") for k in m.engine.states)
+def _tensors_read(monkeypatch, load):
+    """(tensor names read, GGUF paths opened) while `load()` runs: the GGUF reader instrumented."""
+    from nextn.common.gguf import GGUFFile
+
+    read, opened = [], []
+    orig_load, orig_init = GGUFFile.load, GGUFFile.__init__
+
+    def counting_load(self, name, quantized=True):
+        read.append(name)
+        return orig_load(self, name, quantized)
+
+    def counting_init(self, path):
+        opened.append(os.path.basename(os.fspath(path)))
+        orig_init(self, path)
+
+    monkeypatch.setattr(GGUFFile, "load", counting_load)
+    monkeypatch.setattr(GGUFFile, "__init__", counting_init)
+    model = load()
+    monkeypatch.undo()
+    return model, read, opened
+
+
+def _nextn_block(path) -> str:
+    """`blk.{n_layer}.`: the NextN block's tensor prefix, read from the GGUF with gguf-py."""
+    import gguf
+
+    f = gguf.GGUFReader(str(path)).fields
+    n_all = int(f["glm4moe.block_count"].contents())
+    n_nextn = int(f["glm4moe.nextn_predict_layers"].contents()) if "glm4moe.nextn_predict_layers" in f else 0
+    return f"blk.{n_all - n_nextn}."
+
+
+def test_mtp_weights_not_read_when_spec_off(compiled, monkeypatch):
+    """With speculation off no NextN tensor is read (the reader counts what it is asked for); with it on they are,
+    each tensor once. The split pair with spec off does not even open the MTP-only draft file."""
+    bundle = G4 / "tiny-glm4moe-Q8_0.gguf"
+    art = compiled("q8", bundle)
+    block = _nextn_block(bundle)
+    m, off, _ = _tensors_read(monkeypatch, lambda: rt.load(art, spec=False))
+    assert not m.has_mtp and off and len(off) == len(set(off))
+    assert not [t for t in off if t.startswith(block)]
+    m, on, _ = _tensors_read(monkeypatch, lambda: rt.load(art, spec=True))
+    assert m.has_mtp and len(on) == len(set(on))
+    nextn = {t for t in on if t.startswith(block)}
+    assert nextn and set(on) - nextn == set(off)   # spec on reads the trunk's tensors plus the NextN block
+    assert m.engine.weight_bytes > rt.load(art, spec=False).engine.weight_bytes
+    pair = compiled("pair", G4 / "tiny-glm4moe-trunk-Q8_0.gguf", G4 / "mtp-tiny-glm4moe-Q8_0.gguf")
+    m, off, opened = _tensors_read(monkeypatch, lambda: rt.load(pair, spec=False))
+    assert not m.has_mtp and opened == ["tiny-glm4moe-trunk-Q8_0.gguf"]
+    assert not [t for t in off if t.startswith(block)]
 
 
 def test_mtp_only_file_as_model_is_refused():

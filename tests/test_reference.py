@@ -6,7 +6,7 @@ Expected values are read from ../shared/fixtures/tiny-glm4moe/reference*.{json,n
 import numpy as np
 import pytest
 
-from conftest import check_greedy_and_speculative, reference, reference_logits
+from conftest import REF_TOL, check_greedy_and_speculative, reference, reference_logits
 
 from nextn.common.compare import rel_err
 
@@ -19,8 +19,8 @@ FULL_KINDS = ["code-short", "docs-heading"]   # kinds with full [T, vocab] logit
 def test_trunk_logits_and_hidden(bf16_model, kind):
     npz = reference_logits()
     ids = PROMPTS[kind]["prompt_ids"]
-    assert rel_err(bf16_model.logits(ids), npz[f"{kind}/trunk_logits"]) < 1e-4
-    assert rel_err(bf16_model.engine.hidden(ids), npz[f"{kind}/trunk_hidden"]) < 1e-4
+    assert rel_err(bf16_model.logits(ids), npz[f"{kind}/trunk_logits"]) < REF_TOL
+    assert rel_err(bf16_model.engine.hidden(ids), npz[f"{kind}/trunk_hidden"]) < REF_TOL
 
 
 @pytest.mark.parametrize("kind", FULL_KINDS)
@@ -28,7 +28,7 @@ def test_mtp_logits(bf16_model, kind):
     npz = reference_logits()
     got = bf16_model.mtp_logits(PROMPTS[kind]["prompt_ids"])
     assert got.shape == npz[f"{kind}/mtp_logits"].shape
-    assert rel_err(got, npz[f"{kind}/mtp_logits"]) < 1e-4
+    assert rel_err(got, npz[f"{kind}/mtp_logits"]) < REF_TOL
 
 
 @pytest.mark.parametrize("kind", sorted(PROMPTS))
@@ -36,7 +36,7 @@ def test_last_logits(bf16_model, kind):
     npz = reference_logits()
     ids = PROMPTS[kind]["prompt_ids"]
     _h, last, am = bf16_model.engine.prefill(np.asarray(ids, np.int32), 0)
-    assert rel_err(last, npz[f"{kind}/last_logits"]) < 1e-4
+    assert rel_err(last, npz[f"{kind}/last_logits"]) < REF_TOL
     assert am == PROMPTS[kind]["last_logits_argmax"]
 
 

@@ -1,7 +1,5 @@
 """Speculation controls: per-request n_max (clamped to the engine maximum), n_min, p_min, the adaptive depth
 controller and its never-lose gate, and the finish rules inside an accepted block (EOS → stop → -n, context)."""
-import pytest
-
 from conftest import G4, reference
 from nextn.runtime.depth import AdaptiveDepth
 from nextn.runtime.speculative import generate
@@ -65,19 +63,33 @@ def test_auto_is_lossless_while_switching(q8_model):
 
 
 def _stop_inside_block(model):
-    """A stop string that spans two tokens of the greedy text and completes inside an accepted block at n_max=3."""
-    full = model.generate(P["prompt_ids"], 48, n_max=3, ignore_eos=True)
+    """A stop string that spans two or more tokens and completes at an accepted draft that is not the last token of
+    its block (greedy, n_max=3), so the finish rule must cut a verified block. Built from the run itself, so it
+    always exists: the shortest tail of the text up to that token that spans two tokens and occurs first there.
+    Returns (the full run, j = index of the token completing the stop, the stop string)."""
+    blocks = []
+    full = model.generate(P["prompt_ids"], 48, n_max=3, ignore_eos=True, on_tokens=lambda ids: blocks.append(list(ids)))
+    assert [t for b in blocks for t in b] == full.ids
+    starts = [sum(map(len, blocks[:i])) for i in range(len(blocks))]
+    # an accepted draft that is not its block's last token (the recovered / bonus token), past the first block
+    j = next(s + i for s, b in zip(starts[1:], blocks[1:]) for i in range(len(b) - 1) if s + i >= 1)
     pieces = [model.tokenizer.decode([t]) for t in full.ids]
-    for j in range(4, len(pieces) - 1):
-        s = pieces[j][-1:] + pieces[j + 1][:2]
-        text = "".join(pieces)
-        if len(s) >= 2 and text.find(s) == len("".join(pieces[:j])) + len(pieces[j]) - 1:
-            return full, j + 1, s
-    pytest.skip("no two-token stop string in this continuation")
+    text = "".join(pieces)
+    end = len("".join(pieces[:j + 1]))
+    for k in range(len(pieces[j]) + 1, end + 1):   # reaches into token j-1 at least
+        s = text[end - k:end]
+        if text.find(s) == end - k:
+            return full, j, s, blocks
+    raise AssertionError("unreachable: the whole prefix occurs first at 0")
 
 
 def test_stop_string_inside_accepted_block(q8_model):
-    full, j, s = _stop_inside_block(q8_model)
+    full, j, s, blocks = _stop_inside_block(q8_model)
+    cut = []
+    r = q8_model.generate(P["prompt_ids"], 48, n_max=3, stop=[s], ignore_eos=True, on_tokens=lambda ids: cut.append(list(ids)))
+    # the round that completed the stop verified more tokens than it emitted: the block was cut after token j
+    assert r.finish_reason == "stop" and cut[:-1] == [b for b in blocks[:len(cut) - 1]]
+    assert len(cut[-1]) < len(blocks[len(cut) - 1]) and r.ids[-1] == full.ids[j]
     for n_max in ("auto", 1, 3):
         r = q8_model.generate(P["prompt_ids"], 48, n_max=n_max, stop=[s, "never-there"], ignore_eos=True)
         assert r.finish_reason == "stop"
@@ -89,7 +101,7 @@ def test_stop_string_inside_accepted_block(q8_model):
 
 
 def test_finish_precedence_eos_then_stop_then_length(q8_model):
-    full, j, s = _stop_inside_block(q8_model)
+    full, j, s, _blocks = _stop_inside_block(q8_model)
     tb = q8_model.tokenizer.token_to_bytes
     eos = generate(q8_model.engine, P["prompt_ids"], j + 1, n_max=3, eog_ids={full.ids[j]}, stop=[s], token_bytes=tb)
     assert (eos.finish_reason, eos.tokens) == ("eos", full.ids[:j + 1])
