@@ -2,6 +2,7 @@
 import copy
 import json
 import pickle
+import re
 import subprocess
 import sys
 
@@ -23,14 +24,19 @@ def tuned(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("tlog")
     # two small kernels, a handful of trials; keep the found schedules so that applying them changes the kernels
+    msgs = []
     book = tune_model(str(MODEL), str(d), trials=4, only=r"^(argmax1|fused_rms_norm3_mul4)$", keep_slower=True, search="generic",
-                      progress=False, log=lambda *_: None)
-    return d, book
+                      progress=False, log=msgs.append)
+    return d, book, msgs
 
 
 def test_tune_writes_a_valid_resumable_log(tuned):
-    d, book = tuned
-    assert len(book["records"]) == 2
+    d, book, msgs = tuned
+    assert len(book["records"]) == 2, msgs
+    # the summary line of each kernel counts its candidates: built, ran, and why any failed
+    for name in ("argmax1", "fused_rms_norm3_mul4"):
+        line = next(m for m in msgs if m.strip().startswith(name + ":"))
+        assert re.search(r"(\d+) candidate\(s\): (\d+) built, (\d+) ran", line), line
     again = tlog.read(str(d))
     assert again == book
     assert {r["name"] for r in book["records"]} == {"argmax1", "fused_rms_norm3_mul4"}
@@ -45,7 +51,7 @@ def test_tune_writes_a_valid_resumable_log(tuned):
 
 
 def test_export_import_merge(tuned, tmp_path):
-    d, book = tuned
+    d, book, _msgs = tuned
     cli = [sys.executable, "-m", "nextn.runtime.cli", "tuning"]
     assert subprocess.run(cli + ["export", str(d), "-o", str(tmp_path / "x.json")]).returncode == 0
     assert subprocess.run(cli + ["import", str(tmp_path / "x.json"), "-o", str(tmp_path / "imp")]).returncode == 0
@@ -72,7 +78,7 @@ def test_apply_is_deterministic_and_keeps_results(tuned, tmp_path, compiled):
     import nextn.runtime as rt
     from nextn.compiler.compile import compile_model
 
-    d, _book = tuned
+    d, _book, _msgs = tuned
     foreign = tlog.read(str(d))
     extra = copy.deepcopy(foreign["records"][0])
     extra["target"]["key"] = "cuda:sm_90"
@@ -103,7 +109,7 @@ def _bad(tmp_path, name, data: bytes):
 
 
 def test_hostile_logs_are_refused(tuned, tmp_path):
-    d, book = tuned
+    d, book, _msgs = tuned
     good = json.loads(json.dumps(book))
     cases = {
         "pickle.json": pickle.dumps({"format": "nextn-tuning-log"}),
@@ -181,3 +187,16 @@ def test_offline_gen_builds_cuda_candidates_without_a_gpu(tmp_path):
     for entry in [w["default"]] + w["candidates"]:
         info = device_code(str(cand / entry["file"]))
         assert info["cuda_sass"] == ["sm_90"] and not info["cuda_source"]
+
+
+def test_tune_says_why_nothing_was_measured(tmp_path):
+    """A timeout no candidate can meet: `nextn tune` exits 1 with one line naming the kernel, how many candidates
+    failed to build and why, and writes no log (rather than an empty one)."""
+    out = tmp_path / "log"
+    r = subprocess.run([sys.executable, "-m", "nextn.runtime.cli", "tune", str(MODEL), "--trials", "2", "--only",
+                        "^argmax1$", "--build-timeout", "0.01", "-o", str(out)], capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    err = r.stderr.strip().splitlines()[-1]
+    assert err.startswith("nextn: error:") and "argmax1" in err and "failed to build" in err, err
+    assert "Timeout, killed after 0.01 seconds" in err and "--build-timeout" in err, err
+    assert not (out / "log.json").exists()

@@ -218,7 +218,7 @@ def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32,
             kept = "kept" if tt < td or keep_slower else "default kept"
             log(f"  {name}: default {td * 1e6:.1f} us, tuned {tt * 1e6:.1f} us ({kept}); {tally.describe()}")
     if summary and all(td is None for _n, _t, td, _tt in summary):
-        raise NextnError(f"nextn tune: no candidate of the {len(summary)} kernel(s) could be measured, no log written "
+        raise NextnError(f"no candidate of the {len(summary)} kernel(s) could be measured, no log written "
                          f"({'; '.join(f'{n}: {t.describe()}' for n, t, _a, _b in summary[:3])}"
                          f"{'; ...' if len(summary) > 3 else ''}); on a busy machine raise --build-timeout "
                          f"(now {build_timeout:g} s)")
