@@ -1,6 +1,6 @@
 """GPU targets on a build machine without a GPU: target objects, arch lists, and the toolchain set-up.
 
-CUDA (tvm-field-guide.md §2): TVM only compiles device code to a cubin at build time when its CUDA runtime
+CUDA (docs/design.md "TVM"): TVM only compiles device code to a cubin at build time when its CUDA runtime
 plugin (`libtvm_runtime_cuda.so`) is loaded; that plugin needs a `libcuda.so.1`, which a GPU-less machine lacks,
 and without it TVM silently embeds CUDA *source* (which would need a compiler where the artifact runs). So
 before a CUDA build we load, in this process: the real `libcuda.so.1` if there is one, else a stub compiled
@@ -10,10 +10,10 @@ tvm` because the dynamic loader matches the plugin's NEEDED `libcuda.so.1` by so
 nvcc through our `tvm_callback_cuda_compile`, one fatbin with SASS for every requested arch plus PTX of the
 lowest (so newer GPUs can JIT it), restored to TVM's own callback afterwards.
 
-ROCm (§5): LLVM's AMDGPU backend in the wheel plus `ld.lld-22` (Debian: `apt-get install lld-22`); device
-libraries are used from `$ROCM_PATH/amdgcn/bitcode` when present, else none are linked (our kernels call no
-`__ocml_*` function; the link runs with `--no-undefined`, so a missing one fails the build loudly). One code
-object per arch, so one library per arch.
+ROCm (TVM `python/tvm/support/rocm.py`): LLVM's AMDGPU backend in the wheel plus `ld.lld-22` (Debian: `apt-get
+install lld-22`); device libraries are used from `$ROCM_PATH/amdgcn/bitcode` when present, else none are linked (our
+kernels call no `__ocml_*` function; the link runs with `--no-undefined`, so a missing one fails the build loudly).
+One code object per arch, so one library per arch.
 """
 from __future__ import annotations
 

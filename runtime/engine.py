@@ -230,7 +230,7 @@ class Engine:
     # -- whole-sequence API -----------------------------------------------------------------------
     def logits(self, token_ids) -> np.ndarray:
         """Trunk logits `[T, n_vocab]` float32 for `token_ids` at positions 0..T-1 (no KV reuse).
-        Semantics: llama.cpp src/models/glm4-moe.cpp (reference §4.1)."""
+        Semantics: llama.cpp src/models/glm4-moe.cpp (the trunk graph)."""
         ids = np.asarray(token_ids, np.int32)
         return np.concatenate(self._by_chunk(lambda t, p: self.verify(t, p)[1].numpy(), 0, ids))
 
@@ -241,7 +241,7 @@ class Engine:
     def mtp_logits(self, token_ids) -> np.ndarray:
         """Teacher-forced NextN logits `[T, n_vocab]` float32: row p pairs token p with the trunk hidden at
         p-1 (zeros at p = 0) and predicts token p+1 (llama.cpp common/speculative.cpp draft-mtp `process()`,
-        reference §6.2)."""
+        docs/design.md "Speculation")."""
         if not self.has_mtp:
             raise NextnError("this model has no NextN (MTP) block loaded")
         ids = np.asarray(token_ids, np.int32)

@@ -1,18 +1,19 @@
 """Decoding with NextN (MTP) self-speculation: the draft-mtp algorithm of llama.cpp
-(common/speculative.cpp `common_speculative_impl_draft_mtp`, tools/server; glm-mtp-reference.md §6–§7).
+(common/speculative.cpp `common_speculative_impl_draft_mtp`, common/sampling.cpp
+`common_sampler_sample_and_accept_n`, tools/server/server-context.cpp; docs/design.md "Speculation").
 
 Vocabulary (used exactly so in code, stats and docs; the sampling words are defined in `sampling.py`):
 - *round*: one verification pass of the trunk over `[id_last, d1..dk]` (k + 1 rows) with k >= 1 drafts;
   a *plain round* verifies `[id_last]` alone (spec off, or depth 0 chosen by `auto`).
 - *drafted* tokens `d1..dk`: proposed by the NextN head (greedy, or sampled), k <= n_max; drafting stops early
-  when the draft's probability is below p_min, and a draft shorter than n_min is discarded (llama.cpp §7.3).
+  when the draft's probability is below p_min, and a draft shorter than n_min is discarded (llama.cpp `draft()`).
 - *accepted* / *rejected* / *recovered* / *bonus* / *emitted*: see `sampling.py`. A round emits accepted + 1
   tokens, cut by the finish rules (EOS/EOG, then stop strings, then the -n budget, one token at a time).
   Counters count emitted tokens only: a draft cut by a finish rule is not counted as accepted.
 Greedy output is byte-identical with speculation on or off (same kernels for every row count); sampled output
 is too with a greedy draft (sample-and-match with position-keyed random numbers).
 
-Hidden-state plumbing (§6.2): NextN row p pairs token p with a post-norm hidden of position p-1 — the trunk's
+Hidden-state plumbing (llama.cpp `process()`): NextN row p pairs token p with a post-norm hidden of position p-1 — the trunk's
 `output_norm` output (`pending_h`, zeros before position 0), or, inside a draft, the previous draft step's
 `t_h_nextn`. The NextN KV below the committed position must hold trunk-paired rows. Unlike llama.cpp's
 `process()`, which re-runs the NextN rows of every verified row, the `Drafter` writes only the rows that were
@@ -143,7 +144,7 @@ class FinishRules:
 
 
 class Drafter:
-    """The NextN side: keeps the NextN KV in step with the trunk and proposes drafts (llama.cpp §7.2–§7.3).
+    """The NextN side: keeps the NextN KV in step with the trunk and proposes drafts (llama.cpp `process()`, `draft()`).
     `add_rows` queues teacher-forced rows (the gap); `propose` writes the gap, then drafts up to k tokens."""
 
     FUSE_ROWS = 2   # a gap this short rides along in the draft-step-0 call (mtp_draft computes logits per row)

@@ -7,11 +7,11 @@ which fused kernels defeated the specialised rules and landed in `Fallback`:
 
     python -m nextn.compiler.schedule_report MODEL.gguf [--target cuda|rocm] [--arch sm_90]   # PrimFunc -> rule
 
-Rule order (tvm-field-guide.md §2.6, §2.9): `LowBatchGEMV` before `Matmul` because every matmul here has a
-dynamic row count T (1 for a draft step, k+1 for verify, up to 512 for prefill); `GEMV` for static single rows;
-`Reduction` / `GeneralReduction` for norms, argmax and the gathered-expert GEMV (`mul_mat_id`); `Fallback`
-(one thread per output element, correct but not fast) last. Weights are float32 or Q8_0 dequantized in-kernel;
-there is no fp16 arithmetic, so no rule tensorizes.
+Rule order (dlight's rules in TVM `python/tvm/s_tir/dlight/gpu/`; docs/design.md "TVM"): `LowBatchGEMV` before
+`Matmul` because every matmul here has a dynamic row count T (1 for a draft step, k+1 for verify, up to 512 for
+prefill); `GEMV` for static single rows; `Reduction` / `GeneralReduction` for norms, argmax and the gathered-expert
+GEMV (`mul_mat_id`); `Fallback` (one thread per output element, correct but not fast) last. Weights are float32 or
+Q8_0 dequantized in-kernel; there is no fp16 arithmetic, so no rule tensorizes.
 """
 from __future__ import annotations
 

@@ -68,7 +68,8 @@ def test_config_matches_hf_config(bf16_files):
 
 
 def test_yarn_mscale():
-    # §4.2 with attn_factor 1, yarn_log_multiplier 1, factor 40: attn_factor_org = mscale/attn_factor_org = 1 + 0.1 ln 40
+    # llama.cpp glm-dsa.cpp with attn_factor 1, yarn_log_multiplier 1, factor 40: attn_factor_org = mscale/attn_factor_org
+    # = 1 + 0.1 ln 40
     m = 1.0 + 0.1 * math.log(40.0)
     assert dsa_config.mla_kq_scale(192, 1.0 / 40.0, 1.0, 1.0) == pytest.approx((m * m) ** 2 / math.sqrt(192))
     assert dsa_config.mla_kq_scale(192) == pytest.approx(192 ** -0.5)
@@ -164,7 +165,7 @@ def test_absorbed_mla_equals_naive_expanded(bf16_files, top_k):
 # YaRN x4 over 1024 original positions: the ramp spans pairs 1..6 of the fixture's 16 rope pairs (base 1e6)
 YARN = {"glm-dsa.rope.scaling.type": "yarn", "glm-dsa.rope.scaling.factor": 4.0,
         "glm-dsa.rope.scaling.original_context_length": 1024}
-YARN_MSCALE = 1.0 + 0.1 * math.log(4.0)          # §4.2 attn_factor_org with attn_factor 1, factor 4
+YARN_MSCALE = 1.0 + 0.1 * math.log(4.0)          # glm-dsa.cpp attn_factor_org with attn_factor 1, factor 4
 
 
 def _yarn(c):

@@ -1,9 +1,9 @@
 """A model as one or two GGUF files: bundled (trunk + NextN), trunk-only, or trunk-only + MTP-only draft.
 
-Layout detection follows llama.cpp (glm-mtp-reference.md §3.3): an MTP-only file declares the full
-`block_count` and `nextn_predict_layers` but has no `blk.0.attn_norm.weight`; a trunk-only file has no
-`blk.{n_layer}.nextn.eh_proj.weight` (or no `nextn_predict_layers`). NextN tensors are only read when
-speculation is requested (`load_mtp`).
+Layout detection follows llama.cpp (src/llama-model.cpp tensor loading; docs/design.md "GGUF"): an MTP-only
+file declares the full `block_count` and `nextn_predict_layers` but has no `blk.0.attn_norm.weight`; a trunk-only
+file has no `blk.{n_layer}.nextn.eh_proj.weight` (or no `nextn_predict_layers`). NextN tensors are only read
+when speculation is requested (`load_mtp`).
 """
 from __future__ import annotations
 

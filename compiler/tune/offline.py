@@ -1,4 +1,5 @@
-"""Offline tuning for machines the build host cannot reach (tvm-field-guide §3.6): gen → measure → ingest.
+"""Offline tuning for machines the build host cannot reach (meta_schedule's candidates built here, measured there):
+gen → measure → ingest.
 
     nextn tune MODEL.gguf --target cuda --arch sm_90 --offline DIR   # here: sample + build candidates (no GPU)
     nextn tuning measure DIR [--device cuda:0]                        # there: runtime only, writes DIR/results.json

@@ -16,7 +16,8 @@ from ..glm_base.config import (GlmConfig, ffn_tensors, layer_counts, moe_keys, n
                                rope_keys, scalar_or_first)
 
 ARCH = "glm-dsa"
-INDEXER_K_NORM_EPS = 1e-6   # the model's LayerNorm eps (transformers GlmMoeDsaIndexer); llama.cpp uses 0 (§10)
+INDEXER_K_NORM_EPS = 1e-6   # the model's LayerNorm eps (transformers GlmMoeDsaIndexer); llama.cpp runs it with 0
+# (it never reads attention.layer_norm_epsilon for glm-dsa)
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class GlmDsaConfig(GlmConfig):
     kv_lora: int            # attention.kv_lora_rank
     hd_k: int               # attention.key_length_mla = qk_nope + qk_rope
     hd_v: int               # attention.value_length_mla
-    kq_scale: float         # mscale^2 / sqrt(hd_k) (§4.2)
+    kq_scale: float         # mscale^2 / sqrt(hd_k) (llama.cpp glm-dsa.cpp)
     idx_heads: int          # attention.indexer.head_count
     idx_hd: int             # attention.indexer.key_length
     idx_top_k: int          # attention.indexer.top_k
@@ -43,7 +44,7 @@ class GlmDsaConfig(GlmConfig):
 
 
 def mla_kq_scale(hd_k: int, freq_scale: float = 1.0, attn_factor: float = 1.0, yarn_log_mul: float = 0.0) -> float:
-    """kq_scale = mscale^2 / sqrt(hd_k) with mscale the YaRN magnitude factor (llama.cpp glm-dsa.cpp, §4.2):
+    """kq_scale = mscale^2 / sqrt(hd_k) with mscale the YaRN magnitude factor (llama.cpp src/models/glm-dsa.cpp):
     attn_factor_org = attn_factor (1 + 0.1 ln(1/freq_scale)); mscale = attn_factor_org (1 + 0.1 yarn_log_mul ln(1/freq_scale)).
     `attn_factor` is the rope magnitude argument (config.rope_attn_factor); glm-dsa does not read yarn_log_mul (0).
     Without rope scaling (freq_scale 1) this is 1/sqrt(hd_k)."""
@@ -54,7 +55,7 @@ def mla_kq_scale(hd_k: int, freq_scale: float = 1.0, attn_factor: float = 1.0, y
 
 def _indexer_types(f, key: str, n_layer: int, n_ctx_train: int) -> list[int]:
     v = f.get(key, None)
-    if v is None:   # §2: all full below 1M context (GLM-5/5.1), else the GLM-5.2 pattern
+    if v is None:   # llama.cpp load_hparams: all full below 1M context (GLM-5/5.1), else the GLM-5.2 pattern
         if n_ctx_train < 1048576:
             return [1] * n_layer
         return [1 if i < 3 or (i - 3) % 4 == 3 else 0 for i in range(n_layer)]
@@ -68,7 +69,7 @@ def _indexer_types(f, key: str, n_layer: int, n_ctx_train: int) -> list[int]:
 
 
 def config_from_gguf(f) -> GlmDsaConfig:
-    """Read every glm-dsa key of reference §2 from GGUFFile `f` (bundled, trunk-only or MTP-only file)."""
+    """Read every glm-dsa key (module docstring) from GGUFFile `f` (bundled, trunk-only or MTP-only file)."""
     a = ARCH
     n_layer, n_nextn = layer_counts(f, a)
     n_embd = f.get(f"{a}.embedding_length", kind=int)
@@ -114,7 +115,7 @@ def config_from_gguf(f) -> GlmDsaConfig:
 
 
 def attention_tensors(c: GlmDsaConfig, il: int, indexer: bool) -> dict[str, tuple[int, ...]]:
-    """Row-major shapes of one block's MLA (+ DSA indexer) tensors (§3.2)."""
+    """Row-major shapes of one block's MLA (+ DSA indexer) tensors (llama.cpp load_tensors for LLM_ARCH_GLM_DSA)."""
     p, E, H = f"blk.{il}.", c.n_embd, c.n_head
     t = {
         p + "attn_norm.weight": (E,),

@@ -1,5 +1,5 @@
-"""glm-dsa trunk and `graph_mtp` builders (llama.cpp src/models/glm-dsa.cpp; glm-mtp-reference.md §4.2, §5.3;
-the DeepSeek-V3.2 / GLM-5 papers for the DSA lightning indexer).
+"""glm-dsa trunk and `graph_mtp` builders (llama.cpp src/models/glm-dsa.cpp, the trunk graph and `graph_mtp`;
+the DeepSeek-V3.2-Exp / GLM-5 reports for the DSA lightning indexer; docs/design.md "glm-dsa").
 
 Absorbed MLA: the KV cache of a layer stores one latent head per token, `[kv_cmpr (kv_lora) | k_pe (qk_rope)]`;
 queries are absorbed through `attn_k_b` (q_nope → kv_lora columns), V is the first kv_lora columns of the
@@ -8,8 +8,9 @@ scores keys with relu'd per-head dot products weighted by `indexer.proj`, and le
 top-k keys; shared layers reuse the last full layer's selection. The MoE FFN and the NextN frame are the GLM
 base's (..glm_base.graph), as glm4moe's.
 
-Where nextn follows the model rather than llama.cpp (fixtures README): the indexer `k_norm` eps is 1e-6, and the
-NextN block runs its own indexer (llama.cpp: dense MLA there, our `mtp_dense_attention=True`).
+Where nextn follows the model (transformers) rather than llama.cpp, as the fixtures' references do: the indexer
+`k_norm` eps is 1e-6, and the NextN block runs its own indexer (llama.cpp: dense MLA there, our
+`mtp_dense_attention=True`).
 """
 from __future__ import annotations
 
