@@ -30,6 +30,15 @@ def peer_tools() -> dict[str, str]:
     return {t: os.path.join(bin_dir, t) for t in TOOLS if os.access(os.path.join(bin_dir, t), os.X_OK)}
 
 
+def peer_version() -> str | None:
+    """What the peer was built from (the build script's stamp: sdist version and CMake flags), or None."""
+    try:
+        with open(os.path.join(peer_dir(), "bin", ".stamp")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def peer_tool(name: str) -> str:
     """Absolute path of one peer binary; PeerMissing (naming the build command) when it is not built."""
     if name not in TOOLS:

@@ -1,10 +1,18 @@
-"""Real-width speed, side by side in one run: nextn vs llama.cpp (the peer) on the same GGUFs.
+"""Real-width speed and memory, side by side in one run: nextn vs llama.cpp (the peer) on the same GGUFs.
 
-    python bench/realwidth.py [FILE ...] [--repeat 3] [-t THREADS] [-o report.json]
+    python bench/realwidth.py [FILE ...] [--repeat 3] [-t THREADS] [-ctk f16 -ctv f16] [-o report.json]
+    python bench/realwidth.py --table report.json          # the tables of a saved report again
 
 FILE: paths, or names in --dir (default $NEXTN_REALWIDTH or /work/realwidth); default: every file of
 `/work/lead/shared-resources.md` that exists there (glm45air-1, its IQ4_XS and Q8_0 variants, glm45air-3,
 glm52-1), smallest first. Run it under `flock /work/realwidth/heavy.lock` on a shared machine.
+Prints two tables: speed (issue 12: decode vs tg, prefill vs pp, bandwidth, verify and draft per decode) and
+memory / first token (issue 11: peak RSS against file + KV bytes, `run -n 1` wall against `llama-completion -n 1`,
+decode vs tg).
+
+Both engines get the same settings: `-t` threads (nextn: TVM_NUM_THREADS, and `run -t` where nextn has it) and
+KV cache types `-ctk/-ctv` (default f16, llama.cpp's; nextn gets them where it has them, else the report says
+which types it used); llama.cpp keeps its default flash attention (`-fa auto`: on for the CPU).
 
 Per file, `--repeat` rounds; each round measures, back to back so that drift hits all three alike:
   1. the machine's read bandwidth: `-t` numpy threads each summing its share of a 512 MB float32 array (STREAM-like
@@ -17,7 +25,9 @@ Per file, `--repeat` rounds; each round measures, back to back so that drift hit
      real speculation (the depth calibration's repeated token would route every row to the same experts);
   3. `llama-bench -p N_PROMPT -n N_GEN -r 1 -t THREADS` (pp and tg, llama-bench's own warm-up).
 Best of the rounds counts (max tok/s, min ms). After the rounds, once per file: `nextn run FILE -n 1` and
-`llama-completion -m FILE -n 1 -no-cnv` (both -c 4096, warm page cache): wall seconds and peak RSS.
+`llama-completion -m FILE -n 1 -no-cnv` (both -c 4096), each right after reading the whole file once (warm page
+cache): wall seconds and peak RSS, against the file's bytes + the KV bytes each engine allocated (nextn: the
+engine's own count; llama.cpp: its `llama_kv_cache: size =` lines, which is why it runs with `-v`).
 
 Weight bytes read per decoded token (`nextn.common.manifest.read_bytes_per_row`): every trunk weight once, except
 the routed experts (`ffn_{gate,up,down}_exps`), of which n_expert_used / n_expert are read, and `token_embd`, of
@@ -26,9 +36,11 @@ read by plain decoding; KV reads are left out (an 8..40-cell context). Counted t
 (what llama.cpp reads) and from the buffers the artifact's `decode` entry takes (`step_read_bytes`: what nextn's
 kernels stream; larger where a format is repacked). GB/s per engine = its bytes per token × its tok/s.
 
-Memory: each measured process is watched (/proc) and killed when its anonymous memory passes --mem-budget-gb
-(default 12) or the machine's MemAvailable falls under 1 GB; the report records it and goes on. Peak RSS is the
-kernel's (wait4 ru_maxrss). Threads: llama.cpp `-t`; nextn TVM_NUM_THREADS (default: physical cores).
+Memory guard (a 24 GB machine; glm52-1 alone is 12.7 GB): a file is measured only when MemAvailable (page cache
+counts as available) holds the file + --headroom-gb (default 2), else it is reported as skipped; each measured
+process is watched (/proc) and killed when its anonymous memory passes --mem-budget-gb (default 12; mapped file
+pages do not count) or the machine's MemAvailable falls under 1 GB, and nextn is not loaded again for that file;
+the report records it and goes on. Peak RSS is the child's VmHWM (/proc), mapped file pages included.
 """
 from __future__ import annotations
 
@@ -50,6 +62,7 @@ DEFAULT_DIR = os.environ.get("NEXTN_REALWIDTH", "/work/realwidth")
 KNOWN = ["glm45air-1.gguf", "glm45air-1-IQ4_XS.gguf", "glm45air-1-Q8_0.gguf", "glm45air-3.gguf", "glm52-1.gguf"]
 VERIFY_ROWS = (1, 2, 3, 4)          # T = k+1 rows for k = 0 (one decode), 1, 2, 3
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
+KV_TYPES = ("f32", "f16", "bf16", "q8_0")   # llama.cpp's -ctk / -ctv values that nextn also has
 GB = 1e9
 
 
@@ -119,7 +132,29 @@ def machine() -> dict:
 
     mem = meminfo()
     return {"cpu": cpu_name(), "physical_cores": physical_cores(), "logical_cpus": os.cpu_count(),
-            "mem_total_GB": mem.get("MemTotal", 0) / GB, "loadavg": os.getloadavg(), "host": platform.node()}
+            "cpu_flags": cpu_flags(), "mem_total_GB": mem.get("MemTotal", 0) / GB, "loadavg": os.getloadavg(),
+            "host": platform.node(), "nextn_commit": nextn_commit()}
+
+
+def cpu_flags() -> list[str]:
+    """The SIMD flags that decide which kernels both engines can use (/proc/cpuinfo)."""
+    want = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16")
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        have = []
+    return [x for x in want if x in have]
+
+
+def nextn_commit() -> str | None:
+    """`git describe` of the checkout this script runs from (which nextn was measured)."""
+    try:
+        r = subprocess.run(["git", "-C", HERE, "describe", "--always", "--dirty"], capture_output=True, text=True,
+                           timeout=30)
+        return r.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def meminfo() -> dict:
@@ -147,14 +182,18 @@ def proc_mem(pid: int) -> dict:
 
 def run_watched(cmd, budget_bytes: float, env=None, timeout: float = 3600.0, log=None) -> dict:
     """Run cmd; kill it when its anonymous memory passes budget_bytes or MemAvailable < 1 GB.
-    Returns rc, stdout, stderr, wall_s, peak_rss (ru_maxrss), peak_anon (sampled), killed (reason or None)."""
+    Returns rc, stdout, stderr, wall_s, peak_rss, peak_anon (sampled), killed (reason or None).
+    peak_rss is the child's own VmHWM, sampled every 0.1 s (a high-water mark: only growth in the last 0.1 s can be
+    missed); wait4's ru_maxrss (`peak_rss_ru`) is only the fallback for a child gone before the first sample,
+    because Linux carries the spawning process's high-water mark over the exec (this script's 0.5 GB bandwidth
+    arrays would show up as the child's peak)."""
     err = tempfile.TemporaryFile()
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(x) for x in p.stdout], daemon=True)
     reader.start()
-    peak_anon, killed, status, ru = 0, None, None, None
+    peak_anon, peak_hwm, killed, status, ru = 0, 0, None, None, None
     while True:
         pid, st, r = os.wait4(p.pid, os.WNOHANG)
         if pid:
@@ -162,6 +201,7 @@ def run_watched(cmd, budget_bytes: float, env=None, timeout: float = 3600.0, log
             break
         mem = proc_mem(p.pid)
         peak_anon = max(peak_anon, mem.get("RssAnon", 0))
+        peak_hwm = max(peak_hwm, mem.get("VmHWM", 0))
         avail = meminfo().get("MemAvailable", 1 << 40)
         if killed is None:
             if mem.get("RssAnon", 0) > budget_bytes:
@@ -174,13 +214,14 @@ def run_watched(cmd, budget_bytes: float, env=None, timeout: float = 3600.0, log
                 if log:
                     log(f"  killing {os.path.basename(cmd[0])}: {killed}")
                 p.kill()
-        time.sleep(0.2)
+        time.sleep(0.1)
     reader.join(5)
     p.returncode = os.waitstatus_to_exitcode(status)
     err.seek(0)
     return {"rc": p.returncode, "stdout": b"".join(lines.queue).decode(errors="replace"),
             "stderr": err.read().decode(errors="replace"), "wall_s": time.perf_counter() - t0,
-            "peak_rss": ru.ru_maxrss * 1024, "peak_anon": peak_anon, "killed": killed}
+            "peak_rss": peak_hwm or ru.ru_maxrss * 1024, "peak_rss_ru": ru.ru_maxrss * 1024, "peak_anon": peak_anon,
+            "killed": killed}
 
 
 def _failure(res: dict) -> str:
@@ -191,19 +232,38 @@ def _failure(res: dict) -> str:
 
 
 # -- nextn (in a worker process, one per round) ---------------------------------------------------------------------
-def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int) -> dict:
+def load_kwargs(load, cache_type_k: str, cache_type_v: str) -> dict:
+    """The KV cache type arguments `nextn.runtime.load` takes ({} for a nextn without KV types: f32 KV)."""
+    import inspect
+
+    return ({"cache_type_k": cache_type_k, "cache_type_v": cache_type_v}
+            if "cache_type_k" in inspect.signature(load).parameters else {})
+
+
+def engine_kv(eng) -> dict:
+    """{type_k, type_v, bytes, ...}: the KV cache the engine allocated (types f32 where nextn has no KV types)."""
+    kc = getattr(eng, "kv_cache", None)
+    kc = dict(kc() if callable(kc) else kc or {"type_k": "f32", "type_v": "f32"})
+    kc["bytes"] = eng.kv_bytes
+    return kc
+
+
+def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type_k: str = "f16",
+           cache_type_v: str = "f16") -> dict:
     """One nextn round on `path` in this process; returns the measurements (see the module doc)."""
     import nextn.runtime as rt
     from nextn.common.manifest import step_read_bytes
     from nextn.common.timing import time_call
 
     t = time.perf_counter()
-    m = rt.load(path, ctx_size=ctx, log=lambda s: print(s, file=sys.stderr))
+    m = rt.load(path, ctx_size=ctx, log=lambda s: print(s, file=sys.stderr),
+                **load_kwargs(rt.load, cache_type_k, cache_type_v))
     load_s = time.perf_counter() - t
     eng = m.engine
     rng = np.random.default_rng(seed)
     V = int(eng.hparams["n_vocab"])
-    out = {"load_s": load_s, "weight_bytes": eng.weight_bytes, "kv_bytes": eng.kv_bytes,
+    out = {"load_s": load_s, "weight_bytes": eng.weight_bytes, "kv_bytes": eng.kv_bytes, "kv_cache": engine_kv(eng),
+           "copied_weight_bytes": getattr(eng.device, "copied_weight_bytes", None),
            "plan_bytes_per_token": step_read_bytes(eng.artifact.manifest, "decode"), "threads_env":
            os.environ.get("TVM_NUM_THREADS"), "has_mtp": eng.has_mtp}
     ids = m.tokenizer.encode(PROMPT)[:8]
@@ -230,7 +290,7 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int) -> dict:
 def nextn_round(path, a, log) -> dict:
     env = dict(os.environ, TVM_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", path, "--n-gen", str(a.n_gen),
-           "--n-prompt", str(a.n_prompt), "--ctx", str(a.ctx)]
+           "--n-prompt", str(a.n_prompt), "--ctx", str(a.ctx), "-ctk", a.cache_type_k, "-ctv", a.cache_type_v]
     res = run_watched(cmd, a.mem_budget_gb * GB, env=env, log=log)
     mem = {"peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"], "wall_s": res["wall_s"]}
     line = next((x for x in reversed(res["stdout"].splitlines()) if x.startswith("RESULT ")), None)
@@ -254,14 +314,31 @@ def parse_llama_bench(text: str) -> dict:
             out[f"n_{'prompt' if kind == 'pp' else 'gen'}"] = int(r["n_prompt" if kind == "pp" else "n_gen"])
             out["n_threads"] = int(r["n_threads"])
             out["build"] = f"{r.get('build_number')} ({r.get('build_commit')})"
+            for k in ("type_k", "type_v", "flash_attn"):
+                if k in r:
+                    out[k] = r[k]
     return out
+
+
+def parse_llama_kv(stderr: str) -> dict | None:
+    """llama.cpp's KV allocation from a `-v` log: the `llama_kv_cache*: size = X MiB ..., K (t): ..., V (t): ...`
+    lines of the last `llama_context` built (llama-completion builds a throw-away one first while it fits the
+    parameters to memory; glm-dsa has two caches, summed) → {"bytes", "type_k", "type_v"}, or None."""
+    import re
+
+    text = stderr.rsplit("constructing llama_context", 1)[-1]
+    pat = re.compile(r"llama_kv_cache\w*: size =\s*([\d.]+) MiB.*?K \((\w+)\).*?V \((\w+)\)")
+    found = pat.findall(text)
+    if not found:
+        return None
+    return {"bytes": sum(float(m) for m, _k, _v in found) * (1 << 20), "type_k": found[0][1], "type_v": found[0][2]}
 
 
 def llama_round(path, a, tools, log) -> dict:
     if "llama-bench" not in tools:
         return {"status": tools["missing llama-bench"]}
     cmd = [tools["llama-bench"], "-m", path, "-p", str(a.n_prompt), "-n", str(a.n_gen), "-r", "1",
-           "-t", str(a.threads), "-o", "jsonl"]
+           "-t", str(a.threads), "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "-o", "jsonl"]
     res = run_watched(cmd, a.mem_budget_gb * GB, log=log)
     parsed = parse_llama_bench(res["stdout"]) if res["rc"] == 0 else {}
     mem = {"peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"], "wall_s": res["wall_s"]}
@@ -270,23 +347,66 @@ def llama_round(path, a, tools, log) -> dict:
     return {"status": "ok", **parsed, **mem}
 
 
-def first_token(path, a, tools, log, skip_nextn=None) -> dict:
-    """`nextn run -n 1` and `llama-completion -n 1` wall seconds and peak RSS (warm page cache: after the rounds);
-    `skip_nextn`: why nextn is not run (it went over the memory budget in the rounds)."""
-    out = {"nextn": {"status": f"not run ({skip_nextn} in the rounds)"}} if skip_nextn else {}
-    nextn_cli = os.path.join(os.path.dirname(sys.executable), "nextn")
+def warm_page_cache(path: str, chunk: int = 64 << 20) -> float:
+    """Read the whole file once so that the run after it finds its pages in the page cache; returns seconds."""
+    t = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(chunk)
+        while f.readinto(buf):
+            pass
+    return time.perf_counter() - t
+
+
+def nextn_run_flags(nextn_cli: str) -> dict:
+    """Which of llama.cpp's flags this checkout's `nextn run` takes (they land branch by branch):
+    {"kv_types": -ctk/-ctv, "threads": -t, "json": --json}."""
+    try:
+        h = subprocess.run([nextn_cli, "run", "--help"], capture_output=True, text=True, timeout=300).stdout
+    except (OSError, subprocess.SubprocessError):
+        h = ""
+    return {"kv_types": "--cache-type-k" in h, "threads": "--threads" in h, "json": "--json" in h}
+
+
+def first_token_cmds(path, a, tools, nextn_cli, flags) -> dict:
+    """{engine: (argv, env)} of the `-n 1` runs: the same prompt, context, threads and KV types on both sides."""
     env = dict(os.environ, TVM_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
-    runs = {"nextn": ([nextn_cli, "run", path, "-p", PROMPT, "-n", "1", "-c", str(a.ctx)], env)}
+    nx = [nextn_cli, "run", path, "-p", PROMPT, "-n", "1", "-c", str(a.ctx)]
+    nx += ["-t", str(a.threads)] if flags.get("threads") else []
+    nx += ["-ctk", a.cache_type_k, "-ctv", a.cache_type_v] if flags.get("kv_types") else []
+    nx += ["--json"] if flags.get("json") else []
+    runs = {"nextn": (nx, env)}
     if "llama-completion" in tools:
         runs["llama"] = ([tools["llama-completion"], "-m", path, "-p", PROMPT, "-n", "1", "-c", str(a.ctx),
-                          "-t", str(a.threads), "-no-cnv"], None)
-    for name, (cmd, e) in runs.items():
+                          "-t", str(a.threads), "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "-no-cnv", "-v"], None)
+    return runs
+
+
+def first_token(path, a, tools, log, skip_nextn=None, kv_nextn=None) -> dict:
+    """`nextn run -n 1` and `llama-completion -n 1` wall seconds, peak RSS and KV bytes, each after a read of the
+    file (warm page cache). `skip_nextn`: why nextn is not run (it went over the memory budget in the rounds);
+    `kv_nextn`: the KV the rounds' engine allocated (same -c and types), when `run --json` does not say."""
+    out = {"nextn": {"status": f"not run ({skip_nextn} in the rounds)"}} if skip_nextn else {}
+    nextn_cli = os.path.join(os.path.dirname(sys.executable), "nextn")
+    flags = nextn_run_flags(nextn_cli) if "nextn" in a.engines and "nextn" not in out else {}
+    for name, (cmd, e) in first_token_cmds(path, a, tools, nextn_cli, flags).items():
         if name not in a.engines or name in out:
             continue
-        log(f"  first token: {name}")
+        warm_s = warm_page_cache(path)
+        log(f"  first token: {name} (page cache warmed in {warm_s:.1f} s)")
         res = run_watched(cmd, a.mem_budget_gb * GB, env=e, log=log)
-        out[name] = {"status": "ok" if res["rc"] == 0 and not res["killed"] else _failure(res),
-                     "wall_s": res["wall_s"], "peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"]}
+        r = out[name] = {"status": "ok" if res["rc"] == 0 and not res["killed"] else _failure(res), "cmd": cmd,
+                         "wall_s": res["wall_s"], "peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"],
+                         "warm_s": warm_s}
+        if name == "llama":
+            r["kv"] = parse_llama_kv(res["stderr"])
+        else:
+            r["flags"] = flags
+            js = next((x for x in reversed(res["stdout"].splitlines()) if x.startswith("{")), None)
+            kv = (json.loads(js).get("kv_cache") if js else None) or kv_nextn
+            r["kv"] = dict(kv) if kv else None
+        if r["status"] == "ok":
+            log(f"  {name}: {r['wall_s']:.1f} s, peak RSS {r['peak_rss'] / GB:.2f} GB"
+                + (f", KV {r['kv']['bytes'] / GB:.2f} GB ({r['kv']['type_k']}/{r['kv']['type_v']})" if r["kv"] else ""))
     return out
 
 
@@ -321,6 +441,29 @@ def summarize(entry: dict) -> dict:
     failed = lambda rounds: next((r["status"] for r in rounds if r.get("status") != "ok"), "no rounds")  # noqa: E731
     s["nextn_status"] = "ok" if ok else failed(nx)
     s["llama_status"] = "ok" if s["llama_tg"] is not None else failed(ll)
+    if entry.get("skipped"):
+        s["nextn_status"] = s["llama_status"] = f"skipped: {entry['skipped']}"
+    s.update(summarize_first_token(entry))
+    return s
+
+
+def summarize_first_token(entry: dict) -> dict:
+    """The `-n 1` runs of one file: per engine its wall seconds (`{eng}_ft_s`), peak RSS, KV bytes and types, and
+    peak RSS ÷ (file bytes + KV bytes) (`{eng}_rss_x_file_kv`, the issue-11 target is ≤ 1.05); `ft_ratio` =
+    nextn wall ÷ llama.cpp wall (target ≤ 1.5)."""
+    size = entry.get("size")
+    s = {"file_bytes": size}
+    for eng in ("nextn", "llama"):
+        r = (entry.get("first_token") or {}).get(eng) or {}
+        ok = r.get("status") == "ok"
+        kv = r.get("kv") or {}
+        s[f"{eng}_ft_s"] = r["wall_s"] if ok else None
+        s[f"{eng}_rss"] = r["peak_rss"] if ok else None
+        s[f"{eng}_kv_bytes"] = kv.get("bytes")
+        s[f"{eng}_kv_types"] = f"{kv['type_k']}/{kv['type_v']}" if "type_k" in kv else None
+        s[f"{eng}_rss_x_file_kv"] = (r["peak_rss"] / (size + kv["bytes"])
+                                     if ok and size and kv.get("bytes") is not None else None)
+    s["ft_ratio"] = s["nextn_ft_s"] / s["llama_ft_s"] if s["nextn_ft_s"] and s["llama_ft_s"] else None
     return s
 
 
@@ -329,7 +472,8 @@ def _f(x, fmt="{:.2f}"):
 
 
 def format_table(report: dict) -> str:
-    """Markdown: one row per file, ratios last; then first-token wall time and peak RSS; then any failures."""
+    """Markdown: the speed table (one row per file, ratios last), the memory / first-token table (ratios last),
+    a line on the machine and the settings, then any failures."""
     head = ["file", "MB/token GGUF / plan", "read GB/s", "nextn tg", "llama tg", "nextn pp", f"llama pp{report['n_prompt']}",
             "nextn GB/s", "llama GB/s", "verify 2/3/4 rows ÷ decode", "draft ÷ decode",
             "tg nextn/llama", "pp nextn/llama", "nextn/read BW", "llama/read BW"]
@@ -344,26 +488,35 @@ def format_table(report: dict) -> str:
                  " / ".join(_f(vx[str(T)]) for T in VERIFY_ROWS[1:]) if vx else "–", _f(s.get("draft_x_decode")),
                  _f(s["tg_ratio"]), _f(s["pp_ratio"]), _f(s["nextn_bw_fraction"]), _f(s["llama_bw_fraction"])]
         lines.append("| " + " | ".join(cells) + " |")
+        if e.get("skipped"):
+            notes.append(f"- {e['name']}: skipped: {e['skipped']}")
+            continue
         for eng in ("nextn", "llama"):
             if s[f"{eng}_status"] != "ok" and not s[f"{eng}_status"].startswith("not run"):
                 notes.append(f"- {e['name']}: {eng}: {s[f'{eng}_status']}")
-    ft = [e for e in report["files"] if e.get("first_token")]
-    if ft:
-        lines += ["", "| file | nextn run -n 1 s | nextn peak RSS GB | llama-completion -n 1 s | llama peak RSS GB | "
-                  "wall nextn/llama | RSS nextn/llama |", "|---|---|---|---|---|---|---|"]
-        for e in ft:
-            n, l = e["first_token"].get("nextn", {}), e["first_token"].get("llama", {})
-            ok = lambda r: r.get("status") == "ok"   # noqa: E731
-            nw, nr = (n["wall_s"], n["peak_rss"] / GB) if ok(n) else (None, None)
-            lw, lr = (l["wall_s"], l["peak_rss"] / GB) if ok(l) else (None, None)
-            lines.append(f"| {e['name']} | {_f(nw, '{:.1f}')} | {_f(nr)} | {_f(lw, '{:.1f}')} | {_f(lr)} | "
-                         f"{_f(nw / lw if nw and lw else None)} | {_f(nr / lr if nr and lr else None)} |")
-            for eng, r in (("nextn", n), ("llama", l)):
-                if r and not ok(r):
+    if any(e.get("first_token") for e in report["files"]):
+        lines += ["", f"| file | file GB | KV GB nextn / llama | KV types nextn / llama | nextn peak RSS GB | "
+                  f"llama peak RSS GB | nextn run -n 1 s | llama-completion -n 1 s | nextn tg | llama tg{report['n_gen']} | "
+                  "RSS ÷ (file+KV) nextn / llama | wall nextn/llama | tg nextn/llama |", "|" + "---|" * 13]
+        for e in report["files"]:
+            s = e["summary"]
+            kv = " / ".join(_f(s[f"{x}_kv_bytes"] and s[f"{x}_kv_bytes"] / GB) for x in ("nextn", "llama"))
+            types = " / ".join(s[f"{x}_kv_types"] or "–" for x in ("nextn", "llama"))
+            cells = [e["name"], _f(e.get("size") and e["size"] / GB), kv, types,
+                     _f(s["nextn_rss"] and s["nextn_rss"] / GB), _f(s["llama_rss"] and s["llama_rss"] / GB),
+                     _f(s["nextn_ft_s"], "{:.1f}"), _f(s["llama_ft_s"], "{:.1f}"), _f(s["nextn_tg"]), _f(s["llama_tg"]),
+                     f"{_f(s['nextn_rss_x_file_kv'])} / {_f(s['llama_rss_x_file_kv'])}", _f(s["ft_ratio"]),
+                     _f(s["tg_ratio"])]
+            lines.append("| " + " | ".join(cells) + " |")
+            for eng, r in (e.get("first_token") or {}).items():
+                if r.get("status") != "ok" and not r["status"].startswith("not run"):
                     notes.append(f"- {e['name']}: first token, {eng}: {r['status']}")
     m = report["machine"]
-    lines += ["", f"{m['cpu']}, {m['physical_cores']} cores, {report['threads']} thread(s), best of {report['repeat']} "
-              f"interleaved rounds, tg = {report['n_gen']} decoded tokens; loadavg at start "
+    kv = f", KV -ctk {report['cache_type_k']} -ctv {report['cache_type_v']}" if "cache_type_k" in report else ""
+    lines += ["", f"{m['cpu']} ({' '.join(m.get('cpu_flags', []))}), {m['physical_cores']} cores, "
+              f"{report['threads']} thread(s) both engines{kv}, -c {report.get('ctx', '?')}, best of "
+              f"{report['repeat']} interleaved rounds, tg = {report['n_gen']} decoded tokens; nextn "
+              f"{m.get('nextn_commit') or '?'}, llama.cpp {(report.get('llama_build') or '?').split()[0]}; loadavg at start "
               f"{m['loadavg'][0]:.2f} (others' load; ours adds up to {report['threads']})"
               + (" (machine loaded: read the ratios, not the absolute numbers)" if report["loaded"] else "")]
     return "\n".join(lines + ([""] + notes if notes else []))
@@ -389,6 +542,59 @@ def resolve_files(names, directory) -> list[str]:
     return sorted(paths, key=os.path.getsize)
 
 
+def memory_check(size: int, headroom_gb: float, available: int | None = None) -> str | None:
+    """Why a file of `size` bytes is not measured now (None: it may be): its pages and `headroom_gb` of working
+    memory must fit in MemAvailable (which counts the reclaimable page cache, this file's own pages included)."""
+    available = meminfo().get("MemAvailable", 0) if available is None else available
+    need = size + headroom_gb * GB
+    if available >= need:
+        return None
+    return (f"needs {size / GB:.1f} GB (file) + {headroom_gb:.1f} GB (--headroom-gb) of memory, MemAvailable is "
+            f"{available / GB:.1f} GB")
+
+
+def measure_file(path, a, tools, log) -> dict:
+    """The rounds and the first-token runs of one file (module doc) → its report entry."""
+    info = gguf_info(path)
+    entry = {"name": os.path.basename(path), "path": os.path.abspath(path), "size": os.path.getsize(path),
+             "arch": info["arch"], "n_layer": info["n_layer"],
+             "tensor_types": sorted({t for _n, t, _b in info["tensors"]}),
+             "bytes_per_token": {"gguf": decode_bytes_from_gguf(info)}, "rounds": []}
+    skip = memory_check(entry["size"], a.headroom_gb)
+    if skip:
+        log(f"{entry['name']}: skipped: {skip}")
+        entry["skipped"] = skip
+        return entry
+    for r in range(a.repeat):
+        log(f"{entry['name']}: round {r + 1}/{a.repeat}: bandwidth")
+        rnd = {"bandwidth": stream_bandwidth(a.threads)}
+        log(f"  read {rnd['bandwidth']['read_GBps']:.1f} GB/s, copy {rnd['bandwidth']['copy_GBps']:.1f} GB/s")
+        over = over_budget(entry)
+        if over:   # memory use does not change from round to round: do not load it again
+            rnd["nextn"] = {"status": f"not run again ({over} in an earlier round)"}
+        elif "nextn" in a.engines:
+            log(f"{entry['name']}: round {r + 1}/{a.repeat}: nextn")
+            n = rnd["nextn"] = nextn_round(path, a, log)
+            log(f"  nextn: {n['status']}" + (f": tg {n['decode_tok_s']:.2f} tok/s, pp {n['prefill_tok_s']:.1f} tok/s, "
+                                            f"load {n['load_s']:.0f} s, peak RSS {n['peak_rss'] / GB:.1f} GB "
+                                            f"(anon {n['peak_anon'] / GB:.1f})" if n["status"] == "ok" else ""))
+        else:
+            rnd["nextn"] = {"status": "not run (--engines)"}
+        if "llama" in a.engines:
+            log(f"{entry['name']}: round {r + 1}/{a.repeat}: llama-bench")
+            q = rnd["llama"] = llama_round(path, a, tools, log)
+            log(f"  llama: {q['status']}" + (f": tg {q['tg']:.2f} tok/s, pp {q['pp']:.1f} tok/s, peak RSS "
+                                            f"{q['peak_rss'] / GB:.1f} GB (anon {q['peak_anon'] / GB:.1f})"
+                                            if q["status"] == "ok" else ""))
+        else:
+            rnd["llama"] = {"status": "not run (--engines)"}
+        entry["rounds"].append(rnd)
+    if not a.no_first_token:
+        kv = next((x["nextn"]["kv_cache"] for x in entry["rounds"] if x["nextn"].get("kv_cache")), None)
+        entry["first_token"] = first_token(path, a, tools, log, skip_nextn=over_budget(entry), kv_nextn=kv)
+    return entry
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="*", help="GGUF paths or names in --dir [default: the known real-width files there]")
@@ -396,24 +602,36 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=3, choices=range(1, 100), metavar="N",
                     help="interleaved rounds per file (best counts) [default: 3]")
     ap.add_argument("-t", "--threads", type=int, default=None, help="threads for both engines [default: physical cores]")
+    ap.add_argument("-ctk", "--cache-type-k", default="f16", choices=KV_TYPES,
+                    help="KV cache type for K, both engines [default: f16, llama.cpp's]")
+    ap.add_argument("-ctv", "--cache-type-v", default="f16", choices=KV_TYPES,
+                    help="KV cache type for V, both engines [default: f16]")
     ap.add_argument("-n", "--n-gen", type=int, default=32, help="decoded tokens (llama-bench -n)")
     ap.add_argument("-p", "--n-prompt", type=int, default=512, help="prefill tokens (llama-bench -p)")
     ap.add_argument("-c", "--ctx", type=int, default=4096, help="context of the nextn engine and the first-token runs")
     ap.add_argument("--engines", default="nextn,llama", help="comma list: nextn, llama")
     ap.add_argument("--no-first-token", action="store_true", help="skip the `run -n 1` wall time / peak RSS runs")
     ap.add_argument("--mem-budget-gb", type=float, default=12.0, help="kill a measured process above this anon memory")
-    ap.add_argument("-o", "--output", default=None, help="write the JSON report here")
+    ap.add_argument("--headroom-gb", type=float, default=2.0,
+                    help="measure a file only when MemAvailable holds it + this much [default: 2]")
+    ap.add_argument("-o", "--output", default=None, help="write the JSON report here (after each file)")
+    ap.add_argument("--table", metavar="REPORT", default=None, help="print the tables of a saved JSON report, measure nothing")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
-        res = worker(a.worker, a.n_gen, a.n_prompt, a.ctx, seed=0)
+        res = worker(a.worker, a.n_gen, a.n_prompt, a.ctx, seed=0, cache_type_k=a.cache_type_k,
+                     cache_type_v=a.cache_type_v)
         print("RESULT " + json.dumps(res), flush=True)
+        return
+    if a.table:
+        with open(a.table) as f:
+            print(format_table(json.load(f)))
         return
     a.threads = a.threads or physical_cores()
     a.engines = set(a.engines.split(","))
     log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
     sys.path.insert(0, HERE)
-    from peer import PeerMissing, peer_tool
+    from peer import PeerMissing, peer_tool, peer_version
 
     tools = {}
     if "llama" in a.engines:
@@ -426,47 +644,21 @@ def main(argv=None):
     files = resolve_files(a.files, a.dir)
     if not files:
         raise SystemExit(f"realwidth: no real-width GGUF found in {a.dir} (see /work/lead/shared-resources.md)")
-    report = {"machine": machine(), "threads": a.threads, "repeat": a.repeat, "n_gen": a.n_gen,
-              "n_prompt": a.n_prompt, "ctx": a.ctx, "engines": sorted(a.engines), "files": []}
+    report = {"machine": machine(), "threads": a.threads, "cache_type_k": a.cache_type_k,
+              "cache_type_v": a.cache_type_v, "repeat": a.repeat, "n_gen": a.n_gen, "n_prompt": a.n_prompt,
+              "ctx": a.ctx, "engines": sorted(a.engines), "argv": sys.argv[1:] if argv is None else list(argv),
+              "llama_build": peer_version(), "files": []}
+    # Our own processes raise the load during the run, so only the load before it says whether others were busy.
+    report["loaded"] = report["machine"]["loadavg"][0] > 0.5
+    t0 = time.perf_counter()
     for path in files:
-        info = gguf_info(path)
-        entry = {"name": os.path.basename(path), "path": os.path.abspath(path), "size": os.path.getsize(path),
-                 "arch": info["arch"], "n_layer": info["n_layer"],
-                 "tensor_types": sorted({t for _n, t, _b in info["tensors"]}),
-                 "bytes_per_token": {"gguf": decode_bytes_from_gguf(info)}, "rounds": []}
-        for r in range(a.repeat):
-            log(f"{entry['name']}: round {r + 1}/{a.repeat}: bandwidth")
-            rnd = {"bandwidth": stream_bandwidth(a.threads)}
-            log(f"  read {rnd['bandwidth']['read_GBps']:.1f} GB/s, copy {rnd['bandwidth']['copy_GBps']:.1f} GB/s")
-            over = over_budget(entry)
-            if over:   # memory use does not change from round to round: do not load it again
-                rnd["nextn"] = {"status": f"not run again ({over} in an earlier round)"}
-            elif "nextn" in a.engines:
-                log(f"{entry['name']}: round {r + 1}/{a.repeat}: nextn")
-                n = rnd["nextn"] = nextn_round(path, a, log)
-                log(f"  nextn: {n['status']}" + (f": tg {n['decode_tok_s']:.2f} tok/s, pp {n['prefill_tok_s']:.1f} tok/s, "
-                                                f"load {n['load_s']:.0f} s, peak RSS {n['peak_rss'] / GB:.1f} GB "
-                                                f"(anon {n['peak_anon'] / GB:.1f})" if n["status"] == "ok" else ""))
-            else:
-                rnd["nextn"] = {"status": "not run (--engines)"}
-            if "llama" in a.engines:
-                log(f"{entry['name']}: round {r + 1}/{a.repeat}: llama-bench")
-                q = rnd["llama"] = llama_round(path, a, tools, log)
-                log(f"  llama: {q['status']}" + (f": tg {q['tg']:.2f} tok/s, pp {q['pp']:.1f} tok/s, peak RSS "
-                                                f"{q['peak_rss'] / GB:.1f} GB (anon {q['peak_anon'] / GB:.1f})"
-                                                if q["status"] == "ok" else ""))
-            else:
-                rnd["llama"] = {"status": "not run (--engines)"}
-            entry["rounds"].append(rnd)
-        if not a.no_first_token:
-            entry["first_token"] = first_token(path, a, tools, log, skip_nextn=over_budget(entry))
+        entry = measure_file(path, a, tools, log)
         entry["summary"] = summarize(entry)
         report["files"].append(entry)
+        report["wall_s"] = time.perf_counter() - t0
         if a.output:   # keep what is measured so far
             _write(report, a)
     report["loadavg_end"] = os.getloadavg()
-    # Our own processes raise the load during the run, so only the load before it says whether others were busy.
-    report["loaded"] = report["machine"]["loadavg"][0] > 0.5
     if a.output:
         _write(report, a)
     print(format_table(report))

@@ -90,15 +90,29 @@ def test_summary_and_table():
     assert s["verify_x_decode"] == pytest.approx({"2": 1.1, "3": 2.25, "4": 2.5})
     assert s["draft_x_decode"] == pytest.approx(0.5)
 
-    killed = {"name": "b.gguf", "bytes_per_token": {"gguf": {"total": 2e9}}, "rounds": [
+    killed = {"name": "b.gguf", "size": 5e9, "bytes_per_token": {"gguf": {"total": 2e9}}, "rounds": [
         {"bandwidth": {"read_GBps": 22.0}, "nextn": {"status": "killed: anonymous memory 12.3 GB > budget 12.0 GB"},
-         "llama": {"status": "ok", "tg": 4.0, "pp": 20.0}}]}
+         "llama": {"status": "ok", "tg": 4.0, "pp": 20.0}}],
+        "first_token": {"nextn": {"status": "not run (killed: anonymous memory 12.3 GB in the rounds)"},
+                        "llama": {"status": "exit 139: Segmentation fault", "wall_s": 1.0, "peak_rss": 1e9}}}
     sk = rw.summarize(killed)
     assert sk["nextn_status"].startswith("killed") and sk["llama_status"] == "ok" and sk["tg_ratio"] is None
-    ok_file["summary"], killed["summary"] = s, sk
-    ok_file["first_token"] = {"nextn": {"status": "ok", "wall_s": 30.0, "peak_rss": 6e9},
-                              "llama": {"status": "ok", "wall_s": 10.0, "peak_rss": 5e9}}
-    report = {"files": [ok_file, killed], "n_prompt": 512, "n_gen": 32, "threads": 2, "repeat": 2, "loaded": True,
+    assert (sk["nextn_ft_s"], sk["llama_ft_s"], sk["llama_rss_x_file_kv"], sk["ft_ratio"]) == (None, None, None, None)
+    # The first-token runs: peak RSS against file + each engine's own KV bytes, nextn's wall over llama.cpp's.
+    ok_file["size"] = 4.5e9
+    ok_file["first_token"] = {
+        "nextn": {"status": "ok", "wall_s": 30.0, "peak_rss": 6e9, "kv": {"bytes": 0.5e9, "type_k": "f16", "type_v": "f16"}},
+        "llama": {"status": "ok", "wall_s": 10.0, "peak_rss": 5e9, "kv": {"bytes": 0.25e9, "type_k": "f16", "type_v": "f16"}}}
+    s = rw.summarize(ok_file)
+    assert s["nextn_rss_x_file_kv"] == pytest.approx(6e9 / 5e9) and s["llama_rss_x_file_kv"] == pytest.approx(5e9 / 4.75e9)
+    assert s["ft_ratio"] == pytest.approx(3.0) and s["nextn_kv_types"] == "f16/f16"
+    skipped = {"name": "c.gguf", "size": 13e9, "bytes_per_token": {"gguf": {"total": 1.3e9}}, "rounds": [],
+               "skipped": "needs 13.0 GB (file) + 2.0 GB (--headroom-gb) of memory, MemAvailable is 9.0 GB"}
+    sc = rw.summarize(skipped)
+    assert sc["nextn_status"].startswith("skipped") and sc["llama_tg"] is None
+    ok_file["summary"], killed["summary"], skipped["summary"] = s, sk, sc
+    report = {"files": [ok_file, killed, skipped], "n_prompt": 512, "n_gen": 32, "threads": 2, "repeat": 2,
+              "loaded": True, "cache_type_k": "f16", "cache_type_v": "f16",
               "machine": {"cpu": "cpu", "physical_cores": 2, "loadavg": (1.0, 1.0, 1.0)}}
     table = rw.format_table(report)
     lines = table.splitlines()
@@ -108,9 +122,73 @@ def test_summary_and_table():
     assert (row["tg nextn/llama"], row["llama GB/s"], row["verify 2/3/4 rows ÷ decode"]) == ("0.25", "8.0", "1.10 / 2.25 / 2.50")
     row_b = dict(zip(head, [c.strip() for c in lines[3].strip("|").split("|")]))
     assert (row_b["nextn tg"], row_b["llama tg"], row_b["tg nextn/llama"]) == ("–", "4.00", "–")
-    assert "| a.gguf | 30.0 | 6.00 | 10.0 | 5.00 | 3.00 | 1.20 |" in table
+    mem = lines.index(next(x for x in lines if x.startswith("| file | file GB")))
+    head2 = [c.strip() for c in lines[mem].strip("|").split("|")]
+    assert head2[-3:] == ["RSS ÷ (file+KV) nextn / llama", "wall nextn/llama", "tg nextn/llama"]   # ratios last
+    assert lines[mem + 2] == ("| a.gguf | 4.50 | 0.50 / 0.25 | f16/f16 / f16/f16 | 6.00 | 5.00 | 30.0 | 10.0 | 2.00 | "
+                              "8.00 | 1.20 / 1.05 | 3.00 | 0.25 |")
+    assert lines[mem + 3].startswith("| b.gguf | 5.00 | – / – | – / – | – | – | – | – | – | 4.00 | – / – | – | – |")
     assert any(x.startswith("- b.gguf: nextn: killed") for x in lines)
+    assert "- b.gguf: first token, llama: exit 139: Segmentation fault" in lines
+    assert not any(x.startswith("- b.gguf: first token, nextn") for x in lines)   # "not run" is said in the rounds
+    assert any(x.startswith("- c.gguf: skipped: needs 13.0 GB") for x in lines)
+    assert "2 thread(s) both engines, KV -ctk f16 -ctv f16" in table
     assert rw.format_table(json.loads(json.dumps(report))) == table    # a saved report renders the same table
+
+
+def test_parse_llama_kv_takes_the_last_context_and_sums_its_caches():
+    log = "\n".join([
+        "0.00.1 I llama_context: constructing llama_context",        # the throw-away context of the memory fit
+        "0.00.2 I llama_kv_cache: size =  999.00 MiB (  4096 cells,   4 layers,  1/1 seqs), K (f16):  1.00 MiB, V (f16):  1.00 MiB",
+        "0.00.3 I llama_context: constructing llama_context",
+        "0.00.4 D llama_kv_cache: layer   4: filtered",
+        "0.00.5 I llama_kv_cache: size =    5.00 MiB (  4096 cells,   4 layers,  1/1 seqs), K (q8_0):    5.00 MiB, V (f16):    0.00 MiB",
+        "0.00.6 I llama_kv_cache: attn_rot_k = 0, n_embd_head_k_all = 32",
+        "0.00.7 I llama_kv_cache: size =    2.50 MiB (  4096 cells,   4 layers,  1/1 seqs), K (q8_0):    2.50 MiB, V (f16):    0.00 MiB"])
+    assert rw.parse_llama_kv(log) == {"bytes": 7.5 * (1 << 20), "type_k": "q8_0", "type_v": "f16"}
+    assert rw.parse_llama_kv("llama_context: constructing llama_context\nno cache lines") is None
+
+
+def test_first_token_runs_get_the_same_settings_on_both_sides():
+    a = rw.argparse.Namespace(threads=2, ctx=4096, cache_type_k="q8_0", cache_type_v="f16")
+    tools = {"llama-completion": "/peer/llama-completion"}
+    runs = rw.first_token_cmds("/m.gguf", a, tools, "/venv/bin/nextn", {"kv_types": True, "threads": True, "json": True})
+    nx, env = runs["nextn"]
+    ll, _ = runs["llama"]
+
+    def opt(cmd, flag):
+        return cmd[cmd.index(flag) + 1]
+    for flag, want in (("-t", "2"), ("-c", "4096"), ("-ctk", "q8_0"), ("-ctv", "f16"), ("-n", "1"), ("-p", rw.PROMPT)):
+        assert opt(nx, flag) == opt(ll, flag) == want
+    assert env["TVM_NUM_THREADS"] == "2" and "--json" in nx and "-no-cnv" in ll and "-v" in ll
+    bare = rw.first_token_cmds("/m.gguf", a, {}, "/venv/bin/nextn", {"kv_types": False, "threads": False})
+    assert list(bare) == ["nextn"]     # no llama-completion built: nextn alone
+    assert "-ctk" not in bare["nextn"][0] and "-t" not in bare["nextn"][0] and "--json" not in bare["nextn"][0]
+
+
+def test_kv_types_reach_nextn_only_where_it_takes_them():
+    def new_load(path, ctx_size=None, cache_type_k=None, cache_type_v=None):
+        pass
+
+    def old_load(path, ctx_size=None):
+        pass
+    assert rw.load_kwargs(new_load, "q8_0", "f16") == {"cache_type_k": "q8_0", "cache_type_v": "f16"}
+    assert rw.load_kwargs(old_load, "q8_0", "f16") == {}
+
+    class Old:
+        kv_bytes = 123
+
+    class New:
+        kv_bytes = 456
+        kv_cache = {"type_k": "q8_0", "type_v": "f16", "bytes": 456, "n_ctx": 4096}
+    assert rw.engine_kv(Old()) == {"type_k": "f32", "type_v": "f32", "bytes": 123}
+    assert rw.engine_kv(New()) == New.kv_cache
+
+
+def test_memory_check_skips_a_file_that_does_not_fit():
+    assert rw.memory_check(int(12.7e9), 2.0, available=int(15e9)) is None
+    why = rw.memory_check(int(12.7e9), 2.0, available=int(14e9))
+    assert why == "needs 12.7 GB (file) + 2.0 GB (--headroom-gb) of memory, MemAvailable is 14.0 GB"
 
 
 def test_a_file_over_the_memory_budget_is_not_loaded_again():
@@ -139,6 +217,16 @@ def test_run_watched_kills_a_process_over_its_memory_budget():
     assert (fine["rc"], fine["killed"], fine["stdout"].strip()) == (0, None, "RESULT 1")
 
 
+def test_peak_rss_is_the_childs_own_not_the_spawners():
+    big = bytearray(400 << 20)          # raise this process's high-water mark, which a spawned child inherits
+    big[::4096] = b"x" * len(big[::4096])
+    del big
+    small = rw.run_watched([sys.executable, "-c", "import time; time.sleep(0.6)"], budget_bytes=1e9)
+    assert 0 < small["peak_rss"] < 100e6     # (its wait4 ru_maxrss reads > 400 MB on Linux)
+    grow = "import time; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.6)"
+    assert 200e6 < rw.run_watched([sys.executable, "-c", grow], budget_bytes=1e9)["peak_rss"] < 400e6
+
+
 def test_peer_tool_says_how_to_build_when_absent(tmp_path, monkeypatch):
     monkeypatch.setenv("NEXTN_PEER_DIR", str(tmp_path))
     with pytest.raises(peer.PeerMissing, match="peer_llamacpp.sh"):
@@ -149,3 +237,6 @@ def test_peer_tool_says_how_to_build_when_absent(tmp_path, monkeypatch):
     exe.chmod(0o755)
     assert peer.peer_tool("llama-bench") == str(exe)
     assert peer.peer_tools() == {"llama-bench": str(exe)}
+    assert peer.peer_version() is None
+    (tmp_path / "bin" / ".stamp").write_text("llama-cpp-python==0.3.36 -DGGML_NATIVE=ON\n")
+    assert peer.peer_version() == "llama-cpp-python==0.3.36 -DGGML_NATIVE=ON"
