@@ -106,3 +106,115 @@ def emit(bb: relax.BlockBuilder, n, args, sym):
         gv = bb.add_func(index_mask_store_kernel, "index_mask_store")
         return bb.emit(relax.op.call_tir_inplace(gv, relax.Tuple(list(args)), [0], args[0].ty))
     raise NotImplementedError(n.op)
+
+
+INDEX_CHUNK = 256   # cells per task of the index-score kernels
+INDEX_TILE = 8      # cells per register tile (CPU)
+INDEX_THREADS = 128
+
+
+def lightning_indexer_kernel(Hi: int, D: int, k_type: str = "f32", gpu: bool = False, emulate: bool = False,
+                             kpool: int = 1):
+    """DSA index score out [T, L] (ir/graph.py `lightning_indexer`): out[t, c] = sum_h relu(q[t, h]·k[c]) * w[t, h]
+    on the causal cells c <= pos[t], -inf on the others; the key cache k [C, 1, D] is of KV type `k_type`.
+    `kpool` > 1: k holds one pooled key per pool of kpool cells and out is [T, L // kpool], pool p causal for row t
+    when (p + 1) * kpool - 1 <= pos[t] (GLM-5.3-Flash's k-pool indexer).
+    Per-head scores are reduced as they are produced (no [T, Hi, L] anywhere): a task is (row, chunk of cells);
+    each cell's score sums d in order for every head, then the heads in order. CPU: heads as vector lanes over a
+    register tile of cells. GPU (`gpu`, or `emulate` for its CPU twin): a block per task, a thread per cell."""
+    from . import kv_access
+
+    kdt, kw = kv_access.storage_dtype(k_type), kv_access.storage_width(k_type, D)
+    CH, TL, NTH, KP = INDEX_CHUNK, INDEX_TILE, INDEX_THREADS, int(kpool)
+    NEG = -float("inf")
+
+    if not (gpu or emulate):
+        from .flash_attn import _stage_macro
+
+        stage = _stage_macro(k_type, D)
+
+        @T.prim_func(private=True, s_tir=True)
+        def lightning_indexer(var_q: T.handle, var_k: T.handle, var_w: T.handle, var_pos: T.handle,
+                              L: T.int64, var_out: T.handle):
+            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+            t, c = T.int64(), T.int64()
+            q = T.match_buffer(var_q, (t, Hi, D), "float32")
+            k = T.match_buffer(var_k, (c, 1, kw), kdt)
+            w = T.match_buffer(var_w, (t, Hi), "float32")
+            pos = T.match_buffer(var_pos, (t,), "int32")
+            out = T.match_buffer(var_out, (t, L // KP), "float32")
+            for task in T.parallel(t * ((L // KP + CH - 1) // CH)):
+                with T.sblock("lightning_indexer"):
+                    vt = T.axis.spatial(t * ((L // KP + CH - 1) // CH), task)
+                    T.reads(q[0:t, 0:Hi, 0:D], k[0:c, 0:1, 0:kw], w[0:t, 0:Hi], pos[0:t])
+                    T.writes(out[0:t, 0:L // KP])
+                    qT = T.alloc_buffer((D, Hi), "float32", scope="local")
+                    kt = T.alloc_buffer((TL, D), "float32", scope="local")
+                    s = T.alloc_buffer((TL, Hi), "float32", scope="local")
+                    acc = T.alloc_buffer((1,), "float32", scope="local")
+                    row = vt // ((L // KP + CH - 1) // CH)
+                    c0 = vt % ((L // KP + CH - 1) // CH) * CH
+                    n = T.min((T.Cast("int64", pos[row]) + 1) // KP, L // KP)
+                    for d, h in T.grid(D, Hi):
+                        qT[d, h] = q[row, h, d]
+                    for tile in range((T.min(L // KP - c0, T.int64(CH)) + TL - 1) // TL):
+                        if c0 + tile * TL < n:
+                            for j in range(TL):
+                                stage(kt, j, k, T.min(c0 + tile * TL + j, n - 1), 0)
+                            for j in T.unroll(TL):
+                                for h in T.vectorized(Hi):
+                                    s[j, h] = T.float32(0)
+                            for d in range(D):
+                                for j in T.unroll(TL):
+                                    for h in T.vectorized(Hi):
+                                        s[j, h] = s[j, h] + qT[d, h] * kt[j, d]
+                        for j in range(TL):
+                            if c0 + tile * TL + j < n:
+                                acc[0] = T.float32(0)
+                                for h in range(Hi):
+                                    acc[0] = acc[0] + T.max(s[j, h], T.float32(0)) * w[row, h]
+                                out[row, c0 + tile * TL + j] = acc[0]
+                            elif c0 + tile * TL + j < L // KP:
+                                out[row, c0 + tile * TL + j] = T.float32(NEG)
+        return lightning_indexer
+
+    if emulate:
+        blk, thr = (lambda n_: T.parallel(n_)), (lambda n_: T.serial(n_))
+    else:
+        blk = lambda n_: T.thread_binding(n_, thread="blockIdx.x")     # noqa: E731
+        thr = lambda n_: T.thread_binding(n_, thread="threadIdx.x")    # noqa: E731
+
+    @T.prim_func(private=True, s_tir=True)
+    def lightning_indexer_gpu(var_q: T.handle, var_k: T.handle, var_w: T.handle, var_pos: T.handle,
+                              L: T.int64, var_out: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        t, c = T.int64(), T.int64()
+        q = T.match_buffer(var_q, (t, Hi, D), "float32")
+        k = T.match_buffer(var_k, (c, 1, kw), kdt)
+        w = T.match_buffer(var_w, (t, Hi), "float32")
+        pos = T.match_buffer(var_pos, (t,), "int32")
+        out = T.match_buffer(var_out, (t, L // KP), "float32")
+        for task in blk(t * ((L // KP + CH - 1) // CH)):
+            with T.sblock("lightning_indexer"):
+                vt = T.axis.spatial(t * ((L // KP + CH - 1) // CH), task)
+                T.reads(q[0:t, 0:Hi, 0:D], k[0:c, 0:1, 0:kw], w[0:t, 0:Hi], pos[0:t])
+                T.writes(out[0:t, 0:L // KP])
+                acc = T.alloc_buffer((Hi + 1,), "float32", scope="local")   # per-head dot products, then the sum
+                for tx in thr(NTH):
+                    for e in range(CH // NTH):
+                        if vt % ((L // KP + CH - 1) // CH) * CH + e * NTH + tx < L // KP:
+                            if vt % ((L // KP + CH - 1) // CH) * CH + e * NTH + tx < (T.Cast("int64", pos[vt // ((L // KP + CH - 1) // CH)]) + 1) // KP:
+                                for h in range(Hi):
+                                    acc[h] = T.float32(0)
+                                for d in range(D):
+                                    for h in range(Hi):
+                                        acc[h] = acc[h] + q[vt // ((L // KP + CH - 1) // CH), h, d] * kv_access.element(
+                                            k, k_type, vt % ((L // KP + CH - 1) // CH) * CH + e * NTH + tx, 0, d)
+                                acc[Hi] = T.float32(0)
+                                for h in range(Hi):
+                                    acc[Hi] = acc[Hi] + T.max(acc[h], T.float32(0)) * w[vt // ((L // KP + CH - 1) // CH), h]
+                                out[vt // ((L // KP + CH - 1) // CH), vt % ((L // KP + CH - 1) // CH) * CH + e * NTH + tx] = acc[Hi]
+                            else:
+                                out[vt // ((L // KP + CH - 1) // CH), vt % ((L // KP + CH - 1) // CH) * CH + e * NTH + tx] = \
+                                    T.float32(NEG)
+    return lightning_indexer_gpu
