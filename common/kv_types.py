@@ -110,9 +110,14 @@ def numpy_dtype(dtype: str):
     return np.dtype(str(dtype))
 
 
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a buffer dtype (bfloat16 without ml_dtypes: the runtime bundle may lack it)."""
+    return 2 if str(dtype) == "bfloat16" else np.dtype(str(dtype)).itemsize
+
+
 def state_bytes_per_cell(shape, dtype: str) -> int:
     """Bytes one cell of a position-indexed state buffer [C, ...] of `dtype` holds."""
-    return int(np.prod([int(d) for d in shape[1:]], dtype=np.int64)) * numpy_dtype(dtype).itemsize
+    return int(np.prod([int(d) for d in shape[1:]], dtype=np.int64)) * itemsize(dtype)
 
 
 def kv_type(name: str, flag: str = "--cache-type-k") -> KVType:

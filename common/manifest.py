@@ -2,7 +2,7 @@
 
     DIR/manifest.json   nextn/TVM versions, target, model files (path, size, sha256), arch + hparams,
                         entry points (argument order), buffer plan, libraries (file, sha256), tuning log,
-                        max_draft, split_kernels, cuda_graph
+                        max_draft, kv_cache (types, bytes per token), kernel_form, cuda_graph
     DIR/<library>.so    the Relax VM executable with every kernel
 
 Reading verifies the sha256 of every library before anything opens it: a compiled library is code, and nextn

@@ -12,12 +12,13 @@ import tempfile
 from contextlib import nullcontext
 
 from nextn.common.errors import NextnError
+from nextn.common.kv_types import DEFAULT as DEFAULT_KV, kv_type, state_bytes_per_cell
 from nextn.common.manifest import MANIFEST, MAX_DRAFT, SCHEMA, library_entry
 
 from nextn.common.versions import nextn_version
 
 from . import reproducible
-from .graphs import STATIC, build_graphs, weight_kind
+from .graphs import SPLIT_L, STATIC, build_graphs, weight_kind
 from .loader.model_files import ModelFiles
 from .target import GPU_TARGETS, TARGETS, make_target
 
@@ -31,12 +32,15 @@ def _rel(path: str, base: str) -> str:
 
 def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | None = None,
                   dump_ir: str | None = None, log=print, arches=None, mtp_dense_attention: bool = False,
-                  tuning_log: str | None = None, cuda_graph: bool = True, split_kernels: bool | None = None) -> str:
+                  tuning_log: str | None = None, cuda_graph: bool = True, split_kernels: bool | None = None,
+                  cache_type_k: str = DEFAULT_KV, cache_type_v: str = DEFAULT_KV) -> str:
     """Compile `model` (+ optional MTP-only `draft`) for `target` into `out_dir`; returns `out_dir`.
     `mtp_dense_attention`: glm-dsa NextN block with dense MLA and no indexer (llama.cpp's graph_mtp).
     `cuda_graph` (CUDA only): the one-row steps replay as CUDA graphs (lower/capture_graphs.py).
-    `split_kernels`: attention, the DSA index score and top-k as separate kernels (to_relax.SPLIT_OPS); default:
-    on GPU targets only (tests set it on llvm to check the GPU form's arithmetic).
+    `split_kernels`: the GPU form of the kernels (lower/attention.py; to_relax.SPLIT_OPS as separate kernels);
+    default: on GPU targets only (on llvm, tests set it to check the GPU form's arithmetic with serial threads).
+    `cache_type_k` / `cache_type_v`: KV cache types (llama.cpp -ctk / -ctv: f32, f16, bf16, q8_0; glm-dsa's latent
+    and indexer key caches take the K type), fixed here because the kernels read the caches' storage.
     The build runs in a reproducible child process where possible (compiler/reproducible.py)."""
     if not reproducible.in_child() and reproducible.available():
         return reproducible.run_in_child("nextn.compiler.compile", {
@@ -44,7 +48,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             "draft": os.fspath(draft) if draft else None, "dump_ir": dump_ir, "arches": list(arches) if arches else None,
             "mtp_dense_attention": bool(mtp_dense_attention),
             "tuning_log": os.fspath(tuning_log) if tuning_log else None, "cuda_graph": bool(cuda_graph),
-            "split_kernels": split_kernels}, log)
+            "split_kernels": split_kernels, "cache_type_k": cache_type_k, "cache_type_v": cache_type_v}, log)
     import tvm
     import tvm_ffi
 
@@ -59,7 +63,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     if with_mtp:
         mf._validate_nextn()
     options = {"mtp_dense_attention": bool(mtp_dense_attention)}
-    graphs = build_graphs(mf, with_mtp, options)
+    type_k, type_v = kv_type(cache_type_k, "--cache-type-k").name, kv_type(cache_type_v, "--cache-type-v").name
+    graphs = build_graphs(mf, with_mtp, options, (type_k, type_v))
     kinds = {n: weight_kind(mf, n) for g in graphs.values() for n in g.weights}
     if dump_ir:
         os.makedirs(dump_ir, exist_ok=True)
@@ -75,7 +80,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     lib_arches = [arch_list] if target == "cuda" else [[a] for a in arch_list] if target == "rocm" else [[]]
     tgt = make_target(target, lib_arches[0] or None)
     split = target in GPU_TARGETS if split_kernels is None else bool(split_kernels)
-    mod = build_module(list(graphs.values()), kinds, STATIC, split_kernels=split)
+    form = "gpu" if target in GPU_TARGETS else "gpu-emulated" if split else "cpu"
+    mod = build_module(list(graphs.values()), kinds, STATIC, form=form, split_l=SPLIT_L)
     graph_entries = []
     if target == "cuda" and cuda_graph:
         mod, graph_entries = capture_graphs.mark(mod, mf.config.n_ctx_train, STATIC)
@@ -112,8 +118,9 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             "graph": g.kind,
             "inputs": [{"name": n, "dtype": v.dtype, "shape": list(v.shape)} for n, v in g.inputs.items()],
             "states": list(g.states),
-            "state_shapes": {n: [d if isinstance(d, str) else int(d) for d in v.shape] for n, v in g.states.items()},
-            "state_dtypes": {n: v.dtype for n, v in g.states.items()},
+            # states as their buffers hold them (a KV cache: its type's storage, nextn.common.kv_types)
+            "state_shapes": {n: _storage(v)[1] for n, v in g.states.items()},
+            "state_dtypes": {n: _storage(v)[0] for n, v in g.states.items()},
             "weights": [p[0] for p in weight_params(g, kinds)],
             "outputs": list(g.outputs),
             "ops": g.op_counts(),
@@ -135,10 +142,14 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
                                                     for p in weight_params(gg, kinds)}})
     c = mf.config
     # Static per-layer state buffers (C = context), trunk and NextN separately: KV, and any arch-specific ones.
-    kv = {key: {"layers": (c.n_layer if kind == "trunk" else int(with_mtp)), "dtype": "float32",
-                "states": {n: [d if isinstance(d, str) else int(d) for d in v.shape]
+    kv = {key: {"layers": (c.n_layer if kind == "trunk" else int(with_mtp)),
+                "states": {n: {"shape": _storage(v)[1], "dtype": _storage(v)[0],
+                               "kv_type": v.attrs.get("kv_type")}
                            for g in graphs.values() if g.kind == kind for n, v in g.states.items()}}
           for kind, key in (("trunk", "trunk"), ("mtp", "nextn"))}
+    for part in kv.values():   # bytes one context cell (token) takes, for the memory budget: KV cells and states
+        part["bytes_per_token"] = sum(state_bytes_per_cell(st["shape"], st["dtype"]) for st in part["states"].values()
+                                      if st["shape"][0] == "C")
     out_abs = os.path.abspath(out_dir)
     # Model files are referenced, not copied (weights stay in the GGUF): path relative to the artifact and absolute.
     model_files = [{"role": role, "path": os.path.abspath(f.path), "relpath": _rel(f.path, out_abs),
@@ -158,13 +169,19 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
         "hparams": c.to_json(),
         "has_mtp": with_mtp,
         "options": {k: v for k, v in options.items() if k in mf.spec.compile_options},
+        # KV cache types (-ctk / -ctv) and bytes per token: trunk always, NextN when speculation is on
+        "kv_cache": {"type_k": type_k, "type_v": type_v,
+                     "caches": {n: t for g in graphs.values() for n, t in g.kv_types().items()},
+                     "bytes_per_token": {"trunk": kv["trunk"]["bytes_per_token"],
+                                         "nextn": kv["nextn"]["bytes_per_token"],
+                                         "total": kv["trunk"]["bytes_per_token"] + kv["nextn"]["bytes_per_token"]}},
         "entry_points": entry_points,
         "buffer_plan": {"weights": buffers, "kv": kv,
                         "weight_bytes": sum(b["nbytes"] for b in buffers),
                         "trunk_weight_bytes": sum(b["nbytes"] for b in buffers if not b["mtp_only"])},
         "tuning_log": tuning_info,
         "max_draft": MAX_DRAFT,   # the deepest draft a request may ask for (common/manifest.py)
-        "split_kernels": split,   # attention / index score / top-k as separate kernels (to_relax.SPLIT_OPS)
+        "kernel_form": form,      # cpu, gpu, or gpu-emulated (the GPU kernels built for llvm; lower/attention.py)
         # one-row steps replayed as CUDA graphs: their inputs must stay put, L is rounded up to kv_bucket
         "cuda_graph": {"entries": graph_entries, "kv_bucket": capture_graphs.KV_BUCKET,
                        "max_ctx": mf.config.n_ctx_train} if graph_entries else None,
@@ -177,6 +194,13 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     shutil.rmtree(tmp, ignore_errors=True)
     log(f"wrote {out_dir} ({manifest['libraries'][0]['size'] / 1e3:.0f} KB library)")
     return out_dir
+
+
+def _storage(state_node):
+    """(dtype, shape with "C") of a state's buffer."""
+    from .lower.attention import state_storage
+
+    return state_storage(state_node, lambda shape: [d if isinstance(d, str) else int(d) for d in shape])
 
 
 def _write_schedule_report(target: str, dump_dir: str | None):

@@ -42,10 +42,14 @@ def compiler_fingerprint() -> str:
 
 
 def compiled_artifact(model: str, target: str, draft: str | None = None, log=None, arches=None,
-                      mtp_dense_attention: bool = False) -> str:
+                      mtp_dense_attention: bool = False, cache_type_k: str | None = None,
+                      cache_type_v: str | None = None) -> str:
     """The artifact directory of `model` (+ MTP-only `draft`) for `target`, compiled on first use and cached under
-    the nextn cache, keyed by the files' sha256, target (+ arches, options), nextn version and compiler
-    fingerprint. A damaged cache entry is rebuilt. Raises NextnError for missing files and bad input."""
+    the nextn cache, keyed by the files' sha256, target (+ arches, options, KV cache types: default f16, f16),
+    nextn version and compiler fingerprint. A damaged cache entry is rebuilt. Raises NextnError for missing files
+    and bad input."""
+    from nextn.common.kv_types import DEFAULT, kv_type
+
     from .gpu_build import parse_arches
 
     if not os.path.isfile(model):
@@ -59,6 +63,9 @@ def compiled_artifact(model: str, target: str, draft: str | None = None, log=Non
     target_key = f"{target}_{'+'.join(arch_list)}" if arch_list else target
     if mtp_dense_attention:   # a compile option changes the artifact: its own cache entry
         target_key += "-mtp-dense"
+    type_k = kv_type(cache_type_k or DEFAULT, "--cache-type-k").name
+    type_v = kv_type(cache_type_v or DEFAULT, "--cache-type-v").name
+    target_key += f"-kv_{type_k}_{type_v}"
     out = os.path.join(cache_dir(), "artifacts", f"{key}-{target_key}-{nextn_version()}-{compiler_fingerprint()}")
     if os.path.isfile(os.path.join(out, MANIFEST)):
         try:
@@ -67,7 +74,7 @@ def compiled_artifact(model: str, target: str, draft: str | None = None, log=Non
         except NextnError:
             pass  # a stale or damaged cache entry: rebuild it
     compile_model(model, out, target=target, draft=draft, log=log or (lambda *_: None), arches=arches,
-                  mtp_dense_attention=mtp_dense_attention)
+                  mtp_dense_attention=mtp_dense_attention, cache_type_k=type_k, cache_type_v=type_v)
     return out
 
 

@@ -22,6 +22,11 @@ ENTRY_POINTS = {
 }
 # Entry points whose symbols are fixed at compile time; the runtime routes one-row calls to them.
 STATIC = {"decode": {"T": 1}, "draft": {"T": 1}, "mtp_draft_shared": {"T": 1}}
+# Entry points of few rows (one decode step, a verify pass of k + 1 rows, a draft step) whose attention is split
+# over L (flash-decoding: partials per chunk of cells, merged in order), so that a long context spreads over cores
+# or thread blocks. It computes the same bits as the fused form (lower/flash_attn.py); verify and decode, whose
+# rows must agree bit for bit for speculation on ≡ off, also run the very same kernels.
+SPLIT_L = frozenset({"verify", "decode", "mtp_draft", "draft", "mtp_draft_shared"})
 
 
 def weight_kind(mf: ModelFiles, name: str) -> str:
@@ -32,9 +37,11 @@ def weight_kind(mf: ModelFiles, name: str) -> str:
     return fmt.kind if fmt is not None else "f32"
 
 
-def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None):
+def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv_types: tuple | None = None):
     """Graphs of every entry point; `options` are compile options (e.g. mtp_dense_attention), passed to the
-    arch's builders that declare them (ModelSpec.compile_options). Each graph's `kind` is "trunk" or "mtp"."""
+    arch's builders that declare them (ModelSpec.compile_options). Each graph's `kind` is "trunk" or "mtp".
+    `kv_types` = (type_k, type_v) of the KV caches (nextn.common.kv_types; default f32, f32). Raises NextnError
+    for a type a cache's rows do not fit."""
     spec, c = mf.spec, mf.config
     opts = {k: v for k, v in (options or {}).items() if k in spec.compile_options}
     graphs = {}
@@ -50,4 +57,6 @@ def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None):
                 continue
             g.name, g.kind = name, kind
             graphs[name] = g
+    for g in graphs.values():
+        g.set_kv_types(*(kv_types or ("f32", "f32")))
     return graphs

@@ -18,7 +18,7 @@ def main(argv=None):
 
     from nextn.schedules.gpu import ScheduleGPU, last_report
 
-    from .graphs import build_graphs, weight_kind
+    from .graphs import SPLIT_L, build_graphs, weight_kind
     from .target import make_target
     from .loader.model_files import ModelFiles
     from .lower.pipeline import phases
@@ -34,7 +34,7 @@ def main(argv=None):
     graphs = build_graphs(mf, mf.has_nextn)
     kinds = {n: weight_kind(mf, n) for g in graphs.values() for n in g.weights}
     tgt = make_target(a.target, [a.arch] if a.arch else None)
-    mod = build_module(list(graphs.values()), kinds, split_kernels=True)
+    mod = build_module(list(graphs.values()), kinds, form="gpu", split_l=SPLIT_L)
     with tgt:
         for _name, passes in phases(tgt, ScheduleGPU(tgt))[:3]:
             mod = tvm.transform.Sequential(passes)(mod)

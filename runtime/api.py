@@ -147,13 +147,17 @@ class Model:
 
 def load(path: str, target: str = "llvm", ctx_size: int | None = None, spec: bool = True,
          draft: str | None = None, log=None, arches=None, device: str = "cpu",
-         mtp_dense_attention: bool = False) -> Model:
+         mtp_dense_attention: bool = False, cache_type_k: str | None = None,
+         cache_type_v: str | None = None) -> Model:
     """Load an artifact directory, or a GGUF (compiled for `target` and cached first).
 
     `spec=False` leaves the NextN tensors unread. `draft` is an MTP-only GGUF next to a trunk-only model.
     `arches`: GPU archs when a GGUF is compiled for cuda/rocm; `device`: "cpu" or "cuda:N" (a CUDA artifact).
     `mtp_dense_attention`: when a glm-dsa GGUF is compiled, its NextN block uses dense MLA (llama.cpp) instead of
     its own DSA indexer (an artifact directory keeps what it was compiled with).
-    Raises NextnError (missing/corrupt files, hash mismatch, unsupported arch, bad tensors)."""
+    `cache_type_k` / `cache_type_v`: KV cache types (llama.cpp -ctk / -ctv: f32, f16, bf16, q8_0); a GGUF is
+    compiled with them (default f16, f16), an artifact directory must have them (None: its own).
+    Raises NextnError (missing/corrupt files, hash mismatch, unsupported arch, bad tensors, other KV types)."""
     return Model(Engine.open(path, target=target, ctx_size=ctx_size, load_mtp=spec, draft_path=draft, log=log,
-                             arches=arches, device=device, mtp_dense_attention=mtp_dense_attention))
+                             arches=arches, device=device, mtp_dense_attention=mtp_dense_attention,
+                             cache_type_k=cache_type_k, cache_type_v=cache_type_v))

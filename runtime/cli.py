@@ -14,7 +14,7 @@ import click
 
 from nextn.common.errors import NextnError
 
-from .cli_options import parse_n_max, spec_options
+from .cli_options import kv_cache_options, parse_n_max, spec_options
 from .text_stream import TextStream
 
 
@@ -43,8 +43,11 @@ def cli():
                                                  "use its schedules, the others the default ones.")
 @click.option("--cuda-graph/--no-cuda-graph", default=True, show_default=True,
               help="CUDA: replay the one-row decode and draft steps as CUDA graphs (one per 256-cell KV bucket).")
-def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tuning_log, cuda_graph):
+@kv_cache_options
+def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tuning_log, cuda_graph, cache_type_k,
+            cache_type_v):
     """Compile MODEL.gguf into an artifact directory (library + manifest.json)."""
+    from nextn.common.kv_types import DEFAULT
     from nextn.compiler import entry
 
     if out is None:
@@ -52,7 +55,7 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
         out = os.path.join("artifacts", f"{base}-{target}")
     entry.compile_model(model, out, target=target, draft=draft, dump_ir=dump_ir, log=lambda m: click.echo(m, err=True),
                   arches=list(arches) or None, mtp_dense_attention=mtp_dense_attention, tuning_log=tuning_log,
-                  cuda_graph=cuda_graph)
+                  cuda_graph=cuda_graph, cache_type_k=cache_type_k or DEFAULT, cache_type_v=cache_type_v or DEFAULT)
 
 
 @cli.command()
@@ -74,10 +77,11 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
 @click.option("--device", default="cpu", show_default=True, help="Where to run: cpu, or cuda:N for a CUDA artifact.")
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
 @click.option("--mtp-dense-attention", is_flag=True, help=MTP_DENSE_HELP + " Applies when MODEL is a GGUF.")
+@kv_cache_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, spec_draft_n_max, spec_draft_n_min,
         spec_draft_p_min, spec_draft_sampling, top_k, top_p, min_p, stops, draft, target, arches, device,
-        ignore_eos, mtp_dense_attention, as_json):
+        ignore_eos, mtp_dense_attention, cache_type_k, cache_type_v, as_json):
     """Generate from MODEL (a GGUF, compiled and cached on first use, or an artifact directory)."""
     from .api import load
 
@@ -96,7 +100,8 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
     n_max = parse_n_max(spec_draft_n_max)
     want_spec = spec_type != "none"
     m = load(model, target=target, ctx_size=ctx_size, spec=want_spec, draft=draft, arches=list(arches) or None, device=device,
-             log=lambda s: click.echo(s, err=True), mtp_dense_attention=mtp_dense_attention)
+             log=lambda s: click.echo(s, err=True), mtp_dense_attention=mtp_dense_attention, cache_type_k=cache_type_k,
+             cache_type_v=cache_type_v)
     if spec_type is None:
         spec_type = "draft-mtp" if m.has_mtp else "none"
     elif spec_type == "draft-mtp" and not m.has_mtp:
@@ -114,7 +119,7 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
                    ignore_eos=ignore_eos, n_min=spec_draft_n_min, p_min=spec_draft_p_min, top_k=top_k, top_p=top_p,
                    min_p=min_p, stop=stops, draft_sampling=spec_draft_sampling, on_tokens=None if as_json else show)
     if as_json:
-        click.echo(json.dumps(r.to_json()))
+        click.echo(json.dumps({**r.to_json(), "kv_cache": m.engine.kv_cache}))
         return
     click.echo(shown.finish())
     s = r.stats
@@ -145,12 +150,15 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
 @click.option("--target", default="llvm", show_default=True, help="Target used when MODEL is a GGUF.")
 @click.option("--device", default="cpu", show_default=True, help="Where to run: cpu, or cuda:N for a CUDA artifact.")
 @click.option("--no-plot", is_flag=True, help="Do not draw the PNG.")
-def bench(model, prompts, out, n_predict, repeat, temp, seed, ctx_size, target, device, no_plot):
+@kv_cache_options
+def bench(model, prompts, out, n_predict, repeat, temp, seed, ctx_size, target, device, no_plot, cache_type_k,
+          cache_type_v):
     """House benchmark: greedy and sampled, spec off / n_max 1..3 / auto, per prompt kind (report, table, PNG)."""
     from .bench import run_bench
 
     run_bench(model, prompts, out, n_predict=n_predict, repeat=repeat, temp=temp, seed=seed, ctx_size=ctx_size,
-              target=target, device=device, plot=not no_plot, log=lambda s: click.echo(s, err=True))
+              target=target, device=device, plot=not no_plot, log=lambda s: click.echo(s, err=True),
+              cache_type_k=cache_type_k, cache_type_v=cache_type_v)
 
 
 from .cli_serve import register as _register_serve  # noqa: E402

@@ -6,6 +6,20 @@ import click
 from nextn.common.errors import NextnError
 
 
+def kv_cache_options(f):
+    """llama.cpp's KV cache type flags, for every command that compiles or loads a model (compile, run, bench,
+    serve). Values: f32, f16, bf16, q8_0; glm-dsa's latent and indexer key caches take -ctk. Default: f16 for a GGUF
+    (llama.cpp's), an artifact directory's own types for an artifact (another type is refused: the kernels read the
+    cache storage, so the types are fixed when a model is compiled; a GGUF is compiled and cached per type)."""
+    from nextn.common.kv_types import NAMES
+
+    for long, short, which in (("--cache-type-v", "-ctv", "V"), ("--cache-type-k", "-ctk", "K")):
+        f = click.option(short, long, type=click.Choice(NAMES, case_sensitive=False), default=None,
+                         help=f"KV cache type for {which} [default: f16 for a GGUF, an artifact's own types]."
+                              + (" glm-dsa: also its latent and indexer key caches." if which == "K" else ""))(f)
+    return f
+
+
 def spec_options(f):
     """The speculation flags of `run` and `serve` (llama.cpp's names)."""
     opts = [

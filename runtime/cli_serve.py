@@ -5,7 +5,7 @@ import click
 
 from nextn.common.errors import NextnError
 
-from .cli_options import parse_n_max, spec_options
+from .cli_options import kv_cache_options, parse_n_max, spec_options
 
 
 def register(cli: click.Group) -> None:
@@ -38,8 +38,7 @@ def register(cli: click.Group) -> None:
               help="Jinja chat template [default: the GGUF's tokenizer.chat_template, else nextn's GLM-4.5 one].")
 @click.option("-a", "--alias", default=None, help="Model name in responses and /v1/models [default: file name].")
 @click.option("-md", "--model-draft", "draft", default=None, help="MTP-only GGUF (draft) for a trunk-only model.")
-@click.option("-ctk", "--cache-type-k", default=None, help="KV cache type for K; must be the artifact's (f32).")
-@click.option("-ctv", "--cache-type-v", default=None, help="KV cache type for V; must be the artifact's (f32).")
+@kv_cache_options
 @click.option("--device", default="cpu", show_default=True, help="Where to run: cpu, or cuda:N for a CUDA artifact.")
 @click.option("--target", default="llvm", show_default=True, help="Target used when MODEL is a GGUF.")
 @click.option("--arch", "arches", multiple=True, help="GPU arch(s) when MODEL is a GGUF compiled for cuda/rocm.")

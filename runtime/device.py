@@ -20,6 +20,7 @@ import numpy as np
 
 from nextn.common import cuda
 from nextn.common.errors import NextnError
+from nextn.common.kv_types import itemsize
 
 # What TVM's CUDA plugin needs where it runs (said when it cannot be loaded).
 CUDA_NEEDS = "it needs libcudart.so.13 on LD_LIBRARY_PATH and an NVIDIA driver for CUDA 13 (R580 or newer)"
@@ -131,7 +132,7 @@ class Device:
         import tvm
 
         t = tvm.runtime.empty(tuple(shape), dtype, self.dev)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize(dtype)
         if nbytes:
             zeros = np.zeros(min(nbytes, UPLOAD_CHUNK), np.uint8)
             flat = t._create_view((nbytes,), "uint8")

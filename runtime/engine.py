@@ -21,6 +21,18 @@ from .artifact import Artifact, load_artifact
 from .weights import ArtifactFiles, load_weights
 
 PREFILL_CHUNK = 512   # rows per prefill call (llama.cpp's default n_ubatch)
+
+
+def check_kv_types(artifact: Artifact, type_k: str | None, type_v: str | None) -> None:
+    """NextnError (one line) when -ctk / -ctv ask for KV cache types the artifact was not compiled with."""
+    from nextn.common.kv_types import kv_type
+
+    kc = artifact.manifest.get("kv_cache") or {"type_k": "f32", "type_v": "f32"}
+    for flag, want, have in (("--cache-type-k", type_k, kc["type_k"]), ("--cache-type-v", type_v, kc["type_v"])):
+        if want is not None and kv_type(want, flag).name != have:
+            raise NextnError(f"{artifact.path}: compiled with KV cache types -ctk {kc['type_k']} -ctv {kc['type_v']}, "
+                             f"but {flag} {want} was asked for; recompile it with `nextn compile ... -ctk/-ctv`, or run "
+                             f"the GGUF (compiled and cached per KV type)")
 ONE_ROW = {"verify": "decode", "mtp_draft": "draft"}   # one-row calls go to the static-shape entry points
 
 
@@ -147,15 +159,29 @@ class Engine:
     @classmethod
     def open(cls, path: str, target: str = "llvm", ctx_size: int | None = None, load_mtp: bool = True,
              draft_path: str | None = None, log=None, arches=None, device: str = "cpu",
-             mtp_dense_attention: bool = False) -> "Engine":
-        """Open an artifact directory, or a GGUF file (compiled for `target` first, cached by its sha256)."""
+             mtp_dense_attention: bool = False, cache_type_k: str | None = None,
+             cache_type_v: str | None = None) -> "Engine":
+        """Open an artifact directory, or a GGUF file (compiled for `target` first, cached by its sha256).
+        `cache_type_k` / `cache_type_v` (-ctk / -ctv): a GGUF is compiled with them (default f16); an artifact
+        directory must have been compiled with them (None: whatever it was compiled with)."""
         if os.path.isdir(path):
-            return cls(load_artifact(path), ctx_size, load_mtp, draft_path=draft_path, device=device)
+            art = load_artifact(path)
+            check_kv_types(art, cache_type_k, cache_type_v)
+            return cls(art, ctx_size, load_mtp, draft_path=draft_path, device=device)
         from nextn.compiler import entry   # the one door into the compiler: compile-and-cache
 
         art_dir = entry.compiled_artifact(path, target, draft_path, log=log, arches=arches,
-                                          mtp_dense_attention=mtp_dense_attention)
+                                          mtp_dense_attention=mtp_dense_attention, cache_type_k=cache_type_k,
+                                          cache_type_v=cache_type_v)
         return cls(load_artifact(art_dir), ctx_size, load_mtp, model_path=path, draft_path=draft_path, device=device)
+
+    @property
+    def kv_cache(self) -> dict:
+        """KV cache types and sizes: {type_k, type_v, bytes_per_token {trunk, nextn, total}, bytes} (`bytes`: what this
+        engine allocated, states included, for its n_ctx cells)."""
+        kc = self.artifact.manifest.get("kv_cache") or {}
+        return {"type_k": kc.get("type_k", "f32"), "type_v": kc.get("type_v", "f32"),
+                "bytes_per_token": kc.get("bytes_per_token"), "n_ctx": self.n_ctx, "bytes": self.kv_bytes}
 
     # -- entry points -----------------------------------------------------------------------------
     def n_kv(self, end: int) -> int:
@@ -230,9 +256,14 @@ class Engine:
     # -- whole-sequence API -----------------------------------------------------------------------
     def logits(self, token_ids) -> np.ndarray:
         """Trunk logits `[T, n_vocab]` float32 for `token_ids` at positions 0..T-1 (no KV reuse).
-        Semantics: llama.cpp src/models/glm4-moe.cpp (the trunk graph)."""
+        Semantics: llama.cpp src/models/glm4-moe.cpp (the trunk graph). Runs `prefill` with every row as an output
+        row: `verify` is for a few rows (its attention keeps per-chunk partials of every row)."""
         ids = np.asarray(token_ids, np.int32)
-        return np.concatenate(self._by_chunk(lambda t, p: self.verify(t, p)[1].numpy(), 0, ids))
+
+        def chunk(t, p):
+            return self._run("prefill", t, p, (np.arange(len(t), dtype=np.int32),))[1].numpy()
+
+        return np.concatenate(self._by_chunk(chunk, 0, ids))
 
     def hidden(self, token_ids) -> np.ndarray:
         """Trunk post-`output_norm` hidden `[T, n_embd]` float32 (the MTP seed `t_h_nextn`)."""
@@ -247,4 +278,9 @@ class Engine:
         ids = np.asarray(token_ids, np.int32)
         h = self.hidden(ids)
         h_prev = np.concatenate([np.zeros((1, h.shape[1]), np.float32), h[:-1]])
-        return np.concatenate(self._by_chunk(lambda t, hp, p: self.mtp_draft(t, hp, p)[1].numpy(), 0, ids, h_prev))
+
+        def chunk(t, hp, p):   # mtp_rows with every row an output row (as `logits`: not the few-row mtp_draft)
+            return self._run("mtp_rows", t, p, (np.ascontiguousarray(hp, np.float32),
+                                                np.arange(len(t), dtype=np.int32)))[1].numpy()
+
+        return np.concatenate(self._by_chunk(chunk, 0, ids, h_prev))

@@ -24,4 +24,6 @@ def state_buffers(entry_points: dict, n_ctx: int, empty) -> dict:
 
 
 def nbytes(states: dict) -> int:
-    return sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in states.values())
+    from nextn.common.kv_types import itemsize
+
+    return sum(int(np.prod(s.shape)) * itemsize(s.dtype) for s in states.values())

@@ -107,15 +107,17 @@ def _isolated_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def compiled(tmp_path_factory):
-    """compiled(name, model, draft=None) → artifact dir, compiled once per session."""
+    """compiled(name, model, draft=None, kv="f32") → artifact dir, compiled once per session; `kv`: the KV cache
+    type of both caches (f32 by default: the fixtures' references are float32 with no KV rounding)."""
     from nextn.compiler.compile import compile_model
 
     done: dict[str, str] = {}
 
-    def get(name: str, model: Path, draft: Path | None = None) -> str:
+    def get(name: str, model: Path, draft: Path | None = None, kv: str = "f32") -> str:
         if name not in done:
             out = str(tmp_path_factory.mktemp(f"art-{name}"))
-            compile_model(str(model), out, draft=str(draft) if draft else None, log=lambda *_: None)
+            compile_model(str(model), out, draft=str(draft) if draft else None, log=lambda *_: None,
+                          cache_type_k=kv, cache_type_v=kv)
             done[name] = out
         return done[name]
 

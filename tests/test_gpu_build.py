@@ -91,7 +91,10 @@ def test_every_primfunc_is_gpu_scheduled_and_gemvs_are_not_fallback(cuda_art):
     rep = cuda_art[1]
     assert len(rep) > 20
     assert set(rep.values()) <= {"LowBatchGEMV", "Matmul", "GEMV", "Reduction", "GeneralReduction",
-                                 "hand:row_reduction", "Fallback"}
+                                 "hand:row_reduction", "Fallback", "pre-scheduled"}
+    # the hand-written GPU kernels (KV store, flash attention) and nothing else come pre-scheduled
+    assert {k for k, v in rep.items() if v == "pre-scheduled"} == {k for k in rep if k.startswith(("set_rows_",
+                                                                                                  "flash_attn"))}
     gemvs = {k: v for k, v in rep.items() if "mul_mat" in k}
     assert gemvs and all(v != "Fallback" for v in gemvs.values()), gemvs
     assert rep.get("mul_mat") == "hand:row_reduction"
@@ -135,8 +138,9 @@ def test_cuda_graph_one_region_per_step(cuda_art):
         assert n == 1 and len(outside) == 3 and outside[1].startswith("mul_mat"), (fn, outside)
     for fn in ("verify", "prefill"):
         assert captures(dump, fn)[0] == 0
-    # attention and top-k are separate kernels there: no kernel allocates scratch inside a captured graph
-    assert _manifest(d)["split_kernels"] is True and workspaces(dump) == []
+    # the GPU form: flash attention keeps its tiles in shared memory and registers, top-k is split into kernels
+    # with Relax-planned scratch, so no kernel allocates device memory inside a captured graph
+    assert _manifest(d)["kernel_form"] == "gpu" and workspaces(dump) == []
 
 
 def test_glm_dsa_cuda_artifact_and_graphs(tmp_path):
@@ -156,7 +160,13 @@ def test_glm_dsa_cuda_artifact_and_graphs(tmp_path):
         assert n == regions and len(outside) == 3, (fn, n, outside)
     assert workspaces(dump) == []
     rep = json.load(open(f"{dump}/schedule_report.json"))
-    assert rep["attn_scores1"] == rep["index_qk1"] == "hand:row_reduction" and rep["soft_max1"] == "GeneralReduction"
+    # attention (MLA, split over L in the one-row steps) and the index score are hand-written GPU kernels, and
+    # nothing builds [T, H, L] scores any more
+    flash = [k for k in rep if k.startswith(("flash_attn", "lightning_indexer"))]
+    assert {k.split("_gpu")[0] for k in flash} == {"flash_attn", "flash_attn_partial", "flash_attn_merge",
+                                                   "lightning_indexer"}
+    assert all(rep[k] == "pre-scheduled" for k in flash)
+    assert not [k for k in rep if k.startswith(("attn_scores", "soft_max", "attn_pv", "index_qk", "index_score"))]
 
 
 def test_no_cuda_graph_and_context_limit(cuda_art, tmp_path):
@@ -167,11 +177,11 @@ def test_no_cuda_graph_and_context_limit(cuda_art, tmp_path):
 
     out, dump = str(tmp_path / "art"), str(tmp_path / "ir")
     compile_model(str(MODEL), out, target="cuda", arches=["sm_90"], log=lambda *_: None, dump_ir=dump,
-                  cuda_graph=False, split_kernels=False)
+                  cuda_graph=False)
     regions, launched = captures(dump, "decode")
     assert _manifest(out)["cuda_graph"] is None and regions == 0   # no captured region: every kernel launched alone
     assert len(launched) > 20
-    assert "flash_attn_ext" in workspaces(dump)   # the fused form keeps its [T, H, L] scratch inside the kernel
+    assert workspaces(dump) == []   # without graphs too: flash attention allocates no device memory
     max_ctx = _manifest(cuda_art[0])["cuda_graph"]["max_ctx"]
     with pytest.raises(NextnError, match=f"larger than the {max_ctx} cells .* --no-cuda-graph"):
         Engine(load_artifact(cuda_art[0]), max_ctx + 1)

@@ -14,9 +14,11 @@ Shapes are row-major (numpy order; ggml's `ne` reversed). A dimension is an int 
 - rope_ext(x[T,H,D], pos[T], n_rot, mode, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow,
   n_ctx_orig): mode "neox" rotates (i, i+n_rot/2), "norm" (2i, 2i+1), i < n_rot/2; dims >= n_rot pass through;
   angle = pos * freq_base^(-2i/n_rot) unless YaRN / linear scaling is set (ir/rope.py states those terms)
-- set_rows(cache[C,H,D], rows[T,H,D], pos[T]) -> cache with cache[pos[t]] = rows[t]  (in place: KV store)
+- set_rows(cache[C,H,D], rows[T,H,D], pos[T]) -> cache with cache[pos[t]] = rows[t]  (in place: KV store); a KV
+  cache (`Graph.kv_state`) keeps rows rounded to its KV type, `nextn.common.kv_types` (f32 / f16 / bf16 / q8_0)
 - flash_attn_ext(q[T,H,D], k[C,Hkv,D], v[C,Hkv,D], pos[T], scale) -> [T,H,D]; attends to cells
-  s < L with s <= pos[t] (the causal KV mask), GQA head h reads kv head h // (H/Hkv); softmax in f32
+  s < L with s <= pos[t] (the causal KV mask), GQA head h reads kv head h // (H/Hkv); softmax in f32; a row
+  with no cell to attend gets 0 (ggml flash_attn_ext: 1/S taken as 0 when S = 0)
 - sigmoid(x), swiglu(g, u) = silu(g) * u, clamp(x, lo, hi), sum_rows(x) -> [..., 1]
 - argsort_top_k(x[T,X], k) -> int32 [T,k]: indices of the k largest, descending, ties to the lower index
 - argmax(x[R,V]) -> int32 [R]: first index of the maximum
@@ -25,7 +27,8 @@ Shapes are row-major (numpy order; ggml's `ne` reversed). A dimension is an int 
   matrix per head, e.g. MLA's absorbed `attn_k_b` / `attn_v_b`
 - flash_attn_ext_mla(q[T,H,Dk], kv[C,1,Dk], pos[T], mask[T,L]?, scale, n_v) -> [T,H,n_v]: flash_attn_ext over
   an MLA K-only cache (one latent head, every query head reads it) whose V is the view kv[..., :n_v]; the
-  causal mask as flash_attn_ext plus the optional additive mask (0 / -inf: the DSA selection)
+  causal mask as flash_attn_ext plus the optional additive mask (0 / -inf: the DSA selection); a row whose
+  cells are all masked gets 0
 - lightning_indexer(q[T,Hi,D], k[C,1,D], w[T,Hi], pos[T]) -> [T,L]: DSA index score
   sum_h relu(q[t,h]·k[s]) * w[t,h] for cells s <= pos[t], -inf elsewhere (llama.cpp glm-dsa.cpp; DeepSeek-V3.2)
 - top_k_mask(score[T,L], pos[T], k) -> [T,L]: 0 on the min(k, pos[t]+1) largest causal scores of row t,
@@ -110,10 +113,35 @@ class Graph:
         return self.weights[name]
 
     def state(self, name: str, shape) -> Node:
-        """A persistent buffer (KV cache) that ops may update in place."""
+        """A persistent float32 buffer that ops may update in place (e.g. a stored DSA selection)."""
         n = self._add(Node("state", (), tuple(shape), "float32", name=name))
         self.states[name] = n
         return n
+
+    def kv_state(self, name: str, shape, role: str) -> Node:
+        """A KV cache [C, H, D]: a state that `set_rows` writes and attention / the indexer read. `role` "k" or "v"
+        says which cache type it takes (llama.cpp -ctk / -ctv; keys of an MLA latent cache or of the DSA indexer
+        are "k"); `set_kv_types` fixes the types, f32 until then."""
+        assert role in ("k", "v"), role
+        n = self.state(name, shape)
+        n.attrs.update(kv_role=role, kv_type="f32")
+        return n
+
+    def set_kv_types(self, type_k: str, type_v: str) -> None:
+        """Give every KV cache its type by role. Raises NextnError naming the cache when its rows do not fit the
+        type's blocks (q8_0: 32 values)."""
+        from nextn.common.kv_types import kv_type
+
+        for name, n in self.states.items():
+            role = n.attrs.get("kv_role")
+            if role is not None:
+                t = kv_type(type_k if role == "k" else type_v, "--cache-type-k" if role == "k" else "--cache-type-v")
+                t.check_width(int(n.shape[-1]), f"KV cache '{name}'")
+                n.attrs["kv_type"] = t.name
+
+    def kv_types(self) -> dict[str, str]:
+        """KV cache name → its KV type."""
+        return {name: n.attrs["kv_type"] for name, n in self.states.items() if "kv_type" in n.attrs}
 
     def output(self, name: str, node: Node) -> None:
         self.outputs[name] = node

@@ -1,14 +1,24 @@
 """A small numpy interpreter of the IR: the executable specification every compiled kernel is tested against.
 
 Float32 throughout (as the fixtures' references), except the softmax/rms reductions, which numpy
-accumulates pairwise. States (KV caches) are numpy arrays updated in place by `set_rows`.
+accumulates pairwise. States (KV caches) are float32 numpy arrays updated in place by `set_rows`, which stores
+each row rounded to the cache's KV type (`nextn.common.kv_types`): the values a compiled cache holds.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from nextn.common.kv_types import KV_TYPES
+
 from . import rope
 from .graph import Graph
+
+
+def _leaf(n):
+    """The state an in-place op's first input chain starts from."""
+    while n.op != "state":
+        n = n.inputs[0]
+    return n
 
 
 def _rope(x, pos, n_rot, mode, freq_base, **scaling):
@@ -40,11 +50,16 @@ def _attn(q, k, v, pos, n_kv, scale):
     for h in range(H):
         s = q[:, h, :] @ kk[:, h // g, :].T * np.float32(scale)     # [T, n_kv]
         s = np.where(cells[None, :] <= pos[:, None], s, -np.inf)
-        s = s - s.max(axis=1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(axis=1, keepdims=True)
-        out[:, h, :] = p @ vv[:, h // g, :]
+        out[:, h, :] = _softmax(s) @ vv[:, h // g, :]
     return out
+
+
+def _softmax(s):
+    """Row softmax of masked scores; a row without a finite score gives zeros (ggml flash_attn_ext: S = 0 -> 0)."""
+    m = s.max(axis=1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(m), m, np.float32(0)))
+    z = p.sum(axis=1, keepdims=True)
+    return p / np.where(z > 0, z, np.float32(1))
 
 
 def _attn_mla(q, kv, pos, mask, n_kv, scale, n_v):
@@ -57,10 +72,7 @@ def _attn_mla(q, kv, pos, mask, n_kv, scale, n_v):
         if mask is not None:
             s = s + mask
         s = np.where(cells[None, :] <= pos[:, None], s, -np.inf)
-        s = s - s.max(axis=1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(axis=1, keepdims=True)
-        out[:, h, :] = p @ kk[:, :n_v]
+        out[:, h, :] = _softmax(s) @ kk[:, :n_v]
     return out
 
 
@@ -90,9 +102,12 @@ def _top_k(x, k):
     return order[..., :k].astype(np.int32)
 
 
-def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = None) -> dict:
+def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = None, keep_kv: bool = False) -> dict:
     """Execute `graph`. `weights` maps GGUF name → float32 array (or a callable name → array);
-    `states` maps state name → numpy array (mutated in place). Returns {output name: array}."""
+    `states` maps state name → numpy array (mutated in place). Returns {output name: array}.
+    `keep_kv`: the KV caches already hold this call's rows (written by another run, e.g. a compiled one) and
+    `set_rows` leaves them: rounding a row to f16 / q8_0 is discontinuous, so two implementations whose rows differ
+    in the last bit may store values one rounding step apart; with the same cache contents they must agree."""
     get_w = weights if callable(weights) else weights.__getitem__
     env: dict[int, np.ndarray] = {}
     for n in graph.live_nodes():
@@ -136,7 +151,8 @@ def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = No
             r = _rope(a[0], a[1], **n.attrs)
         elif op == "set_rows":
             cache, rows, pos = a
-            cache[pos] = rows
+            if not keep_kv:
+                cache[pos] = KV_TYPES[_leaf(n.inputs[0]).attrs.get("kv_type", "f32")].round(rows)
             r = cache
         elif op == "flash_attn_ext":
             q, k, v, pos = a

@@ -153,73 +153,6 @@ def rope_ext(x, pos, n_rot, mode, freq_base, freq_scale=1.0, ext_factor=0.0, att
     return te.compute(x.shape, f, name="rope_ext")
 
 
-def flash_attn_ext(q, k, v, pos, n_kv, scale_):
-    """Attention of T query rows over KV cells [0, n_kv) with the causal mask cell <= pos[t]."""
-    g = q.shape[1] // k.shape[1]
-    return _softmax_pv(_masked(attn_scores(q, k, n_kv), pos, scale_), lambda c, h, j: v[c, h // g, j], v.shape[2],
-                       "attn")
-
-
-# -- attention as three kernels (GPU): scores, soft_max, P·V --------------------------------------------------
-# The fused forms above keep [T, H, L] scratch inside one PrimFunc; on a GPU that scratch would be a workspace
-# allocated at every call (inside a CUDA graph capture too) and each stage a separate launch anyway. Split at
-# the Relax level, the [T, H, L] tensors are planned like any other and each kernel is a shape dlight's
-# GEMV / reduction rules know (ggml's non-flash path: kq = mul_mat, soft_max_ext, kqv = mul_mat).
-def attn_scores(q, k, n_kv):
-    """kq [T, H, L] = q[t, h]·k[c, h // (H / Hkv)] (GQA), unscaled and unmasked: one plain reduction, a shape the
-    GEMV / matmul rules take."""
-    T, H, D = q.shape
-    g = H // k.shape[1]
-    d = te.reduce_axis((0, D), name="d")
-    return te.compute((T, H, n_kv), lambda t, h, c: te.sum(q[t, h, d] * k[c, h // g, d], axis=d), name="attn_qk")
-
-
-def _masked(s, pos, scale_, mask=None):
-    """kq * scale (+ mask[t, c]) on causal cells (c <= pos[t]), -inf elsewhere (ggml_soft_max_ext's inputs)."""
-    def f(t, h, c):
-        val = s[t, h, c] * tirx.const(scale_, F32)
-        if mask is not None:
-            val = val + mask[t, c]
-        return tirx.if_then_else(c <= pos[t].astype("int64"), val, tirx.const(-math.inf, F32))
-
-    return te.compute(s.shape, f, name="attn_masked")
-
-
-def soft_max(s, pos, scale_, mask=None):
-    """p = softmax over the last axis of kq [T, H, L] scaled and masked as `_masked` (ggml_soft_max_ext)."""
-    e, z = _exp_sum(_masked(s, pos, scale_, mask), "soft_max")
-    return te.compute(e.shape, lambda t, h, c: e[t, h, c] / z[t, h], name="soft_max")
-
-
-def attn_pv(p, v, n_v):
-    """kqv [T, H, n_v] = sum_c p[t, h, c] * v[c, h // (H / Hv), j] for j < n_v (MLA: v is the latent cache)."""
-    T, H, n_kv = p.shape
-    g = H // v.shape[1]
-    c = te.reduce_axis((0, n_kv), name="c")
-    return te.compute((T, H, n_v), lambda t, h, j: te.sum(p[t, h, c] * v[c, h // g, j], axis=c), name="attn_pv")
-
-
-def _softmax_pv(sm, v_at, n_v, prefix: str):
-    """softmax over the cells of masked scores sm [T, H, L] (masked cells -inf), then the weighted sum of V:
-    out[t, h, j] = sum_c p[t, h, c] * v_at(c, h, j) (f32; normalised after the sum, as ggml's soft_max + mul_mat)."""
-    T, H, n_kv = sm.shape
-    e, z = _exp_sum(sm, prefix)
-    c3 = te.reduce_axis((0, n_kv), name="c3")
-    o = te.compute((T, H, n_v), lambda t, h, j: te.sum(e[t, h, c3] * v_at(c3, h, j), axis=c3), name=f"{prefix}_pv")
-    return te.compute((T, H, n_v), lambda t, h, j: o[t, h, j] / z[t, h], name=f"{prefix}_out")
-
-
-def _exp_sum(sm, prefix: str):
-    """(e, z): e = exp(sm - max over cells) [T, H, L] and z = its sum over cells [T, H] (masked cells -inf → 0)."""
-    T, H, n_kv = sm.shape
-    c1 = te.reduce_axis((0, n_kv), name="c1")
-    m = te.compute((T, H), lambda t, h: te.max(sm[t, h, c1], axis=c1), name=f"{prefix}_max")
-    e = te.compute((T, H, n_kv), lambda t, h, c: te.exp(sm[t, h, c] - m[t, h]), name=f"{prefix}_exp")
-    c2 = te.reduce_axis((0, n_kv), name="c2")
-    z = te.compute((T, H), lambda t, h: te.sum(e[t, h, c2], axis=c2), name=f"{prefix}_sum")
-    return e, z
-
-
 def sigmoid(x):
     return te.compute(x.shape, lambda *i: tirx.const(1.0, F32) / (tirx.const(1.0, F32) + te.exp(-x[i])), name="sigmoid")
 
@@ -279,36 +212,6 @@ def norm(x, eps):
     k2 = te.reduce_axis((0, n), name="k2")
     var = te.compute(x.shape[:-1], lambda *i: te.sum(xc[(*i, k2)] * xc[(*i, k2)], axis=k2), name="norm_var")
     return te.compute(x.shape, lambda *i: xc[i] / te.sqrt(var[i[:-1]] * inv_n + tirx.const(eps, F32)), name="norm")
-
-
-def flash_attn_ext_mla(q, kv, pos, *rest):
-    """MLA attention over the one-head latent cache kv[C, 1, Dk] (V = kv[..., :n_v]), causal, optional additive
-    mask [T, L]. rest = ([mask,] n_kv, scale, n_v)."""
-    mask = rest[0] if len(rest) == 4 else None
-    n_kv, scale_, n_v = rest[-3:]
-    return _softmax_pv(_masked(attn_scores(q, kv, n_kv), pos, scale_, mask), lambda c, h, j: kv[c, 0, j], n_v, "mla")
-
-
-def lightning_indexer(q, k, w, pos, n_kv):
-    """DSA index score [T, L]: sum_h relu(q[t,h]·k[s]) * w[t,h] on causal cells, -inf elsewhere."""
-    return index_score(index_qk(q, k, n_kv), w, pos)
-
-
-def index_qk(q, k, n_kv):
-    """[T, Hi, L] = q[t, h]·k[c] (the indexer's one key head); the first kernel of the split indexer."""
-    T_, Hi, D = q.shape
-    d = te.reduce_axis((0, D), name="d")
-    return te.compute((T_, Hi, n_kv), lambda t, h, c: te.sum(q[t, h, d] * k[c, 0, d], axis=d), name="index_qk")
-
-
-def index_score(s, w, pos):
-    """[T, L] = sum_h relu(s[t, h, c]) * w[t, h] on causal cells, -inf elsewhere."""
-    T_, Hi, n_kv = s.shape
-    h_ = te.reduce_axis((0, Hi), name="h")
-    # the causal mask inside the sum (Hi terms of -inf sum to -inf): one reduction block, no epilogue
-    return te.compute((T_, n_kv), lambda t, c: te.sum(tirx.if_then_else(
-        c <= pos[t].astype("int64"), te.max(s[t, h_, c], tirx.const(0.0, F32)) * w[t, h_], tirx.const(-math.inf, F32)),
-        axis=h_), name="lightning_indexer")
 
 
 def index_mask_load(state, n_kv):

@@ -35,8 +35,8 @@ class ServeOptions:
     metrics: bool = False
     slots: bool = True
     alias: str | None = None
-    cache_type_k: str | None = None
-    cache_type_v: str | None = None
+    cache_type_k: str | None = None      # -ctk / -ctv: a GGUF is compiled with them (default f16), an artifact
+    cache_type_v: str | None = None      # directory must have them (nextn.runtime.load)
     spec_type: str | None = None         # None: draft-mtp when the model has a NextN block
     defaults: ServerDefaults = field(default_factory=ServerDefaults)
 
@@ -51,9 +51,9 @@ def load_state(state, opt: ServeOptions, log) -> None:
     want_spec = opt.spec_type != "none"
     per_slot = opt.ctx_size // opt.n_parallel if opt.ctx_size else None
     m = load(opt.model, target=opt.target, ctx_size=per_slot, spec=want_spec, draft=opt.draft, log=log,
-             arches=opt.arches, device=opt.device, mtp_dense_attention=opt.mtp_dense_attention)
+             arches=opt.arches, device=opt.device, mtp_dense_attention=opt.mtp_dense_attention,
+             cache_type_k=opt.cache_type_k, cache_type_v=opt.cache_type_v)
     eng = m.engine
-    _check_cache_types(eng, opt)
     if opt.spec_type is None:
         d.spec_type = "draft-mtp" if m.has_mtp else "none"
     elif opt.spec_type == "draft-mtp" and not m.has_mtp:
@@ -76,17 +76,6 @@ def load_state(state, opt: ServeOptions, log) -> None:
     state.model = m
     state.scheduler = Scheduler(engines, tok.token_to_bytes, log=log)
     state.scheduler.start()
-
-
-GGML_TYPE_NAMES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-
-
-def _check_cache_types(eng, opt: ServeOptions) -> None:
-    """-ctk/-ctv name ggml types; the KV type is fixed when an artifact is compiled, so only that one is accepted."""
-    have = sorted({GGML_TYPE_NAMES.get(str(s.dtype), str(s.dtype)) for s in eng.states.values()})
-    for flag, want in (("--cache-type-k", opt.cache_type_k), ("--cache-type-v", opt.cache_type_v)):
-        if want and [want.lower()] != have:
-            raise NextnError(f"{flag} {want}: this artifact's KV cache is {', '.join(have)} (fixed when it was compiled)")
 
 
 def make_state(opt: ServeOptions):

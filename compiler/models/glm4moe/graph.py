@@ -44,7 +44,7 @@ def block(g: Graph, c: Glm4MoeConfig, il: int, x, pos, kc, vc, is_moe: bool):
 
 def _kv_states(g: Graph, c: Glm4MoeConfig, prefix: str, il: int):
     shape = ("C", c.n_head_kv, c.head_dim)      # C = context size, chosen at load time
-    return g.state(f"{prefix}k.{il}", shape), g.state(f"{prefix}v.{il}", shape)
+    return g.kv_state(f"{prefix}k.{il}", shape, "k"), g.kv_state(f"{prefix}v.{il}", shape, "v")
 
 
 def build_trunk(c: Glm4MoeConfig, has_tensor, all_rows: bool) -> Graph:

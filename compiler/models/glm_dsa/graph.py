@@ -76,11 +76,12 @@ def block(g: Graph, c: GlmDsaConfig, il: int, x, pos, kvc, ikc, mask, is_moe: bo
 
 
 def _kv_state(g: Graph, c: GlmDsaConfig, prefix: str, il: int):
-    return g.state(f"{prefix}kv.{il}", ("C", 1, c.kv_width))     # C = context size, chosen at load time
+    # C = context size, chosen at load time; the latent cache is MLA's K (and V): it takes -ctk, as llama.cpp's
+    return g.kv_state(f"{prefix}kv.{il}", ("C", 1, c.kv_width), "k")
 
 
 def _ik_state(g: Graph, c: GlmDsaConfig, prefix: str, il: int):
-    return g.state(f"{prefix}ik.{il}", ("C", 1, c.idx_hd))
+    return g.kv_state(f"{prefix}ik.{il}", ("C", 1, c.idx_hd), "k")   # the indexer's key cache: -ctk too
 
 
 def build_trunk(c: GlmDsaConfig, has_tensor, all_rows: bool) -> Graph:
