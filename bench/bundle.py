@@ -188,10 +188,12 @@ def build_site(site: str, host_name: str, cache: str) -> dict:
 
 
 # -- artifacts, references -----------------------------------------------------------------------------------------
-def compile_into(model: str, out: str, target: str, arches, cuda_graph: bool = True) -> str:
+def compile_into(model: str, out: str, target: str, arches, cuda_graph: bool = True, kv: str = "f32") -> str:
+    """`kv`: both KV cache types; f32 for the fixture checks, which compare with float32 references."""
     from nextn.compiler.compile import compile_model
 
-    compile_model(model, out, target=target, arches=arches, cuda_graph=cuda_graph, log=log)
+    compile_model(model, out, target=target, arches=arches, cuda_graph=cuda_graph, log=log, cache_type_k=kv,
+                  cache_type_v=kv)
     if target == "cuda":
         from nextn.compiler.check_device_code import check_artifact
 
@@ -221,7 +223,8 @@ def record_cpu_expectations(gguf: str, fixture: str, path: str) -> None:
     import nextn.runtime as rt
 
     log(f"bundle: recording {os.path.basename(gguf)} on this CPU (llvm) ...")
-    device_check.record_expectations(rt.load(gguf, ctx_size=4096, log=log), os.path.join(FIXTURES, fixture), path)
+    m = rt.load(gguf, ctx_size=4096, log=log, cache_type_k="f32", cache_type_v="f32")   # as compile_into's
+    device_check.record_expectations(m, os.path.join(FIXTURES, fixture), path)
 
 
 # -- the bundle ------------------------------------------------------------------------------------------------------
@@ -322,7 +325,7 @@ def realwidth_slice(out: str, name: str, target: str, arches, prebuilt: dict) ->
     if name in prebuilt:
         shutil.copytree(prebuilt[name], art)
     else:
-        compile_into(gguf, art, target, arches)
+        compile_into(gguf, art, target, arches, kv="f16")   # speed and memory: llama.cpp's default KV type
     man = json.load(open(os.path.join(art, "manifest.json")))
     mf = next(f for f in man["model_files"] if f["role"] == "model")
     os.makedirs(os.path.join(out, "tools"), exist_ok=True)

@@ -128,65 +128,78 @@ def lightning_indexer_kernel(Hi: int, D: int, k_type: str = "f32", gpu: bool = F
     CH, TL, NTH, KP = INDEX_CHUNK, INDEX_TILE, INDEX_THREADS, int(kpool)
     NEG = -float("inf")
 
-    if not (gpu or emulate):
-        from .flash_attn import _stage_macro
+    from .flash_attn import _binders, _stage_macro
 
-        stage = _stage_macro(k_type, D)
+    stage = _stage_macro(k_type, D)
+    blk, thr, _shared = _binders(emulate)
 
-        @T.prim_func(private=True, s_tir=True)
-        def lightning_indexer(var_q: T.handle, var_k: T.handle, var_w: T.handle, var_pos: T.handle,
-                              L: T.int64, var_out: T.handle):
-            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            t, c = T.int64(), T.int64()
-            q = T.match_buffer(var_q, (t, Hi, D), "float32")
-            k = T.match_buffer(var_k, (c, 1, kw), kdt)
-            w = T.match_buffer(var_w, (t, Hi), "float32")
-            pos = T.match_buffer(var_pos, (t,), "int32")
-            out = T.match_buffer(var_out, (t, L // KP), "float32")
-            for task in T.parallel(t * ((L // KP + CH - 1) // CH)):
-                with T.sblock("lightning_indexer"):
-                    vt = T.axis.spatial(t * ((L // KP + CH - 1) // CH), task)
-                    T.reads(q[0:t, 0:Hi, 0:D], k[0:c, 0:1, 0:kw], w[0:t, 0:Hi], pos[0:t])
-                    T.writes(out[0:t, 0:L // KP])
-                    qT = T.alloc_buffer((D, Hi), "float32", scope="local")
-                    kt = T.alloc_buffer((TL, D), "float32", scope="local")
-                    s = T.alloc_buffer((TL, Hi), "float32", scope="local")
-                    acc = T.alloc_buffer((1,), "float32", scope="local")
-                    row = vt // ((L // KP + CH - 1) // CH)
-                    c0 = vt % ((L // KP + CH - 1) // CH) * CH
-                    n = T.min((T.Cast("int64", pos[row]) + 1) // KP, L // KP)
-                    for d, h in T.grid(D, Hi):
-                        qT[d, h] = q[row, h, d]
-                    for tile in range((T.min(L // KP - c0, T.int64(CH)) + TL - 1) // TL):
-                        if c0 + tile * TL < n:
-                            for j in range(TL):
-                                stage(kt, j, k, T.min(c0 + tile * TL + j, n - 1), 0)
+    @T.macro
+    def cpu_body(q, k, w, pos, out, L, t, c):
+        for task in T.parallel(t * ((L // KP + CH - 1) // CH)):
+            with T.sblock("lightning_indexer"):
+                vt = T.axis.spatial(t * ((L // KP + CH - 1) // CH), task)
+                T.reads(q[0:t, 0:Hi, 0:D], k[0:c, 0:1, 0:kw], w[0:t, 0:Hi], pos[0:t])
+                T.writes(out[0:t, 0:L // KP])
+                qT = T.alloc_buffer((D, Hi), "float32", scope="local")
+                kt = T.alloc_buffer((TL, D), "float32", scope="local")
+                s = T.alloc_buffer((TL, Hi), "float32", scope="local")
+                acc = T.alloc_buffer((1,), "float32", scope="local")
+                row = vt // ((L // KP + CH - 1) // CH)
+                c0 = vt % ((L // KP + CH - 1) // CH) * CH
+                n = T.min((T.Cast("int64", pos[row]) + 1) // KP, L // KP)
+                for d, h in T.grid(D, Hi):
+                    qT[d, h] = q[row, h, d]
+                for tile in range((T.min(L // KP - c0, T.int64(CH)) + TL - 1) // TL):
+                    if c0 + tile * TL < n:
+                        for j in range(TL):
+                            stage(kt, j, k, T.min(c0 + tile * TL + j, n - 1), 0)
+                        for j in T.unroll(TL):
+                            for h in T.vectorized(Hi):
+                                s[j, h] = T.float32(0)
+                        for d in range(D):
                             for j in T.unroll(TL):
                                 for h in T.vectorized(Hi):
-                                    s[j, h] = T.float32(0)
-                            for d in range(D):
-                                for j in T.unroll(TL):
-                                    for h in T.vectorized(Hi):
-                                        s[j, h] = s[j, h] + qT[d, h] * kt[j, d]
-                        for j in range(TL):
-                            if c0 + tile * TL + j < n:
-                                acc[0] = T.float32(0)
-                                for h in range(Hi):
-                                    acc[0] = acc[0] + T.max(s[j, h], T.float32(0)) * w[row, h]
-                                out[row, c0 + tile * TL + j] = acc[0]
-                            elif c0 + tile * TL + j < L // KP:
-                                out[row, c0 + tile * TL + j] = T.float32(NEG)
-        return lightning_indexer
+                                    s[j, h] = s[j, h] + qT[d, h] * kt[j, d]
+                    for j in range(TL):
+                        if c0 + tile * TL + j < n:
+                            acc[0] = T.float32(0)
+                            for h in range(Hi):
+                                acc[0] = acc[0] + T.max(s[j, h], T.float32(0)) * w[row, h]
+                            out[row, c0 + tile * TL + j] = acc[0]
+                        elif c0 + tile * TL + j < L // KP:
+                            out[row, c0 + tile * TL + j] = T.float32(NEG)
 
-    if emulate:
-        blk, thr = (lambda n_: T.parallel(n_)), (lambda n_: T.serial(n_))
-    else:
-        blk = lambda n_: T.thread_binding(n_, thread="blockIdx.x")     # noqa: E731
-        thr = lambda n_: T.thread_binding(n_, thread="threadIdx.x")    # noqa: E731
+    @T.macro
+    def gpu_body(q, k, w, pos, out, L, t, c):
+        for task in blk(t * ((L // KP + CH - 1) // CH)):
+            with T.sblock("lightning_indexer"):
+                vt = T.axis.spatial(t * ((L // KP + CH - 1) // CH), task)
+                T.reads(q[0:t, 0:Hi, 0:D], k[0:c, 0:1, 0:kw], w[0:t, 0:Hi], pos[0:t])
+                T.writes(out[0:t, 0:L // KP])
+                acc = T.alloc_buffer((Hi + 1,), "float32", scope="local")   # per-head dot products, then the sum
+                row = vt // ((L // KP + CH - 1) // CH)
+                c0 = vt % ((L // KP + CH - 1) // CH) * CH
+                n = T.min((T.Cast("int64", pos[row]) + 1) // KP, L // KP)
+                for tx in thr(NTH):
+                    for e in range(CH // NTH):
+                        if c0 + e * NTH + tx < n:
+                            for h in range(Hi):
+                                acc[h] = T.float32(0)
+                            for d in range(D):   # d outer: each key element is read once, for every head
+                                for h in range(Hi):
+                                    acc[h] = acc[h] + q[row, h, d] * kv_access.element(k, k_type, c0 + e * NTH + tx, 0, d)
+                            acc[Hi] = T.float32(0)
+                            for h in range(Hi):
+                                acc[Hi] = acc[Hi] + T.max(acc[h], T.float32(0)) * w[row, h]
+                            out[row, c0 + e * NTH + tx] = acc[Hi]
+                        elif c0 + e * NTH + tx < L // KP:
+                            out[row, c0 + e * NTH + tx] = T.float32(NEG)
+
+    body = gpu_body if (gpu or emulate) else cpu_body
 
     @T.prim_func(private=True, s_tir=True)
-    def lightning_indexer_gpu(var_q: T.handle, var_k: T.handle, var_w: T.handle, var_pos: T.handle,
-                              L: T.int64, var_out: T.handle):
+    def lightning_indexer(var_q: T.handle, var_k: T.handle, var_w: T.handle, var_pos: T.handle,
+                          L: T.int64, var_out: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         t, c = T.int64(), T.int64()
         q = T.match_buffer(var_q, (t, Hi, D), "float32")
@@ -194,27 +207,5 @@ def lightning_indexer_kernel(Hi: int, D: int, k_type: str = "f32", gpu: bool = F
         w = T.match_buffer(var_w, (t, Hi), "float32")
         pos = T.match_buffer(var_pos, (t,), "int32")
         out = T.match_buffer(var_out, (t, L // KP), "float32")
-        for task in blk(t * ((L // KP + CH - 1) // CH)):
-            with T.sblock("lightning_indexer"):
-                vt = T.axis.spatial(t * ((L // KP + CH - 1) // CH), task)
-                T.reads(q[0:t, 0:Hi, 0:D], k[0:c, 0:1, 0:kw], w[0:t, 0:Hi], pos[0:t])
-                T.writes(out[0:t, 0:L // KP])
-                acc = T.alloc_buffer((Hi + 1,), "float32", scope="local")   # per-head dot products, then the sum
-                for tx in thr(NTH):
-                    for e in range(CH // NTH):
-                        if vt % ((L // KP + CH - 1) // CH) * CH + e * NTH + tx < L // KP:
-                            if vt % ((L // KP + CH - 1) // CH) * CH + e * NTH + tx < (T.Cast("int64", pos[vt // ((L // KP + CH - 1) // CH)]) + 1) // KP:
-                                for h in range(Hi):
-                                    acc[h] = T.float32(0)
-                                for d in range(D):
-                                    for h in range(Hi):
-                                        acc[h] = acc[h] + q[vt // ((L // KP + CH - 1) // CH), h, d] * kv_access.element(
-                                            k, k_type, vt % ((L // KP + CH - 1) // CH) * CH + e * NTH + tx, 0, d)
-                                acc[Hi] = T.float32(0)
-                                for h in range(Hi):
-                                    acc[Hi] = acc[Hi] + T.max(acc[h], T.float32(0)) * w[vt // ((L // KP + CH - 1) // CH), h]
-                                out[vt // ((L // KP + CH - 1) // CH), vt % ((L // KP + CH - 1) // CH) * CH + e * NTH + tx] = acc[Hi]
-                            else:
-                                out[vt // ((L // KP + CH - 1) // CH), vt % ((L // KP + CH - 1) // CH) * CH + e * NTH + tx] = \
-                                    T.float32(NEG)
-    return lightning_indexer_gpu
+        body(q, k, w, pos, out, L, t, c)
+    return lightning_indexer

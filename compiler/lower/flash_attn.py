@@ -112,6 +112,52 @@ def _stage_macro(kv_type: str, D: int):
     return stage
 
 
+def _storage(a: AttnShape):
+    """(K dtype, K width, V dtype, V width) of the cache buffers (MLA: the V argument is the K cache itself)."""
+    kdt, vdt = kv_access.storage_dtype(a.k_type), kv_access.storage_dtype(a.v_type)
+    kw, vw = kv_access.storage_width(a.k_type, a.Dk), kv_access.storage_width(a.v_type, a.Dv)
+    return (kdt, kw, kdt, kw) if a.v_from_k else (kdt, kw, vdt, vw)
+
+
+def _entry(a: AttnShape, split: bool, body):
+    """The PrimFunc around kernel `body` (a T.macro): (q, k, v, pos, mask, L) -> out [T, H, Dv], or (split) the
+    chunk partials (acc [T, H, NC, Dv], (m, l) [T, H, NC, 2]). Without a mask the mask argument is a [1, 1] dummy."""
+    H, Hkv, Dk, Dv, CH = a.H, a.Hkv, a.Dk, a.Dv, CHUNK
+    kdt, kw, vdt, vw = _storage(a)
+    MW = (1, 1)
+    has_mask = a.mask
+
+    if split:
+        @T.prim_func(private=True, s_tir=True)
+        def flash_attn_partial(var_q: T.handle, var_k: T.handle, var_v: T.handle, var_pos: T.handle,
+                               var_mask: T.handle, L: T.int64, var_o: T.handle, var_ml: T.handle):
+            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+            t, c = T.int64(), T.int64()
+            q = T.match_buffer(var_q, (t, H, Dk), F32)
+            k = T.match_buffer(var_k, (c, Hkv, kw), kdt)
+            v = T.match_buffer(var_v, (c, Hkv, vw), vdt)
+            pos = T.match_buffer(var_pos, (t,), "int32")
+            mask = T.match_buffer(var_mask, (t, L) if has_mask else MW, F32)
+            o = T.match_buffer(var_o, (t, H, (L + CH - 1) // CH, Dv), F32)
+            ml = T.match_buffer(var_ml, (t, H, (L + CH - 1) // CH, 2), F32)
+            body(q, k, v, pos, mask, o, ml, L, t, c)
+        return flash_attn_partial
+
+    @T.prim_func(private=True, s_tir=True)
+    def flash_attn(var_q: T.handle, var_k: T.handle, var_v: T.handle, var_pos: T.handle, var_mask: T.handle,
+                   L: T.int64, var_o: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+        t, c = T.int64(), T.int64()
+        q = T.match_buffer(var_q, (t, H, Dk), F32)
+        k = T.match_buffer(var_k, (c, Hkv, kw), kdt)
+        v = T.match_buffer(var_v, (c, Hkv, vw), vdt)
+        pos = T.match_buffer(var_pos, (t,), "int32")
+        mask = T.match_buffer(var_mask, (t, L) if has_mask else MW, F32)
+        o = T.match_buffer(var_o, (t, H, Dv), F32)
+        body(q, k, v, pos, mask, o, o, L, t, c)
+    return flash_attn
+
+
 def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int = 1):
     """CPU kernel. split=False (fused): out [T, H, Dv]; split=True (partial): pacc [T, H, NC, Dv] and
     pml [T, H, NC, 2] (m, l) of every chunk c < NC with c * CHUNK < the row's causal cell count.
@@ -120,16 +166,12 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int = 1):
     g, NG = a.group, a.group // a.lanes
     RB = 1 if split else rows_per_task
     TL, CH = TILE, CHUNK
-    kdt, vdt = kv_access.storage_dtype(a.k_type), kv_access.storage_dtype(a.v_type)
-    kw, vw = kv_access.storage_width(a.k_type, Dk), kv_access.storage_width(a.v_type, Dv)
-    if a.v_from_k:   # V is read through the K tile; the V argument is the K cache itself
-        vdt, vw = kdt, kw
+    _kdt, kw, _vdt, vw = _storage(a)
     stage_k = _stage_macro(a.k_type, Dk)
     stage_v = _stage_macro(a.v_type, Dv)
     scale, has_mask, v_from_k = float(a.scale), a.mask, a.v_from_k
     VW = Dk if v_from_k else Dv   # width of the staged V tile (MLA: V is the K tile)
 
-    MW = (1, 1)   # the mask buffer's shape when the op has none (a constant dummy input)
 
     @T.macro
     def body(q, k, v, pos, mask, o, ml, L, t, c):
@@ -265,35 +307,7 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int = 1):
                                         o[t0 + r, h0 + hg, d] / st[1, r, hg])
 
 
-    if split:
-        @T.prim_func(private=True, s_tir=True)
-        def flash_attn_partial(var_q: T.handle, var_k: T.handle, var_v: T.handle, var_pos: T.handle,
-                               var_mask: T.handle, L: T.int64, var_o: T.handle, var_ml: T.handle):
-            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            t, c = T.int64(), T.int64()
-            q = T.match_buffer(var_q, (t, H, Dk), F32)
-            k = T.match_buffer(var_k, (c, Hkv, kw), kdt)
-            v = T.match_buffer(var_v, (c, Hkv, vw), vdt)
-            pos = T.match_buffer(var_pos, (t,), "int32")
-            mask = T.match_buffer(var_mask, (t, L) if has_mask else MW, F32)
-            o = T.match_buffer(var_o, (t, H, (L + CH - 1) // CH, Dv), F32)
-            ml = T.match_buffer(var_ml, (t, H, (L + CH - 1) // CH, 2), F32)
-            body(q, k, v, pos, mask, o, ml, L, t, c)
-        return flash_attn_partial
-
-    @T.prim_func(private=True, s_tir=True)
-    def flash_attn(var_q: T.handle, var_k: T.handle, var_v: T.handle, var_pos: T.handle, var_mask: T.handle,
-                   L: T.int64, var_o: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        t, c = T.int64(), T.int64()
-        q = T.match_buffer(var_q, (t, H, Dk), F32)
-        k = T.match_buffer(var_k, (c, Hkv, kw), kdt)
-        v = T.match_buffer(var_v, (c, Hkv, vw), vdt)
-        pos = T.match_buffer(var_pos, (t,), "int32")
-        mask = T.match_buffer(var_mask, (t, L) if has_mask else MW, F32)
-        o = T.match_buffer(var_o, (t, H, Dv), F32)
-        body(q, k, v, pos, mask, o, o, L, t, c)
-    return flash_attn
+    return _entry(a, split, body)
 
 
 def cpu_merge_kernel(a: AttnShape):
@@ -364,15 +378,11 @@ def gpu_kernel(a: AttnShape, split: bool, emulate: bool = False):
     G = gpu_lanes(a)
     g, NG = a.group, a.group // G
     TL, CH, NTH = GPU_TILE, CHUNK, GPU_THREADS
-    kdt, vdt = kv_access.storage_dtype(a.k_type), kv_access.storage_dtype(a.v_type)
-    kw, vw = kv_access.storage_width(a.k_type, Dk), kv_access.storage_width(a.v_type, Dv)
-    if a.v_from_k:
-        vdt, vw = kdt, kw
+    _kdt, kw, _vdt, vw = _storage(a)
     scale, has_mask, v_from_k = float(a.scale), a.mask, a.v_from_k
     k_type, v_type = a.k_type, a.v_type
     VW = Dk if v_from_k else Dv
     blk, thr, shared = _binders(emulate)
-    MW = (1, 1)
     NS = TL * G            # scores per tile
     NKS, NVS = TL * Dk, TL * VW
     NPV = G * Dv
@@ -510,35 +520,7 @@ def gpu_kernel(a: AttnShape, split: bool, emulate: bool = False):
                                     gl[(e * NTH + tx) // Dv] == T.float32(0), T.float32(0),
                                     o[row, h0 + (e * NTH + tx) // Dv, (e * NTH + tx) % Dv] / gl[(e * NTH + tx) // Dv])
 
-    if split:
-        @T.prim_func(private=True, s_tir=True)
-        def flash_attn_partial(var_q: T.handle, var_k: T.handle, var_v: T.handle, var_pos: T.handle,
-                               var_mask: T.handle, L: T.int64, var_o: T.handle, var_ml: T.handle):
-            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            t, c = T.int64(), T.int64()
-            q = T.match_buffer(var_q, (t, H, Dk), F32)
-            k = T.match_buffer(var_k, (c, Hkv, kw), kdt)
-            v = T.match_buffer(var_v, (c, Hkv, vw), vdt)
-            pos = T.match_buffer(var_pos, (t,), "int32")
-            mask = T.match_buffer(var_mask, (t, L) if has_mask else MW, F32)
-            o = T.match_buffer(var_o, (t, H, (L + CH - 1) // CH, Dv), F32)
-            ml = T.match_buffer(var_ml, (t, H, (L + CH - 1) // CH, 2), F32)
-            body(q, k, v, pos, mask, o, ml, L, t, c)
-        return flash_attn_partial
-
-    @T.prim_func(private=True, s_tir=True)
-    def flash_attn(var_q: T.handle, var_k: T.handle, var_v: T.handle, var_pos: T.handle, var_mask: T.handle,
-                   L: T.int64, var_o: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        t, c = T.int64(), T.int64()
-        q = T.match_buffer(var_q, (t, H, Dk), F32)
-        k = T.match_buffer(var_k, (c, Hkv, kw), kdt)
-        v = T.match_buffer(var_v, (c, Hkv, vw), vdt)
-        pos = T.match_buffer(var_pos, (t,), "int32")
-        mask = T.match_buffer(var_mask, (t, L) if has_mask else MW, F32)
-        o = T.match_buffer(var_o, (t, H, Dv), F32)
-        body(q, k, v, pos, mask, o, o, L, t, c)
-    return flash_attn
+    return _entry(a, split, body)
 
 
 def gpu_merge_kernel(a: AttnShape, emulate: bool = False):
