@@ -310,8 +310,9 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int = 1):
     return _entry(a, split, body)
 
 
-def cpu_merge_kernel(a: AttnShape):
-    """out[t, h] from the split partials: merge the chunks c < ceil(n_t / CHUNK) in order, then acc / l."""
+def _merge_entry(a: AttnShape, outer, task_body):
+    """The merge PrimFunc: (pacc [T, H, NC, Dv], pml [T, H, NC, 2], pos, L) -> out [T, H, Dv], one task per
+    (row, head) over `outer` (a loop kind), its body the T.macro `task_body(pacc, pml, pos, o, L, vt)`."""
     H, Dv, CH = a.H, a.Dv, CHUNK
 
     @T.prim_func(private=True, s_tir=True)
@@ -322,31 +323,42 @@ def cpu_merge_kernel(a: AttnShape):
         pml = T.match_buffer(var_pml, (t, H, (L + CH - 1) // CH, 2), F32)
         pos = T.match_buffer(var_pos, (t,), "int32")
         o = T.match_buffer(var_o, (t, H, Dv), F32)
-        for task in T.parallel(t * H):
+        for task in outer(t * H):
             with T.sblock("flash_merge"):
                 vt = T.axis.spatial(t * H, task)
                 T.reads(pacc[vt // H, vt % H, 0:(L + CH - 1) // CH, 0:Dv], pml[vt // H, vt % H, 0:(L + CH - 1) // CH, 0:2],
                         pos[vt // H])
                 T.writes(o[vt // H, vt % H, 0:Dv])
-                st = T.alloc_buffer((5,), F32, scope="local")   # m, l, M, alpha, beta
-                ti = vt // H
-                hi = vt % H
-                st[0] = T.float32(NEG_INF)
-                st[1] = T.float32(0)
-                for d in T.vectorized(Dv):
-                    o[ti, hi, d] = T.float32(0)
-                for ch in range((T.min(T.Cast("int64", pos[ti]) + 1, L) + CH - 1) // CH):
-                    st[2] = T.max(st[0], pml[ti, hi, ch, 0])
-                    st[3] = exp_factor(st[0], st[2])
-                    st[4] = exp_factor(pml[ti, hi, ch, 0], st[2])
-                    st[0] = st[2]
-                    st[1] = st[1] * st[3] + pml[ti, hi, ch, 1] * st[4]
-                    for d in T.vectorized(Dv):
-                        o[ti, hi, d] = o[ti, hi, d] * st[3] + pacc[ti, hi, ch, d] * st[4]
-                for d in T.vectorized(Dv):
-                    o[ti, hi, d] = T.if_then_else(st[1] == T.float32(0), T.float32(0), o[ti, hi, d] / st[1])
+                task_body(pacc, pml, pos, o, L, vt)
 
     return flash_merge
+
+
+def cpu_merge_kernel(a: AttnShape):
+    """out[t, h] from the split partials: merge the chunks c < ceil(n_t / CHUNK) in order, then acc / l."""
+    H, Dv, CH = a.H, a.Dv, CHUNK
+
+    @T.macro
+    def task(pacc, pml, pos, o, L, vt):
+        st = T.alloc_buffer((5,), F32, scope="local")   # m, l, M, alpha, beta
+        ti = vt // H
+        hi = vt % H
+        st[0] = T.float32(NEG_INF)
+        st[1] = T.float32(0)
+        for d in T.vectorized(Dv):
+            o[ti, hi, d] = T.float32(0)
+        for ch in range((T.min(T.Cast("int64", pos[ti]) + 1, L) + CH - 1) // CH):
+            st[2] = T.max(st[0], pml[ti, hi, ch, 0])
+            st[3] = exp_factor(st[0], st[2])
+            st[4] = exp_factor(pml[ti, hi, ch, 0], st[2])
+            st[0] = st[2]
+            st[1] = st[1] * st[3] + pml[ti, hi, ch, 1] * st[4]
+            for d in T.vectorized(Dv):
+                o[ti, hi, d] = o[ti, hi, d] * st[3] + pacc[ti, hi, ch, d] * st[4]
+        for d in T.vectorized(Dv):
+            o[ti, hi, d] = T.if_then_else(st[1] == T.float32(0), T.float32(0), o[ti, hi, d] / st[1])
+
+    return _merge_entry(a, lambda n: T.parallel(n), task)
 
 
 # -- GPU kernels -------------------------------------------------------------------------------------------------
@@ -529,35 +541,23 @@ def gpu_merge_kernel(a: AttnShape, emulate: bool = False):
     H, Dv, CH, NTH = a.H, a.Dv, CHUNK, GPU_THREADS
     blk, thr, _shared = _binders(emulate)
 
-    @T.prim_func(private=True, s_tir=True)
-    def flash_merge(var_pacc: T.handle, var_pml: T.handle, var_pos: T.handle, L: T.int64, var_o: T.handle):
-        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-        t = T.int64()
-        pacc = T.match_buffer(var_pacc, (t, H, (L + CH - 1) // CH, Dv), F32)
-        pml = T.match_buffer(var_pml, (t, H, (L + CH - 1) // CH, 2), F32)
-        pos = T.match_buffer(var_pos, (t,), "int32")
-        o = T.match_buffer(var_o, (t, H, Dv), F32)
-        for task in blk(t * H):
-            with T.sblock("flash_merge"):
-                vt = T.axis.spatial(t * H, task)
-                T.reads(pacc[vt // H, vt % H, 0:(L + CH - 1) // CH, 0:Dv], pml[vt // H, vt % H, 0:(L + CH - 1) // CH, 0:2],
-                        pos[vt // H])
-                T.writes(o[vt // H, vt % H, 0:Dv])
-                st = T.alloc_buffer((6,), F32, scope="local")   # m, l, M, alpha, beta, acc
-                for tx in thr(NTH):
-                    for e in range((Dv + NTH - 1) // NTH):
-                        if e * NTH + tx < Dv:
-                            st[0] = T.float32(NEG_INF)
-                            st[1] = T.float32(0)
-                            st[5] = T.float32(0)
-                            for ch in range((T.min(T.Cast("int64", pos[vt // H]) + 1, L) + CH - 1) // CH):
-                                st[2] = T.max(st[0], pml[vt // H, vt % H, ch, 0])
-                                st[3] = exp_factor(st[0], st[2])
-                                st[4] = exp_factor(pml[vt // H, vt % H, ch, 0], st[2])
-                                st[0] = st[2]
-                                st[1] = st[1] * st[3] + pml[vt // H, vt % H, ch, 1] * st[4]
-                                st[5] = st[5] * st[3] + pacc[vt // H, vt % H, ch, e * NTH + tx] * st[4]
-                            o[vt // H, vt % H, e * NTH + tx] = T.if_then_else(st[1] == T.float32(0), T.float32(0),
-                                                                              st[5] / st[1])
+    @T.macro
+    def task(pacc, pml, pos, o, L, vt):
+        st = T.alloc_buffer((6,), F32, scope="local")   # m, l, M, alpha, beta, acc
+        for tx in thr(NTH):
+            for e in range((Dv + NTH - 1) // NTH):
+                if e * NTH + tx < Dv:
+                    st[0] = T.float32(NEG_INF)
+                    st[1] = T.float32(0)
+                    st[5] = T.float32(0)
+                    for ch in range((T.min(T.Cast("int64", pos[vt // H]) + 1, L) + CH - 1) // CH):
+                        st[2] = T.max(st[0], pml[vt // H, vt % H, ch, 0])
+                        st[3] = exp_factor(st[0], st[2])
+                        st[4] = exp_factor(pml[vt // H, vt % H, ch, 0], st[2])
+                        st[0] = st[2]
+                        st[1] = st[1] * st[3] + pml[vt // H, vt % H, ch, 1] * st[4]
+                        st[5] = st[5] * st[3] + pacc[vt // H, vt % H, ch, e * NTH + tx] * st[4]
+                    o[vt // H, vt % H, e * NTH + tx] = T.if_then_else(st[1] == T.float32(0), T.float32(0),
+                                                                      st[5] / st[1])
 
-    return flash_merge
+    return _merge_entry(a, blk, task)
