@@ -63,27 +63,11 @@ def schedule_reduction(sch: s_tir.Schedule, block, sample: bool = False) -> bool
     return True
 
 
-def schedule_weighted_sum(sch: s_tir.Schedule, block) -> bool:
-    """out[..., j] = sum_c p[..., c] * v[c, ..., j] (attention's P·V): put the reduction outside j and vectorize j,
-    so each step reads one contiguous V row."""
-    kinds = _iter_kinds(sch, block)
-    loops = sch.get_loops(block)
-    if len(loops) != len(kinds) or len(kinds) < 2 or kinds[-1] != tirx.IterVar.CommReduce \
-            or kinds[-2] != tirx.IterVar.DataPar:
-        return False
-    j = static_extent(sch.get(loops[-2]).extent)
-    if j is None or j % 8 or static_extent(sch.get(loops[-1]).extent) is not None:
-        return False   # only the dynamic-length reduction over KV cells
-    sch.reorder(loops[-1], loops[-2])
-    sch.vectorize(loops[-2])
-    return True
-
-
 def schedule_space(sch: s_tir.Schedule) -> None:
     """meta_schedule design space (`nextn tune`): this file's schedules with sampled knobs."""
     for b in sch.get_child_blocks(sch.get_sblock("root")):
         try:
-            schedule_reduction(sch, b, sample=True) or schedule_weighted_sum(sch, b)
+            schedule_reduction(sch, b, sample=True)
         except Exception:
             continue
 
@@ -97,7 +81,7 @@ def schedule_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
     changed = False
     for b in blocks:
         try:
-            changed |= schedule_reduction(sch, b) or schedule_weighted_sum(sch, b)
+            changed |= schedule_reduction(sch, b)
         except Exception:   # a rule that does not fit this block: keep the default nest
             continue
     return sch.mod["main"] if changed else func
