@@ -72,8 +72,8 @@ def main():
     limit = int(args.mem_limit_gb * (1 << 30))
     rows = []
     for n in [int(x) for x in args.lengths.split(",")]:
-        if n >= args.ctx:
-            print(f"skipping {n}: not below -c {args.ctx}", file=sys.stderr)
+        if n > args.ctx:
+            print(f"skipping {n}: more than -c {args.ctx}", file=sys.stderr)
             continue
         r = subprocess.run([args.python, __file__, args.model, "-c", str(args.ctx), *types, "--child-length", str(n)],
                            capture_output=True, text=True,

@@ -99,9 +99,8 @@ def emit_attention(k: Kernels, n, args, sym, split: bool):
     ins = relax.Tuple([q, kc, vc, pos, mask, lv])
     out = relax.TensorType([T, a.H, a.Dv], F32)
     if not split:
-        rows = 1 if gpu else max(1, 32 // a.lanes)   # CPU: enough rows per task to fill ~32 (row, head) pairs
-        gv = k.get(f"flash_attn_{kind}_{a.tag()}_r{rows}",
-                   lambda: flash_attn.gpu_kernel(a, False, k.emulate) if gpu else flash_attn.cpu_kernel(a, False, rows))
+        gv = k.get(f"flash_attn_{kind}_{a.tag()}",
+                   lambda: flash_attn.gpu_kernel(a, False, k.emulate) if gpu else flash_attn.cpu_kernel(a, False))
         return k.bb.emit(relax.call_tir(gv, ins, out))
     nc = tirx.floordiv(L + (flash_attn.CHUNK - 1), flash_attn.CHUNK)
     gp = k.get(f"flash_attn_partial_{kind}_{a.tag()}",

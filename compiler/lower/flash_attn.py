@@ -158,20 +158,38 @@ def _entry(a: AttnShape, split: bool, body):
     return flash_attn
 
 
-def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int = 1):
+def cpu_rows_per_task(a: AttnShape, split: bool) -> int:
+    """Rows per CPU task: the split form takes one row per task (its tasks are chunks); the fused form fills
+    (rows x heads) vector lanes up to a multiple of 16 and at least 32 (the heads of a GQA group share each
+    staged K / V tile, so do the rows)."""
+    if split:
+        return 1
+    for rb in range(1, 17):
+        if rb * a.lanes % VEC == 0 and rb * a.lanes >= 2 * VEC:
+            return rb
+    return max(1, 2 * VEC // a.lanes)
+
+
+VEC = 16   # CPU vector lanes per chunk of the (row, head) lane axis: one accumulator register per tile cell
+
+
+def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
     """CPU kernel. split=False (fused): out [T, H, Dv]; split=True (partial): pacc [T, H, NC, Dv] and
     pml [T, H, NC, 2] (m, l) of every chunk c < NC with c * CHUNK < the row's causal cell count.
-    Tasks: (rows_per_task rows) x (KV head) x (group of `lanes` heads) [x chunk]; the lanes are vector lanes."""
+    Tasks: (rows_per_task rows) x (KV head) x (group of `lanes` heads) [x chunk]. The task's (row, head) pairs
+    are vector lanes (lane = row * lanes + head), processed VEC at a time over a tile staged (dequantized) once;
+    every lane's arithmetic is the scalar recurrence of the module docstring, so grouping changes no bit."""
     H, Hkv, Dk, Dv, G = a.H, a.Hkv, a.Dk, a.Dv, a.lanes
     g, NG = a.group, a.group // a.lanes
-    RB = 1 if split else rows_per_task
+    RB = 1 if split else (rows_per_task or cpu_rows_per_task(a, split))
+    NL = RB * G                                    # lanes per task
+    VW = VEC if NL % VEC == 0 else NL              # lanes per vector chunk
     TL, CH = TILE, CHUNK
     _kdt, kw, _vdt, vw = _storage(a)
     stage_k = _stage_macro(a.k_type, Dk)
     stage_v = _stage_macro(a.v_type, Dv)
     scale, has_mask, v_from_k = float(a.scale), a.mask, a.v_from_k
-    VW = Dk if v_from_k else Dv   # width of the staged V tile (MLA: V is the K tile)
-
+    VT = Dk if v_from_k else Dv   # width of the staged V tile (MLA: V is the K tile)
 
     @T.macro
     def body(q, k, v, pos, mask, o, ml, L, t, c):
@@ -188,12 +206,14 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int = 1):
                     T.writes(o[0:t, 0:H, 0:NC, 0:Dv], ml[0:t, 0:H, 0:NC, 0:2])
                 else:
                     T.writes(o[0:t, 0:H, 0:Dv])
-                qT = T.alloc_buffer((RB, Dk, G), F32, scope="local")
+                qT = T.alloc_buffer((Dk, NL), F32, scope="local")
                 kt = T.alloc_buffer((TL, Dk), F32, scope="local")
-                vt = T.alloc_buffer((TL, VW), F32, scope="local")
-                s = T.alloc_buffer((RB, TL, G), F32, scope="local")
-                st = T.alloc_buffer((7, RB, G), F32, scope="local")     # m, l, mc, lc, mt, alpha, beta
-                accc = T.alloc_buffer((RB, G, Dv), F32, scope="local")
+                vt = T.alloc_buffer((TL, VT), F32, scope="local")
+                s = T.alloc_buffer((TL, NL), F32, scope="local")
+                mk = T.alloc_buffer((TL, NL), F32, scope="local")        # the tile's mask per lane
+                st = T.alloc_buffer((7, NL), F32, scope="local")         # m, l, mc, lc, mt, alpha, beta
+                accc = T.alloc_buffer((NL, Dv), F32, scope="local")
+                nl = T.alloc_buffer((NL,), "int64", scope="local")       # causal cells per lane (its row's)
                 nr = T.alloc_buffer((RB + 1,), "int64", scope="local")   # causal cells per row; [RB] = max
                 ch_lo = T.alloc_buffer((2,), "int64", scope="local")     # chunk range
                 rest = vtask // NC if split else vtask
@@ -205,107 +225,109 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int = 1):
                     nr[r] = T.if_then_else(t0 + r < t, T.min(T.Cast("int64", pos[T.min(t0 + r, t - 1)]) + 1, L),
                                            T.int64(0))
                     nr[RB] = T.max(nr[RB], nr[r])
+                for r, hg in T.grid(RB, G):
+                    nl[r * G + hg] = nr[r]
                 for r, d, hg in T.grid(RB, Dk, G):
-                    qT[r, d, hg] = q[T.min(t0 + r, t - 1), h0 + hg, d]
+                    qT[d, r * G + hg] = q[T.min(t0 + r, t - 1), h0 + hg, d]
                 if split:
                     ch_lo[0] = vtask % NC
                     ch_lo[1] = T.if_then_else(ch_lo[0] * CH < nr[RB], ch_lo[0] + 1, ch_lo[0])
                 else:
                     ch_lo[0] = T.int64(0)
                     ch_lo[1] = (nr[RB] + CH - 1) // CH
+                    for ln in T.vectorized(NL):
+                        st[0, ln] = T.float32(NEG_INF)
+                        st[1, ln] = T.float32(0)
                     for r in range(RB):
-                        for hg in T.vectorized(G):
-                            st[0, r, hg] = T.float32(NEG_INF)
-                            st[1, r, hg] = T.float32(0)
                         if t0 + r < t:
                             for hg in range(G):
                                 for d in T.vectorized(Dv):
                                     o[t0 + r, h0 + hg, d] = T.float32(0)
                 for ch in range(ch_lo[0], ch_lo[1]):
-                    for r in range(RB):
-                        for hg in T.vectorized(G):
-                            st[2, r, hg] = T.float32(NEG_INF)
-                            st[3, r, hg] = T.float32(0)
-                        for hg in range(G):
-                            for d in T.vectorized(Dv):
-                                accc[r, hg, d] = T.float32(0)
+                    for ln in T.vectorized(NL):
+                        st[2, ln] = T.float32(NEG_INF)
+                        st[3, ln] = T.float32(0)
+                    for ln in range(NL):
+                        for d in T.vectorized(Dv):
+                            accc[ln, d] = T.float32(0)
                     for tile in range((T.min(nr[RB] - ch * CH, T.int64(CH)) + TL - 1) // TL):
                         for j in range(TL):
                             stage_k(kt, j, k, T.min(ch * CH + tile * TL + j, nr[RB] - 1), kh)
                             if not v_from_k:
                                 stage_v(vt, j, v, T.min(ch * CH + tile * TL + j, nr[RB] - 1), kh)
-                        for r in range(RB):
+                        if has_mask:
+                            for j, r, hg in T.grid(TL, RB, G):
+                                mk[j, r * G + hg] = mask[T.min(t0 + r, t - 1), T.min(ch * CH + tile * TL + j, L - 1)]
+                        for lc in range(NL // VW):
                             for j in T.unroll(TL):
-                                for hg in T.vectorized(G):
-                                    s[r, j, hg] = T.float32(0)
+                                for lv in T.vectorized(VW):
+                                    s[j, lc * VW + lv] = T.float32(0)
                             for d in range(Dk):
                                 for j in T.unroll(TL):
-                                    for hg in T.vectorized(G):
-                                        s[r, j, hg] = s[r, j, hg] + qT[r, d, hg] * kt[j, d]
+                                    for lv in T.vectorized(VW):
+                                        s[j, lc * VW + lv] = s[j, lc * VW + lv] + qT[d, lc * VW + lv] * kt[j, d]
+                        for j in T.unroll(TL):
+                            for ln in T.vectorized(NL):
+                                if has_mask:
+                                    s[j, ln] = T.if_then_else(ch * CH + tile * TL + j < nl[ln],
+                                                              s[j, ln] * T.float32(scale) + mk[j, ln],
+                                                              T.float32(NEG_INF))
+                                else:
+                                    s[j, ln] = T.if_then_else(ch * CH + tile * TL + j < nl[ln],
+                                                              s[j, ln] * T.float32(scale), T.float32(NEG_INF))
+                        for ln in T.vectorized(NL):
+                            st[4, ln] = st[2, ln]
+                        for j in T.unroll(TL):
+                            for ln in T.vectorized(NL):
+                                st[4, ln] = T.max(st[4, ln], s[j, ln])
+                        for ln in T.vectorized(NL):
+                            st[5, ln] = exp_factor(st[2, ln], st[4, ln])
+                            st[2, ln] = st[4, ln]
+                        for j in T.unroll(TL):
+                            for ln in T.vectorized(NL):
+                                s[j, ln] = exp_factor(s[j, ln], st[4, ln])
+                        for ln in T.vectorized(NL):
+                            st[3, ln] = st[3, ln] * st[5, ln]
+                        for j in T.unroll(TL):
+                            for ln in T.vectorized(NL):
+                                st[3, ln] = st[3, ln] + s[j, ln]
+                        for ln in range(NL):
+                            for d in T.vectorized(Dv):
+                                accc[ln, d] = accc[ln, d] * st[5, ln]
                             for j in T.unroll(TL):
-                                for hg in T.vectorized(G):
-                                    if has_mask:
-                                        s[r, j, hg] = T.if_then_else(
-                                            ch * CH + tile * TL + j < nr[r],
-                                            s[r, j, hg] * T.float32(scale) + mask[T.min(t0 + r, t - 1), T.min(ch * CH + tile * TL + j, L - 1)],
-                                            T.float32(NEG_INF))
-                                    else:
-                                        s[r, j, hg] = T.if_then_else(ch * CH + tile * TL + j < nr[r],
-                                                                     s[r, j, hg] * T.float32(scale), T.float32(NEG_INF))
-                            for hg in T.vectorized(G):
-                                st[4, r, hg] = st[2, r, hg]
-                            for j in T.unroll(TL):
-                                for hg in T.vectorized(G):
-                                    st[4, r, hg] = T.max(st[4, r, hg], s[r, j, hg])
-                            for hg in T.vectorized(G):
-                                st[5, r, hg] = exp_factor(st[2, r, hg], st[4, r, hg])
-                                st[2, r, hg] = st[4, r, hg]
-                            for j in T.unroll(TL):
-                                for hg in T.vectorized(G):
-                                    s[r, j, hg] = exp_factor(s[r, j, hg], st[4, r, hg])
-                            for hg in T.vectorized(G):
-                                st[3, r, hg] = st[3, r, hg] * st[5, r, hg]
-                            for j in T.unroll(TL):
-                                for hg in T.vectorized(G):
-                                    st[3, r, hg] = st[3, r, hg] + s[r, j, hg]
-                            for hg in range(G):
                                 for d in T.vectorized(Dv):
-                                    accc[r, hg, d] = accc[r, hg, d] * st[5, r, hg]
-                                for j in T.unroll(TL):
-                                    for d in T.vectorized(Dv):
-                                        if v_from_k:
-                                            accc[r, hg, d] = accc[r, hg, d] + s[r, j, hg] * kt[j, d]
-                                        else:
-                                            accc[r, hg, d] = accc[r, hg, d] + s[r, j, hg] * vt[j, d]
+                                    if v_from_k:
+                                        accc[ln, d] = accc[ln, d] + s[j, ln] * kt[j, d]
+                                    else:
+                                        accc[ln, d] = accc[ln, d] + s[j, ln] * vt[j, d]
                     if split:
                         if t0 < t:
                             for hg in range(G):
-                                ml[t0, h0 + hg, ch, 0] = st[2, 0, hg]
-                                ml[t0, h0 + hg, ch, 1] = st[3, 0, hg]
+                                ml[t0, h0 + hg, ch, 0] = st[2, hg]
+                                ml[t0, h0 + hg, ch, 1] = st[3, hg]
                                 for d in T.vectorized(Dv):
-                                    o[t0, h0 + hg, ch, d] = accc[0, hg, d]
+                                    o[t0, h0 + hg, ch, d] = accc[hg, d]
                     else:
+                        for ln in T.vectorized(NL):
+                            st[4, ln] = T.max(st[0, ln], st[2, ln])
+                            st[5, ln] = exp_factor(st[0, ln], st[4, ln])
+                            st[6, ln] = exp_factor(st[2, ln], st[4, ln])
+                            st[0, ln] = st[4, ln]
+                            st[1, ln] = st[1, ln] * st[5, ln] + st[3, ln] * st[6, ln]
                         for r in range(RB):
-                            for hg in T.vectorized(G):
-                                st[4, r, hg] = T.max(st[0, r, hg], st[2, r, hg])
-                                st[5, r, hg] = exp_factor(st[0, r, hg], st[4, r, hg])
-                                st[6, r, hg] = exp_factor(st[2, r, hg], st[4, r, hg])
-                                st[0, r, hg] = st[4, r, hg]
-                                st[1, r, hg] = st[1, r, hg] * st[5, r, hg] + st[3, r, hg] * st[6, r, hg]
                             if t0 + r < t:
                                 for hg in range(G):
                                     for d in T.vectorized(Dv):
-                                        o[t0 + r, h0 + hg, d] = o[t0 + r, h0 + hg, d] * st[5, r, hg] + \
-                                            accc[r, hg, d] * st[6, r, hg]
+                                        o[t0 + r, h0 + hg, d] = o[t0 + r, h0 + hg, d] * st[5, r * G + hg] + \
+                                            accc[r * G + hg, d] * st[6, r * G + hg]
                 if not split:
                     for r in range(RB):
                         if t0 + r < t:
                             for hg in range(G):
                                 for d in T.vectorized(Dv):
                                     o[t0 + r, h0 + hg, d] = T.if_then_else(
-                                        st[1, r, hg] == T.float32(0), T.float32(0),
-                                        o[t0 + r, h0 + hg, d] / st[1, r, hg])
-
+                                        st[1, r * G + hg] == T.float32(0), T.float32(0),
+                                        o[t0 + r, h0 + hg, d] / st[1, r * G + hg])
 
     return _entry(a, split, body)
 
