@@ -15,6 +15,7 @@ cleanly instead of taking the machine down. Real-width GGUFs: run under `flock /
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import resource
@@ -35,8 +36,10 @@ def child(args):
     eng = m.engine
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     ids = np.random.default_rng(0).integers(16, eng.hparams["n_vocab"], args.length).astype(np.int32)
+    # as decode does: one chunk of hidden rows at a time (a tree from before `on_hidden` keeps all T rows)
+    kw = {"on_hidden": lambda h, p: None} if "on_hidden" in inspect.signature(eng.prefill).parameters else {}
     t0 = time.perf_counter()
-    eng.prefill(ids, 0)
+    eng.prefill(ids, 0, **kw)
     dt = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     kc = getattr(eng, "kv_cache", None) or {}

@@ -220,12 +220,23 @@ class Engine:
         """call(*(r[s:s + PREFILL_CHUNK] for r in rows), pos0 + s) for each chunk of PREFILL_CHUNK rows, in order."""
         return [call(*(r[s:s + PREFILL_CHUNK] for r in rows), pos0 + s) for s in range(0, len(rows[0]), PREFILL_CHUNK)]
 
-    def prefill(self, tokens, pos0: int = 0):
+    def prefill(self, tokens, pos0: int = 0, on_hidden=None):
         """Trunk over `tokens` at positions pos0.. (chunked). Returns (hidden [T, n_embd] f32 post output_norm,
-        logits [n_vocab] f32 of the last row, argmax of the last row)."""
-        outs = self._by_chunk(lambda t, p: self._run("prefill", t, p, (np.array([len(t) - 1], np.int32),)), pos0, tokens)
+        logits [n_vocab] f32 of the last row, argmax of the last row). `on_hidden(h, p)`: called with each chunk's
+        hidden rows (numpy [t, n_embd], first position p) as they come, and only the last row is returned, so a long
+        prompt holds one chunk of hidden states, not all of them."""
+        def chunk(t, p):
+            h, lg, am = self._run("prefill", t, p, (np.array([len(t) - 1], np.int32),))
+            h = h.numpy()
+            if on_hidden is None:
+                return h, lg, am
+            on_hidden(h, p)
+            return h[-1:], lg, am
+
+        outs = self._by_chunk(chunk, pos0, tokens)
         _h, lg, am = outs[-1]
-        return np.concatenate([o[0].numpy() for o in outs]), lg.numpy()[0], int(am.numpy()[0])
+        hidden = outs[-1][0][-1:] if on_hidden is not None else np.concatenate([o[0] for o in outs])
+        return hidden, lg.numpy()[0], int(am.numpy()[0])
 
     def verify(self, tokens, pos0: int):
         """Trunk over k+1 rows [id_last, d1..dk] at pos0..: (hidden [k+1, E], logits [k+1, V], argmax [k+1])."""

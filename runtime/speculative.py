@@ -232,11 +232,19 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
     stats = SpecStats(n_max=k_max, accepted_at=[0] * k_max, drafted_at=[0] * k_max, events=depth.events)
 
     t0 = time.perf_counter()
-    hidden, last_logits, last_argmax = engine.prefill(prompt, 0)
-    if spec:   # MTP warm-up over the prompt: row p pairs token p with trunk hidden p-1 (zeros at p = 0)
-        drafter.add_rows(prompt, np.concatenate([np.zeros_like(hidden[:1]), hidden[:-1]]), 0)
-        if not auto:      # eager, as llama.cpp's process() after prompt decoding; `auto` defers it to a draft
-            drafter.flush()
+    before = [np.zeros((1, engine.hparams["n_embd"]), np.float32)]   # the trunk hidden before a chunk's first row
+
+    def warm_up(h, p):
+        """MTP warm-up over the prompt, chunk by chunk: row p pairs token p with trunk hidden p-1 (zeros at p = 0).
+        Eager, as llama.cpp's process() after each prompt ubatch (a long prompt never holds all its hidden rows);
+        `auto` defers it to a draft (its first rounds may not draft at all)."""
+        if spec:
+            drafter.add_rows(prompt[p:p + len(h)], np.concatenate([before[0], h[:-1]]), p)
+            if not auto:
+                drafter.flush()
+        before[0] = h[-1:]
+
+    hidden, last_logits, last_argmax = engine.prefill(prompt, 0, on_hidden=warm_up)
     id_last = last_argmax if chain.greedy else chain.sample(last_logits, rng.uniform(len(prompt), TARGET))
     pending_h, n_past = hidden[-1:], len(prompt)    # trunk hidden before id_last; the position id_last takes
     out: list[int] = []
