@@ -141,15 +141,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
                             "mtp_only": buf not in {p[0] for n, gg in graphs.items() if gg.kind == "trunk"
                                                     for p in weight_params(gg, kinds)}})
     c = mf.config
-    # Static per-layer state buffers (C = context), trunk and NextN separately: KV, and any arch-specific ones.
-    kv = {key: {"layers": (c.n_layer if kind == "trunk" else int(with_mtp)),
-                "states": {n: {"shape": _storage(v)[1], "dtype": _storage(v)[0],
-                               "kv_type": v.attrs.get("kv_type")}
-                           for g in graphs.values() if g.kind == kind for n, v in g.states.items()}}
-          for kind, key in (("trunk", "trunk"), ("mtp", "nextn"))}
-    for part in kv.values():   # bytes one context cell (token) takes, for the memory budget: KV cells and states
-        part["bytes_per_token"] = sum(state_bytes_per_cell(st["shape"], st["dtype"]) for st in part["states"].values()
-                                      if st["shape"][0] == "C")
+    kv = kv_plan(graphs, c.n_layer, with_mtp)
     out_abs = os.path.abspath(out_dir)
     # Model files are referenced, not copied (weights stay in the GGUF): path relative to the artifact and absolute.
     model_files = [{"role": role, "path": os.path.abspath(f.path), "relpath": _rel(f.path, out_abs),
@@ -194,6 +186,21 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     shutil.rmtree(tmp, ignore_errors=True)
     log(f"wrote {out_dir} ({manifest['libraries'][0]['size'] / 1e3:.0f} KB library)")
     return out_dir
+
+
+def kv_plan(graphs: dict, n_layer: int, with_mtp: bool) -> dict:
+    """The static per-layer state buffers (C = context) of `graphs`, trunk and NextN separately: KV caches (in their
+    -ctk / -ctv storage) and any arch-specific states, with `bytes_per_token`, the bytes one context cell takes
+    (what the manifest's `kv_cache.bytes_per_token` and the memory budget count)."""
+    kv = {key: {"layers": (n_layer if kind == "trunk" else int(with_mtp)),
+                "states": {n: {"shape": _storage(v)[1], "dtype": _storage(v)[0],
+                               "kv_type": v.attrs.get("kv_type")}
+                           for g in graphs.values() if g.kind == kind for n, v in g.states.items()}}
+          for kind, key in (("trunk", "trunk"), ("mtp", "nextn"))}
+    for part in kv.values():
+        part["bytes_per_token"] = sum(state_bytes_per_cell(st["shape"], st["dtype"]) for st in part["states"].values()
+                                      if st["shape"][0] == "C")
+    return kv
 
 
 def _storage(state_node):

@@ -233,3 +233,40 @@ def test_cli_run_gguf_with_types_and_refused_artifact(artifact, tmp_path):
         and "--cache-type-k f16" in lines[0], err
     rc, _, err = nextn("run", art, "-p", "x", "-n", "1", "-ctv", "q4_0")
     assert rc != 0 and "Traceback" not in err and "q4_0" in err
+
+
+@pytest.mark.parametrize("arch", ["glm4moe", "glm-dsa"])
+def test_kv_bytes_bench_counts_as_the_manifest(arch, artifact, tmp_path):
+    """bench/kv_bytes.py (the manifest's accounting over graphs rebuilt for N layers, no compile): at the file's
+    layer count it equals the compiled manifest; at 3x the layers (and GLM-5.2's indexer pattern) the count from
+    the config."""
+    import dataclasses
+    from pathlib import Path
+
+    from nextn.compiler.loader.model_files import ModelFiles
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "kv_bytes.py"
+    c = ModelFiles(MODELS[arch]).config
+
+    def rows(*args):
+        out = tmp_path / "kv.json"
+        r = subprocess.run([sys.executable, str(script), str(MODELS[arch]), "--json", str(out), *map(str, args)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return {row["type"]: row for row in json.loads(out.read_text())["rows"]}
+
+    want = artifact(arch, "q8_0")
+    with open(Path(want) / "manifest.json") as f:
+        kc = json.load(f)["kv_cache"]["bytes_per_token"]
+    got = rows()["q8_0"]
+    assert {k: got[k] for k in kc} == kc
+    n = 3 * c.n_layer
+    variants = [((), {"n_layer": n})]
+    if arch == "glm-dsa":
+        variants = [((), {"n_layer": n, "idx_full": [c.idx_full[min(i, c.n_layer - 1)] for i in range(n)]}),
+                    (("--indexer", "glm52"), {"n_layer": n, "idx_full": [int(i < 3 or i % 4 == 2) for i in range(n)]})]
+    for extra, over in variants:
+        got = rows("--layers", n, *extra)
+        for kv in KV_TYPES:
+            w = expected_bytes_per_token(arch, dataclasses.replace(c, **over), kv)
+            assert (got[kv]["trunk"], got[kv]["nextn"]) == (w["trunk"], w["nextn"]), (extra, kv)
