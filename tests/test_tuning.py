@@ -85,9 +85,11 @@ def test_apply_is_deterministic_and_keeps_results(tuned, tmp_path, compiled):
     foreign["records"].append(extra)
     tlog.write(foreign, str(tmp_path / "withforeign"))
     notes = []
-    a = compile_model(str(MODEL), str(tmp_path / "a"), tuning_log=str(d), log=lambda *_: None)
-    b = compile_model(str(MODEL), str(tmp_path / "b"), tuning_log=str(d), log=lambda *_: None)
-    c = compile_model(str(MODEL), str(tmp_path / "c"), tuning_log=str(tmp_path / "withforeign"), log=notes.append)
+    f32 = {"cache_type_k": "f32", "cache_type_v": "f32"}   # as compiled("q8", ...), the untuned artifact compared
+    a = compile_model(str(MODEL), str(tmp_path / "a"), tuning_log=str(d), log=lambda *_: None, **f32)
+    b = compile_model(str(MODEL), str(tmp_path / "b"), tuning_log=str(d), log=lambda *_: None, **f32)
+    c = compile_model(str(MODEL), str(tmp_path / "c"), tuning_log=str(tmp_path / "withforeign"), log=notes.append,
+                      **f32)
     ma, mb, mc = (json.load(open(f"{x}/manifest.json")) for x in (a, b, c))
     base = json.load(open(f"{compiled('q8', MODEL)}/manifest.json"))
     assert ma["libraries"][0]["sha256"] == mb["libraries"][0]["sha256"]          # same log ⇒ same artifact bytes
