@@ -11,8 +11,8 @@ memory / first token (issue 11: peak RSS against file + KV bytes, `run -n 1` wal
 decode vs tg).
 
 Both engines get the same settings: `-t` threads (nextn: TVM_NUM_THREADS, and `run -t` where nextn has it) and
-KV cache types `-ctk/-ctv` (default f16, llama.cpp's; nextn gets them where it has them, else the report says
-which types it used); llama.cpp keeps its default flash attention (`-fa auto`: on for the CPU).
+KV cache types `-ctk/-ctv` (default f16, llama.cpp's; the memory table shows the types each engine allocated);
+llama.cpp keeps its default flash attention (`-fa auto`: on for the CPU), nextn's attention is always flash.
 
 Per file, `--repeat` rounds; each round measures, back to back so that drift hits all three alike:
   1. the machine's read bandwidth: `-t` numpy threads each summing its share of a 512 MB float32 array (STREAM-like
@@ -57,12 +57,14 @@ import time
 
 import numpy as np
 
+from nextn.common.kv_types import DEFAULT as KV_DEFAULT
+from nextn.common.kv_types import NAMES as KV_TYPES   # llama.cpp's -ctk / -ctv values that nextn has
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_DIR = os.environ.get("NEXTN_REALWIDTH", "/work/realwidth")
 KNOWN = ["glm45air-1.gguf", "glm45air-1-IQ4_XS.gguf", "glm45air-1-Q8_0.gguf", "glm45air-3.gguf", "glm52-1.gguf"]
 VERIFY_ROWS = (1, 2, 3, 4)          # T = k+1 rows for k = 0 (one decode), 1, 2, 3
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
-KV_TYPES = ("f32", "f16", "bf16", "q8_0")   # llama.cpp's -ctk / -ctv values that nextn also has
 GB = 1e9
 
 
@@ -232,37 +234,21 @@ def _failure(res: dict) -> str:
 
 
 # -- nextn (in a worker process, one per round) ---------------------------------------------------------------------
-def load_kwargs(load, cache_type_k: str, cache_type_v: str) -> dict:
-    """The KV cache type arguments `nextn.runtime.load` takes ({} for a nextn without KV types: f32 KV)."""
-    import inspect
-
-    return ({"cache_type_k": cache_type_k, "cache_type_v": cache_type_v}
-            if "cache_type_k" in inspect.signature(load).parameters else {})
-
-
-def engine_kv(eng) -> dict:
-    """{type_k, type_v, bytes, ...}: the KV cache the engine allocated (types f32 where nextn has no KV types)."""
-    kc = getattr(eng, "kv_cache", None)
-    kc = dict(kc() if callable(kc) else kc or {"type_k": "f32", "type_v": "f32"})
-    kc["bytes"] = eng.kv_bytes
-    return kc
-
-
-def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type_k: str = "f16",
-           cache_type_v: str = "f16") -> dict:
+def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type_k: str = KV_DEFAULT,
+           cache_type_v: str = KV_DEFAULT) -> dict:
     """One nextn round on `path` in this process; returns the measurements (see the module doc)."""
     import nextn.runtime as rt
     from nextn.common.manifest import step_read_bytes
     from nextn.common.timing import time_call
 
     t = time.perf_counter()
-    m = rt.load(path, ctx_size=ctx, log=lambda s: print(s, file=sys.stderr),
-                **load_kwargs(rt.load, cache_type_k, cache_type_v))
+    m = rt.load(path, ctx_size=ctx, log=lambda s: print(s, file=sys.stderr), cache_type_k=cache_type_k,
+                cache_type_v=cache_type_v)
     load_s = time.perf_counter() - t
     eng = m.engine
     rng = np.random.default_rng(seed)
     V = int(eng.hparams["n_vocab"])
-    out = {"load_s": load_s, "weight_bytes": eng.weight_bytes, "kv_bytes": eng.kv_bytes, "kv_cache": engine_kv(eng),
+    out = {"load_s": load_s, "weight_bytes": eng.weight_bytes, "kv_bytes": eng.kv_bytes, "kv_cache": eng.kv_cache,
            "copied_weight_bytes": getattr(eng.device, "copied_weight_bytes", None),
            "plan_bytes_per_token": step_read_bytes(eng.artifact.manifest, "decode"), "threads_env":
            os.environ.get("TVM_NUM_THREADS"), "has_mtp": eng.has_mtp}
@@ -358,13 +344,13 @@ def warm_page_cache(path: str, chunk: int = 64 << 20) -> float:
 
 
 def nextn_run_flags(nextn_cli: str) -> dict:
-    """Which of llama.cpp's flags this checkout's `nextn run` takes (they land branch by branch):
-    {"kv_types": -ctk/-ctv, "threads": -t, "json": --json}."""
+    """Whether this checkout's `nextn run` takes llama.cpp's `-t/--threads` ({"threads": bool}; without it nextn's
+    threads come from TVM_NUM_THREADS alone, which is set either way)."""
     try:
         h = subprocess.run([nextn_cli, "run", "--help"], capture_output=True, text=True, timeout=300).stdout
     except (OSError, subprocess.SubprocessError):
         h = ""
-    return {"kv_types": "--cache-type-k" in h, "threads": "--threads" in h, "json": "--json" in h}
+    return {"threads": "--threads" in h}
 
 
 def first_token_cmds(path, a, tools, nextn_cli, flags) -> dict:
@@ -372,8 +358,7 @@ def first_token_cmds(path, a, tools, nextn_cli, flags) -> dict:
     env = dict(os.environ, TVM_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
     nx = [nextn_cli, "run", path, "-p", PROMPT, "-n", "1", "-c", str(a.ctx)]
     nx += ["-t", str(a.threads)] if flags.get("threads") else []
-    nx += ["-ctk", a.cache_type_k, "-ctv", a.cache_type_v] if flags.get("kv_types") else []
-    nx += ["--json"] if flags.get("json") else []
+    nx += ["-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "--json"]
     runs = {"nextn": (nx, env)}
     if "llama-completion" in tools:
         runs["llama"] = ([tools["llama-completion"], "-m", path, "-p", PROMPT, "-n", "1", "-c", str(a.ctx),
@@ -602,10 +587,10 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=3, choices=range(1, 100), metavar="N",
                     help="interleaved rounds per file (best counts) [default: 3]")
     ap.add_argument("-t", "--threads", type=int, default=None, help="threads for both engines [default: physical cores]")
-    ap.add_argument("-ctk", "--cache-type-k", default="f16", choices=KV_TYPES,
-                    help="KV cache type for K, both engines [default: f16, llama.cpp's]")
-    ap.add_argument("-ctv", "--cache-type-v", default="f16", choices=KV_TYPES,
-                    help="KV cache type for V, both engines [default: f16]")
+    ap.add_argument("-ctk", "--cache-type-k", default=KV_DEFAULT, choices=KV_TYPES,
+                    help=f"KV cache type for K, both engines [default: {KV_DEFAULT}, llama.cpp's]")
+    ap.add_argument("-ctv", "--cache-type-v", default=KV_DEFAULT, choices=KV_TYPES,
+                    help=f"KV cache type for V, both engines [default: {KV_DEFAULT}]")
     ap.add_argument("-n", "--n-gen", type=int, default=32, help="decoded tokens (llama-bench -n)")
     ap.add_argument("-p", "--n-prompt", type=int, default=512, help="prefill tokens (llama-bench -p)")
     ap.add_argument("-c", "--ctx", type=int, default=4096, help="context of the nextn engine and the first-token runs")

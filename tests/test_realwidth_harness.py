@@ -152,7 +152,7 @@ def test_parse_llama_kv_takes_the_last_context_and_sums_its_caches():
 def test_first_token_runs_get_the_same_settings_on_both_sides():
     a = rw.argparse.Namespace(threads=2, ctx=4096, cache_type_k="q8_0", cache_type_v="f16")
     tools = {"llama-completion": "/peer/llama-completion"}
-    runs = rw.first_token_cmds("/m.gguf", a, tools, "/venv/bin/nextn", {"kv_types": True, "threads": True, "json": True})
+    runs = rw.first_token_cmds("/m.gguf", a, tools, "/venv/bin/nextn", {"threads": True})
     nx, env = runs["nextn"]
     ll, _ = runs["llama"]
 
@@ -161,28 +161,9 @@ def test_first_token_runs_get_the_same_settings_on_both_sides():
     for flag, want in (("-t", "2"), ("-c", "4096"), ("-ctk", "q8_0"), ("-ctv", "f16"), ("-n", "1"), ("-p", rw.PROMPT)):
         assert opt(nx, flag) == opt(ll, flag) == want
     assert env["TVM_NUM_THREADS"] == "2" and "--json" in nx and "-no-cnv" in ll and "-v" in ll
-    bare = rw.first_token_cmds("/m.gguf", a, {}, "/venv/bin/nextn", {"kv_types": False, "threads": False})
+    bare = rw.first_token_cmds("/m.gguf", a, {}, "/venv/bin/nextn", {"threads": False})
     assert list(bare) == ["nextn"]     # no llama-completion built: nextn alone
-    assert "-ctk" not in bare["nextn"][0] and "-t" not in bare["nextn"][0] and "--json" not in bare["nextn"][0]
-
-
-def test_kv_types_reach_nextn_only_where_it_takes_them():
-    def new_load(path, ctx_size=None, cache_type_k=None, cache_type_v=None):
-        pass
-
-    def old_load(path, ctx_size=None):
-        pass
-    assert rw.load_kwargs(new_load, "q8_0", "f16") == {"cache_type_k": "q8_0", "cache_type_v": "f16"}
-    assert rw.load_kwargs(old_load, "q8_0", "f16") == {}
-
-    class Old:
-        kv_bytes = 123
-
-    class New:
-        kv_bytes = 456
-        kv_cache = {"type_k": "q8_0", "type_v": "f16", "bytes": 456, "n_ctx": 4096}
-    assert rw.engine_kv(Old()) == {"type_k": "f32", "type_v": "f32", "bytes": 123}
-    assert rw.engine_kv(New()) == New.kv_cache
+    assert "-t" not in bare["nextn"][0] and bare["nextn"][1]["TVM_NUM_THREADS"] == "2"   # threads by env alone
 
 
 def test_memory_check_skips_a_file_that_does_not_fit():
