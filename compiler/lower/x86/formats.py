@@ -1,0 +1,212 @@
+"""Per-format inner loops of the x86 matmul kernels (`loops.py` runs them): how one (weight row, block) is decoded
+straight from the GGUF block bytes (ggml/src/ggml-common.h block_*), and what each activation row adds.
+
+Integer path (K-quants, IQ4_XS; blocks of 256): the activation row is int8 per 256 values
+(`nextn.common.quant.activation`); a block's quants are multiplied with it exactly, u8 x s8 -> i16 pairs
+(pmaddubsw) then i16 x sub-block scale -> i32 (pmaddwd), and its float factors (d, dmin) enter once per block
+through one FMA per term. The same idea as ggml-cpu's ggml_vec_dot_q4_K_q8_K (ggml-cpu/arch/x86/quants.c).
+
+Float path (Q8_0 and unquantized F16 / BF16 / F32; blocks of 32): each weight is dequantized exactly
+(d * q: at most 11 + 8 significant bits) and multiplied with the float32 activation by FMA.
+"""
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.tirx.script import builder as T
+
+from .vec import byte_vector, const, madd, pshufb, ramp
+
+
+def _u8(v, lanes=32):
+    return const(v, "uint8", lanes)
+
+
+def _f16(buf16, index):
+    return tirx.Cast("float32", buf16[index])
+
+
+def _scales(sc16, groups, width):
+    """The i16 scale vector for pmaddwd: scale `g` of int16x16 `sc16` repeated over the i16 lanes of its weights,
+    for the sub-blocks `groups` that one vector of `width` bytes covers."""
+    per = width // 2 // len(groups)
+    return tirx.Shuffle([sc16, sc16], [g for g in groups for _ in range(per)])
+
+
+class IntFormat:
+    """A super-block format on the integer path. `setup` binds what a (row, block) shares across activation rows,
+    `chunks` gives [(u8 or i8 quants x width, offset of their first activation in the block, i16 scales)],
+    `terms` the [(float32 factor, int32 vector)] one activation row adds to its float accumulators."""
+    block = 256
+    signed = False      # signed quants: pmaddubsw needs the unsigned operand, so |w| and w's sign moves onto x
+    n_terms = 1
+
+    def term_lanes(self, width):
+        return [width // 4] + [8] * (self.n_terms - 1)
+
+
+class Q4K(IntFormat):
+    """Q4_K (144 B): d f16 | dmin f16 | 12 B of 8 (6-bit scale, 6-bit min) | qs[128]: w = d*sc*q - dmin*m per
+    32 weights; lo nibbles of qs[32j..32j+32) are sub-block 2j, hi nibbles 2j+1 (get_scale_min_k4)."""
+    type_size, qs_at, qh_at = 144, 16, None
+    n_terms = 2
+
+    def setup(self, k, n, s):
+        b = T.Bind(n * k.row_bytes + s * self.type_size)
+        u0, u1, u2 = (T.Bind(k.w32[b // 4 + i]) for i in (1, 2, 3))
+        m6, m4, m2 = (const(v, "uint32") for v in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
+        four, six = const(4, "uint32"), const(6, "uint32")
+        words = T.decl_buffer((4,), "uint32")       # bytes: 8 scales, then 8 mins
+        T.buffer_store(words, u0 & m6, [0])
+        T.buffer_store(words, (u2 & m4) | (((u0 >> six) & m2) << four), [1])
+        T.buffer_store(words, u1 & m6, [2])
+        T.buffer_store(words, ((u2 >> four) & m4) | (((u1 >> six) & m2) << four), [3])
+        sm = T.Bind(tirx.Cast("int16x16", tirx.reinterpret("uint8x16", words[ramp(0, 4)])))
+        return {"sm": sm, "d": T.Bind(_f16(k.w16, b // 2)), "dmin": T.Bind(_f16(k.w16, b // 2 + 1)),
+                "mins": T.Bind(tirx.Shuffle([sm], [8 + i // 2 for i in range(16)]))}   # min j over 2 x 16 sums
+
+    def _quants(self, k, n, s, j):
+        v = T.Bind(k.w[n, ramp(s * self.type_size + self.qs_at + 32 * j, 32)])
+        lo, hi = v & _u8(15), (v >> _u8(4)) & _u8(15)
+        if self.qh_at is not None:     # Q5_K: bits 2j, 2j+1 of qh[l] are bit 4 of elements 64j + l, 64j + 32 + l
+            qh = T.Bind(k.w[n, ramp(s * self.type_size + self.qh_at, 32)])
+            lo = lo | (((qh >> _u8(2 * j)) & _u8(1)) << _u8(4))
+            hi = hi | (((qh >> _u8(2 * j + 1)) & _u8(1)) << _u8(4))
+        return lo, hi
+
+    def chunks(self, k, st, n, s):
+        out = []
+        for j in range(4):
+            lo, hi = self._quants(k, n, s, j)
+            if k.width == 32:
+                out.append((T.Bind(lo), 64 * j, T.Bind(_scales(st["sm"], [2 * j], 32))))
+                out.append((T.Bind(hi), 64 * j + 32, T.Bind(_scales(st["sm"], [2 * j + 1], 32))))
+            else:
+                out.append((T.Bind(tirx.vectorcombine("uint8x64", lo, hi)), 64 * j,
+                            T.Bind(_scales(st["sm"], [2 * j, 2 * j + 1], 64))))
+        return out
+
+    def terms(self, k, st, t, s, sumi):
+        xd = T.Bind(k.xd[t, s])
+        return [(st["d"] * xd, sumi), (-(st["dmin"] * xd), madd(st["mins"], k.xs[t, ramp(16 * s, 16)], 32))]
+
+
+class Q5K(Q4K):
+    """Q5_K (176 B): as Q4_K, with qh[32] (bit 4 of every quant) between the scales and qs."""
+    type_size, qs_at, qh_at = 176, 48, 16
+
+
+class Q6K(IntFormat):
+    """Q6_K (210 B): ql[128] | qh[64] | 16 int8 scales | d f16: w = d*sc*(q - 32) per 16 weights. The -32 is one
+    correction per block: -32 d sum_g sc_g (sum of the 16 activations of g)."""
+    type_size = 210
+    n_terms = 2
+
+    def setup(self, k, n, s):
+        b = T.Bind(n * k.row_bytes + s * 210)
+        return {"sc": T.Bind(tirx.Cast("int16x16", k.w8[ramp(b + 192, 16)])), "d": T.Bind(_f16(k.w16, b // 2 + 104))}
+
+    def chunks(self, k, st, n, s):
+        out = []
+        for h in range(2):      # halves of 128 weights: ql[64h, 64h + 64), qh[32h, 32h + 32)
+            ql0 = T.Bind(k.w[n, ramp(s * 210 + 64 * h, 32)])
+            ql1 = T.Bind(k.w[n, ramp(s * 210 + 64 * h + 32, 32)])
+            qh = T.Bind(k.w[n, ramp(s * 210 + 128 + 32 * h, 32)])
+            q = [(ql0 & _u8(15)) | ((qh & _u8(3)) << _u8(4)),                   # weights 128h + [0, 32)
+                 (ql1 & _u8(15)) | (((qh >> _u8(2)) & _u8(3)) << _u8(4)),       # [32, 64)
+                 (ql0 >> _u8(4)) | (((qh >> _u8(4)) & _u8(3)) << _u8(4)),       # [64, 96)
+                 (ql1 >> _u8(4)) | ((qh >> _u8(6)) << _u8(4))]                  # [96, 128)
+            g = 8 * h
+            if k.width == 32:
+                for i in range(4):
+                    out.append((T.Bind(q[i]), 128 * h + 32 * i, T.Bind(_scales(st["sc"], [g + 2 * i, g + 2 * i + 1], 32))))
+            else:
+                for i in range(2):
+                    out.append((T.Bind(tirx.vectorcombine("uint8x64", q[2 * i], q[2 * i + 1])), 128 * h + 64 * i,
+                                T.Bind(_scales(st["sc"], [g + 4 * i + m for m in range(4)], 64))))
+        return out
+
+    def terms(self, k, st, t, s, sumi):
+        dx = T.Bind(st["d"] * k.xd[t, s])
+        return [(dx, sumi), (-dx * const(32.0, "float32"), madd(st["sc"], k.xs[t, ramp(16 * s, 16)], 32))]
+
+
+KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)   # kvalues_iq4nl
+
+
+class IQ4XS(IntFormat):
+    """IQ4_XS (136 B): d f16 | scales_h u16 | scales_l[4] | qs[128]: w = d*(ls - 32)*kvalues[q] per 32 weights,
+    ls = 4 bits of scales_l | 2 bits of scales_h << 4; the table lookup is a byte shuffle (pshufb)."""
+    type_size = 136
+    signed = True
+
+    def setup(self, k, n, s):
+        b = T.Bind(n * k.row_bytes + s * 136)
+        sl = tirx.Broadcast(k.w32[b // 4 + 1], 8)
+        sh = tirx.Broadcast(tirx.Cast("uint32", k.w16u[b // 2 + 1]), 8)
+        lo = (sl >> tirx.Ramp(const(0, "uint32"), const(4, "uint32"), 8)) & const(15, "uint32", 8)
+        hi = (sh >> tirx.Ramp(const(0, "uint32"), const(2, "uint32"), 8)) & const(3, "uint32", 8)
+        ls = tirx.Cast("int16x8", tirx.Cast("int32x8", lo | (hi << const(4, "uint32", 8))) - const(32, "int32", 8))
+        return {"sc": T.Bind(tirx.Shuffle([ls, ls], list(range(8)) * 2)), "d": T.Bind(_f16(k.w16, b // 2)),
+                "table": T.Bind(tirx.reinterpret(f"int8x{k.width}", byte_vector(list(KVALUES) * (k.width // 16))))}
+
+    def chunks(self, k, st, n, s):
+        out = []
+        per = k.width // 32                    # sub-blocks of 32 per vector
+        for ib in range(0, 8, per):
+            v = T.Bind(k.w[n, ramp(s * 136 + 8 + 16 * ib, 16 * per)])
+            nibbles = []
+            for p in range(per):               # sub-block ib + p: lo nibbles are weights 0..15, hi 16..31
+                q = tirx.Shuffle([v], list(range(16 * p, 16 * p + 16)))
+                nibbles.append(tirx.vectorcombine("uint8x32", q & _u8(15, 16), (q >> _u8(4, 16)) & _u8(15, 16)))
+            idx = nibbles[0] if per == 1 else tirx.vectorcombine("uint8x64", *nibbles)
+            out.append((T.Bind(pshufb(st["table"], idx, k.width)), 32 * ib,
+                        T.Bind(_scales(st["sc"], list(range(ib, ib + per)), k.width))))
+        return out
+
+    def terms(self, k, st, t, s, sumi):
+        return [(st["d"] * k.xd[t, s], sumi)]
+
+
+class FloatFormat:
+    """A 32-weight block format on the float path: `values` gives the block's dequantized weights (exact) as
+    float32 vectors of width/4 lanes, in element order."""
+    block = 32
+
+
+class Q80(FloatFormat):
+    """Q8_0 (34 B): d f16 | qs int8[32]: w = d * q."""
+    type_size = 34
+
+    def values(self, k, n, blk):
+        b = T.Bind(n * k.row_bytes + blk * 34)
+        q = T.Bind(k.w8[ramp(b + 2, 32)])
+        L = k.width // 4
+        d = T.Bind(tirx.Broadcast(_f16(k.w16, b // 2), L))
+        return [T.Bind(d * tirx.Cast(f"float32x{L}", tirx.Shuffle([q], list(range(i, i + L))))) for i in range(0, 32, L)]
+
+
+class Plain(FloatFormat):
+    """Unquantized weights, widened as they are read: F16 (vcvtph2ps), BF16 (the float32's upper 16 bits), F32.
+    The weight argument is the tensor itself ([N, K] of `arg_dtype`); a "block" is 32 elements."""
+
+    def __init__(self, arg_dtype: str):
+        self.arg_dtype = arg_dtype
+        self.type_size = 32 * (4 if arg_dtype == "float32" else 2)
+
+    def values(self, k, n, blk):
+        L = k.width // 4
+        base = n * (k.n_blocks * 32) + 32 * blk
+        out = []
+        for i in range(0, 32, L):
+            if self.arg_dtype == "float16":
+                v = tirx.Cast(f"float32x{L}", k.w16[ramp(base + i, L)])
+            elif self.arg_dtype == "uint16":   # bfloat16 bits
+                v = tirx.reinterpret(f"float32x{L}", tirx.Cast(f"uint32x{L}", k.w16u[ramp(base + i, L)]) << const(16, "uint32", L))
+            else:
+                v = k.w32f[ramp(base + i, L)]
+            out.append(T.Bind(v))
+        return out
+
+
+INT_FORMATS = {"q4_k": Q4K(), "q5_k": Q5K(), "q6_k": Q6K(), "iq4_xs": IQ4XS()}
+FLOAT_FORMATS = {"q8_0": Q80(), "f16": Plain("float16"), "bf16": Plain("uint16"), "f32": Plain("float32")}

@@ -1,0 +1,262 @@
+"""The loop nest of the x86 matmul kernels: weight rows in tiles spread over the threads, activation rows in groups.
+
+    matmul     y[t, n] = sum_k w[n, k] x[t, k]                        (ggml mul_mat)
+    matmul_id  y[t, j, n] = sum_k w[ids[t, j], n, k] x[t or (t, j), k]   (ggml mul_mat_id, routed experts)
+
+The weight is the GGUF's block bytes (a view of the mapped file: 32-byte aligned, so every buffer is declared
+align=32). A thread takes tiles of `tile_n` weight rows; in a tile each group of `row_group` activation rows
+reads the tile from cache, so a tile comes from memory once per call whatever the row count (verify, prefill).
+For routed experts the (t, j) pairs are first grouped by expert, so each selected expert is read once for all
+the rows that chose it, and the work items (expert, tile) go to the threads.
+
+Every activation row runs the same instruction sequence whether it is computed alone or in a group (full groups,
+then the remaining rows one at a time), so a row's result does not depend on how many rows the call has: verify
+rows equal decode rows bit for bit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.tirx.script import builder as T
+
+from .formats import FLOAT_FORMATS, INT_FORMATS
+from .vec import const, fma, hsum, madd, maddubs, ramp, tree_sum
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What `nextn tune` searches. width: vector bytes (32 AVX2, 64 AVX-512BW); tile_n: weight rows per work
+    item; row_group: activation rows sharing one pass over a tile; unroll: blocks per step (float path)."""
+    width: int = 32
+    tile_n: int = 16
+    row_group: int = 4
+    unroll: int = 2
+
+
+class _Kern:
+    """The kernel being built: its buffers, byte views of the weight, and knobs (what format code reads)."""
+
+
+def _format(kind):
+    return INT_FORMATS.get(kind) or FLOAT_FORMATS[kind]
+
+
+def _new(kind: str, K: int, knobs: Knobs):
+    fmt = _format(kind)
+    if K % fmt.block:
+        raise ValueError(f"{kind}: K={K} is not a multiple of the block ({fmt.block})")
+    k = _Kern()
+    k.kind, k.width, k.unroll = kind, knobs.width, knobs.unroll
+    k.n_blocks = K // fmt.block
+    k.row_bytes = k.n_blocks * fmt.type_size
+    return fmt, k
+
+
+def weight_arg(kind: str, lead: tuple, K: int) -> tuple[tuple, str]:
+    """(shape, dtype) of the weight argument: block bytes per row, or a plain float tensor's elements."""
+    fmt = _format(kind)
+    if hasattr(fmt, "arg_dtype"):
+        return (*lead, K), fmt.arg_dtype
+    return (*lead, K // fmt.block * fmt.type_size), "uint8"
+
+
+def act_args(kind: str, rows, K: int) -> list[tuple[str, tuple, str]]:
+    """[(name, shape, dtype)] of a kernel's activation arguments: the q8 row (int8 values, f32 scale per 256,
+    i16 sums per 16) for integer formats, the float32 row otherwise."""
+    if kind in INT_FORMATS:
+        return [("xq", (rows, K), "int8"), ("xd", (rows, K // 256), "float32"), ("xs", (rows, K // 16), "int16")]
+    return [("x", (rows, K), "float32")]
+
+
+def _bind_acts(k, kind, rows, K):
+    for name, shape, dtype in act_args(kind, rows, K):
+        setattr(k, name, T.arg(name, T.buffer(shape, dtype, align=32)))
+
+
+def _views(k, data, nbytes):
+    """Typed views of the weight bytes (f16 scales, u32 words, ...) over the same pointer."""
+    k.w8 = T.decl_buffer((nbytes,), "int8", data=data)
+    k.w16 = T.decl_buffer((nbytes // 2,), "float16", data=data)
+    k.w16u = T.decl_buffer((nbytes // 2,), "uint16", data=data)
+    k.w32 = T.decl_buffer((nbytes // 4,), "uint32", data=data)
+    k.w32f = T.decl_buffer((nbytes // 4,), "float32", data=data)
+
+
+def _int_rows(k, fmt, n, rows, accs):
+    """Weight row n against activation rows `rows`: per block, exact integer sums, then the float terms."""
+    L = k.width // 4
+    zero = const(0, "int8", k.width)
+    with T.serial(0, k.n_blocks) as s:
+        st = fmt.setup(k, n, s)
+        prods = [[] for _ in rows]
+        for w, off, scv in fmt.chunks(k, st, n, s):
+            ws = w
+            if fmt.signed:
+                w = T.Bind(tirx.Select(ws < zero, zero - ws, ws))
+            for p, t in zip(prods, rows):
+                x = k.xq[t, ramp(256 * s + off, k.width)]
+                if fmt.signed:
+                    x = tirx.Select(ws < zero, zero - x, x)
+                p.append(madd(maddubs(w, x, k.width), scv, k.width))
+        for p, t, acc in zip(prods, rows, accs):
+            for (factor, ivec), a in zip(fmt.terms(k, st, t, s, tree_sum(p)), acc):
+                n_l = a.shape[0]
+                T.buffer_store(a, fma(tirx.Broadcast(factor, n_l), tirx.Cast(f"float32x{n_l}", ivec), a[ramp(0, n_l)]),
+                               [ramp(0, n_l)])
+
+
+def _float_rows(k, fmt, n, rows, accs):
+    """Weight row n against float activation rows: `unroll` blocks per step, one accumulator per (block slot,
+    vector) so the FMA chains overlap."""
+    L = k.width // 4
+    U = k.unroll
+
+    def block(blk, slot):
+        vals = fmt.values(k, n, blk)
+        for t, acc in zip(rows, accs):
+            for i, v in enumerate(vals):
+                a = acc[slot * len(vals) + i]
+                T.buffer_store(a, fma(v, k.x[t, ramp(32 * blk + i * L, L)], a[ramp(0, L)]), [ramp(0, L)])
+
+    with T.serial(0, k.n_blocks // U) as bu:
+        for u in range(U):
+            block(bu * U + u, u)
+    with T.serial(k.n_blocks // U * U, k.n_blocks) as blk:
+        block(blk, 0)
+
+
+def _lanes(k, fmt):
+    if k.kind in INT_FORMATS:
+        return fmt.term_lanes(k.width)
+    return [k.width // 4] * (k.unroll * 32 // (k.width // 4))
+
+
+def _rows(k, fmt, n, rows, outs):
+    """Zeroed accumulators for each row, the block loop, then y = the sum of the accumulators' lanes."""
+    lanes = _lanes(k, fmt)
+    accs = []
+    for _ in rows:
+        acc = [T.decl_buffer((n_l,), "float32") for n_l in lanes]
+        for a, n_l in zip(acc, lanes):
+            T.buffer_store(a, const(0.0, "float32", n_l), [ramp(0, n_l)])
+        accs.append(acc)
+    (_int_rows if k.kind in INT_FORMATS else _float_rows)(k, fmt, n, rows, accs)
+    for acc, out in zip(accs, outs):
+        total = hsum(acc[0][ramp(0, lanes[0])])
+        for a, n_l in zip(acc[1:], lanes[1:]):
+            total = total + hsum(a[ramp(0, n_l)])
+        T.buffer_store(k.y, total, out)
+
+
+def _tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n):
+    """Weight tile nt against `count` activation rows: full groups of `group` rows, then the rest one at a time.
+    row_of(i) / out_of(i, n): activation row / output index of the i-th row; wrow(n): the weight row."""
+    def each_row(make):
+        with T.serial(0, tile_n) as nn:
+            with T.If(nt * tile_n + nn < N):
+                with T.Then():
+                    n = T.Bind(nt * tile_n + nn)
+                    idx = make()
+                    _rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx], [out_of(i, n) for i in idx])
+
+    with T.serial(0, count // group) as g:
+        each_row(lambda: [g * group + r for r in range(group)])
+    with T.serial(count // group * group, count) as i:
+        each_row(lambda: [i])
+
+
+def _prim_func(name):
+    T.func_name(name)
+    T.func_attr({"global_symbol": name, "tirx.noalias": True, "tirx.is_scheduled": True})
+
+
+def matmul(kind: str, N: int, K: int, rows: int | None = None, knobs: Knobs = Knobs(), name: str = "matmul"):
+    """y float32 [T, N] = x [T, K] · w [N, K]ᵀ for a weight of format `kind` (arguments: w, act_args..., y).
+    `rows`: a static row count (the one-row entry points), or None for a symbolic T."""
+    fmt, k = _new(kind, K, knobs)
+    n_tiles = -(-N // knobs.tile_n)
+    with IRBuilder() as ib:
+        with T.prim_func():
+            _prim_func(name)
+            Tr = tirx.Var("T", "int64") if rows is None else rows
+            shape, dtype = weight_arg(kind, (N,), K)
+            w = T.arg("w", T.buffer(shape, dtype, align=32))
+            _bind_acts(k, kind, Tr, K)
+            k.y = T.arg("y", T.buffer((Tr, N), "float32", align=32))
+            k.w = T.decl_buffer((N, k.row_bytes), "uint8", data=w.data, align=32)
+            _views(k, w.data, N * k.row_bytes)
+            with T.parallel(0, n_tiles) as nt:
+                _tile(k, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i, lambda i, n: [i, n])
+    return ib.get()
+
+
+def _counter():
+    b = T.decl_buffer((1,), "int32")
+    T.buffer_store(b, const(0, "int32"), [0])
+    return b
+
+
+def matmul_id(kind: str, X: int, N: int, K: int, n_used: int, shared_x: bool, n_weights: int = 1,
+              rows: int | None = None, knobs: Knobs = Knobs(), name: str = "matmul_id"):
+    """Routed experts: for each of `n_weights` weights w_i [X, N, K] of format `kind` (e.g. an expert FFN's gate
+    and up: one pass, x read once for both), y_i float32 [T, n_used, N] with
+    y_i[t, j] = w_i[ids[t, j]] · x[t] (`shared_x`) or · x[t * n_used + j]. Arguments: w_0.., act_args...,
+    ids int32 [T, n_used], y_0... Expert ids outside [0, X) select nothing (their outputs are left as they are)."""
+    fmt, k = _new(kind, K, knobs)
+    n_tiles = -(-N // knobs.tile_n)
+    with IRBuilder() as ib:
+        with T.prim_func():
+            _prim_func(name)
+            Tr = tirx.Var("T", "int64") if rows is None else rows
+            shape, dtype = weight_arg(kind, (X, N), K)
+            ws = [T.arg(f"w{i}", T.buffer(shape, dtype, align=32)) for i in range(n_weights)]
+            _bind_acts(k, kind, Tr if shared_x else Tr * n_used, K)
+            ids = T.arg("ids", T.buffer((Tr, n_used), "int32", align=32))
+            ys = [T.arg(f"y{i}", T.buffer((Tr, n_used, N), "float32", align=32)) for i in range(n_weights)]
+            P = Tr * n_used
+            pairs_e = T.decl_buffer((P,), "int32", data=ids.data)
+            w2 = [T.decl_buffer((X * N, k.row_bytes), "uint8", data=w.data, align=32) for w in ws]
+            y2 = [T.decl_buffer((P, N), "float32", data=y.data, align=32) for y in ys]
+            # group the pairs p = t * n_used + j by expert: counts, start offsets, the experts used, the pairs in
+            # expert order (stable)
+            cnt, start, used = (T.decl_buffer((X,), "int32") for _ in range(3))
+            order = T.decl_buffer((P,), "int32")
+            n_used_experts, total = _counter(), _counter()
+            with T.serial(0, X) as e:
+                T.buffer_store(cnt, const(0, "int32"), [e])
+            with T.serial(0, P) as p:
+                e = T.Bind(pairs_e[p])
+                with T.If(tirx.all(e >= 0, e < X)):
+                    with T.Then():
+                        T.buffer_store(cnt, cnt[e] + 1, [e])
+            with T.serial(0, X) as e:
+                T.buffer_store(start, total[0], [e])
+                T.buffer_store(total, total[0] + cnt[e], [0])
+                with T.If(cnt[e] > 0):
+                    with T.Then():
+                        T.buffer_store(used, tirx.Cast("int32", e), [n_used_experts[0]])
+                        T.buffer_store(n_used_experts, n_used_experts[0] + 1, [0])
+                T.buffer_store(cnt, const(0, "int32"), [e])     # counted again below, as the fill position
+            with T.serial(0, P) as p:
+                e = T.Bind(pairs_e[p])
+                with T.If(tirx.all(e >= 0, e < X)):
+                    with T.Then():
+                        T.buffer_store(order, tirx.Cast("int32", p), [start[e] + cnt[e]])
+                        T.buffer_store(cnt, cnt[e] + 1, [e])
+            views = []
+            for w in w2:
+                _views(k, w.data, X * N * k.row_bytes)
+                views.append((k.w8, k.w16, k.w16u, k.w32, k.w32f))
+            with T.parallel(0, T.Bind(n_used_experts[0] * n_tiles)) as it:
+                e = T.Bind(used[it // n_tiles])
+                nt = T.Bind(it % n_tiles)
+                base, count = T.Bind(start[e]), T.Bind(cnt[e])
+                pair = lambda i: order[base + i]   # noqa: E731
+                row_of = (lambda i: pair(i) // n_used) if shared_x else pair
+                for w, v, y in zip(w2, views, y2):
+                    k.w, (k.w8, k.w16, k.w16u, k.w32, k.w32f), k.y = w, v, y
+                    _tile(k, fmt, nt, knobs.tile_n, N, count, knobs.row_group, row_of, lambda i, n: [pair(i), n],
+                          wrow=lambda n: e * N + n)
+    return ib.get()

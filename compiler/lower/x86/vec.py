@@ -1,0 +1,60 @@
+"""Vector building blocks of the x86 kernels: lane-typed constants and the few intrinsics LLVM is given directly.
+
+Every float accumulation is an explicit `llvm.fma` and every horizontal sum an ordered `llvm.vector.reduce.fadd`,
+so a row's arithmetic is one fixed instruction sequence whatever loop it sits in (rows of a verify pass give the
+same bits as the one-row decode step).
+"""
+from __future__ import annotations
+
+from tvm import tirx
+
+# (u8 x s8 -> adjacent pairs summed to i16, i16 x i16 -> adjacent pairs summed to i32) per vector width in bytes
+_MADD = {32: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"),
+         64: ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512")}
+_PSHUFB = {32: "llvm.x86.avx2.pshuf.b", 64: "llvm.x86.avx512.pshuf.b.512"}
+
+
+def const(v, dtype: str, lanes: int = 1):
+    c = tirx.const(v, dtype)
+    return c if lanes == 1 else tirx.Broadcast(c, lanes)
+
+
+def ramp(base, n: int):
+    return tirx.Ramp(base, 1, n)
+
+
+def maddubs(a, b, width: int):
+    """u8 a[i] * s8 b[i], adjacent pairs summed to i16 (pmaddubsw saturates: callers keep |pair| < 2^15)."""
+    return tirx.call_llvm_pure_intrin(f"int16x{width // 2}", _MADD[width][0], a, b)
+
+
+def madd(a, b, width: int):
+    """i16 a[i] * i16 b[i], adjacent pairs summed to i32 (pmaddwd, exact)."""
+    return tirx.call_llvm_pure_intrin(f"int32x{width // 4}", _MADD[width][1], a, b)
+
+
+def pshufb(table, idx, width: int):
+    """table[idx[i]] within each 16-byte lane (idx < 16): a 16-entry byte lookup."""
+    return tirx.call_llvm_pure_intrin(f"int8x{width}", _PSHUFB[width], table, idx)
+
+
+def fma(a, b, c):
+    """a * b + c, one rounding."""
+    return tirx.call_llvm_pure_intrin(str(c.ty), "llvm.fma", a, b, c)
+
+
+def hsum(v):
+    """The lanes of a float32 vector summed in lane order."""
+    return tirx.call_llvm_pure_intrin("float32", "llvm.vector.reduce.fadd", const(0.0, "float32"), v)
+
+
+def byte_vector(values):
+    """A constant uint8 vector."""
+    return tirx.Shuffle([const(v & 0xFF, "uint8") for v in values], list(range(len(values))))
+
+
+def tree_sum(vals):
+    """Pairwise sum: short dependency chains (integer sums are exact in any order)."""
+    while len(vals) > 1:
+        vals = [vals[i] + vals[i + 1] if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
+    return vals[0]

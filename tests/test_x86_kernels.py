@@ -1,0 +1,133 @@
+"""The x86 matmul kernels (compiler/lower/x86) against float64 numpy on gguf-py-dequantized weights.
+
+Shapes are chosen off the kernels' tiles (N not a multiple of the weight tile, row counts not a multiple of the
+row group, experts chosen by several rows) and every weight sits at a 32-byte but not 64-byte aligned address,
+as a tensor view of a GGUF file may. Integer-path kinds multiply the activation row as quantized by the numpy
+statement (`nextn.common.quant.activation`), which the quantizer kernel must reproduce bit for bit.
+"""
+import gguf
+import numpy as np
+import pytest
+import tvm
+
+from nextn.common.quant import activation
+from nextn.compiler.compile import make_target
+from nextn.compiler.lower import x86
+
+TARGET = make_target("llvm")
+WIDTH = x86.vector_width(TARGET)
+pytestmark = pytest.mark.skipif(WIDTH is None, reason="this CPU has no AVX2")   # CI's and this machine's have it
+WIDTHS = sorted({32, WIDTH}) if WIDTH else []
+F16_FIELDS = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q8_0": [0]}
+RNG = np.random.default_rng(0)
+
+
+def misaligned(a: np.ndarray) -> np.ndarray:
+    """A copy of `a` at an address that is 32 mod 64 (GGUF aligns tensor data to 32 bytes only)."""
+    buf = np.empty(a.nbytes + 128, np.uint8)
+    off = (-buf.ctypes.data) % 64 + 32
+    out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % 64 == 32
+    return out
+
+
+def random_weight(kind: str, lead: tuple, N: int, K: int):
+    """(kernel argument, float64 dequantized [*lead, N, K]) for a random weight of `kind`."""
+    if kind in ("f16", "bf16", "f32"):
+        w = RNG.standard_normal((*lead, N, K)).astype(np.float32)
+        if kind == "bf16":
+            bits = (w.view(np.uint32) >> 16).astype(np.uint16)
+            return misaligned(bits), (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        a = w.astype(np.float16 if kind == "f16" else np.float32)
+        return misaligned(a), a.astype(np.float64)
+    gt = gguf.GGMLQuantizationType[kind.upper()]
+    blk, size = gguf.GGML_QUANT_SIZES[gt]
+    raw = RNG.integers(0, 256, (int(np.prod(lead, dtype=int)) * N * K // blk, size), dtype=np.uint8)
+    for off in F16_FIELDS[kind.upper()]:
+        raw[:, off:off + 2] = (RNG.random(len(raw)) * 0.01).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    raw = raw.reshape(*lead, N, K // blk * size)
+    want = gguf.quants.dequantize(raw.reshape(-1, raw.shape[-1]), gt).astype(np.float64).reshape(*lead, N, K)
+    return misaligned(raw), want
+
+
+def activations(kind: str, x: np.ndarray):
+    """(kernel activation arguments, the float64 rows they stand for)."""
+    if kind in x86.INT_KINDS:
+        q, d, xs = activation.quantize(x)
+        return [q, d, xs], activation.dequantize(q, d)
+    return [x], x.astype(np.float64)
+
+
+def build(func):
+    return tvm.compile(tvm.IRModule({"main": func}), target=TARGET).mod["main"]
+
+
+def run(fn, *args, outs):
+    # weights go in as they are (32-byte aligned views); anything else in TVM's own (64-byte aligned) memory
+    ts = [a if a.ctypes.data % 64 == 32 else tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args]
+    res = [tvm.runtime.tensor(np.zeros(s, np.float32)) for s in outs]
+    fn(*ts, *res)
+    return [r.numpy() for r in res]
+
+
+def rel(got, want):
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+DENSE = [(kind, 512 if kind in x86.INT_KINDS else 96) for kind in sorted(x86.KINDS)]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("kind,K", DENSE)
+def test_matmul(kind, K, width):
+    N = 100                                   # not a multiple of the weight tile (16)
+    w, wf = random_weight(kind, (), N, K)
+    knobs = x86.Knobs(width=width, tile_n=16, row_group=4)
+    fn = build(x86.matmul(kind, N, K, knobs=knobs))
+    one = build(x86.matmul(kind, N, K, rows=1, knobs=knobs))   # the static one-row kernel of the decode step
+    x = RNG.standard_normal((6, K)).astype(np.float32)         # a group of 4 rows, then 2 on their own
+    acts, xf = activations(kind, x)
+    (y,) = run(fn, w, *acts, outs=[(6, N)])
+    assert rel(y, xf @ wf.T) < 1e-5
+    for t in range(6):                                         # every row equals its own one-row call, bitwise
+        (y1,) = run(one, w, *[a[t:t + 1] for a in acts], outs=[(1, N)])
+        assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), t
+
+
+@pytest.mark.parametrize("shared_x", [True, False], ids=["shared-x", "per-slot-x"])
+@pytest.mark.parametrize("kind", sorted(x86.KINDS - {"f32", "bf16"}))
+def test_matmul_id(kind, shared_x):
+    X, N, K, U, T = 16, 72, 512 if kind in x86.INT_KINDS else 96, 4, 5
+    (w0, wf0), (w1, wf1) = random_weight(kind, (X,), N, K), random_weight(kind, (X,), N, K)
+    ids = np.stack([RNG.permutation(X)[:U] for _ in range(T)]).astype(np.int32)
+    ids[3] = ids[0][::-1]                      # experts chosen by several rows, in other slots
+    ids[4, :2] = ids[1, :2]
+    x = RNG.standard_normal((T if shared_x else T * U, K)).astype(np.float32)
+    acts, xf = activations(kind, x)
+    knobs = x86.Knobs(width=WIDTH, tile_n=16, row_group=2)
+    fn = build(x86.matmul_id(kind, X, N, K, U, shared_x, n_weights=2, knobs=knobs))
+    y0, y1 = run(fn, w0, w1, *acts, ids, outs=[(T, U, N)] * 2)
+    for y, wf in ((y0, wf0), (y1, wf1)):
+        want = np.stack([[wf[ids[t, j]] @ xf[t if shared_x else t * U + j] for j in range(U)] for t in range(T)])
+        assert rel(y, want) < 1e-5
+    one = build(x86.matmul_id(kind, X, N, K, U, shared_x, n_weights=2, rows=1, knobs=knobs))
+    for t in range(T):                         # each row alone gives the same bits as in the batch
+        rows = slice(t, t + 1) if shared_x else slice(t * U, (t + 1) * U)
+        a0, a1 = run(one, w0, w1, *[a[rows] for a in acts], ids[t:t + 1], outs=[(1, U, N)] * 2)
+        assert np.array_equal(a0[0].view(np.uint32), y0[t].view(np.uint32))
+        assert np.array_equal(a1[0].view(np.uint32), y1[t].view(np.uint32))
+
+
+def test_quantizer_matches_the_numpy_statement():
+    K = 1024
+    x = RNG.standard_normal((5, K)).astype(np.float32)
+    x[1, :256] = 0.0                                              # a block of zeros: d = 0, q = 0
+    x[2, 7] = 1e4                                                 # one large value in a block
+    b = np.abs(x[3, :256]).max()
+    x[3, :256] = np.round(x[3, :256] / b * 127 * 2) / 2 * b / 127   # many values at exact halves after scaling
+    fn = build(x86.quantize_rows(K))
+    got = [tvm.runtime.empty(s, d) for s, d in [((5, K), "int8"), ((5, K // 256), "float32"), ((5, K // 16), "int16")]]
+    fn(tvm.runtime.tensor(x), *got)
+    for g, w in zip(got, activation.quantize(x)):
+        assert np.array_equal(g.numpy(), w)
