@@ -32,5 +32,55 @@ def vector_width(target) -> int | None:
         return None
 
 
-__all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "Knobs", "act_args", "matmul", "matmul_id", "quantize_rows",
+__all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "default_knobs", "matmul", "matmul_id", "quantize_rows",
            "vector_width", "weight_arg"]
+
+
+from dataclasses import dataclass, field as _field   # noqa: E402
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One x86 kernel of a model: what it computes (everything but the knobs). `key` names it in tuning logs.
+
+    op: "matmul" (weight [N, K]) or "matmul_id" (routed experts [X, N, K], n_used per row, x shared by the slots
+    or one row per slot, n_weights weights in one pass); rows: static row count or None (symbolic T)."""
+    op: str
+    kind: str
+    N: int
+    K: int
+    rows: int | None = None
+    X: int = 0
+    n_used: int = 0
+    shared_x: bool = True
+    n_weights: int = 1
+
+    @property
+    def key(self) -> str:
+        r = "T" if self.rows is None else str(self.rows)
+        base = f"x86.{self.op}:{self.kind}:N{self.N}:K{self.K}:rows{r}"
+        if self.op == "matmul_id":
+            base += f":X{self.X}:used{self.n_used}:{'shared' if self.shared_x else 'slots'}:w{self.n_weights}"
+        return base
+
+    @property
+    def name(self) -> str:
+        return self.key.replace("x86.", "x86_").replace(":", "_").lower()
+
+    def build(self, knobs: Knobs):
+        if self.op == "matmul":
+            return matmul(self.kind, self.N, self.K, self.rows, knobs, name=self.name)
+        return matmul_id(self.kind, self.X, self.N, self.K, self.n_used, self.shared_x, self.n_weights, self.rows,
+                         knobs, name=self.name)
+
+    def weight_bytes(self) -> int:
+        shape, dtype = weight_arg(self.kind, (self.X, self.N) if self.op == "matmul_id" else (self.N,), self.K)
+        n = 1
+        for d in shape:
+            n *= d
+        return n * (1 if dtype == "uint8" else 4 if dtype == "float32" else 2) * self.n_weights
+
+
+def default_knobs(spec: KernelSpec, width: int) -> Knobs:
+    """nextn's default schedule for `spec` (what a tuning log record must beat)."""
+    return Knobs(width=width)
