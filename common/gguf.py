@@ -19,7 +19,8 @@ from .quant import FORMATS, by_ggml_type
 
 _GGUF_MAGIC = b"GGUF"
 
-# Float types are widened to float32 on load; block-quantized types stay packed (nextn.common.quant).
+# F32 tensors load as float32 views; F16 / BF16 stay 16-bit where the compiler asked (nextn.common.quant), else
+# they are widened to float32 at load; block-quantized types stay as their blocks (views, nothing repacked).
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
@@ -31,8 +32,9 @@ def _supported_types() -> tuple[str, ...]:
 class Weight:
     """One tensor as stored for the kernels.
 
-    `kind` is "f32" (one float32 array of the logical shape) or a quantized format's kind (e.g. "q8_0"),
-    whose arrays are that format's buffers (nextn.common.quant).
+    `kind` is "f32" (one float32 array of the logical shape) or a format's kind (e.g. "q4_k", "bf16"), whose
+    arrays are that format's buffers (nextn.common.quant). Arrays that keep the file's layout are views of the
+    mapped file (no copy); widened float32 arrays are new.
     """
 
     name: str
@@ -48,6 +50,8 @@ class Weight:
 class GGUFFile:
     """A GGUF file opened through gguf-py's memory-mapped reader.
 
+    The map is private copy-on-write (mode "c"): its pages are the page cache's until written, which nothing does,
+    and its arrays are writable, which DLPack needs to hand them to the kernels without a copy.
     Raises NextnError when the file is missing, is not a GGUF, or is truncated.
     """
 
@@ -64,7 +68,7 @@ class GGUFFile:
         import gguf  # deferred: gguf-py import costs ~0.1 s
 
         try:
-            reader = gguf.GGUFReader(self.path, "r")
+            reader = gguf.GGUFReader(self.path, "c")
         except Exception as e:  # gguf-py raises assorted errors on a cut-off header
             raise NextnError(f"{self.path}: cannot parse GGUF header ({type(e).__name__}: {e}); file truncated or corrupt") from None
         self._reader = reader
@@ -125,10 +129,8 @@ class GGUFFile:
                              f"(supported: {', '.join(_supported_types())})")
 
     def load(self, name: str, quantized: bool = True) -> Weight:
-        """Read tensor `name` into the form the kernels consume (see `Weight`).
-
-        Block-quantized types stay packed when `quantized`, else every type is dequantized to float32 by gguf-py.
-        """
+        """Tensor `name` in the form the kernels consume (see `Weight`): views of the mapped file where the kernels
+        read the file's layout (every format when `quantized`, F32 always), else dequantized to float32 by gguf-py."""
         import gguf
 
         t = self.tensors[name]
@@ -137,11 +139,10 @@ class GGUFFile:
         raw = np.asarray(t.data)
         fmt = by_ggml_type(ttype)
         if fmt is not None and quantized:
-            return Weight(name, fmt.kind, shape, fmt.pack(raw.view(np.uint8), shape))
+            return Weight(name, fmt.kind, shape, fmt.pack(raw, shape))
         if ttype == "F32":
-            arr = np.array(raw, dtype=np.float32).reshape(shape)
-        else:
-            arr = gguf.quants.dequantize(raw, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
+            return Weight(name, "f32", shape, (raw.reshape(-1).view(np.float32).reshape(shape),))
+        arr = gguf.quants.dequantize(raw, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
         return Weight(name, "f32", shape, (np.ascontiguousarray(arr),))
 
     def sha256(self) -> str:

@@ -18,7 +18,7 @@ from nextn.common.manifest import MANIFEST, MAX_DRAFT, SCHEMA, library_entry
 from nextn.common.versions import nextn_version
 
 from . import reproducible
-from .graphs import SPLIT_L, STATIC, build_graphs, weight_kind
+from .graphs import SPLIT_L, STATIC, build_graphs, weight_kinds
 from .loader.model_files import ModelFiles
 from .target import GPU_TARGETS, TARGETS, make_target
 
@@ -33,7 +33,7 @@ def _rel(path: str, base: str) -> str:
 def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | None = None,
                   dump_ir: str | None = None, log=print, arches=None, mtp_dense_attention: bool = False,
                   tuning_log: str | None = None, cuda_graph: bool = True, split_kernels: bool | None = None,
-                  cache_type_k: str = DEFAULT_KV, cache_type_v: str = DEFAULT_KV) -> str:
+                  cache_type_k: str = DEFAULT_KV, cache_type_v: str = DEFAULT_KV, exact_matmul: bool = False) -> str:
     """Compile `model` (+ optional MTP-only `draft`) for `target` into `out_dir`; returns `out_dir`.
     `mtp_dense_attention`: glm-dsa NextN block with dense MLA and no indexer (llama.cpp's graph_mtp).
     `cuda_graph` (CUDA only): the one-row steps replay as CUDA graphs (lower/capture_graphs.py).
@@ -41,6 +41,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     default: on GPU targets only (on llvm, tests set it to check the GPU form's arithmetic with serial threads).
     `cache_type_k` / `cache_type_v`: KV cache types (llama.cpp -ctk / -ctv: f32, f16, bf16, q8_0; glm-dsa's latent
     and indexer key caches take the K type), fixed here because the kernels read the caches' storage.
+    `exact_matmul` (llvm): float activations in every matmul; by default the CPU's K-quant / IQ4_XS matmuls take
+    int8-quantized activation rows, as ggml-cpu does (compiler/lower/x86, nextn.common.quant.activation).
     The build runs in a reproducible child process where possible (compiler/reproducible.py)."""
     if not reproducible.in_child() and reproducible.available():
         return reproducible.run_in_child("nextn.compiler.compile", {
@@ -48,7 +50,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             "draft": os.fspath(draft) if draft else None, "dump_ir": dump_ir, "arches": list(arches) if arches else None,
             "mtp_dense_attention": bool(mtp_dense_attention),
             "tuning_log": os.fspath(tuning_log) if tuning_log else None, "cuda_graph": bool(cuda_graph),
-            "split_kernels": split_kernels, "cache_type_k": cache_type_k, "cache_type_v": cache_type_v}, log)
+            "split_kernels": split_kernels, "cache_type_k": cache_type_k, "cache_type_v": cache_type_v,
+            "exact_matmul": bool(exact_matmul)}, log)
     import tvm
     import tvm_ffi
 
@@ -65,7 +68,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     options = {"mtp_dense_attention": bool(mtp_dense_attention)}
     type_k, type_v = kv_type(cache_type_k, "--cache-type-k").name, kv_type(cache_type_v, "--cache-type-v").name
     graphs = build_graphs(mf, with_mtp, options, (type_k, type_v))
-    kinds = {n: weight_kind(mf, n) for g in graphs.values() for n in g.weights}
+    kinds = weight_kinds(mf, graphs.values())
     if dump_ir:
         os.makedirs(dump_ir, exist_ok=True)
         for name, g in graphs.items():
@@ -81,7 +84,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     tgt = make_target(target, lib_arches[0] or None)
     split = target in GPU_TARGETS if split_kernels is None else bool(split_kernels)
     form = "gpu" if target in GPU_TARGETS else "gpu-emulated" if split else "cpu"
-    mod = build_module(list(graphs.values()), kinds, STATIC, form=form, split_l=SPLIT_L)
+    x86 = x86_lowering(tgt, exact_matmul, tuning_log)
+    mod = build_module(list(graphs.values()), kinds, STATIC, form=form, split_l=SPLIT_L, x86=x86)
     graph_entries = []
     if target == "cuda" and cuda_graph:
         mod, graph_entries = capture_graphs.mark(mod, mf.config.n_ctx_train, STATIC)
@@ -137,6 +141,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
             buffers.append({"buffer": buf, "tensor": wname, "kind": kinds[wname], "dtype": dtype,
                             "shape": list(shape), "nbytes": nbytes,
+                            # this weight's matmuls take int8 activation rows (nextn.common.quant.activation)
+                            "activation": "q8" if x86 is not None and wname in x86.quantized_weights else None,
                             "role": "draft" if mf.draft is not None and mf.file_of(wname) is mf.draft else "model",
                             "mtp_only": buf not in {p[0] for n, gg in graphs.items() if gg.kind == "trunk"
                                                     for p in weight_params(gg, kinds)}})
@@ -174,6 +180,9 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
         "tuning_log": tuning_info,
         "max_draft": MAX_DRAFT,   # the deepest draft a request may ask for (common/manifest.py)
         "kernel_form": form,      # cpu, gpu, or gpu-emulated (the GPU kernels built for llvm; lower/attention.py)
+        # the hand-written x86 matmul kernels (compiler/lower/x86): vector width, activation quantization
+        "x86_kernels": None if x86 is None else {"vector_bytes": x86.width, "kernels": len(x86.specs),
+                                                 "activation_quant": "q8" if x86.quantize_activations else None},
         # one-row steps replayed as CUDA graphs: their inputs must stay put, L is rounded up to kv_bucket
         "cuda_graph": {"entries": graph_entries, "kv_bucket": capture_graphs.KV_BUCKET,
                        "max_ctx": mf.config.n_ctx_train} if graph_entries else None,
@@ -208,6 +217,19 @@ def _storage(state_node):
     from .lower.attention import state_storage
 
     return state_storage(state_node, lambda shape: [d if isinstance(d, str) else int(d) for d in shape])
+
+
+def x86_lowering(tgt, exact_matmul: bool = False, tuning_log: str | None = None):
+    """The x86 kernels' lowering for an llvm target with AVX2 (else None: TE element expressions throughout)."""
+    from .lower import x86
+
+    width = x86.vector_width(tgt)
+    if width is None:
+        return None
+    from .lower.x86.emit import X86Lowering
+    from .tune.apply import x86_knobs
+
+    return X86Lowering(width, quantize_activations=not exact_matmul, knobs_for=x86_knobs(tuning_log, tgt))
 
 
 def _write_schedule_report(target: str, dump_dir: str | None):

@@ -29,12 +29,29 @@ STATIC = {"decode": {"T": 1}, "draft": {"T": 1}, "mtp_draft_shared": {"T": 1}}
 SPLIT_L = frozenset({"verify", "decode", "mtp_draft", "draft", "mtp_draft_shared"})
 
 
-def weight_kind(mf: ModelFiles, name: str) -> str:
-    """Buffer-plan kind of a tensor: its quantized format's kind, or "f32" (float types are widened on load)."""
+# Ops whose first input, when a weight, is read through its format's element expression (te_ops._elem) or the
+# x86 kernels: a weight only ever used there may stay 16-bit (F16 / BF16) in memory.
+ELEMENT_READERS = ("mul_mat", "mul_mat_id", "get_rows")
+
+
+def weight_kinds(mf: ModelFiles, graphs) -> dict[str, str]:
+    """Buffer-plan kind of every weight of `graphs`: its GGUF format's kind (the file's bytes; nextn.common.quant),
+    or "f32" for F32 tensors and for F16 / BF16 tensors that some op reads other than as a matmul / embedding
+    weight (norms, biases: widened to float32 at load, a few KB)."""
     from nextn.common.quant import by_ggml_type
 
-    fmt = by_ggml_type(mf.file_of(name).tensor_type(name))
-    return fmt.kind if fmt is not None else "f32"
+    elementwise = set()
+    for g in graphs:
+        for n in g.live_nodes():
+            for i, src in enumerate(n.inputs):
+                if src.op == "weight" and not (i == 0 and n.op in ELEMENT_READERS):
+                    elementwise.add(src.name)
+    kinds = {}
+    for g in graphs:
+        for name in g.weights:
+            fmt = by_ggml_type(mf.file_of(name).tensor_type(name))
+            kinds[name] = "f32" if fmt is None or (fmt.dtype != "uint8" and name in elementwise) else fmt.kind
+    return kinds
 
 
 def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv_types: tuple | None = None):

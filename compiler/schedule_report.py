@@ -18,7 +18,7 @@ def main(argv=None):
 
     from nextn.schedules.gpu import ScheduleGPU, last_report
 
-    from .graphs import SPLIT_L, build_graphs, weight_kind
+    from .graphs import SPLIT_L, build_graphs, weight_kinds
     from .target import make_target
     from .loader.model_files import ModelFiles
     from .lower.pipeline import phases
@@ -32,7 +32,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     mf = ModelFiles(a.model, None, load_mtp=False)
     graphs = build_graphs(mf, mf.has_nextn)
-    kinds = {n: weight_kind(mf, n) for g in graphs.values() for n in g.weights}
+    kinds = weight_kinds(mf, graphs.values())
     tgt = make_target(a.target, [a.arch] if a.arch else None)
     mod = build_module(list(graphs.values()), kinds, form="gpu", split_l=SPLIT_L)
     with tgt:

@@ -43,9 +43,12 @@ def cli():
                                                  "use its schedules, the others the default ones.")
 @click.option("--cuda-graph/--no-cuda-graph", default=True, show_default=True,
               help="CUDA: replay the one-row decode and draft steps as CUDA graphs (one per 256-cell KV bucket).")
+@click.option("--exact-matmul", is_flag=True,
+              help="CPU: float activations in every matmul. By default K-quant and IQ4_XS matmuls quantize each "
+                   "activation row to 8 bits (as llama.cpp's CPU backend does), which is faster.")
 @kv_cache_options
-def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tuning_log, cuda_graph, cache_type_k,
-            cache_type_v):
+def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tuning_log, cuda_graph, exact_matmul,
+            cache_type_k, cache_type_v):
     """Compile MODEL.gguf into an artifact directory (library + manifest.json)."""
     from nextn.common.kv_types import DEFAULT
     from nextn.compiler import entry
@@ -55,7 +58,8 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
         out = os.path.join("artifacts", f"{base}-{target}")
     entry.compile_model(model, out, target=target, draft=draft, dump_ir=dump_ir, log=lambda m: click.echo(m, err=True),
                   arches=list(arches) or None, mtp_dense_attention=mtp_dense_attention, tuning_log=tuning_log,
-                  cuda_graph=cuda_graph, cache_type_k=cache_type_k or DEFAULT, cache_type_v=cache_type_v or DEFAULT)
+                  cuda_graph=cuda_graph, exact_matmul=exact_matmul, cache_type_k=cache_type_k or DEFAULT,
+                  cache_type_v=cache_type_v or DEFAULT)
 
 
 @cli.command()

@@ -63,6 +63,7 @@ class Device:
         if host and host != platform.machine():   # its host code (and for llvm all of it) is for that machine
             raise NextnError(f"{artifact.path}: compiled for a {host} host, this machine is {platform.machine()}; "
                              f"compile it again here")
+        self.copied_weight_bytes = 0     # weight bytes that could not be used in place (see `weight`)
         if kind == "cpu":
             self.dev = tvm.cpu()
             self.vm_devices = [self.dev]
@@ -113,7 +114,7 @@ class Device:
                   disable=total_bytes < PROGRESS_MIN) as bar:
             if self.kind == "cpu":
                 def put(a):
-                    t = self.tensor(a)
+                    t = self.weight(a)
                     bar.update(a.nbytes)
                     return t
             else:
@@ -124,6 +125,21 @@ class Device:
                     self.write(t, a, bar)
                     return t
             yield put
+
+    def weight(self, a: np.ndarray):
+        """A weight buffer for the kernels. On the CPU: `a` itself when it is `ALIGNMENT`-aligned and contiguous
+        (a view of the mapped GGUF: no copy; the tensor keeps the map alive), else an aligned copy. On a GPU: an
+        upload."""
+        if self.kind != "cpu":
+            return self.tensor(a)
+        import tvm_ffi
+
+        from nextn.common.quant.format import ALIGNMENT
+
+        if not a.flags.c_contiguous or not a.flags.writeable or a.ctypes.data % ALIGNMENT:
+            self.copied_weight_bytes += a.nbytes
+            return self.tensor(a)          # TVM's own memory: 64-byte aligned
+        return tvm_ffi.from_dlpack(a)      # no alignment demand (tvm.runtime.from_dlpack would insist on 64)
 
     def empty(self, shape, dtype: str):
         """A zero-filled buffer. Zeros, not garbage: KV cells past the last row are read (and masked) when L is

@@ -5,11 +5,17 @@ contiguous K axis of the weight. Each such reduction is split K = ko × 16 and `
 so the inner loop becomes a vector multiply-add over contiguous weight bytes (Q8_0 blocks are 32 wide, so a
 16-lane vector never straddles a scale), followed by a 16 → 1 sum. Large outputs (lm head, MoE experts)
 are split across threads. Anything a rule does not fit stays in TE's default loop nest.
+
+Every kernel's buffer parameters are declared 32-byte aligned (`align_params`), not TVM's default 64: weights
+are views of the mapped GGUF file, whose tensor data is aligned to `general.alignment` = 32 bytes, and a kernel
+that assumed 64 could fault on an aligned 64-byte vector load instead of reporting anything.
 """
 from __future__ import annotations
 
 import tvm
 from tvm import s_tir, tirx
+
+from nextn.common.quant.format import ALIGNMENT
 
 from .loops import static_extent
 
@@ -95,13 +101,30 @@ def _has_root(sch) -> bool:
         return False
 
 
+def align_params(func: tirx.PrimFunc, align: int = ALIGNMENT) -> tirx.PrimFunc:
+    """`func` with every buffer parameter declared `align`-byte aligned (where it assumed more)."""
+    from tvm.tirx.buffer import is_buffer_var
+    from tvm.tirx.transform.common import BufferReplacer
+
+    bmap = {}
+    for p in func.params:
+        if is_buffer_var(p) and (p.data_alignment <= 0 or p.data_alignment > align):
+            t = p.ty
+            bmap[p] = tirx.decl_buffer(t.shape, t.dtype, p.name, None, t.strides, t.elem_offset, p.scope(), align,
+                                       t.offset_factor)
+    return BufferReplacer(bmap)(func) if bmap else func
+
+
 @tvm.transform.module_pass(opt_level=0, name="nextn.ScheduleCPU")
 class ScheduleCPU:
     def transform_module(self, mod, _ctx):
         out = {}
         for gv, func in mod.functions.items():
-            if isinstance(func, tirx.PrimFunc) and not (func.attrs and func.attrs.get("tirx.is_scheduled")):
-                out[gv] = schedule_func(func.with_attr("global_symbol", gv.name_hint))   # tuned ones stay
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            if not (func.attrs and func.attrs.get("tirx.is_scheduled")):
+                func = schedule_func(func.with_attr("global_symbol", gv.name_hint))   # tuned ones stay
+            out[gv] = align_params(func)
         for gv, f in out.items():
             mod[gv] = f
         return mod

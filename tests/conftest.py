@@ -38,6 +38,11 @@ def dequantized(mf):
     return get
 
 
+def quantized_activations(engine) -> set[str]:
+    """Weights whose matmuls take int8 activation rows in this engine's artifact (the interpreter's argument)."""
+    return {b["tensor"] for b in engine.artifact.manifest["buffer_plan"]["weights"] if b.get("activation") == "q8"}
+
+
 def zero_states(graphs, n_ctx: int) -> dict:
     """Interpreter KV buffers for every state of `graphs` (a Graph or an iterable of them), context `n_ctx`."""
     graphs = [graphs] if hasattr(graphs, "states") else list(graphs)
@@ -107,17 +112,18 @@ def _isolated_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def compiled(tmp_path_factory):
-    """compiled(name, model, draft=None, kv="f32") → artifact dir, compiled once per session; `kv`: the KV cache
-    type of both caches (f32 by default: the fixtures' references are float32 with no KV rounding)."""
+    """compiled(name, model, draft=None, kv="f32", **compile options) → artifact dir, compiled once per session;
+    `kv`: the KV cache type of both caches (f32 by default: the fixtures' references are float32 with no KV
+    rounding)."""
     from nextn.compiler.compile import compile_model
 
     done: dict[str, str] = {}
 
-    def get(name: str, model: Path, draft: Path | None = None, kv: str = "f32") -> str:
+    def get(name: str, model: Path, draft: Path | None = None, kv: str = "f32", **options) -> str:
         if name not in done:
             out = str(tmp_path_factory.mktemp(f"art-{name}"))
             compile_model(str(model), out, draft=str(draft) if draft else None, log=lambda *_: None,
-                          cache_type_k=kv, cache_type_v=kv)
+                          cache_type_k=kv, cache_type_v=kv, **options)
             done[name] = out
         return done[name]
 

@@ -39,14 +39,15 @@ def test_manifest(compiled):
     for lib in m["libraries"]:
         assert sha(f"{art}/{lib['file']}") == lib["sha256"]
     plan = m["buffer_plan"]
-    # Q8_0 stays quantized: qs int8 [N, K] + d float16 [N, K/32] (the GGUF's own shape), no float32 copy
+    # Q8_0 stays quantized: one buffer of its GGUF blocks (34 bytes per 32 weights, the GGUF's own shape), no
+    # float32 copy
     t = next(t for t in r.tensors if t.name == "blk.1.attn_q.weight")
     assert t.tensor_type.name == "Q8_0"
     K, N = (int(x) for x in t.shape)   # ggml ne: {in, out}
     assert (N, K) == (hf["num_attention_heads"] * hf["head_dim"], hf["hidden_size"])
     q = [b for b in plan["weights"] if b["tensor"] == "blk.1.attn_q.weight"]
-    assert [(b["dtype"], b["shape"]) for b in q] == [("int8", [N, K]), ("float16", [N, K // 32])]
-    # weight buffers vs the GGUF's tensor data: Q8_0 is 34 bytes per 32 weights either way
+    assert [(b["dtype"], b["shape"], b["kind"]) for b in q] == [("uint8", [N, K // 32 * 34], "q8_0")]
+    # weight buffers vs the GGUF's tensor data: the same bytes
     data = sum(int(t.n_bytes) for t in r.tensors)
     assert abs(plan["weight_bytes"] - data) / data < 0.05
 

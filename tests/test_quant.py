@@ -1,9 +1,10 @@
-"""Block-quantized weights dequantized inside the compiled kernels, per format (layout and packing:
-nextn.common.quant; element expressions: nextn.compiler.quant).
+"""Weights dequantized inside the compiled kernels, per format (layout: nextn.common.quant, the GGUF's own bytes;
+element expressions: nextn.compiler.quant).
 
 For every format: random blocks (random quant bytes, float16 scale fields set to ordinary, extreme,
-subnormal and zero values, whole zero blocks, and gguf-py-quantized real data where gguf-py can quantize) are
-packed as the loader packs them and read by the scheduled CPU kernels built from te_ops:
+subnormal and zero values, whole zero blocks, and gguf-py-quantized real data where gguf-py can quantize; for
+F16 / BF16 random values incl. extremes) are packed as the loader packs them (a view of the bytes) and read by
+the scheduled CPU kernels built from te_ops:
 - get_rows and mul_mat against the identity (every weight passes through the vectorized GEMM kernel) must equal
   `gguf.quants.dequantize` bit for bit;
 - mul_mat (T = 1, 3, 4 rows; N = 67, not a multiple of the 64-wide tile) and mul_mat_id (both activation forms)
@@ -25,14 +26,13 @@ from nextn.compiler.target import make_target
 from nextn.schedules import schedule_pass
 
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
-         "IQ2_XXS", "IQ1_S"]
+         "IQ2_XXS", "IQ1_S", "F16", "BF16"]
 # Byte offsets of the float16 scale fields in one block (ggml/src/ggml-common.h); the rest of a block is random.
 F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
-              "IQ2_XXS": [0], "IQ1_S": [0]}
-# Bytes a format adds to the GGUF's: per-tensor lookup tables, or per 256 weights (Q4_K/Q5_K unpack their scales).
+              "IQ2_XXS": [0], "IQ1_S": [0], "F16": [], "BF16": []}
+# Bytes a format adds to the GGUF's: per-tensor lookup tables (nothing is repacked).
 TABLE_BYTES = {"IQ2_XXS": 2048 + 128, "IQ1_S": 16384}
-PER_256 = {"Q3_K": 4, "Q4_K": 4, "Q5_K": 4}
 EXTREME = np.array([65504.0, -65504.0, 2.0 ** -24, -(2.0 ** -24), 2.0 ** -14, 0.0, -0.0, 1.0], np.float16)
 N, K, X = 67, 512, 4
 I64 = "int64"
@@ -43,6 +43,12 @@ def random_raw(ttype: str, shape, seed: int) -> np.ndarray:
     qt = gguf.GGMLQuantizationType[ttype]
     block, tsize = gguf.GGML_QUANT_SIZES[qt]
     rng = np.random.default_rng(seed)
+    if ttype in ("F16", "BF16"):   # finite values over the whole range, exact zeros and extremes
+        v = (rng.standard_normal(shape) * 2.0 ** rng.integers(-20, 12, shape)).astype(np.float32)
+        v.reshape(-1)[:len(EXTREME)] = EXTREME
+        if ttype == "F16":
+            return v.astype(np.float16).view(np.uint8).reshape(*shape[:-1], shape[-1] * 2)
+        return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(*shape[:-1], shape[-1] * 2)
     n_blocks = int(np.prod(shape)) // block
     b = rng.integers(0, 256, (n_blocks, tsize), dtype=np.uint8)
     for off in F16_FIELDS[ttype]:
@@ -116,9 +122,9 @@ def case(request):
 
 
 def test_registry_and_buffer_bytes():
-    """Every format is registered and its buffers hold the GGUF's bytes: exactly, plus a codebook for IQ2_XXS / IQ1_S,
-    plus 4 bytes per 256 weights for Q3_K / Q4_K / Q5_K (their 6-bit scales unpacked to bytes). Each format has
-    both halves: the run-time layout (common.quant) and the compile-time element (compiler.quant)."""
+    """Every format is registered and its main buffer is a view of the GGUF's bytes (no copy, nothing repacked),
+    plus a codebook for IQ2_XXS / IQ1_S. Each format has both halves: the run-time layout (common.quant) and the
+    compile-time element (compiler.quant)."""
     from nextn.compiler.quant import ELEMENTS
 
     assert set(ELEMENTS) == set(FORMATS) == {by_ggml_type(t).kind for t in TYPES}
@@ -132,8 +138,17 @@ def test_registry_and_buffer_bytes():
             arrays = fmt.pack(raw, shape)
             specs = fmt.buffers(shape)
             assert [(a.dtype.name, a.shape) for a in arrays] == [(dt, tuple(s)) for _, dt, s in specs]
-            extra = TABLE_BYTES.get(ttype, 0) + PER_256.get(ttype, 0) * int(np.prod(shape)) // 256
-            assert sum(a.nbytes for a in arrays) == raw.nbytes + extra
+            assert np.shares_memory(arrays[0], raw) and arrays[0].nbytes == raw.nbytes
+            assert sum(a.nbytes for a in arrays) == raw.nbytes + TABLE_BYTES.get(ttype, 0)
+
+
+def misaligned(a: np.ndarray) -> np.ndarray:
+    """A copy of `a` at an address 32 mod 64: GGUF aligns tensor data to 32 bytes, the kernels must accept it."""
+    buf = np.empty(a.nbytes + 128, np.uint8)
+    off = (-buf.ctypes.data) % 64 + 32
+    out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
 
 
 def test_dequantize_bit_exact(case):
@@ -141,6 +156,9 @@ def test_dequantize_bit_exact(case):
     ids = np.r_[np.arange(N), [N - 1, 0]].astype(np.int32)     # every row, incl. the last (partial tile) one
     got = run(lib, "get_rows", (len(ids), K), ids, *packed)
     assert np.array_equal(got.view(np.uint32), w[ids].view(np.uint32)), ttype
+    out = tvm.runtime.empty((len(ids), K), "float32")          # the weight as a 32- (not 64-) aligned view
+    lib["get_rows"](_t(ids), *[misaligned(a) for a in packed], out)
+    assert np.array_equal(out.numpy().view(np.uint32), w[ids].view(np.uint32)), ttype
     # the same weights through the vectorized, rfactored GEMM kernel: x = I gives y[t, n] = w[n, t] exactly
     y = run(lib, "mul_mat", (K, N), np.eye(K, dtype=np.float32), *packed)
     assert np.array_equal(y, w.T), ttype

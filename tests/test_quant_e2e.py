@@ -1,8 +1,14 @@
 """End to end on the mixed-type Q4_K_M fixture (Q4_K, Q5_K, Q6_K, Q8_0 and F32 tensors in one GGUF).
 
-The compiled model reads the packed blocks; the numpy IR interpreter gets the same tensors dequantized by
-gguf-py, so the two agree within float32 rounding. Against the BF16 reference the quantized model agrees
-loosely (fixture README). Greedy speculation is lossless on it, and the weights stay quantized in memory.
+The compiled model reads the GGUF blocks; the numpy IR interpreter gets the same tensors dequantized by gguf-py.
+Built with `--exact-matmul` (float activations everywhere) the two agree within float32 rounding. The default
+build quantizes the activation rows of its K-quant matmuls to int8 (as ggml-cpu does; the kernels themselves are
+checked exactly in test_x86_kernels.py): the interpreter then does the same, but quantization is a step
+function, so a float32 rounding difference upstream can move one quantized value by one step, and the rows that
+depend on it differ by ~1e-2 (measured: up to 2.3e-2 relative on the code prompts, most rows within 1e-5 until
+the first such step); that comparison asserts argmax agreement and a bound a wrong kernel would break.
+Against the BF16 reference the quantized model agrees loosely (fixture README). Greedy speculation is lossless
+on it, and the weights stay quantized in memory.
 """
 import collections
 
@@ -10,7 +16,8 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, G4, check_mtp_vs_ir, check_trunk_vs_ir, dequantized, reference, reference_logits
+from conftest import (FIXTURES, G4, check_mtp_vs_ir, check_trunk_vs_ir, dequantized, quantized_activations, reference,
+                      reference_logits, zero_states)
 
 import nextn.runtime as rt
 from nextn.compiler.graphs import build_graphs
@@ -37,9 +44,17 @@ def arch_model(request, compiled):
 
 
 @pytest.fixture(scope="module")
-def setup(q4km_model):
+def graphs_and_weights():
     mf = ModelFiles(Q4KM, load_mtp=True)
-    return q4km_model.engine, build_graphs(mf, with_mtp=True), dequantized(mf)
+    return build_graphs(mf, with_mtp=True), dequantized(mf)
+
+
+@pytest.fixture(scope="module")
+def setup(compiled, graphs_and_weights):
+    """The --exact-matmul build (float activations), the graphs and the dequantized weights."""
+    exact = rt.load(compiled("q4km-exact", Q4KM, exact_matmul=True), ctx_size=4096)
+    assert not quantized_activations(exact.engine)
+    return (exact.engine, *graphs_and_weights)
 
 
 def test_fixture_mixes_types(q4km_model):
@@ -67,6 +82,23 @@ def test_trunk_against_interpreter(setup):
 def test_mtp_against_interpreter(setup):
     eng, graphs, w = setup
     check_mtp_vs_ir(eng, graphs, w, np.asarray(PROMPTS["code-short"], np.int32))
+
+
+def test_default_build_follows_the_quantized_activation_semantics(q4km_model, graphs_and_weights):
+    """The default build against the interpreter with the same int8 activation rows (see the module docstring)."""
+    from nextn.compiler.ir import interpret
+
+    graphs, w = graphs_and_weights
+    q8 = quantized_activations(q4km_model.engine)
+    assert q8 and all(n.startswith(("blk.", "output")) for n in q8)
+    for kind in ("code-short", "docs-heading"):
+        ids = np.asarray(PROMPTS[kind], np.int32)
+        want = interpret.run(graphs["verify"], {"tokens": ids, "pos": np.arange(len(ids), dtype=np.int32)}, w,
+                             zero_states(graphs["verify"], 4096), n_kv=len(ids), quantized_activations=q8)["logits"]
+        got = q4km_model.logits(ids)
+        rows = np.abs(got - want).max(1) / np.abs(want).max(1)
+        assert rows.max() < 5e-2 and np.median(rows) < 1e-2, (kind, rows.max(), np.median(rows))
+        assert (got.argmax(1) == want.argmax(1)).mean() >= 0.97, kind
 
 
 def test_close_to_bf16_reference(arch_model):

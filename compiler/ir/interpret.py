@@ -102,13 +102,31 @@ def _top_k(x, k):
     return order[..., :k].astype(np.int32)
 
 
-def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = None, keep_kv: bool = False) -> dict:
+def _quantized_matmul(op, w, x, ids=None):
+    """mul_mat / mul_mat_id on int8-quantized activation rows (see `run`), in float64, then float32."""
+    from nextn.common.quant import activation
+
+    xq = activation.round_trip(x)
+    w = w.astype(np.float64)
+    if op == "mul_mat":
+        return (xq @ w.T).astype(np.float32)
+    T, k = ids.shape
+    xs = xq if xq.ndim == 3 else np.broadcast_to(xq[:, None, :], (T, k, xq.shape[-1]))
+    return np.einsum("tjk,tjnk->tjn", xs, w[ids]).astype(np.float32)
+
+
+def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = None, keep_kv: bool = False,
+        quantized_activations=frozenset()) -> dict:
     """Execute `graph`. `weights` maps GGUF name → float32 array (or a callable name → array);
     `states` maps state name → numpy array (mutated in place). Returns {output name: array}.
     `keep_kv`: the KV caches already hold this call's rows (written by another run, e.g. a compiled one) and
     `set_rows` leaves them: rounding a row to f16 / q8_0 is discontinuous, so two implementations whose rows differ
-    in the last bit may store values one rounding step apart; with the same cache contents they must agree."""
+    in the last bit may store values one rounding step apart; with the same cache contents they must agree.
+    `quantized_activations`: names of weights whose `mul_mat` / `mul_mat_id` multiply int8-quantized activation
+    rows (an artifact's buffer plan marks them "activation": "q8"): x is replaced by what its quantized rows
+    stand for (nextn.common.quant.activation) and the product is taken in float64."""
     get_w = weights if callable(weights) else weights.__getitem__
+    q8 = set(quantized_activations)
     env: dict[int, np.ndarray] = {}
     for n in graph.live_nodes():
         a = [env[i.id] for i in n.inputs]
@@ -133,6 +151,8 @@ def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = No
             r = a[0] / a[1]
         elif op == "scale":
             r = a[0] * np.float32(n.attrs["s"])
+        elif op in ("mul_mat", "mul_mat_id") and n.inputs[0].op == "weight" and n.inputs[0].name in q8:
+            r = _quantized_matmul(op, *a)
         elif op == "mul_mat":
             r = a[1] @ a[0].T if a[0].ndim == 2 else np.einsum("...bk,bnk->...bn", a[1], a[0])
         elif op == "mul_mat_id":

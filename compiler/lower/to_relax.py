@@ -35,9 +35,10 @@ def weight_params(graph: Graph, weight_kinds: dict[str, str]) -> list[tuple[str,
 
 
 def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str], kernels: "attention.Kernels",
-             static: dict[str, int] | None = None, split_l: bool = False) -> None:
+             static: dict[str, int] | None = None, split_l: bool = False, x86=None) -> None:
     """Emit `graph` as a Relax function; `static` fixes symbols (e.g. {"T": 1} for the one-row decode step);
-    `split_l`: attention split over L (flash-decoding) rather than fused."""
+    `split_l`: attention split over L (flash-decoding) rather than fused; `x86`: an x86.emit.X86Lowering taking the
+    matmuls it handles (CPU targets with AVX2)."""
     sym = {d: tirx.Var(d, "int64") for d in ("T", "R", "L", "C")}
     for d, v in (static or {}).items():
         sym[d] = tirx.IntImm("int64", v)
@@ -66,10 +67,20 @@ def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str],
             vs.append(v)
         env[n.id] = (kind, vs, tuple(n.shape))
 
+    if x86 is not None:
+        x86.plan(graph, weight_kinds)
+
+    def x86_takes(n):
+        w = n.inputs[0] if n.inputs else None
+        return x86 is not None and w is not None and w.op == "weight" and x86.handles(n, weight_kinds[w.name])
+
     with bb.function(graph.name, params):
         with bb.dataflow():
             for n in graph.live_nodes():
                 if n.op in ("input", "state", "weight"):
+                    continue
+                if x86_takes(n):
+                    env[n.id] = x86.emit(bb, n, env, sym)
                     continue
                 args = [env[i.id] for i in n.inputs]
                 env[n.id] = _emit(bb, n, args, sym, kernels, split_l)
@@ -149,13 +160,13 @@ def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool = False)
 
 
 def build_module(graphs: list[Graph], weight_kinds: dict[str, str], static: dict[str, dict] | None = None,
-                 form: str = "cpu", split_l=()):
+                 form: str = "cpu", split_l=(), x86=None):
     """An IRModule with one Relax function per graph (entry point); `static[graph.name]` fixes symbols.
     `form` (attention.FORMS): "cpu", "gpu" (GPU targets: also SPLIT_OPS as separate kernels), or "gpu-emulated"
     (the GPU form built for llvm, to test its arithmetic). `split_l`: names of the entry points whose attention
-    is split over L (graphs.SPLIT_L)."""
+    is split over L (graphs.SPLIT_L). `x86`: see `to_relax`."""
     bb = relax.BlockBuilder()
     kernels = attention.Kernels(bb, form)
     for g in graphs:
-        to_relax(bb, g, weight_kinds, kernels, (static or {}).get(g.name), g.name in split_l)
+        to_relax(bb, g, weight_kinds, kernels, (static or {}).get(g.name), g.name in split_l, x86)
     return bb.get()

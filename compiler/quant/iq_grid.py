@@ -1,40 +1,43 @@
-"""IQ2_XXS and IQ1_S elements (layout and codebooks: nextn.common.quant.iq_grid).
+"""IQ2_XXS and IQ1_S: super-blocks of 256 weights whose groups of 8 are indices into a fixed codebook (grid)
+(ggml-common.h block_iq2_xxs / block_iq1_s, iq2xxs_grid / iq1s_grid / ksigns_iq2xs; gguf-py gguf/quants.py).
+The codebooks are gguf-py's, passed as the tables of nextn.common.quant.formats.
 
-    IQ2_XXS  w = ((d * (0.5 + s)) * 0.25) * grid2[aux0 byte l][j] * (-1 if bit j of ksigns[sign index l])
-    IQ1_S    w = (d * (2s + 1)) * (grid1[idx][j] + (±0.125))
+    IQ2_XXS (66 B)  d f16 | 8 sub-blocks of 32 × (aux0 u32: 4 grid indices, one byte per group of 8;
+                    aux1 u32: 4 × 7-bit sign-pattern indices, bits 28..31 scale s)
+                    w = ((d * (0.5 + s)) * 0.25) * grid2[aux0 byte l][j] * (-1 if bit j of ksigns[sign index l])
+    IQ1_S (50 B)    d f16 | qs[32] (low 8 index bits per group of 8) | qh u16[8] (per 32: 4 × 3 high index bits,
+                    bits 12..14 scale s, bit 15 sign of delta)
+                    w = (d * (2s + 1)) * (grid1[idx][j] + (±0.125))
+
+Codebook and sign reads are gathers, so these kernels are slower per weight than the Q/K formats.
 """
 from __future__ import annotations
 
 from tvm import tirx
 
-from nextn.common.quant.iq_grid import QK
-
-from .te import bits, element, f32
+from .te import F32, Block, bits, const, element, f32
 
 
 @element("iq2_xxs")
-def _iq2_element(t, idx):
-    qs, d, grid, signs = t
-    *lead, k = idx
-    s, e = k // QK, k % QK
-    ib, l, j = e // 32, e % 32 // 8, e % 8
-    aux0, aux1 = qs[(*lead, s * 16 + ib * 2)], qs[(*lead, s * 16 + ib * 2 + 1)]
-    g = grid[bits(aux0, l * 8, 0xFF).astype("int32") * 8 + j]
-    neg = bits(signs[bits(aux1, l * 7, 0x7F).astype("int32")], j, 1)
-    db = f32(d[(*lead, s)]) * (tirx.const(0.5, "float32") + f32(aux1 >> tirx.const(28, "uint32"))) * tirx.const(0.25, "float32")
-    sign = tirx.Select(neg == tirx.const(0, "uint8"), tirx.const(1.0, "float32"), tirx.const(-1.0, "float32"))
+def _iq2(t, idx):
+    raw, grid, signs = t
+    b = Block(raw, idx, 256, 66)
+    ib, l, j = b.e // 32, b.e % 32 // 8, b.e % 8
+    aux0, aux1 = b.u32(2 + ib * 8), b.u32(6 + ib * 8)
+    g = grid(bits(aux0, l * 8, 0xFF).astype("int32") * 8 + j)
+    neg = bits(signs(bits(aux1, l * 7, 0x7F).astype("int32")), j, 1)
+    db = b.f16(0) * (const(0.5, F32) + f32(aux1 >> const(28, "uint32"))) * const(0.25, F32)
+    sign = tirx.Select(neg == const(0, "uint8"), const(1.0, F32), const(-1.0, F32))
     return db * f32(g) * sign
 
 
 @element("iq1_s")
-def _iq1_element(t, idx):
-    qs, qh, d, grid = t
-    *lead, k = idx
-    s, e = k // QK, k % QK
-    ib, l, j = e // 32, e % 32 // 8, e % 8
-    h = qh[(*lead, s * 8 + ib)]
-    gi = qs[(*lead, s * 32 + ib * 4 + l)].astype("int32") | (bits(h, l * 3, 7).astype("int32") << 8)
-    dl = f32(d[(*lead, s)]) * f32(bits(h, 12, 7).astype("int32") * 2 + 1)
-    delta = tirx.Select(bits(h, 15, 1) == tirx.const(0, "uint16"), tirx.const(0.125, "float32"),
-                        tirx.const(-0.125, "float32"))
-    return dl * (f32(grid[gi * 8 + j]) + delta)
+def _iq1(t, idx):
+    raw, grid = t
+    b = Block(raw, idx, 256, 50)
+    ib, l, j = b.e // 32, b.e % 32 // 8, b.e % 8
+    h = b.u16(34 + ib * 2)
+    gi = b.u8(2 + ib * 4 + l).astype("int32") | (bits(h, l * 3, 7).astype("int32") << const(8, "int32"))
+    dl = b.f16(0) * f32(bits(h, 12, 7).astype("int32") * const(2, "int32") + const(1, "int32"))
+    delta = tirx.Select(bits(h, 15, 1) == const(0, "uint16"), const(0.125, F32), const(-0.125, F32))
+    return dl * (f32(grid(gi * 8 + j)) + delta)

@@ -1,76 +1,78 @@
-"""K-quants Q2_K … Q6_K elements (layout, block bytes and index formulas: nextn.common.quant.k_quants).
+"""K-quants Q2_K … Q6_K: super-blocks of 256 weights (block_q2_K …); e = k % 256, sub-blocks of 16 or 32.
 
-Under the CPU schedule's 16-lane split of K, the 16 lanes of a step share every scale and shift and read 16
-consecutive bytes of the quant planes, so the scale work is scalar, once per 16 weights.
+    Q2_K (84 B)   scales[16] (lo nibble sc, hi m) | qs[64] | d f16 | dmin f16
+                  q = 2 bits (e%128)/32 of qs[32(e/128) + e%32];  w = (d*sc) q - dmin*m        (sub-block e/16)
+    Q3_K (110 B)  hmask[32] | qs[64] | 12 B of 16 x 6-bit sc | d f16
+                  q = (2 bits as Q2_K) - 4 (1 - bit e/32 of hmask[e%32]);  w = (d*(sc-32)) q      (sub-block e/16;
+                  sc: nibble i/8 of byte i%8 | 2 bits 2(i/4) of byte 8 + i%4, i = e/16)
+    Q4_K (144 B)  d f16 | dmin f16 | 12 B of 8 x (6-bit sc, 6-bit m) | qs[128]
+                  q = nibble (e%64)/32 of qs[32(e/64) + e%32];  w = d*sc*q - dmin*m  (sub-block j = e/32; sc, m as
+                  ggml get_scale_min_k4: j < 4: q[j] & 63, q[j+4] & 63; else nibbles of q[j+4] | 2 high bits of q[j-4], q[j])
+    Q5_K (176 B)  d | dmin | 12 B scales | qh[32] | qs[128];  q |= (bit e/32 of qh[e%32]) << 4
+    Q6_K (210 B)  ql[128] | qh[64] | scales int8[16] | d f16
+                  q = (nibble (e%128)/64 of ql[64(e/128) + e%64] | 2 bits (e%128)/32 of qh[32(e/128) + e%32] << 4) - 32
+                  w = (d*sc) q                                                                  (sub-block e/16)
 """
 from __future__ import annotations
 
-from nextn.common.quant.k_quants import QK
+from tvm import tirx
 
-from .te import bits, element, f32
-
-
-def _q2_bits(qs, lead, s, e):
-    return bits(qs[(*lead, s * 64 + e // 128 * 32 + e % 32)], e % 128 // 32 * 2, 3).astype("int32")
+from .te import Block, bits, const, element, f32
 
 
-def _hbit(h, lead, s, e):
-    return bits(h[(*lead, s * 32 + e % 32)], e // 32, 1).astype("int32")
-
-
-def _q4_nibble(qs, lead, s, e):
-    return bits(qs[(*lead, s * 128 + e // 64 * 32 + e % 32)], e % 64 // 32 * 4, 0x0F).astype("int32")
+def _two_bits(b, off, e):
+    return bits(b.u8(off + e // 128 * 32 + e % 32), e % 128 // 32 * 2, 3).astype("int32")
 
 
 @element("q2_k")
-def _q2k_element(t, idx):
-    qs, scales, d, dmin = t
-    *lead, k = idx
-    s, e = k // QK, k % QK
-    sc = scales[(*lead, k // 16)]
-    dl = f32(d[(*lead, s)]) * f32(bits(sc, 0, 0x0F))
-    ml = f32(dmin[(*lead, s)]) * f32(bits(sc, 4, 0x0F))
-    return dl * f32(_q2_bits(qs, lead, s, e)) - ml
+def _q2k(t, idx):
+    b = Block(t[0], idx, 256, 84)
+    sc = b.u8(b.e // 16)
+    return (b.f16(80) * f32(bits(sc, 0, 0x0F))) * f32(_two_bits(b, 16, b.e)) - b.f16(82) * f32(bits(sc, 4, 0x0F))
 
 
 @element("q3_k")
-def _q3k_element(t, idx):
-    qs, hmask, d, scales = t
-    *lead, k = idx
-    s, e = k // QK, k % QK
-    q = _q2_bits(qs, lead, s, e) - ((_hbit(hmask, lead, s, e) ^ 1) << 2)
-    dl = f32(d[(*lead, s)]) * f32(scales[(*lead, k // 16)])
-    return dl * f32(q)
+def _q3k(t, idx):
+    b = Block(t[0], idx, 256, 110)
+    e, i = b.e, b.e // 16
+    hb = bits(b.u8(e % 32), e // 32, 1).astype("int32")
+    q = _two_bits(b, 32, e) - ((hb ^ const(1, "int32")) << const(2, "int32"))
+    lo = bits(b.u8(96 + i % 8), i // 8 * 4, 0x0F).astype("int32")
+    hi = bits(b.u8(104 + i % 4), i // 4 * 2, 0x03).astype("int32")
+    return (b.f16(108) * f32((lo | (hi << const(4, "int32"))) - const(32, "int32"))) * f32(q)
 
 
-def _q45k_element(with_high):
+def _scale_min(b, j):
+    """6-bit (scale, min) of sub-block j from the 12 bytes at offset 4 (ggml get_scale_min_k4)."""
+    a, m, c = b.u8(4 + j % 4), b.u8(8 + j % 4), b.u8(12 + j % 4)   # q[j%4], q[4 + j%4], q[8 + j%4]
+    u = lambda v: const(v, "uint8")   # noqa: E731
+    sc = tirx.Select(j < 4, a & u(63), (c & u(15)) | ((a >> u(6)) << u(4)))
+    mn = tirx.Select(j < 4, m & u(63), (c >> u(4)) | ((m >> u(6)) << u(4)))
+    return f32(sc), f32(mn)
+
+
+def _q45k(kind, type_size, at_qs, at_qh):
+    @element(kind)
     def expr(t, idx):
-        *lead, k = idx
-        if with_high:
-            qs, qh, d, dmin, scs, mns = t
-        else:
-            qs, d, dmin, scs, mns = t
-        s, e = k // QK, k % QK
-        q = _q4_nibble(qs, lead, s, e)
-        if with_high:
-            q = q | (_hbit(qh, lead, s, e) << 4)
-        sc, mn = f32(scs[(*lead, k // 32)]), f32(mns[(*lead, k // 32)])
-        return f32(d[(*lead, s)]) * sc * f32(q) - f32(dmin[(*lead, s)]) * mn
+        b = Block(t[0], idx, 256, type_size)
+        e = b.e
+        q = bits(b.u8(at_qs + e // 64 * 32 + e % 32), e % 64 // 32 * 4, 0x0F).astype("int32")
+        if at_qh is not None:
+            q = q | (bits(b.u8(at_qh + e % 32), e // 32, 1).astype("int32") << const(4, "int32"))
+        sc, mn = _scale_min(b, e // 32)
+        return b.f16(0) * sc * f32(q) - b.f16(2) * mn
 
     return expr
 
 
-element("q4_k")(_q45k_element(False))
-element("q5_k")(_q45k_element(True))
+_q45k("q4_k", 144, 16, None)
+_q45k("q5_k", 176, 48, 16)
 
 
 @element("q6_k")
-def _q6k_element(t, idx):
-    ql, qh, scales, d = t
-    *lead, k = idx
-    s, e = k // QK, k % QK
-    h, r = e // 128, e % 128
-    lo = bits(ql[(*lead, s * 128 + h * 64 + r % 64)], r // 64 * 4, 0x0F).astype("int32")
-    hi = bits(qh[(*lead, s * 64 + h * 32 + r % 32)], r // 32 * 2, 0x3).astype("int32")
-    dl = f32(d[(*lead, s)]) * f32(scales[(*lead, k // 16)])
-    return dl * f32((lo | (hi << 4)) - 32)
+def _q6k(t, idx):
+    b = Block(t[0], idx, 256, 210)
+    h, r = b.e // 128, b.e % 128
+    lo = bits(b.u8(h * 64 + r % 64), r // 64 * 4, 0x0F).astype("int32")
+    hi = bits(b.u8(128 + h * 32 + r % 32), r // 32 * 2, 0x3).astype("int32")
+    return (b.f16(208) * f32(b.i8(192 + b.e // 16))) * f32((lo | (hi << const(4, "int32"))) - const(32, "int32"))

@@ -1,11 +1,10 @@
-"""Q8_0 element: w = float32(d) * q (layout: nextn.common.quant.q8_0)."""
+"""Q8_0 (34 B per 32 weights): d f16 | qs int8[32]; w = float32(d) * q (block_q8_0)."""
 from __future__ import annotations
 
-from .te import element
+from .te import Block, element, f32
 
 
 @element("q8_0")
 def _element(t, idx):
-    qs, d = t
-    *lead, k = idx
-    return d[(*lead, k // 32)].astype("float32") * qs[idx].astype("float32")
+    b = Block(t[0], idx, 32, 34)
+    return b.f16(0) * f32(b.i8(2 + b.e))

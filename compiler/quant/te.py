@@ -1,10 +1,11 @@
 """TE building blocks of the element expressions, and the registry `ELEMENTS` (format kind → expression).
 
-The element expressions reproduce gguf-py's float32 arithmetic operation by operation, in its order. LLVM
-contracts `a*b + c` into a fused multiply-add (one rounding instead of two); that cannot change a result here,
-because every product that feeds an add (float16 scale × ≤ 6-bit sub-block scale × ≤ 5-bit quant) has at most
-11 + 6 + 5 = 22 significant bits and is exact in float32. Formats whose products can round (Q6_K: 11 + 8 + 6
-bits) have no add.
+An element expression reads the weight's GGUF bytes (`Block`: typed little-endian reads at byte offsets inside
+the block that holds logical element k of a row) and reproduces gguf-py's float32 arithmetic operation by
+operation, in its order. LLVM contracts `a*b + c` into a fused multiply-add (one rounding instead of two); that
+cannot change a result here, because every product that feeds an add (float16 scale × ≤ 6-bit sub-block scale
+× ≤ 5-bit quant) has at most 11 + 6 + 5 = 22 significant bits and is exact in float32. Formats whose products can
+round (Q6_K: 11 + 8 + 6 bits) have no add.
 """
 from __future__ import annotations
 
@@ -27,11 +28,44 @@ def element(kind: str):
     return put
 
 
-def bits(byte, shift, mask: int):
-    """(byte >> shift) & mask for an unsigned byte/word load; `shift` is an index expression."""
-    dt = byte.dtype
-    return (byte >> tirx.Cast(dt, shift)) & tirx.const(mask, dt)
+def const(v, dtype: str):
+    return tirx.const(v, dtype)
+
+
+def bits(word, shift, mask: int):
+    """(word >> shift) & mask for an unsigned load; `shift` is an index expression."""
+    dt = str(word.ty)
+    return (word >> tirx.Cast(dt, shift)) & tirx.const(mask, dt)
 
 
 def f32(e):
     return e.astype(F32)
+
+
+class Block:
+    """Reads inside the GGUF block that holds logical element k of row (*lead, n). `raw` is the weight's bytes
+    (uint8 [..., N, K / block * type_size]), offsets are bytes from the block's start, values little-endian;
+    `e` = k % block is the element's position in its block."""
+
+    def __init__(self, raw, idx, block: int, type_size: int):
+        *pre, k = idx
+        self.raw, self.pre, self.base, self.e = raw, tuple(pre), k // block * type_size, k % block
+
+    def u8(self, off):
+        return self.raw(*self.pre, self.base + off)
+
+    def i8(self, off):
+        return tirx.reinterpret("int8", self.u8(off))
+
+    def u16(self, off):
+        return self.u8(off).astype("uint16") | (self.u8(off + 1).astype("uint16") << const(8, "uint16"))
+
+    def u32(self, off):
+        v = self.u8(off).astype("uint32")
+        for i in (1, 2, 3):
+            v = v | (self.u8(off + i).astype("uint32") << const(8 * i, "uint32"))
+        return v
+
+    def f16(self, off):
+        """The float16 at `off`, widened to float32."""
+        return f32(tirx.reinterpret("float16", self.u16(off)))

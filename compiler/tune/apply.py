@@ -70,3 +70,16 @@ def schedule_with_log(tuning_log: str | None, target, default, log=print):
     info = {"path": os.path.abspath(path), "sha256": sha256_file(path), "target_key": key,
             "records_for_target": len(records), "records_other_targets": others}
     return p, info
+
+
+def x86_knobs(tuning_log: str | None, target):
+    """spec -> x86.Knobs from the log's knob records for `target` (None without a record: the default knobs)."""
+    if not tuning_log:
+        return lambda spec: None
+    from nextn.compiler.lower import x86
+
+    from . import log as tlog
+    from .workloads import target_key
+
+    records = tlog.knob_records(tlog.read(tuning_log), target_key(target))
+    return lambda spec: x86.Knobs(**records[spec.key]) if spec.key in records else None

@@ -1,13 +1,19 @@
 """The tuning log: a pure-data JSON file that users share.
 
-    {"format": "nextn-tuning-log", "schema": 1, "nextn_version": str, "tvm_version": str,
+    {"format": "nextn-tuning-log", "schema": 2, "nextn_version": str, "tvm_version": str,
      "records": [{"workload_hash": str (hex), "name": str, "workload": str (base64 of TVM's IR JSON),
                   "target": {"key": str, "kind": str, "mcpu"|"arch": str, "device_name": str, "json": str},
-                  "trace": [...] (meta_schedule trace JSON), "args_info": [...], "run_secs": [float, ...]}]}
+                  "trace": [...] (meta_schedule trace JSON), "args_info": [...], "run_secs": [float, ...]}],
+     "x86_knobs": [{"key": str (compiler/lower/x86 KernelSpec.key), "target": {...as above},
+                    "knobs": {"width": int, "tile_n": int, "row_group": int, "unroll": int},
+                    "run_secs": [float, ...], "default_secs": [float, ...]}]}
 
-A log is data, never code: reading it parses JSON only, checks every field's type against this schema,
-rejects unknown fields, checks that every trace instruction is a registered schedule primitive, and never
-unpickles or evaluates anything. Merge keeps the fastest record per (workload, target key).
+`records` are meta_schedule traces of TE kernels; `x86_knobs` the knob settings of the hand-written x86
+kernels (compiler/tune/knobs.py), each with its time and the default's, measured side by side. Schema 1 logs
+(no `x86_knobs`) still read. A log is data, never code: reading it parses JSON only, checks every field's type
+against this schema, rejects unknown fields, checks that every trace instruction is a registered schedule
+primitive, and never unpickles or evaluates anything. Merge keeps the fastest record per (workload or kernel
+key, target key).
 """
 from __future__ import annotations
 
@@ -18,10 +24,13 @@ import os
 from nextn.common.errors import NextnError
 
 FORMAT = "nextn-tuning-log"
-SCHEMA = 1
+SCHEMA = 2
+READS = (1, 2)
 LOG_FILE = "log.json"
 MAX_BYTES = 256 << 20
-_TOP = {"format", "schema", "nextn_version", "tvm_version", "records"}
+_TOP = {"format", "schema", "nextn_version", "tvm_version", "records", "x86_knobs"}
+_KNOB_REC = {"key", "target", "knobs", "run_secs", "default_secs"}
+_KNOBS = {"width", "tile_n", "row_group", "unroll"}
 _REC = {"workload_hash", "name", "workload", "target", "trace", "args_info", "run_secs"}
 _TGT = {"key", "kind", "mcpu", "arch", "device_name", "json"}
 
@@ -30,7 +39,7 @@ def empty_log() -> dict:
     from nextn.common.versions import nextn_version, package_version
 
     return {"format": FORMAT, "schema": SCHEMA, "nextn_version": nextn_version(), "tvm_version": package_version("apache-tvm"),
-            "records": []}
+            "records": [], "x86_knobs": []}
 
 
 def _plain(x, where: str):
@@ -67,13 +76,15 @@ def validate(log, where: str, check_kinds: bool = True) -> dict:
         raise NextnError(f"{where}: not a nextn tuning log (top level is not an object)")
     if log.get("format") != FORMAT:
         raise NextnError(f"{where}: not a nextn tuning log (format {log.get('format')!r}, expected {FORMAT!r})")
-    if log.get("schema") != SCHEMA:
-        raise NextnError(f"{where}: tuning log schema {log.get('schema')!r}, this nextn reads schema {SCHEMA}")
+    if log.get("schema") not in READS:
+        raise NextnError(f"{where}: tuning log schema {log.get('schema')!r}, this nextn reads schemas "
+                         f"{', '.join(map(str, READS))}")
     extra = set(log) - _TOP
     if extra:
         raise NextnError(f"{where}: unknown field(s) {sorted(extra)}; a tuning log holds data fields only")
     if not isinstance(log.get("records"), list):
         raise NextnError(f"{where}: 'records' must be a list")
+    _validate_knobs(log.get("x86_knobs", []), where)
     known = None
     if check_kinds:
         from tvm.s_tir.schedule import InstructionKind
@@ -109,6 +120,30 @@ def validate(log, where: str, check_kinds: bool = True) -> dict:
                 except Exception:
                     raise NextnError(f"{w}: trace instruction '{kind}' is not a schedule primitive") from None
     return log
+
+
+def _validate_knobs(recs, where: str) -> None:
+    if not isinstance(recs, list):
+        raise NextnError(f"{where}: 'x86_knobs' must be a list")
+    for i, r in enumerate(recs):
+        w = f"{where}: x86_knobs {i}"
+        if not isinstance(r, dict) or set(r) != _KNOB_REC:
+            got = sorted(r) if isinstance(r, dict) else type(r).__name__
+            raise NextnError(f"{w}: fields {got}, expected {sorted(_KNOB_REC)}")
+        _plain(r, w)
+        t = r["target"]
+        if not isinstance(r["key"], str) or not isinstance(t, dict) or not set(t) <= _TGT or "key" not in t \
+                or not all(isinstance(v, str) for v in t.values()):
+            raise NextnError(f"{w}: 'key' must be a string and 'target' an object of strings with a 'key'")
+        kb = r["knobs"]
+        if not isinstance(kb, dict) or set(kb) != _KNOBS or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                                   and 1 <= v <= 4096 for v in kb.values()):
+            raise NextnError(f"{w}: 'knobs' must hold the integers {sorted(_KNOBS)}")
+        if kb["width"] not in (32, 64):
+            raise NextnError(f"{w}: knob 'width' must be 32 or 64 (vector bytes)")
+        for f in ("run_secs", "default_secs"):
+            if not isinstance(r[f], list) or not r[f] or not all(isinstance(x, (int, float)) and x > 0 for x in r[f]):
+                raise NextnError(f"{w}: '{f}' must be a non-empty list of positive numbers")
 
 
 def read(path: str, check_kinds: bool = True) -> dict:
@@ -155,7 +190,19 @@ def merge(logs: list[dict]) -> dict:
             if k not in keep or best(r) < best(keep[k]):
                 keep[k] = r
     out["records"] = [keep[k] for k in sorted(keep)]
+    knobs: dict[tuple, dict] = {}
+    for log in logs:
+        for r in log.get("x86_knobs", []):
+            k = (r["key"], r["target"]["key"])
+            if k not in knobs or best(r) < best(knobs[k]):
+                knobs[k] = r
+    out["x86_knobs"] = [knobs[k] for k in sorted(knobs)]
     return out
+
+
+def knob_records(log: dict, target_key: str) -> dict[str, dict]:
+    """{x86 kernel key: knobs} of `target_key`."""
+    return {r["key"]: r["knobs"] for r in log.get("x86_knobs", []) if r["target"]["key"] == target_key}
 
 
 def for_target(log: dict, target_key: str) -> tuple[dict[str, dict], int]:

@@ -57,7 +57,7 @@ def fused_module(model: str, target, draft: str | None = None):
     """The model's Relax module after the legalize and fuse phases (what the schedule phase sees)."""
     import tvm
 
-    from nextn.compiler.graphs import SPLIT_L, STATIC, build_graphs, weight_kind
+    from nextn.compiler.graphs import SPLIT_L, STATIC, build_graphs, weight_kinds
     from nextn.compiler.target import GPU_TARGETS
     from nextn.compiler.loader.model_files import ModelFiles
     from nextn.compiler.lower.pipeline import phases
@@ -65,7 +65,7 @@ def fused_module(model: str, target, draft: str | None = None):
 
     mf = ModelFiles(model, draft, load_mtp=False)
     graphs = build_graphs(mf, mf.has_nextn)
-    kinds = {n: weight_kind(mf, n) for g in graphs.values() for n in g.weights}
+    kinds = weight_kinds(mf, graphs.values())
     mod = build_module(list(graphs.values()), kinds, STATIC, form="gpu" if target.kind.name in GPU_TARGETS else "cpu",
                        split_l=SPLIT_L)
     with target:

@@ -178,17 +178,18 @@ def matmul(kind: str, N: int, K: int, rows: int | None = None, knobs: Knobs = Kn
     fmt, k = _new(kind, K, knobs)
     n_tiles = -(-N // knobs.tile_n)
     with IRBuilder() as ib:
-        with T.prim_func():
+        with T.prim_func(s_tir=True):
             _prim_func(name)
             Tr = tirx.Var("T", "int64") if rows is None else rows
             shape, dtype = weight_arg(kind, (N,), K)
             w = T.arg("w", T.buffer(shape, dtype, align=32))
             _bind_acts(k, kind, Tr, K)
             k.y = T.arg("y", T.buffer((Tr, N), "float32", align=32))
-            k.w = T.decl_buffer((N, k.row_bytes), "uint8", data=w.data, align=32)
-            _views(k, w.data, N * k.row_bytes)
-            with T.parallel(0, n_tiles) as nt:
-                _tile(k, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i, lambda i, n: [i, n])
+            with T.sblock("root"):   # the form Relax passes expect of a PrimFunc body
+                k.w = T.decl_buffer((N, k.row_bytes), "uint8", data=w.data, align=32)
+                _views(k, w.data, N * k.row_bytes)
+                with T.parallel(0, n_tiles) as nt:
+                    _tile(k, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i, lambda i, n: [i, n])
     return ib.get()
 
 
@@ -207,7 +208,7 @@ def matmul_id(kind: str, X: int, N: int, K: int, n_used: int, shared_x: bool, n_
     fmt, k = _new(kind, K, knobs)
     n_tiles = -(-N // knobs.tile_n)
     with IRBuilder() as ib:
-        with T.prim_func():
+        with T.prim_func(s_tir=True):
             _prim_func(name)
             Tr = tirx.Var("T", "int64") if rows is None else rows
             shape, dtype = weight_arg(kind, (X, N), K)
@@ -215,48 +216,49 @@ def matmul_id(kind: str, X: int, N: int, K: int, n_used: int, shared_x: bool, n_
             _bind_acts(k, kind, Tr if shared_x else Tr * n_used, K)
             ids = T.arg("ids", T.buffer((Tr, n_used), "int32", align=32))
             ys = [T.arg(f"y{i}", T.buffer((Tr, n_used, N), "float32", align=32)) for i in range(n_weights)]
-            P = Tr * n_used
-            pairs_e = T.decl_buffer((P,), "int32", data=ids.data)
-            w2 = [T.decl_buffer((X * N, k.row_bytes), "uint8", data=w.data, align=32) for w in ws]
-            y2 = [T.decl_buffer((P, N), "float32", data=y.data, align=32) for y in ys]
-            # group the pairs p = t * n_used + j by expert: counts, start offsets, the experts used, the pairs in
-            # expert order (stable)
-            cnt, start, used = (T.decl_buffer((X,), "int32") for _ in range(3))
-            order = T.decl_buffer((P,), "int32")
-            n_used_experts, total = _counter(), _counter()
-            with T.serial(0, X) as e:
-                T.buffer_store(cnt, const(0, "int32"), [e])
-            with T.serial(0, P) as p:
-                e = T.Bind(pairs_e[p])
-                with T.If(tirx.all(e >= 0, e < X)):
-                    with T.Then():
-                        T.buffer_store(cnt, cnt[e] + 1, [e])
-            with T.serial(0, X) as e:
-                T.buffer_store(start, total[0], [e])
-                T.buffer_store(total, total[0] + cnt[e], [0])
-                with T.If(cnt[e] > 0):
-                    with T.Then():
-                        T.buffer_store(used, tirx.Cast("int32", e), [n_used_experts[0]])
-                        T.buffer_store(n_used_experts, n_used_experts[0] + 1, [0])
-                T.buffer_store(cnt, const(0, "int32"), [e])     # counted again below, as the fill position
-            with T.serial(0, P) as p:
-                e = T.Bind(pairs_e[p])
-                with T.If(tirx.all(e >= 0, e < X)):
-                    with T.Then():
-                        T.buffer_store(order, tirx.Cast("int32", p), [start[e] + cnt[e]])
-                        T.buffer_store(cnt, cnt[e] + 1, [e])
-            views = []
-            for w in w2:
-                _views(k, w.data, X * N * k.row_bytes)
-                views.append((k.w8, k.w16, k.w16u, k.w32, k.w32f))
-            with T.parallel(0, T.Bind(n_used_experts[0] * n_tiles)) as it:
-                e = T.Bind(used[it // n_tiles])
-                nt = T.Bind(it % n_tiles)
-                base, count = T.Bind(start[e]), T.Bind(cnt[e])
-                pair = lambda i: order[base + i]   # noqa: E731
-                row_of = (lambda i: pair(i) // n_used) if shared_x else pair
-                for w, v, y in zip(w2, views, y2):
-                    k.w, (k.w8, k.w16, k.w16u, k.w32, k.w32f), k.y = w, v, y
-                    _tile(k, fmt, nt, knobs.tile_n, N, count, knobs.row_group, row_of, lambda i, n: [pair(i), n],
-                          wrow=lambda n: e * N + n)
+            with T.sblock("root"):
+                P = Tr * n_used
+                pairs_e = T.decl_buffer((P,), "int32", data=ids.data)
+                w2 = [T.decl_buffer((X * N, k.row_bytes), "uint8", data=w.data, align=32) for w in ws]
+                y2 = [T.decl_buffer((P, N), "float32", data=y.data, align=32) for y in ys]
+                # group the pairs p = t * n_used + j by expert: counts, start offsets, the experts used, the pairs in
+                # expert order (stable)
+                cnt, start, used = (T.decl_buffer((X,), "int32") for _ in range(3))
+                order = T.decl_buffer((P,), "int32")
+                n_used_experts, total = _counter(), _counter()
+                with T.serial(0, X) as e:
+                    T.buffer_store(cnt, const(0, "int32"), [e])
+                with T.serial(0, P) as p:
+                    e = T.Bind(pairs_e[p])
+                    with T.If(tirx.all(e >= 0, e < X)):
+                        with T.Then():
+                            T.buffer_store(cnt, cnt[e] + 1, [e])
+                with T.serial(0, X) as e:
+                    T.buffer_store(start, total[0], [e])
+                    T.buffer_store(total, total[0] + cnt[e], [0])
+                    with T.If(cnt[e] > 0):
+                        with T.Then():
+                            T.buffer_store(used, tirx.Cast("int32", e), [n_used_experts[0]])
+                            T.buffer_store(n_used_experts, n_used_experts[0] + 1, [0])
+                    T.buffer_store(cnt, const(0, "int32"), [e])     # counted again below, as the fill position
+                with T.serial(0, P) as p:
+                    e = T.Bind(pairs_e[p])
+                    with T.If(tirx.all(e >= 0, e < X)):
+                        with T.Then():
+                            T.buffer_store(order, tirx.Cast("int32", p), [start[e] + cnt[e]])
+                            T.buffer_store(cnt, cnt[e] + 1, [e])
+                views = []
+                for w in w2:
+                    _views(k, w.data, X * N * k.row_bytes)
+                    views.append((k.w8, k.w16, k.w16u, k.w32, k.w32f))
+                with T.parallel(0, T.Bind(n_used_experts[0] * n_tiles)) as it:
+                    e = T.Bind(used[it // n_tiles])
+                    nt = T.Bind(it % n_tiles)
+                    base, count = T.Bind(start[e]), T.Bind(cnt[e])
+                    pair = lambda i: order[base + i]   # noqa: E731
+                    row_of = (lambda i: pair(i) // n_used) if shared_x else pair
+                    for w, v, y in zip(w2, views, y2):
+                        k.w, (k.w8, k.w16, k.w16u, k.w32, k.w32f), k.y = w, v, y
+                        _tile(k, fmt, nt, knobs.tile_n, N, count, knobs.row_group, row_of, lambda i, n: [pair(i), n],
+                              wrow=lambda n: e * N + n)
     return ib.get()

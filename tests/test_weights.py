@@ -1,0 +1,57 @@
+"""Weights without copies: the engine hands the kernels views of the memory-mapped GGUF, 16-bit floats stay 16-bit.
+
+A view's address must lie inside the file's map (nothing was copied), every planned buffer of a quantized or BF16
+model is such a view, and the engine counts no copied bytes (GGUF aligns tensor data to 32 bytes, what the
+kernels are told to assume; test_quant.py / test_x86_kernels.py run the kernels on 32-but-not-64-aligned views).
+"""
+import gguf
+import numpy as np
+
+from conftest import G4
+
+
+def _mapped_range(engine):
+    m = engine.files.main._reader.data          # gguf-py's np.memmap of the whole file
+    return m.ctypes.data, m.ctypes.data + m.nbytes
+
+
+def _address(t) -> int:
+    return np.from_dlpack(t).ctypes.data
+
+
+def _check_views(model):
+    eng = model.engine
+    lo, hi = _mapped_range(eng)
+    plan = {b["buffer"]: b for b in eng.artifact.manifest["buffer_plan"]["weights"]}
+    in_map = [name for name, t in eng._weights.items() if lo <= _address(t) < hi]
+    tables = [n for n in eng._weights if plan[n]["kind"] in ("iq2_xxs", "iq1_s") and plan[n]["dtype"] != "uint8"]
+    widened = [n for n in eng._weights if plan[n]["kind"] == "f32" and plan[n]["dtype"] == "float32"
+               and gguf_type(eng, plan[n]["tensor"]) != "F32"]
+    assert sorted(in_map + tables + widened) == sorted(eng._weights)
+    assert eng.device.copied_weight_bytes == 0
+    return plan
+
+
+def gguf_type(eng, tensor: str) -> str:
+    return eng.files.main.tensor_type(tensor)
+
+
+def test_quantized_weights_are_views_of_the_file(q8_model):
+    plan = _check_views(q8_model)
+    assert {b["kind"] for b in plan.values()} == {"q8_0", "f32"}
+
+
+def test_bf16_weights_stay_16_bit(bf16_model):
+    """The BF16 fixture's matrices are uint16 views (bf16 bits; the kernels widen as they read); only its 1-D
+    BF16 tensors (norms, biases: read by elementwise ops) are widened to float32, a few KB."""
+    plan = _check_views(bf16_model)
+    eng = bf16_model.engine
+    r = gguf.GGUFReader(G4 / "tiny-glm4moe-BF16.gguf")
+    types = {t.name: t.tensor_type.name for t in r.tensors}
+    for b in plan.values():
+        if types[b["tensor"]] == "BF16" and len(b["shape"]) >= 2:
+            assert b["kind"] == "bf16" and b["dtype"] == "uint16", b
+    widened = sum(b["nbytes"] for b in plan.values() if b["kind"] == "f32" and types[b["tensor"]] == "BF16")
+    data = sum(int(t.n_bytes) for t in r.tensors if t.name in {b["tensor"] for b in plan.values()})
+    assert widened < 0.01 * data
+    assert abs(eng.weight_bytes - data - widened / 2) / data < 1e-6    # 16-bit where the file is, f32 copies of norms
