@@ -1,14 +1,18 @@
-"""GEMV bandwidth per quantized format: the compiled kernel (dequantizing while it reads) next to numpy's matmul
-on the float32-dequantized weights (CPU), or as a fraction of the device's copy bandwidth (GPU).
+"""GEMV / few-row GEMM speed per weight format at real widths, as a fraction of the machine's read bandwidth
+measured in the same run.
 
-    python bench/quant_gemv.py [--target llvm|cuda|rocm] [--arch sm_90] [--n 8192] [--k 4096] [--rows 1]
-                               [--types Q4_K,Q8_0] [--repeat 20] [--json out.json]
+    python bench/quant_gemv.py [--types Q4_K,Q6_K] [--shapes 4096x4096,151552x4096 | --n N --k K] [--rows 1]
+                               [--exact] [--element] [--stream-mb 96] [--repeat 5] [--json out.json]
+    python bench/quant_gemv.py --target cuda|rocm [--arch sm_90] ...        (GPU: the element-expression kernels)
 
-Per format: microseconds per call (best of --repeat runs of the TVM time evaluator) and GB/s of weight bytes
-read (the GGUF bytes of the matrix: the memory-bound figure that decode speed follows). On the CPU, numpy's
-product on the float32 matrix (GB/s of its float32 bytes) is shown next to it; on a GPU, the device's copy
-bandwidth (a device-to-device copy of 1 GiB, counted as bytes read + written) and the kernel's fraction of it.
-Weights are random blocks with ordinary float16 scales. The GPU mode needs the GPU: build elsewhere fails fast.
+CPU (llvm): each format is timed with the kernel the compiler gives a model's matmul: the x86 kernels
+(compiler/lower/x86; K-quants and IQ4_XS on int8 activation rows unless --exact) where they apply, else the TE
+element-expression kernel. The weight is cycled through enough copies (--stream-mb) to come from memory, as in
+decoding a model far larger than the cache. GB/s = the weight's GGUF bytes / time; "of read" = that over the
+read bandwidth of a TVM kernel summing a 1 GiB buffer with the same threads (a STREAM-like read), measured before
+and after the formats (the smaller is used: the machine may be shared). --element also times the element
+kernel for comparison. --rows R times R activation rows (a verify of R-1 drafts).
+On a GPU: the element kernels and the device's copy bandwidth (read + write), as before.
 """
 from __future__ import annotations
 
@@ -18,16 +22,25 @@ import time
 
 import numpy as np
 
-TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
-         "IQ2_XXS", "IQ1_S"]
+TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_XS", "IQ4_NL", "Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q4_1", "Q5_1",
+         "IQ2_XXS", "IQ1_S", "BF16", "F16"]
+DEFAULT_TYPES = "Q4_K,Q5_K,Q6_K,Q8_0,IQ4_XS,IQ4_NL"
+# GLM-4.5-Air / GLM-5.2 widths: attention and dense FFN (K = 4096, 6144, 10944, 12288), experts (K = 1408), lm head
+SHAPES = "4096x4096,12288x4096,4096x12288,10944x4096,4096x10944,1408x4096,4096x1408,6144x6144,151552x4096"
 F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
               "IQ2_XXS": [0], "IQ1_S": [0]}
 
 
 def random_raw(ttype, n, k, rng):
+    """GGUF bytes [n, k / block * size] of a random `ttype` matrix with ordinary float16 scales."""
     import gguf
 
+    if ttype in ("F16", "BF16"):
+        v = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+        if ttype == "F16":
+            return v.astype(np.float16).view(np.uint8)
+        return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     block, tsize = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[ttype]]
     b = rng.integers(0, 256, (n * k // block, tsize), dtype=np.uint8)
     for off in F16_FIELDS[ttype]:
@@ -35,13 +48,14 @@ def random_raw(ttype, n, k, rng):
     return b.reshape(n, k // block * tsize)
 
 
-def build(kind, n, k, rows, target="llvm", arch=None):
+def build_element(kind, n, k, rows, target="llvm", arch=None):
+    """The TE element-expression kernel (`gemv(x, *weight buffers, y)`), scheduled for `target`."""
     import tvm
     from tvm import te, tirx
 
-    from nextn.compiler.target import make_target
-    from nextn.compiler.lower import te_ops
     from nextn.common.quant import FORMATS
+    from nextn.compiler.lower import te_ops
+    from nextn.compiler.target import make_target
     from nextn.schedules import schedule_pass
 
     i64 = lambda s: [tirx.IntImm("int64", int(v)) for v in s]  # noqa: E731
@@ -52,13 +66,51 @@ def build(kind, n, k, rows, target="llvm", arch=None):
     if target == "llvm":
         tgt = make_target("llvm")
         with tgt:
-            return tvm.compile(schedule_pass(tgt)(mod), target=tgt)
+            return tvm.compile(schedule_pass(tgt)(mod), target=tgt).mod["gemv"]
     from nextn.compiler.gpu_build import build_scope
 
     arches = [arch] if arch else None
     tgt = make_target(target, arches)
     with build_scope(target, arches or [str(tgt.attrs.get("arch", ""))]), tgt:
         return tvm.compile(schedule_pass(tgt)(mod), target=tgt)
+
+
+def read_bandwidth(nbytes=1 << 30, repeat=5) -> float:
+    """GB/s of a TVM kernel that sums a `nbytes` uint64 buffer, chunks spread over the threads (a STREAM read)."""
+    import tvm
+    from tvm import tirx
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.tirx.script import builder as T
+
+    from nextn.compiler.target import make_target
+
+    n, chunks = nbytes // 8, 256
+    per = n // chunks
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("read_sum")
+            T.func_attr({"global_symbol": "read_sum", "tirx.noalias": True})
+            a = T.arg("a", T.buffer((n,), "uint64", align=64))
+            out = T.arg("out", T.buffer((chunks,), "uint64"))
+            with T.parallel(0, chunks) as c:
+                acc = T.decl_buffer((32,), "uint64")
+                T.buffer_store(acc, tirx.Broadcast(tirx.const(0, "uint64"), 32), [tirx.Ramp(0, 1, 32)])
+                with T.serial(0, per // 32) as i:
+                    T.buffer_store(acc, acc[tirx.Ramp(0, 1, 32)] + a[tirx.Ramp(c * per + i * 32, 1, 32)],
+                                   [tirx.Ramp(0, 1, 32)])
+                T.buffer_store(out, tirx.call_llvm_pure_intrin("uint64", "llvm.vector.reduce.add",
+                                                               acc[tirx.Ramp(0, 1, 32)]), [c])
+    tgt = make_target("llvm")
+    f = tvm.compile(tvm.IRModule({"read_sum": ib.get()}), target=tgt).mod["read_sum"]
+    buf = tvm.runtime.tensor(np.ones(n, np.uint64))
+    res = tvm.runtime.empty((chunks,), "uint64")
+    f(buf, res)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        f(buf, res)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
 
 
 def copy_bandwidth(dev, nbytes=1 << 30, repeat=10):
@@ -77,66 +129,133 @@ def copy_bandwidth(dev, nbytes=1 << 30, repeat=10):
     return 2 * nbytes / best / 1e9
 
 
+def _stream_time(fn, weights, rest, repeat):
+    """Best seconds per call over `repeat` passes through the weight copies."""
+    fn(weights[0], *rest)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for w in weights:
+            fn(w, *rest)
+        best = min(best, (time.perf_counter() - t0) / len(weights))
+    return best
+
+
+def cpu_case(ttype, n, k, rows, args, rng):
+    import gguf
+    import tvm
+
+    from nextn.common.quant import activation, by_ggml_type
+    from nextn.compiler.lower import x86
+    from nextn.compiler.target import make_target
+
+    fmt = by_ggml_type(ttype)
+    raw = random_raw(ttype, n, k, rng)
+    copies = max(1, -(-(args.stream_mb << 20) // raw.nbytes))
+    weights = [tvm.runtime.tensor(fmt.pack(raw, (n, k))[0]) for _ in range(copies)]
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    y = tvm.runtime.empty((rows, n), "float32")
+    w_f = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ttype]).astype(np.float64)
+    tgt = make_target("llvm")
+    width = x86.vector_width(tgt)
+    quantized = fmt.kind in x86.INT_KINDS and not args.exact
+    path = None
+    if width and (fmt.kind in x86.FLOAT_KINDS or quantized):
+        fn = tvm.compile(tvm.IRModule({"main": x86.matmul(fmt.kind, n, k, rows, x86.Knobs(width=width))}),
+                         target=tgt).mod["main"]
+        acts = [tvm.runtime.tensor(a) for a in (activation.quantize(x) if quantized else [x])]
+        t = _stream_time(fn, weights, [*acts, y], args.repeat)
+        path = "x86 int8" if quantized else "x86 float"
+        xf = activation.round_trip(x) if quantized else x.astype(np.float64)
+        err = float(np.abs(y.numpy() - xf @ w_f.T).max() / np.abs(xf @ w_f.T).max())
+    r = {"type": ttype, "n": n, "k": k, "rows": rows, "weight_bytes": raw.nbytes}
+    if path:
+        r.update(path=path, us=t * 1e6, gbs=raw.nbytes / t / 1e9, max_rel=err)
+    if args.element or not path:
+        fn = build_element(fmt.kind, n, k, rows)
+        xt = tvm.runtime.tensor(x)
+        tables = [tvm.runtime.tensor(a) for a in fmt.pack(raw, (n, k))[1:]]
+        te_t = _stream_time(lambda w, out: fn(xt, w, *tables, out), weights, [y], args.repeat)
+        want = x.astype(np.float64) @ w_f.T
+        r.update(element_us=te_t * 1e6, element_gbs=raw.nbytes / te_t / 1e9,
+                 element_max_rel=float(np.abs(y.numpy() - want).max() / np.abs(want).max()))
+        if not path:
+            r.update(path="element", us=r["element_us"], gbs=r["element_gbs"], max_rel=r["element_max_rel"])
+    return r
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="llvm", choices=["llvm", "cuda", "rocm"])
     ap.add_argument("--arch", default=None, help="GPU arch (sm_90, gfx942); default: the target's lowest")
-    ap.add_argument("--n", type=int, default=8192)
-    ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--shapes", default=SHAPES, help="NxK,... (weight rows x row length)")
+    ap.add_argument("--n", type=int, default=None, help="one shape: N (with --k)")
+    ap.add_argument("--k", type=int, default=None)
     ap.add_argument("--rows", type=int, default=1, help="activation rows (1 = decode GEMV, k+1 = verify)")
-    ap.add_argument("--types", default=",".join(TYPES))
-    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--types", default=DEFAULT_TYPES, help=f"of {','.join(TYPES)}")
+    ap.add_argument("--exact", action="store_true", help="float activations for the integer formats too")
+    ap.add_argument("--element", action="store_true", help="also time the TE element-expression kernel")
+    ap.add_argument("--stream-mb", type=int, default=96, help="weight copies cycled per timing (MB)")
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-
+    shapes = [(args.n, args.k)] if args.n else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    rng = np.random.default_rng(0)
+    if args.target != "llvm":
+        return gpu_main(args, shapes, rng)
     import gguf
+
+    bw0 = read_bandwidth()
+    print(f"read bandwidth {bw0:.1f} GB/s; GB/s = GGUF weight bytes / time; rows = {args.rows}")
+    print(f"{'type':7} {'N x K':>13} {'path':10} {'us':>9} {'GB/s':>6} {'of read':>7}  {'element GB/s':>12}  {'max rel':>8}")
+    results = []
+    for ttype in args.types.split(","):
+        block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[ttype]][0]
+        for n, k in shapes:
+            if k % block:
+                continue
+            r = cpu_case(ttype, n, k, args.rows, args, rng)
+            results.append(r)
+            el = f"{r['element_gbs']:12.1f}" if "element_gbs" in r else " " * 12
+            print(f"{ttype:7} {f'{n}x{k}':>13} {r['path']:10} {r['us']:9.0f} {r['gbs']:6.1f} {r['gbs'] / bw0:7.2f}  "
+                  f"{el}  {r['max_rel']:8.1e}", flush=True)
+    bw1 = read_bandwidth()
+    bw = min(bw0, bw1)
+    for r in results:
+        r["of_read"] = r["gbs"] / bw
+    print(f"read bandwidth again {bw1:.1f} GB/s ('of read' above used the first; the JSON uses the smaller)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"target": "llvm", "rows": args.rows, "read_gbs": [bw0, bw1], "results": results}, f, indent=1)
+
+
+def gpu_main(args, shapes, rng):
     import tvm
 
     from nextn.common.quant import by_ggml_type
 
-    rng = np.random.default_rng(0)
-    n, k = args.n, args.k
-    x = rng.standard_normal((args.rows, k)).astype(np.float32)
-    gpu = args.target != "llvm"
-    dev = {"llvm": tvm.cpu, "cuda": tvm.cuda, "rocm": tvm.rocm}[args.target]()
-    if gpu and not dev.exist:
+    dev = {"cuda": tvm.cuda, "rocm": tvm.rocm}[args.target]()
+    if not dev.exist:
         raise SystemExit(f"no {args.target} device here: the GPU mode runs on the GPU machine")
-    copy_gbs = copy_bandwidth(dev) if gpu else None
+    copy_gbs = copy_bandwidth(dev)
+    print(f"{args.target} copy bandwidth {copy_gbs:.0f} GB/s; rows = {args.rows}")
     results = []
-    where = f"{args.target} (copy bandwidth {copy_gbs:.0f} GB/s)" if gpu else "this CPU"
-    print(f"GEMV {args.rows}x{k} · [{n}x{k}]ᵀ on {where}; GB/s = weight bytes / time")
-    last = "fraction of copy" if gpu else "numpy f32 us  numpy GB/s"
-    print(f"{'type':8} {'bytes':>10} {'tvm us':>9} {'tvm GB/s':>9}  {last}  {'max rel':>8}")
     for ttype in args.types.split(","):
         fmt = by_ggml_type(ttype)
-        raw = random_raw(ttype, n, k, rng)
-        packed = [tvm.runtime.tensor(a, dev) for a in fmt.pack(raw, (n, k))]
-        lib = build(fmt.kind, n, k, args.rows, args.target, args.arch)
-        xt, out = tvm.runtime.tensor(x, dev), tvm.runtime.empty((args.rows, n), "float32", dev)
-        ev = lib.mod.time_evaluator("gemv", dev, number=5, repeat=args.repeat)
-        t_tvm = min(ev(xt, *packed, out).results)
-        w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ttype]).astype(np.float32)
-        t_np = []
-        for _ in range(1 if gpu else args.repeat):
-            t0 = time.perf_counter()
-            y = x @ w.T
-            t_np.append(time.perf_counter() - t0)
-        t_np = min(t_np)
-        err = float(np.abs(out.numpy() - y).max() / np.abs(y).max())
-        r = {"type": ttype, "weight_bytes": raw.nbytes, "tvm_us": t_tvm * 1e6, "tvm_gbs": raw.nbytes / t_tvm / 1e9,
-             "max_rel": err}
-        if gpu:
-            r["fraction_of_copy"] = r["tvm_gbs"] / copy_gbs
-            tail = f"{r['fraction_of_copy']:>16.2f}"
-        else:
-            r.update(numpy_us=t_np * 1e6, numpy_gbs=w.nbytes / t_np / 1e9)
-            tail = f"{r['numpy_us']:>12.0f} {r['numpy_gbs']:>11.2f}"
-        results.append(r)
-        print(f"{ttype:8} {raw.nbytes:>10} {r['tvm_us']:>9.0f} {r['tvm_gbs']:>9.2f}  {tail}  {err:>8.1e}")
+        for n, k in shapes:
+            raw = random_raw(ttype, n, k, rng)
+            packed = [tvm.runtime.tensor(a, dev) for a in fmt.pack(raw, (n, k))]
+            lib = build_element(fmt.kind, n, k, args.rows, args.target, args.arch)
+            x = tvm.runtime.tensor(rng.standard_normal((args.rows, k)).astype(np.float32), dev)
+            out = tvm.runtime.empty((args.rows, n), "float32", dev)
+            t = min(lib.mod.time_evaluator("gemv", dev, number=5, repeat=args.repeat)(x, *packed, out).results)
+            r = {"type": ttype, "n": n, "k": k, "us": t * 1e6, "gbs": raw.nbytes / t / 1e9}
+            r["fraction_of_copy"] = r["gbs"] / copy_gbs
+            results.append(r)
+            print(f"{ttype:7} {f'{n}x{k}':>13} {r['us']:9.0f} {r['gbs']:7.1f} {r['fraction_of_copy']:6.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"target": args.target, "n": n, "k": k, "rows": args.rows, "copy_gbs": copy_gbs,
-                       "results": results}, f, indent=1)
+            json.dump({"target": args.target, "rows": args.rows, "copy_gbs": copy_gbs, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

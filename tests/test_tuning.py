@@ -50,6 +50,38 @@ def test_tune_writes_a_valid_resumable_log(tuned):
     assert "2 already in" in msgs[0] and "tuning 0" in msgs[0]
 
 
+X86_KEY = "x86.matmul:q8_0:N256:K256:rows1"   # the tiny model's one-row attention projections (Q8_0)
+
+
+def test_tune_covers_the_x86_kernels(tmp_path):
+    """`nextn tune` searches the hand-written x86 kernels' knobs; the record is applied at compile time and the
+    compiled model still decodes the reference's tokens."""
+    import nextn.runtime as rt
+    from nextn.compiler.compile import compile_model
+    from nextn.compiler.lower import x86
+    from nextn.compiler.target import make_target
+    from nextn.compiler.tune.apply import x86_knobs
+    from nextn.compiler.tune.run import tune_model
+
+    d = tmp_path / "tlog"
+    msgs = []
+    book = tune_model(str(MODEL), str(d), only="^" + X86_KEY.replace(".", r"\.") + "$", keep_slower=True,
+                      progress=False, log=msgs.append)
+    assert tlog.read(str(d)) == book and not book["records"]
+    (rec,) = book["x86_knobs"]
+    assert rec["key"] == X86_KEY and rec["target"]["key"].startswith("llvm:")
+    assert min(rec["run_secs"]) > 0 and min(rec["default_secs"]) > 0
+    assert any(X86_KEY in m and "default" in m and "tuned" in m for m in msgs)   # before / after, per kernel
+    spec = x86.KernelSpec("matmul", "q8_0", 256, 256, 1)
+    assert spec.key == X86_KEY
+    assert x86_knobs(str(d), make_target("llvm"))(spec) == x86.Knobs(**rec["knobs"])
+    art = compile_model(str(MODEL), str(tmp_path / "art"), tuning_log=str(d), log=lambda *_: None)
+    p = next(p for p in reference()["prompts"] if p["kind"] == "code-short")
+    ids = rt.load(art, spec=False).generate(p["prompt_ids"], 16, spec_type="none", ignore_eos=True).ids
+    plain = rt.load(compile_model(str(MODEL), str(tmp_path / "art0"), log=lambda *_: None), spec=False)
+    assert ids == plain.generate(p["prompt_ids"], 16, spec_type="none", ignore_eos=True).ids
+
+
 def test_export_import_merge(tuned, tmp_path):
     d, book, _msgs = tuned
     cli = [sys.executable, "-m", "nextn.runtime.cli", "tuning"]
@@ -145,7 +177,7 @@ def test_offline_flow_llvm_end_to_end(tmp_path):
     cli = [sys.executable, "-m", "nextn.runtime.cli"]
     cand = tmp_path / "cand"
     r = subprocess.run(cli + ["tune", str(MODEL), "--offline", str(cand), "--trials", "3",
-                              "--only", "^fused_mul_mat10_add6$"], capture_output=True, text=True)
+                              "--only", "^fused_rms_norm3_mul4$"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     book = json.load(open(cand / "candidates.json"))
     assert len(book["workloads"]) == 1 and len(book["workloads"][0]["candidates"]) >= 1
@@ -162,7 +194,7 @@ def test_offline_flow_llvm_end_to_end(tmp_path):
     r = subprocess.run(cli + ["tuning", "ingest", str(cand), "-o", str(log_dir)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     merged = tlog.read(str(log_dir))
-    assert [x["name"] for x in merged["records"]] == ["fused_mul_mat10_add6"]
+    assert [x["name"] for x in merged["records"]] == ["fused_rms_norm3_mul4"]
     assert merged["records"][0]["target"]["key"] == book["target"]["key"]
     assert merged["records"][0]["run_secs"] == [res["seconds"][best]]
     # a candidate library that no longer matches candidates.json is never loaded
@@ -179,7 +211,7 @@ def test_offline_gen_builds_cuda_candidates_without_a_gpu(tmp_path):
 
     cand = tmp_path / "cuda"
     r = subprocess.run([sys.executable, "-m", "nextn.runtime.cli", "tune", str(MODEL), "--target", "cuda", "--arch",
-                        "sm_90", "--offline", str(cand), "--trials", "2", "--only", "^fused_mul_mat10_add6$"],
+                        "sm_90", "--offline", str(cand), "--trials", "2", "--only", "^fused_rms_norm3_mul4$"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     book = json.load(open(cand / "candidates.json"))

@@ -217,10 +217,48 @@ def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32,
         else:
             kept = "kept" if tt < td or keep_slower else "default kept"
             log(f"  {name}: default {td * 1e6:.1f} us, tuned {tt * 1e6:.1f} us ({kept}); {tally.describe()}")
-    if summary and all(td is None for _n, _t, td, _tt in summary):
+    x86_summary = _tune_x86(model, tgt, draft, book, key, out_dir, only, max_kernels, log, progress, keep_slower)
+    if summary and not x86_summary and all(td is None for _n, _t, td, _tt in summary):
         raise NextnError(f"no candidate of the {len(summary)} kernel(s) could be measured, no log written "
                          f"({'; '.join(f'{n}: {t.describe()}' for n, t, _a, _b in summary[:3])}"
                          f"{'; ...' if len(summary) > 3 else ''}); on a busy machine raise --build-timeout "
                          f"(now {build_timeout:g} s)")
     tlog.write(book, out_dir)
     return book
+
+
+def _tune_x86(model, tgt, draft, book, key, out_dir, only, max_kernels, log, progress, keep_slower) -> list:
+    """Knob search of the model's x86 kernels (compiler/tune/knobs.py); records only what beats the default."""
+    import dataclasses
+
+    from nextn.common.measure import cpu_name
+    from nextn.compiler.lower import x86
+
+    from .knobs import search
+    from .workloads import x86_specs
+
+    width = x86.vector_width(tgt)
+    if width is None:
+        return []
+    have = {r["key"] for r in book.get("x86_knobs", []) if r["target"]["key"] == key}
+    specs = [s for s in x86_specs(model, tgt, draft, only, max_kernels) if s.key not in have]
+    log(f"{len(specs)} x86 kernel(s) to tune (knobs: vector width, weight tile, row group, unroll)")
+    it = specs
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(specs, unit="kernel", desc="tune x86")
+    out = []
+    for spec in it:
+        t_default, best, t_best = search(spec, tgt, width)
+        kept = t_best < t_default or keep_slower
+        out.append((spec.key, t_default, t_best, best, kept))
+        if kept and (keep_slower or best != x86.default_knobs(spec, width)):
+            book.setdefault("x86_knobs", []).append({
+                "key": spec.key, "target": {"key": key, "kind": "llvm", "mcpu": str(tgt.attrs["mcpu"]),
+                                            "device_name": cpu_name()},
+                "knobs": dataclasses.asdict(best), "run_secs": [t_best], "default_secs": [t_default]})
+            tlog.write(book, out_dir)
+    for k, td, tb, best, kept in out:
+        log(f"  {k}: default {td * 1e6:.1f} us, tuned {tb * 1e6:.1f} us ({'kept ' + str(best) if kept else 'default kept'})")
+    return out

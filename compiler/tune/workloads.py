@@ -53,21 +53,41 @@ def target_key(target) -> str:
     return f"{kind}:{target.attrs.get('arch', target.attrs.get('mcpu', ''))}"
 
 
-def fused_module(model: str, target, draft: str | None = None):
-    """The model's Relax module after the legalize and fuse phases (what the schedule phase sees)."""
-    import tvm
-
+def lowered_module(model: str, target, draft: str | None = None):
+    """(the model's Relax module as compile builds it, its x86 lowering or None)."""
+    from nextn.compiler.compile import x86_lowering
     from nextn.compiler.graphs import SPLIT_L, STATIC, build_graphs, weight_kinds
-    from nextn.compiler.target import GPU_TARGETS
     from nextn.compiler.loader.model_files import ModelFiles
-    from nextn.compiler.lower.pipeline import phases
     from nextn.compiler.lower.to_relax import build_module
+    from nextn.compiler.target import GPU_TARGETS
 
     mf = ModelFiles(model, draft, load_mtp=False)
     graphs = build_graphs(mf, mf.has_nextn)
     kinds = weight_kinds(mf, graphs.values())
+    x86 = x86_lowering(target)
     mod = build_module(list(graphs.values()), kinds, STATIC, form="gpu" if target.kind.name in GPU_TARGETS else "cpu",
-                       split_l=SPLIT_L)
+                       split_l=SPLIT_L, x86=x86)
+    return mod, x86
+
+
+def x86_specs(model: str, target, draft: str | None = None, only: str | None = None,
+              max_kernels: int | None = None) -> list:
+    """The model's hand-written x86 kernels (compiler/lower/x86 KernelSpec), heaviest weight first, filtered by the
+    regular expression `only` on their keys and cut to `max_kernels`."""
+    _mod, x86 = lowered_module(model, target, draft)
+    specs = sorted((x86.specs.values() if x86 else []), key=lambda s: (-s.weight_bytes(), s.key))
+    if only:
+        specs = [s for s in specs if re.search(only, s.key)]
+    return specs if max_kernels is None else specs[:max_kernels]
+
+
+def fused_module(model: str, target, draft: str | None = None):
+    """The model's Relax module after the legalize and fuse phases (what the schedule phase sees)."""
+    import tvm
+
+    from nextn.compiler.lower.pipeline import phases
+
+    mod, _x86 = lowered_module(model, target, draft)
     with target:
         for _name, passes in phases(target, None)[:2]:
             mod = tvm.transform.Sequential(passes)(mod)
