@@ -84,7 +84,10 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     tgt = make_target(target, lib_arches[0] or None)
     split = target in GPU_TARGETS if split_kernels is None else bool(split_kernels)
     form = "gpu" if target in GPU_TARGETS else "gpu-emulated" if split else "cpu"
-    x86 = x86_lowering(tgt, exact_matmul, tuning_log)
+    from .lower.x86.emit import for_target
+    from .tune.apply import x86_knobs
+
+    x86 = for_target(tgt, quantize_activations=not exact_matmul, knobs_for=x86_knobs(tuning_log, tgt))
     mod = build_module(list(graphs.values()), kinds, STATIC, form=form, split_l=SPLIT_L, x86=x86)
     graph_entries = []
     if target == "cuda" and cuda_graph:
@@ -217,19 +220,6 @@ def _storage(state_node):
     from .lower.attention import state_storage
 
     return state_storage(state_node, lambda shape: [d if isinstance(d, str) else int(d) for d in shape])
-
-
-def x86_lowering(tgt, exact_matmul: bool = False, tuning_log: str | None = None):
-    """The x86 kernels' lowering for an llvm target with AVX2 (else None: TE element expressions throughout)."""
-    from .lower import x86
-
-    width = x86.vector_width(tgt)
-    if width is None:
-        return None
-    from .lower.x86.emit import X86Lowering
-    from .tune.apply import x86_knobs
-
-    return X86Lowering(width, quantize_activations=not exact_matmul, knobs_for=x86_knobs(tuning_log, tgt))
 
 
 def _write_schedule_report(target: str, dump_dir: str | None):

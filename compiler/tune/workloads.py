@@ -55,16 +55,16 @@ def target_key(target) -> str:
 
 def lowered_module(model: str, target, draft: str | None = None):
     """(the model's Relax module as compile builds it, its x86 lowering or None)."""
-    from nextn.compiler.compile import x86_lowering
     from nextn.compiler.graphs import SPLIT_L, STATIC, build_graphs, weight_kinds
     from nextn.compiler.loader.model_files import ModelFiles
     from nextn.compiler.lower.to_relax import build_module
+    from nextn.compiler.lower.x86.emit import for_target
     from nextn.compiler.target import GPU_TARGETS
 
     mf = ModelFiles(model, draft, load_mtp=False)
     graphs = build_graphs(mf, mf.has_nextn)
     kinds = weight_kinds(mf, graphs.values())
-    x86 = x86_lowering(target)
+    x86 = for_target(target)
     mod = build_module(list(graphs.values()), kinds, STATIC, form="gpu" if target.kind.name in GPU_TARGETS else "cpu",
                        split_l=SPLIT_L, x86=x86)
     return mod, x86

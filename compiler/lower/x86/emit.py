@@ -15,6 +15,15 @@ from . import FLOAT_KINDS, INT_KINDS, KernelSpec, Knobs, act_args, quantize_rows
 from .loops import _format
 
 
+def for_target(tgt, quantize_activations: bool = True, knobs_for=None) -> "X86Lowering | None":
+    """The x86 kernels' lowering for an llvm target with AVX2 (else None: TE element expressions throughout).
+    `knobs_for`: see X86Lowering (compile passes a tuning log's, `compiler.tune.apply.x86_knobs`)."""
+    from . import vector_width
+
+    width = vector_width(tgt)
+    return None if width is None else X86Lowering(width, quantize_activations, knobs_for)
+
+
 class X86Lowering:
     """State of one build: kernels added so far (by spec), quantized activations (by Relax value), fused groups.
     `width`: vector bytes (`vector_width`); `knobs_for(spec)` → Knobs or None (a tuning log), default Knobs(width)."""
