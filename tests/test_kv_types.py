@@ -83,14 +83,18 @@ def one_step(kv: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def assert_rows_close(kv, got: dict, want: dict, n: int):
-    """Layer 0's caches (rows computed from the same inputs on both sides: deeper layers see earlier flips)."""
+    """Layer 0's caches (rows computed from the same inputs on both sides: deeper layers see earlier flips).
+    Bound per element: one rounding step of `kv`, plus the float32 difference of the two computations before the
+    store (1e-6 of the row's max |value|): the x86 matmuls sum in another order than the interpreter, and a value
+    near zero (f16's subnormal range, spacing 6e-8) can then round a step further."""
     diff_total, size = 0, 0
     for name, w in want.items():
         if name.split(".")[-1] != "0" or name.startswith("nextn.") or w.ndim != 3:
             continue
         g = got[name][:n]
         d = np.abs(g - w[:n])
-        assert (d <= one_step(kv, g, w[:n])).all(), name
+        f32 = np.float32(1e-6) * np.abs(w[:n]).max(axis=-1, keepdims=True)
+        assert (d <= one_step(kv, g, w[:n]) + f32).all(), name
         diff_total += int((d > 0).sum())
         size += d.size
     assert diff_total <= 0.01 * size, (diff_total, size)
