@@ -1,7 +1,7 @@
 """The GGUF types nextn reads, each kept as the file's bytes (nextn.common.quant.format); block layouts in
 ggml/src/ggml-common.h (block_q4_K …) and gguf-py's gguf/quants.py; the element expressions that decode them are
-nextn.compiler.quant. Nothing is repacked: `bytes repacked` is 0 for every type (the two codebook types carry
-their constant tables, 2.2 KB and 16 KB, once per tensor).
+nextn.compiler.quant. Nothing is repacked: `bytes repacked` is 0 for every type (the IQ codebook types carry
+their constant tables, 1.1 to 16 KB, once per tensor).
 
 `activation = "q8"`: on the CPU these types' matmuls multiply int8-quantized activation rows (activation.py),
 so they need K to be a multiple of 256 (always true for 256-weight super-blocks).
@@ -13,19 +13,19 @@ import numpy as np
 from .format import QuantFormat, register
 
 
-def _iq2_xxs_tables():
-    import gguf
+def _codebook(name: str, dtype, ksigns: bool):
+    """() -> the tables of IQ format `name`: gguf-py's codebook `.grid` flattened (entry i, value j at
+    [i * width + j]; uint8, int8 for IQ1's -1 / 0 / 1) and, where blocks hold 7-bit sign-pattern indices, the
+    128-entry ksigns_iq2xs `.signs` (8 sign bits; the 8th makes the count of minus signs even)."""
+    def tables():
+        import gguf
 
-    gguf.quants.IQ2_XXS.init_grid()
-    return ((".grid", np.ascontiguousarray(gguf.quants.IQ2_XXS.grid.reshape(-1)).astype(np.uint8)),
-            (".signs", np.frombuffer(gguf.quants.IQ2_XXS.ksigns, np.uint8).copy()))
+        cls = getattr(gguf.quants, name)
+        cls.init_grid()
+        out = ((".grid", np.ascontiguousarray(cls.grid.reshape(-1)).astype(dtype)),)
+        return out + (((".signs", np.frombuffer(gguf.quants.IQ2_XXS.ksigns, np.uint8).copy()),) if ksigns else ())
 
-
-def _iq1_s_tables():
-    import gguf
-
-    gguf.quants.IQ1_S.init_grid()
-    return ((".grid", np.ascontiguousarray(gguf.quants.IQ1_S.grid.reshape(-1)).astype(np.int8)),)
+    return tables
 
 
 for _kind, _block, _size, _act in [
@@ -34,8 +34,15 @@ for _kind, _block, _size, _act in [
     ("q5_k", 256, 176, "q8"), ("q6_k", 256, 210, "q8"), ("iq4_nl", 32, 18, None), ("iq4_xs", 256, 136, "q8"),
 ]:
     register(QuantFormat(_kind, _kind.upper(), _block, _size, activation=_act))
-register(QuantFormat("iq2_xxs", "IQ2_XXS", 256, 66, tables=_iq2_xxs_tables))
-register(QuantFormat("iq1_s", "IQ1_S", 256, 50, tables=_iq1_s_tables))
+# the codebook formats (256-weight super-blocks) and their tables' bytes per tensor: IQ2_XXS 2048 + 128,
+# IQ2_XS 4096 + 128, IQ2_S 8192, IQ3_XXS 1024 + 128, IQ3_S 2048, IQ1_S / IQ1_M 16384
+for _name, _size, _dtype, _ksigns in [
+    ("IQ2_XXS", 66, np.uint8, True), ("IQ2_XS", 74, np.uint8, True), ("IQ2_S", 82, np.uint8, False),
+    ("IQ3_XXS", 98, np.uint8, True), ("IQ3_S", 110, np.uint8, False), ("IQ1_S", 50, np.int8, False),
+    ("IQ1_M", 56, np.int8, False),
+]:
+    register(QuantFormat(_name.lower(), _name, 256, _size, tables=_codebook(_name, _dtype, _ksigns)))
+register(QuantFormat("mxfp4", "MXFP4", 32, 17))
 # 16-bit floats stay 16-bit in memory; the kernels widen as they read (matmul and embedding weights only:
 # nextn.compiler.graphs.weight_kinds widens the others, e.g. norms, to float32 at load)
 register(QuantFormat("f16", "F16", 1, 2, dtype="float16"))

@@ -6,32 +6,19 @@
     IQ4_XS (136 B)  d f16 | scales_h u16 | scales_l[4] | qs[128]  w = (d * (ls - 32)) * kvalues[q],
                     ls (6 bits, per 32) = nibble ib%2 of scales_l[ib/2] | (2 bits 2ib of scales_h) << 4
 
-The table lookup is a Select tree with constant leaves (vector blends; 5x faster on this CPU than a gather).
+The table lookup is te.lut16 (a Select tree with constant leaves).
 """
 from __future__ import annotations
 
-from tvm import tirx
-
-from .te import Block, bits, const, element, f32
+from .te import Block, bits, const, element, f32, lut16
 
 KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-
-
-def _kvalue(nib):
-    def tree(lo, width):
-        if width == 1:
-            return tirx.const(float(KVALUES[lo]), "float32")
-        half = width // 2
-        bit = (nib & const(half, "uint8")) != const(0, "uint8")
-        return tirx.Select(bit, tree(lo + half, half), tree(lo, half))
-
-    return tree(0, 16)
 
 
 @element("iq4_nl")
 def _nl(t, idx):
     b = Block(t[0], idx, 32, 18)
-    return b.f16(0) * _kvalue(bits(b.u8(2 + b.e % 16), b.e // 16 * 4, 0x0F))
+    return b.f16(0) * lut16(KVALUES, bits(b.u8(2 + b.e % 16), b.e // 16 * 4, 0x0F))
 
 
 @element("iq4_xs")
@@ -41,4 +28,4 @@ def _xs(t, idx):
     lo = bits(b.u8(4 + ib // 2), ib % 2 * 4, 0x0F).astype("int32")
     hi = bits(b.u16(2), ib * 2, 0x3).astype("int32")
     dl = b.f16(0) * f32((lo | (hi << const(4, "int32"))) - const(32, "int32"))
-    return dl * _kvalue(bits(b.u8(8 + ib * 16 + b.e % 16), b.e % 32 // 16 * 4, 0x0F))
+    return dl * lut16(KVALUES, bits(b.u8(8 + ib * 16 + b.e % 16), b.e % 32 // 16 * 4, 0x0F))

@@ -42,6 +42,19 @@ def f32(e):
     return e.astype(F32)
 
 
+def lut16(values, nib):
+    """values[nib] (16 constants) as a float32 expression of a uint8 4-bit index: a 4-level Select tree on the
+    index bits with constant leaves (vector blends on the CPU; 5x faster on this CPU than a gather from a table)."""
+    def tree(lo, width):
+        if width == 1:
+            return const(float(values[lo]), F32)
+        half = width // 2
+        bit = (nib & const(half, "uint8")) != const(0, "uint8")
+        return tirx.Select(bit, tree(lo + half, half), tree(lo, half))
+
+    return tree(0, 16)
+
+
 class Block:
     """Reads inside the GGUF block that holds logical element k of row (*lead, n). `raw` is the weight's bytes
     (uint8 [..., N, K / block * type_size]), offsets are bytes from the block's start, values little-endian;
