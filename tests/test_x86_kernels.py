@@ -18,7 +18,7 @@ TARGET = make_target("llvm")
 WIDTH = x86.vector_width(TARGET)
 pytestmark = pytest.mark.skipif(WIDTH is None, reason="this CPU has no AVX2")   # CI's and this machine's have it
 WIDTHS = sorted({32, WIDTH}) if WIDTH else []
-F16_FIELDS = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q8_0": [0], "IQ4_NL": [0]}
+F16_FIELDS = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q8_0": [0], "IQ4_NL": [0], "MXFP4": []}
 RNG = np.random.default_rng(0)
 
 
@@ -46,6 +46,9 @@ def random_weight(kind: str, lead: tuple, N: int, K: int):
     raw = RNG.integers(0, 256, (int(np.prod(lead, dtype=int)) * N * K // blk, size), dtype=np.uint8)
     for off in F16_FIELDS[kind.upper()]:
         raw[:, off:off + 2] = (RNG.random(len(raw)) * 0.01).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if kind == "mxfp4":   # exponent byte e: scale 2^(e - 128), finite products; the subnormal scales e = 0, 1 too
+        raw[:, 0] = RNG.integers(110, 135, len(raw))
+        raw[:2, 0] = [0, 1]
     raw = raw.reshape(*lead, N, K // blk * size)
     want = gguf.quants.dequantize(raw.reshape(-1, raw.shape[-1]), gt).astype(np.float64).reshape(*lead, N, K)
     return misaligned(raw), want

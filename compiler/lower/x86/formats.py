@@ -6,13 +6,15 @@ Integer path (K-quants, IQ4_XS; blocks of 256): the activation row is int8 per 2
 (pmaddubsw) then i16 x sub-block scale -> i32 (pmaddwd), and its float factors (d, dmin) enter once per block
 through one FMA per term. The same idea as ggml-cpu's ggml_vec_dot_q4_K_q8_K (ggml-cpu/arch/x86/quants.c).
 
-Float path (Q8_0, IQ4_NL and unquantized F16 / BF16 / F32; blocks of 32): each weight is dequantized exactly
+Float path (Q8_0, IQ4_NL, MXFP4 and unquantized F16 / BF16 / F32; blocks of 32): each weight is dequantized exactly
 (d * q: at most 11 + 8 significant bits) and multiplied with the float32 activation by FMA.
 """
 from __future__ import annotations
 
 from tvm import tirx
 from tvm.tirx.script import builder as T
+
+from nextn.compiler.quant.mxfp4 import E2M1X2, e8m0_half
 
 from .vec import byte_vector, const, madd, pshufb, ramp
 
@@ -199,6 +201,21 @@ class IQ4NL(FloatFormat):
         return [T.Bind(d * tirx.Cast(f"float32x{L}", tirx.Shuffle([q], list(range(i, i + L))))) for i in range(0, 32, L)]
 
 
+class MXFP4(FloatFormat):
+    """MXFP4 (17 B): e u8 | qs[16]: w = 2^(e - 128) * E2M1X2[q] (ggml_e8m0_to_fp32_half: e < 2 are the float32
+    subnormals 2^-128, 2^-127), lo nibbles weights 0..15, hi nibbles 16..31. A power of two times a small integer:
+    exact."""
+    type_size = 17
+
+    def values(self, k, n, blk):
+        d = T.Bind(tirx.Broadcast(e8m0_half(k.w[n, blk * 17]), k.width // 4))
+        v = k.w[n, ramp(blk * 17 + 1, 16)]
+        idx = tirx.vectorcombine("uint8x32", v & _u8(15, 16), (v >> _u8(4, 16)) & _u8(15, 16))
+        q = T.Bind(pshufb(tirx.reinterpret("int8x32", byte_vector(list(E2M1X2) * 2)), idx, 32))
+        L = k.width // 4
+        return [T.Bind(d * tirx.Cast(f"float32x{L}", tirx.Shuffle([q], list(range(i, i + L))))) for i in range(0, 32, L)]
+
+
 class Plain(FloatFormat):
     """Unquantized weights, widened as they are read: F16 (vcvtph2ps), BF16 (the float32's upper 16 bits), F32.
     The weight argument is the tensor itself ([N, K] of `arg_dtype`); a "block" is 32 elements."""
@@ -223,4 +240,4 @@ class Plain(FloatFormat):
 
 
 INT_FORMATS = {"q4_k": Q4K(), "q5_k": Q5K(), "q6_k": Q6K(), "iq4_xs": IQ4XS()}
-FLOAT_FORMATS = {"q8_0": Q80(), "iq4_nl": IQ4NL(), "f16": Plain("float16"), "bf16": Plain("uint16"), "f32": Plain("float32")}
+FLOAT_FORMATS = {"q8_0": Q80(), "iq4_nl": IQ4NL(), "mxfp4": MXFP4(), "f16": Plain("float16"), "bf16": Plain("uint16"), "f32": Plain("float32")}
