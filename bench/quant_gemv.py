@@ -10,7 +10,8 @@ CPU (llvm): each format is timed with the kernel the compiler gives a model's ma
 element-expression kernel. The weight is cycled through enough copies (--stream-mb) to come from memory, as in
 decoding a model far larger than the cache. GB/s = the weight's GGUF bytes / time; "of read" = that over the
 read bandwidth of a TVM kernel summing a 1 GiB buffer with the same threads (a STREAM-like read), measured before
-and after the formats (the smaller is used: the machine may be shared). --element also times the element
+and after the formats (the smaller is used: the machine may be shared); "vs Q8_0" = GB/s over Q8_0's on the same
+shape in the same run (Q8_0 is timed first, also when --types leaves it out). --element also times the element
 kernel for comparison. --rows R times R activation rows (a verify of R-1 drafts).
 On a GPU: the element kernels and the device's copy bandwidth (read + write), as before.
 """
@@ -23,13 +24,14 @@ import time
 import numpy as np
 
 TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_XS", "IQ4_NL", "Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q4_1", "Q5_1",
-         "IQ2_XXS", "IQ1_S", "BF16", "F16"]
+         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "MXFP4", "BF16", "F16"]
 DEFAULT_TYPES = "Q4_K,Q5_K,Q6_K,Q8_0,IQ4_XS,IQ4_NL"
 # GLM-4.5-Air / GLM-5.2 widths: attention and dense FFN (K = 4096, 6144, 10944, 12288), experts (K = 1408), lm head
 SHAPES = "4096x4096,12288x4096,4096x12288,10944x4096,4096x10944,1408x4096,4096x1408,6144x6144,151552x4096"
 F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
-              "IQ2_XXS": [0], "IQ1_S": [0]}
+              "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0],
+              "IQ1_M": [], "MXFP4": []}     # IQ1_M, MXFP4: see random_raw
 
 
 def random_raw(ttype, n, k, rng):
@@ -43,8 +45,15 @@ def random_raw(ttype, n, k, rng):
         return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     block, tsize = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[ttype]]
     b = rng.integers(0, 256, (n * k // block, tsize), dtype=np.uint8)
+    d = (rng.standard_normal(len(b)) * 0.01).astype(np.float16)
     for off in F16_FIELDS[ttype]:
-        b[:, off:off + 2] = (rng.standard_normal(len(b)) * 0.01).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        b[:, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
+    if ttype == "IQ1_M":    # the float16 scale is the top nibbles of the four scale words (bytes 48..55)
+        w = b[:, 48:56].copy().view(np.uint16) & 0x0FFF
+        w |= ((d.view(np.uint16)[:, None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF) << 12
+        b[:, 48:56] = w.view(np.uint8)
+    if ttype == "MXFP4":    # exponent byte e: scale 2^(e-128) around 0.01
+        b[:, 0] = rng.integers(115, 125, len(b))
     return b.reshape(n, k // block * tsize)
 
 
@@ -207,18 +216,25 @@ def main():
 
     bw0 = read_bandwidth()
     print(f"read bandwidth {bw0:.1f} GB/s; GB/s = GGUF weight bytes / time; rows = {args.rows}")
-    print(f"{'type':7} {'N x K':>13} {'path':10} {'us':>9} {'GB/s':>6} {'of read':>7}  {'element GB/s':>12}  {'max rel':>8}")
-    results = []
-    for ttype in args.types.split(","):
+    print(f"{'type':7} {'N x K':>13} {'path':10} {'us':>9} {'GB/s':>6} {'of read':>7} {'vs Q8_0':>7}  "
+          f"{'element GB/s':>12}  {'max rel':>8}")
+    results, q8 = [], {}
+    types = args.types.split(",")
+    for ttype in ["Q8_0"] + [t for t in types if t != "Q8_0"]:   # Q8_0 first: the "vs Q8_0" baseline per shape
         block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[ttype]][0]
         for n, k in shapes:
             if k % block:
                 continue
             r = cpu_case(ttype, n, k, args.rows, args, rng)
+            if ttype == "Q8_0":
+                q8[(n, k)] = r["gbs"]
+            r["vs_q8_0"] = r["gbs"] / q8[(n, k)]
+            if ttype not in types:
+                continue
             results.append(r)
-            el = f"{r['element_gbs']:12.1f}" if "element_gbs" in r else " " * 12
-            print(f"{ttype:7} {f'{n}x{k}':>13} {r['path']:10} {r['us']:9.0f} {r['gbs']:6.1f} {r['gbs'] / bw0:7.2f}  "
-                  f"{el}  {r['max_rel']:8.1e}", flush=True)
+            el = f"{r['element_gbs']:12.2f}" if "element_gbs" in r else " " * 12
+            print(f"{ttype:7} {f'{n}x{k}':>13} {r['path']:10} {r['us']:9.0f} {r['gbs']:6.2f} {r['gbs'] / bw0:7.3f} "
+                  f"{r['vs_q8_0']:7.3f}  {el}  {r['max_rel']:8.1e}", flush=True)
     bw1 = read_bandwidth()
     bw = min(bw0, bw1)
     for r in results:
