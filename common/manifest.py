@@ -17,7 +17,7 @@ from .errors import NextnError
 from .hashing import sha256_file
 
 MANIFEST = "manifest.json"
-SCHEMA = 1
+SCHEMA = 2   # 2: entry points take their states and weights as two tuples (compiler/lower/to_relax.py)
 # The deepest draft a request may ask for (manifest "max_draft"); a request's n_max is lowered to it. The static
 # KV buffers hold any depth: this bounds the per-position stats and the adaptive depth controller.
 MAX_DRAFT = 8

@@ -116,8 +116,13 @@ class Engine:
         self.vm_seconds = {name: 0.0 for name in self._fn}   # time inside compiled entry points, per entry
 
     def _load_weights(self):
+        import tvm_ffi
+
         with self.device.uploader(self.weight_bytes, "weights") as put:
             self._weights = load_weights(self.files, self._plan, put)
+        # Each entry point's weights as one ffi Array, built once: a call passes it as one argument (to_relax).
+        self._weight_tuple = {name: tvm_ffi.convert([self._weights[w] for w in ep["weights"]])
+                              for name, ep in self._entries.items()}
         return {"bytes": self.weight_bytes}
 
     def _load_kv(self):
@@ -125,9 +130,12 @@ class Engine:
         return {"bytes": self.kv_bytes}
 
     def _alloc_states(self) -> None:
-        """Static KV of one sequence (state.py), and each entry point's trailing arguments: its states, its weights."""
+        """Static KV of one sequence (state.py), and each entry point's two trailing arguments: the tuple of its
+        states and the tuple of its weights (to_relax's signature)."""
+        import tvm_ffi
+
         self.states = state.state_buffers(self._entries, self.n_ctx, self.device.empty)
-        self._rest = {name: [self.states[s] for s in ep["states"]] + [self._weights[w] for w in ep["weights"]]
+        self._rest = {name: (tvm_ffi.convert([self.states[s] for s in ep["states"]]), self._weight_tuple[name])
                       for name, ep in self._entries.items()}
         self.kv_bytes = state.nbytes(self.states)
 

@@ -52,6 +52,24 @@ def test_manifest(compiled):
     assert abs(plan["weight_bytes"] - data) / data < 0.05
 
 
+def test_entry_points_take_weights_as_one_argument(compiled):
+    """Weights and states are bound once (two tuples), not passed one buffer per argument on every VM call: each
+    compiled function's arity is its inputs + n_kv + 2, whatever the number of weight buffers."""
+    import re
+
+    import tvm
+
+    art = compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf")
+    m = json.load(open(f"{art}/manifest.json"))
+    text = tvm.runtime.load_module(f"{art}/{m['libraries'][0]['file']}")["as_python"]()
+    arity = {name: int(n) for name, n in re.findall(r'function\("(\w+)", num_inputs=(\d+)\)', text)}
+    eps = m["entry_points"]
+    assert set(arity) >= set(eps)
+    for name, ep in eps.items():
+        assert len(ep["weights"]) >= 20 and len(ep["states"]) >= 2   # what would be per-call arguments unbundled
+        assert arity[name] == len(ep["inputs"]) + 3, name
+
+
 def test_tampered_library_is_refused(compiled, tmp_path):
     art = tmp_path / "art"
     shutil.copytree(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), art)

@@ -1,11 +1,13 @@
 """IR Graph → one Relax function (an entry point), node by node through TE.
 
 Signature of every entry point (the runtime relies on this order, recorded in the manifest):
-    (*inputs in graph order, n_kv: Shape([L]), *states, *weight buffers)
-where a block-quantized weight contributes its format's buffers (e.g. Q8_0: qs, d) and a KV cache its type's
-storage (nextn.common.kv_types). States are updated in place with `call_tir_inplace`; outputs are returned as a
-tuple in graph output order. The KV store, attention and the DSA index score are hand-written kernels
-(attention.py); the rest goes through TE.
+    (*inputs in graph order, n_kv: Shape([L]), states: Tuple[state buffers], weights: Tuple[weight buffers])
+where a weight contributes its format's buffers (manifest `entry_points.*.weights`, in tuple order) and a KV cache
+its type's storage (nextn.common.kv_types). States and weights are bound once, as MLC-LLM passes its params: the
+runtime builds the two tuples at load (an ffi Array each) and every call passes them as two arguments instead of
+one per buffer (a 46-layer GLM has ~800 weight buffers); the VM unpacks them in C++. States are updated in place
+with `call_tir_inplace`; outputs are returned as a tuple in graph output order. The KV store, attention and the
+DSA index score are hand-written kernels (attention.py); the rest goes through TE.
 """
 from __future__ import annotations
 
@@ -53,19 +55,27 @@ def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str],
         env[n.id] = v
     n_kv = relax.Var("n_kv", relax.ShapeType([sym["L"]]))
     params.append(n_kv)
-    for name, n in graph.states.items():
+    state_types = []
+    for n in graph.states.values():
         dtype, st_shape = attention.state_storage(n, shape)
-        v = relax.Var(name.replace(".", "_"), relax.TensorType(st_shape, dtype))
-        params.append(v)
-        env[n.id] = v
-    for name, n in graph.weights.items():
-        kind = weight_kinds[name]
-        vs = []
-        for suffix, dtype, shape in weight_buffers(kind, n.shape):
-            v = relax.Var((name + suffix).replace(".", "_"), relax.TensorType(shape, dtype))
-            params.append(v)
-            vs.append(v)
-        env[n.id] = (kind, vs, tuple(n.shape))
+        state_types.append(relax.TensorType(st_shape, dtype))
+    weight_types = [relax.TensorType(s, dt) for _b, dt, s in weight_params(graph, weight_kinds)]
+    states = relax.Var("states", relax.TupleType(state_types))
+    weights = relax.Var("weights", relax.TupleType(weight_types))
+    params += [states, weights]
+
+    def unpack(bb):
+        """Bind each state and weight buffer to a name (TupleGetItem of the two bundled parameters)."""
+        for i, (name, n) in enumerate(graph.states.items()):
+            env[n.id] = bb.emit(relax.TupleGetItem(states, i), name_hint=name.replace(".", "_"))
+        i = 0
+        for name, n in graph.weights.items():
+            kind = weight_kinds[name]
+            vs = []
+            for suffix, _dtype, _shape in weight_buffers(kind, n.shape):
+                vs.append(bb.emit(relax.TupleGetItem(weights, i), name_hint=(name + suffix).replace(".", "_")))
+                i += 1
+            env[n.id] = (kind, vs, tuple(n.shape))
 
     if x86 is not None:
         x86.plan(graph, weight_kinds)
@@ -76,6 +86,7 @@ def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str],
 
     with bb.function(graph.name, params):
         with bb.dataflow():
+            unpack(bb)
             for n in graph.live_nodes():
                 if n.op in ("input", "state", "weight"):
                     continue
