@@ -80,14 +80,23 @@ def _finite_scales(kind: str, raw: np.ndarray) -> np.ndarray:
     return raw
 
 
-def time_kernel(spec, knobs, target, rounds: int = 3, args=None) -> float:
-    """Seconds per call of `spec` built with `knobs`: best of `rounds` passes over the weight copies."""
+def build_kernel(spec, knobs, target):
+    """`spec` built with `knobs` for `target`: a callable (weights..., acts..., extra..., outs...)."""
     import tvm
 
-    fn = tvm.compile(tvm.IRModule({"main": spec.build(knobs)}), target=target).mod["main"]
-    if args is None:
-        args = _random_args(spec, max(1, -(-STREAM_BYTES // spec.weight_bytes())))
-    weights, acts, extra, outs = args
+    return tvm.compile(tvm.IRModule({"main": spec.build(knobs)}), target=target).mod["main"]
+
+
+def stream_args(spec):
+    """`_random_args` with enough weight copies (STREAM_BYTES) that a timing streams the weight from memory."""
+    return _random_args(spec, max(1, -(-STREAM_BYTES // spec.weight_bytes())))
+
+
+def time_kernel(spec, knobs, target, rounds: int = 3, args=None, fn=None) -> float:
+    """Seconds per call of `spec` built with `knobs` (or the already built `fn`): best of `rounds` passes over
+    the weight copies."""
+    fn = fn or build_kernel(spec, knobs, target)
+    weights, acts, extra, outs = args if args is not None else stream_args(spec)
     fn(*weights[0], *acts, *extra, *outs)   # warm-up (thread pool, first touch)
     best = float("inf")
     for _ in range(rounds):
@@ -102,7 +111,7 @@ def search(spec, target, width: int, log=print):
     """(default seconds, best knobs, best seconds) for `spec`; the default is timed in the same run."""
     from nextn.compiler.lower import x86
 
-    args = _random_args(spec, max(1, -(-STREAM_BYTES // spec.weight_bytes())))
+    args = stream_args(spec)
     default = x86.default_knobs(spec, width)
     t_default = time_kernel(spec, default, target, args=args)
     best, t_best = default, t_default
