@@ -55,7 +55,7 @@ def tune(model, target, trials, out, max_kernels, draft, cost_model, only, keep_
     book = entry.tune(model, out, target=target, trials=trials, max_kernels=max_kernels, draft=draft,
                       cost_model=cost_model, log=_echo, only=only, keep_slower=keep_slower, search=search,
                       build_timeout=build_timeout)
-    _echo(f"{len(book['records'])} record(s) in {os.path.join(out, 'log.json')}")
+    _echo(f"{len(book['records'])} schedule record(s), {len(book.get('x86_knobs', []))} x86 knob record(s) in {os.path.join(out, 'log.json')}")
 
 
 @click.group()
