@@ -335,7 +335,7 @@ def realwidth_slice(out: str, name: str, target: str, arches, prebuilt: dict) ->
     if not os.path.lexists(os.path.join(out, "models", tpl)):
         place_link(out, f"models/{tpl}", IN_REPO[tpl], os.path.join(FIXTURES, tpl))
     return {"name": name, "preset": preset, "n_moe": n_moe, "file": f"{name}.gguf", "size": mf["size"],
-            "sha256": mf["sha256"], "artifact": os.path.relpath(art, out), "synth": "tools/synth_realwidth.py",
+            "sha256": sha256(gguf), "artifact": os.path.relpath(art, out), "synth": "tools/synth_realwidth.py",
             "fixtures": "models"}
 
 

@@ -1,23 +1,31 @@
-"""Reading and validating one GGUF file with gguf-py (the compiler reads hyper-parameters and checks tensors,
-the runtime reads weights and tokenizer fields).
+"""Reading and validating a GGUF model — one file, or the shards of a split GGUF — memory-mapped (the compiler
+reads hyper-parameters and checks tensors, the runtime reads weights and tokenizer fields).
 
 Shapes in nextn are row-major (numpy / PyTorch order): a GGUF matrix whose ggml `ne` is `{in, out}` is
 `[out, in]` here, a 3-D expert tensor `{in, out, n_expert}` is `[n_expert, out, in]` (ggml's `ne[0]` is the
-contiguous axis; gguf-py's `GGUFReader` reports `ne` order). Every error names the file and the key or tensor
-and what was expected.
+contiguous axis). Every error names the file and the key or tensor and what was expected. The header parser and
+its checks are `gguf_header.py`; split GGUFs `gguf_split.py`.
+
+A model is identified by its headers, not by its every byte (`identity`): what an artifact is compiled from is the
+metadata and the tensor table (names, types, shapes, offsets); the weights are read from the file at load. So a
+copy of the file is the same model (the compile cache is reused), an edit of the metadata or of the tensor table
+(a changed key, a retyped or reshaped tensor) is another model (recompiled), and new weight bytes under the same
+header are read as they are. `sha256()` reads every byte, only where asked (`nextn compile --verify-model`).
 """
 from __future__ import annotations
 
+import hashlib
+import mmap
 import os
+import struct
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import gguf_split
 from .errors import NextnError
-from .hashing import file_sha256
+from .gguf_header import parse
 from .quant import FORMATS, by_ggml_type
-
-_GGUF_MAGIC = b"GGUF"
 
 # F32 tensors load as float32 views; F16 / BF16 stay 16-bit where the compiler asked (nextn.common.quant), else
 # they are widened to float32 at load; block-quantized types stay as their blocks (views, nothing repacked).
@@ -47,44 +55,90 @@ class Weight:
         return sum(a.nbytes for a in self.arrays)
 
 
-class GGUFFile:
-    """A GGUF file opened through gguf-py's memory-mapped reader.
+class _Shard:
+    """One GGUF file, mapped copy-on-write (pages are the page cache's until written, which nothing does; the
+    arrays are writable, which DLPack needs to hand them to kernels without a copy), and its parsed header."""
 
-    The map is private copy-on-write (mode "c"): its pages are the page cache's until written, which nothing does,
-    and its arrays are writable, which DLPack needs to hand them to the kernels without a copy.
-    Raises NextnError when the file is missing, is not a GGUF, or is truncated.
-    """
+    def __init__(self, path: str):
+        self.path = path
+        if not os.path.exists(path):
+            raise NextnError(f"{path}: no such file")
+        if os.path.isdir(path):
+            raise NextnError(f"{path}: is a directory, expected a GGUF file")
+        try:
+            with open(path, "rb") as f:
+                self.size = os.fstat(f.fileno()).st_size
+                if self.size < 4:
+                    raise NextnError(f"{path}: not a GGUF file ({self.size} bytes); file empty or truncated")
+                self.buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except OSError as e:
+            raise NextnError(f"{path}: cannot read ({e.strerror})") from None
+        self.header = parse(path, self.buf, self.size)
+
+    def header_digest(self) -> bytes:
+        """sha256 of (file size, header bytes up to the tensor data): what an artifact depends on."""
+        h = hashlib.sha256(struct.pack("<Q", self.size))
+        h.update(memoryview(self.buf)[: min(self.header.data_start, self.size)])
+        return h.digest()
+
+
+class GGUFFile:
+    """A GGUF model opened by its path — for a split GGUF the first shard's, and the other shards are found by
+    name and checked (gguf_split.py). `fields`: the metadata (of the first shard); `tensors`: name → TensorInfo of
+    every shard. Raises NextnError when a file is missing, is not a GGUF, is truncated or corrupt, or a shard is
+    missing or belongs to another split."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            raise NextnError(f"{self.path}: no such file")
-        if os.path.isdir(self.path):
-            raise NextnError(f"{self.path}: is a directory, expected a GGUF file")
-        with open(self.path, "rb") as f:
-            magic = f.read(4)
-        if magic != _GGUF_MAGIC:
-            raise NextnError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-        import gguf  # deferred: gguf-py import costs ~0.1 s
+        first = _Shard(self.path)
+        self.shards = [first]
+        count = gguf_split.split_count(self.path, first.header.fields)
+        if count > 1:
+            for no, sp in enumerate(gguf_split.shard_paths(self.path, count)[1:], start=1):
+                if not os.path.isfile(sp):
+                    raise NextnError(f"{sp}: no such file (shard {no + 1} of {count} of the split GGUF "
+                                     f"{os.path.basename(self.path)})")
+                s = _Shard(sp)
+                gguf_split.check_shard(sp, s.header.fields, no, count, self.path)
+                self.shards.append(s)
+        self.fields: dict[str, object] = dict(first.header.fields)
+        self._bad_utf8 = dict(first.header.bad_utf8)
+        self.tensors = {}
+        self._shard_of = {}
+        for s in self.shards:
+            for name, t in s.header.tensors.items():
+                if name in self.tensors:
+                    raise NextnError(f"{s.path}: tensor '{name}' is also in {self._shard_of[name].path}; a shard "
+                                     f"is from another split")
+                self.tensors[name] = t
+                self._shard_of[name] = s
+        if count > 1:
+            want = first.header.fields.get(gguf_split.KEY_TENSORS)
+            if want != len(self.tensors):
+                raise NextnError(f"{self.path}: '{gguf_split.KEY_TENSORS}' = {want!r}, but the {count} shards hold "
+                                 f"{len(self.tensors)} tensors; a shard is from another split")
 
-        try:
-            reader = gguf.GGUFReader(self.path, "c")
-        except Exception as e:  # gguf-py raises assorted errors on a cut-off header
-            raise NextnError(f"{self.path}: cannot parse GGUF header ({type(e).__name__}: {e}); file truncated or corrupt") from None
-        self._reader = reader
-        self.fields: dict[str, object] = {}
-        for key, field in reader.fields.items():
-            try:
-                self.fields[key] = field.contents()
-            except Exception:  # an unreadable metadata value: keep the key, mark it
-                self.fields[key] = None
-        self.tensors = {t.name: t for t in reader.tensors}
-        size = os.path.getsize(self.path)
-        for t in reader.tensors:
-            end = int(t.data_offset) + int(t.n_bytes)
-            if end > size:
-                raise NextnError(f"{self.path}: tensor '{t.name}' extends past the end of the file "
-                                 f"({end} > {size} bytes); file truncated")
+    @property
+    def paths(self) -> list[str]:
+        """Every file of the model: the path, or the shards of a split GGUF in order."""
+        return [s.path for s in self.shards]
+
+    @property
+    def size(self) -> int:
+        """Bytes of every file of the model together."""
+        return sum(s.size for s in self.shards)
+
+    def identity(self) -> str:
+        """Hex id of the model from its headers (every shard's size and header bytes, tensor data excluded): equal
+        for copies, different after any change of metadata, tensor table or size (module docstring)."""
+        h = hashlib.sha256(b"nextn-gguf-identity-1")
+        for s in self.shards:
+            h.update(s.header_digest())
+        return h.hexdigest()
+
+    def path_of(self, name: str) -> str:
+        """The file that holds tensor `name` (a shard of a split GGUF)."""
+        return self._shard_of[name].path
 
     # -- metadata ---------------------------------------------------------------------------------
     def has(self, key: str) -> bool:
@@ -96,6 +150,8 @@ class GGUFFile:
             if default is ...:
                 raise NextnError(f"{self.path}: metadata key '{key}' is missing")
             return default
+        if key in self._bad_utf8:
+            raise NextnError(f"{self.path}: metadata key '{key}' {self._bad_utf8[key]}")
         v = self.fields[key]
         if kind is not None:
             ok = (isinstance(v, kind) and not (kind is int and isinstance(v, bool))) or (kind is float and isinstance(v, int))
@@ -122,10 +178,10 @@ class GGUFFile:
         got = self.tensor_shape(name)
         if got != tuple(shape):
             ne = list(reversed(shape))
-            raise NextnError(f"{self.path}: tensor '{name}' has ggml shape {list(reversed(got))}, expected {ne}")
+            raise NextnError(f"{self.path_of(name)}: tensor '{name}' has ggml shape {list(reversed(got))}, expected {ne}")
         ttype = self.tensor_type(name)
         if ttype not in _supported_types():
-            raise NextnError(f"{self.path}: tensor '{name}' has type {ttype}, which nextn does not support yet "
+            raise NextnError(f"{self.path_of(name)}: tensor '{name}' has type {ttype}, which nextn does not support yet "
                              f"(supported: {', '.join(_supported_types())})")
 
     def load(self, name: str, quantized: bool = True) -> Weight:
@@ -145,6 +201,8 @@ class GGUFFile:
         arr = gguf.quants.dequantize(raw, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
         return Weight(name, "f32", shape, (np.ascontiguousarray(arr),))
 
-    def sha256(self) -> str:
-        """Hex sha256 of the whole file (memoised per path, size and mtime: common.hashing.file_sha256)."""
-        return file_sha256(self.path)
+    def sha256(self, progress: bool = False) -> list[str]:
+        """Hex sha256 of every file of the model (the shards in order), reading every byte; `progress`: a tqdm bar."""
+        from .hashing import sha256_files
+
+        return sha256_files(self.paths, progress=progress)

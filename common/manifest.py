@@ -1,6 +1,7 @@
 """The artifact's `manifest.json`: written by the compiler (compiler/compile.py), read by the runtime.
 
-    DIR/manifest.json   nextn/TVM versions, target, model files (path, size, sha256), arch + hparams,
+    DIR/manifest.json   nextn/TVM versions, target, model files (path, size, header identity, shards; sha256
+                        with --verify-model), arch + hparams,
                         entry points (argument order), buffer plan, libraries (file, sha256), tuning log,
                         max_draft, kv_cache (types, bytes per token), kernel_form, cuda_graph
     DIR/<library>.so    the Relax VM executable with every kernel
@@ -17,7 +18,8 @@ from .errors import NextnError
 from .hashing import sha256_file
 
 MANIFEST = "manifest.json"
-SCHEMA = 2   # 2: entry points take their states and weights as two tuples (compiler/lower/to_relax.py)
+SCHEMA = 3   # 3: model files by header identity (common/gguf.py), not by sha256; 2: entry points take their
+#              states and weights as two tuples (compiler/lower/to_relax.py)
 # The deepest draft a request may ask for (manifest "max_draft"); a request's n_max is lowered to it. The static
 # KV buffers hold any depth: this bounds the per-position stats and the adaptive depth controller.
 MAX_DRAFT = 8

@@ -33,7 +33,8 @@ def _rel(path: str, base: str) -> str:
 def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | None = None,
                   dump_ir: str | None = None, log=print, arches=None, mtp_dense_attention: bool = False,
                   tuning_log: str | None = None, cuda_graph: bool = True, split_kernels: bool | None = None,
-                  cache_type_k: str = DEFAULT_KV, cache_type_v: str = DEFAULT_KV, exact_matmul: bool = False) -> str:
+                  cache_type_k: str = DEFAULT_KV, cache_type_v: str = DEFAULT_KV, exact_matmul: bool = False,
+                  verify_model: bool = False) -> str:
     """Compile `model` (+ optional MTP-only `draft`) for `target` into `out_dir`; returns `out_dir`.
     `mtp_dense_attention`: glm-dsa NextN block with dense MLA and no indexer (llama.cpp's graph_mtp).
     `cuda_graph` (CUDA only): the one-row steps replay as CUDA graphs (lower/capture_graphs.py).
@@ -43,6 +44,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     and indexer key caches take the K type), fixed here because the kernels read the caches' storage.
     `exact_matmul` (llvm): float activations in every matmul; by default the CPU's K-quant / IQ4_XS matmuls take
     int8-quantized activation rows, as ggml-cpu does (compiler/lower/x86, nextn.common.quant.activation).
+    `verify_model`: read every byte of the model file(s) for their sha256 (logged, and recorded in the manifest);
+    otherwise the manifest identifies them by their headers (common/gguf.py `GGUFFile.identity`).
     The build runs in a reproducible child process where possible (compiler/reproducible.py)."""
     if not reproducible.in_child() and reproducible.available():
         return reproducible.run_in_child("nextn.compiler.compile", {
@@ -51,7 +54,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             "mtp_dense_attention": bool(mtp_dense_attention),
             "tuning_log": os.fspath(tuning_log) if tuning_log else None, "cuda_graph": bool(cuda_graph),
             "split_kernels": split_kernels, "cache_type_k": cache_type_k, "cache_type_v": cache_type_v,
-            "exact_matmul": bool(exact_matmul)}, log)
+            "exact_matmul": bool(exact_matmul), "verify_model": bool(verify_model)}, log)
     import tvm
     import tvm_ffi
 
@@ -152,10 +155,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     c = mf.config
     kv = kv_plan(graphs, c.n_layer, with_mtp)
     out_abs = os.path.abspath(out_dir)
-    # Model files are referenced, not copied (weights stay in the GGUF): path relative to the artifact and absolute.
-    model_files = [{"role": role, "path": os.path.abspath(f.path), "relpath": _rel(f.path, out_abs),
-                    "size": os.path.getsize(f.path), "sha256": f.sha256()}
-                   for role, f in (("model", mf.main), ("draft", mf.draft)) if f is not None]
+    model_files = _model_files(mf, out_abs, verify_model, log)
     manifest = {
         "schema": SCHEMA,
         "nextn_version": nextn_version(),
@@ -220,6 +220,25 @@ def _storage(state_node):
     from .lower.attention import state_storage
 
     return state_storage(state_node, lambda shape: [d if isinstance(d, str) else int(d) for d in shape])
+
+
+def _model_files(mf, out_abs: str, verify: bool, log) -> list[dict]:
+    """The manifest's record of the model GGUF(s). Referenced, not copied (the weights stay in the GGUF): the
+    path relative to the artifact and absolute (a split GGUF: its first shard), the total size, the header identity
+    and each shard's size, plus each shard's sha256 when `verify` (read with a progress bar, and logged in
+    sha256sum's format)."""
+    out = []
+    for role, f in (("model", mf.main), ("draft", mf.draft)):
+        if f is None:
+            continue
+        shards = [{"file": os.path.basename(s.path), "size": s.size} for s in f.shards]
+        if verify:
+            for sh, p, digest in zip(shards, f.paths, f.sha256(progress=True)):
+                sh["sha256"] = digest
+                log(f"sha256 {digest}  {p}")
+        out.append({"role": role, "path": os.path.abspath(f.path), "relpath": _rel(f.path, out_abs), "size": f.size,
+                    "identity": f.identity(), "shards": shards})
+    return out
 
 
 def _write_schedule_report(target: str, dump_dir: str | None):

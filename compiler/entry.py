@@ -8,14 +8,14 @@ from __future__ import annotations
 import os
 
 from nextn.common.errors import NextnError
-from nextn.common.hashing import file_sha256
+from nextn.common.gguf import GGUFFile
 from nextn.common.manifest import MANIFEST, read_manifest
 from nextn.common.paths import cache_dir
 from nextn.common.versions import nextn_version, package_version
 
 from .compile import compile_model
 
-__all__ = ["compile_model", "compiled_artifact", "compiler_fingerprint", "tune", "tune_offline", "tuning_export",
+__all__ = ["cache_path", "compile_model", "compiled_artifact", "compiler_fingerprint", "tune", "tune_offline", "tuning_export",
            "tuning_import", "tuning_merge", "tuning_ingest", "tuning_show"]
 
 
@@ -41,24 +41,19 @@ def compiler_fingerprint() -> str:
     return h.hexdigest()[:12]
 
 
-def compiled_artifact(model: str, target: str, draft: str | None = None, log=None, arches=None,
-                      mtp_dense_attention: bool = False, cache_type_k: str | None = None,
-                      cache_type_v: str | None = None) -> str:
-    """The artifact directory of `model` (+ MTP-only `draft`) for `target`, compiled on first use and cached under
-    the nextn cache, keyed by the files' sha256, target (+ arches, options, KV cache types: default f16, f16),
-    nextn version and compiler fingerprint. A damaged cache entry is rebuilt. Raises NextnError for missing files
-    and bad input."""
+def cache_path(model: str, target: str, draft: str | None = None, arches=None, mtp_dense_attention: bool = False,
+               cache_type_k: str | None = None, cache_type_v: str | None = None) -> str:
+    """Where `model` (+ MTP-only `draft`) compiled for `target` is cached: keyed by the files' header identity
+    (common/gguf.py `GGUFFile.identity`: a copy of a file is the same entry, an edited header another; no byte of
+    tensor data is read), target (+ arches, options, KV cache types: default f16, f16), nextn version and compiler
+    fingerprint. Raises NextnError for a missing or malformed file or an unknown KV cache type."""
     from nextn.common.kv_types import DEFAULT, kv_type
 
     from .gpu_build import parse_arches
 
-    if not os.path.isfile(model):
-        raise NextnError(f"{model}: no such file")
-    key = file_sha256(model)[:16]
+    key = GGUFFile(model).identity()[:16]
     if draft:
-        if not os.path.isfile(draft):
-            raise NextnError(f"{draft}: no such file")
-        key += "-" + file_sha256(draft)[:16]
+        key += "-" + GGUFFile(draft).identity()[:16]
     arch_list = parse_arches(target, arches)   # validates --arch (llvm takes none)
     target_key = f"{target}_{'+'.join(arch_list)}" if arch_list else target
     if mtp_dense_attention:   # a compile option changes the artifact: its own cache entry
@@ -66,7 +61,20 @@ def compiled_artifact(model: str, target: str, draft: str | None = None, log=Non
     type_k = kv_type(cache_type_k or DEFAULT, "--cache-type-k").name
     type_v = kv_type(cache_type_v or DEFAULT, "--cache-type-v").name
     target_key += f"-kv_{type_k}_{type_v}"
-    out = os.path.join(cache_dir(), "artifacts", f"{key}-{target_key}-{nextn_version()}-{compiler_fingerprint()}")
+    return os.path.join(cache_dir(), "artifacts", f"{key}-{target_key}-{nextn_version()}-{compiler_fingerprint()}")
+
+
+def compiled_artifact(model: str, target: str, draft: str | None = None, log=None, arches=None,
+                      mtp_dense_attention: bool = False, cache_type_k: str | None = None,
+                      cache_type_v: str | None = None) -> str:
+    """The artifact directory of `model` (+ MTP-only `draft`) for `target` with KV cache types -ctk / -ctv
+    (default f16, f16), compiled on first use and cached at `cache_path`. A damaged cache entry is rebuilt. Raises
+    NextnError for missing files and bad input."""
+    from nextn.common.kv_types import DEFAULT, kv_type
+
+    type_k = kv_type(cache_type_k or DEFAULT, "--cache-type-k").name
+    type_v = kv_type(cache_type_v or DEFAULT, "--cache-type-v").name
+    out = cache_path(model, target, draft, arches, mtp_dense_attention, type_k, type_v)
     if os.path.isfile(os.path.join(out, MANIFEST)):
         try:
             read_manifest(out)

@@ -46,9 +46,13 @@ def cli():
 @click.option("--exact-matmul", is_flag=True,
               help="CPU: float activations in every matmul. By default K-quant and IQ4_XS matmuls quantize each "
                    "activation row to 8 bits (as llama.cpp's CPU backend does), which is faster.")
+@click.option("--verify-model", is_flag=True,
+              help="Read every byte of the model GGUF(s) for their sha256 (progress bar; printed and recorded in the "
+                   "manifest). Without it the model is identified by its header, which is read in a fraction of a "
+                   "second.")
 @kv_cache_options
 def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tuning_log, cuda_graph, exact_matmul,
-            cache_type_k, cache_type_v):
+            verify_model, cache_type_k, cache_type_v):
     """Compile MODEL.gguf into an artifact directory (library + manifest.json)."""
     from nextn.common.kv_types import DEFAULT
     from nextn.compiler import entry
@@ -59,7 +63,7 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
     entry.compile_model(model, out, target=target, draft=draft, dump_ir=dump_ir, log=lambda m: click.echo(m, err=True),
                   arches=list(arches) or None, mtp_dense_attention=mtp_dense_attention, tuning_log=tuning_log,
                   cuda_graph=cuda_graph, exact_matmul=exact_matmul, cache_type_k=cache_type_k or DEFAULT,
-                  cache_type_v=cache_type_v or DEFAULT)
+                  cache_type_v=cache_type_v or DEFAULT, verify_model=verify_model)
 
 
 @cli.command()

@@ -169,7 +169,7 @@ class Engine:
              draft_path: str | None = None, log=None, arches=None, device: str = "cpu",
              mtp_dense_attention: bool = False, cache_type_k: str | None = None,
              cache_type_v: str | None = None) -> "Engine":
-        """Open an artifact directory, or a GGUF file (compiled for `target` first, cached by its sha256).
+        """Open an artifact directory, or a GGUF file (compiled for `target` first, cached by its header identity).
         `cache_type_k` / `cache_type_v` (-ctk / -ctv): a GGUF is compiled with them (default f16); an artifact
         directory must have been compiled with them (None: whatever it was compiled with)."""
         if os.path.isdir(path):

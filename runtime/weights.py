@@ -1,7 +1,8 @@
 """The model's weights as the artifact's buffer plan lays them out.
 
 The GGUF file(s) an artifact was compiled from — the model, and an MTP-only draft for a trunk-only model — are
-checked against the manifest (size and sha256: the same bytes, hence the same hyper-parameters and tensors), then
+checked against the manifest (size and header identity: the same metadata and tensor table, hence the same
+hyper-parameters, tensor types, shapes and offsets; common/gguf.py `GGUFFile.identity`), then
 each planned buffer is read from the file its plan entry names ("role"), packed by its format
 (nextn.common.quant), checked against the planned dtype and shape, and put on the device once. With speculation
 off the NextN-only buffers are never read, and the draft file is not even opened.
@@ -12,7 +13,6 @@ import os
 
 from nextn.common.errors import NextnError
 from nextn.common.gguf import GGUFFile
-from nextn.common.hashing import file_sha256
 
 
 class ArtifactFiles:
@@ -33,7 +33,7 @@ class ArtifactFiles:
             self.draft = GGUFFile(draft_path or artifact.model_path("draft"))
         for role, f in (("model", self.main), ("draft", self.draft)):
             if f is not None:
-                _check_same_file(artifact, roles[role], f.path)
+                _check_same_model(roles[role], f)
 
     def of_role(self, role: str) -> GGUFFile:
         f = self.main if role == "model" else self.draft
@@ -46,10 +46,10 @@ class ArtifactFiles:
         return [self.main] + ([self.draft] if self.draft is not None else [])
 
 
-def _check_same_file(artifact, entry: dict, path: str) -> None:
-    if os.path.getsize(path) != entry["size"] or file_sha256(path) != entry["sha256"]:
-        raise NextnError(f"{path}: sha256 differs from the file this artifact was compiled from "
-                         f"({entry['path']}); recompile with `nextn compile`")
+def _check_same_model(entry: dict, f: GGUFFile) -> None:
+    if f.size != entry["size"] or f.identity() != entry["identity"]:
+        raise NextnError(f"{f.path}: not the model this artifact was compiled from ({entry['path']}): its metadata, "
+                         f"tensor table or size differs; recompile with `nextn compile`")
 
 
 def load_weights(files: ArtifactFiles, plan: list[dict], to_device) -> dict:

@@ -1,9 +1,12 @@
 """Make modified copies of a fixture GGUF: broken ones by patching bytes of its header (same length, so offsets
-hold), and ones with added or changed metadata keys through gguf-py's writer (`with_metadata`)."""
+hold), and valid ones with added or changed metadata keys or tensors, or split into shards, through gguf-py's
+writer (`with_metadata`, `copy_gguf`)."""
 from __future__ import annotations
 
 import struct
 from pathlib import Path
+
+import numpy as np
 
 
 def _header(path: Path) -> bytearray:
@@ -34,16 +37,13 @@ def set_arch(src: Path, dst: Path, arch: bytes) -> Path:
 
 
 def set_first_dim(src: Path, dst: Path, tensor: bytes, ne0: int) -> Path:
-    """Change ne[0] of `tensor` in the tensor-info table (a smaller value keeps the data in bounds)."""
-    data = _header(src)
-    i = data.find(struct.pack("<Q", len(tensor)) + tensor)
-    assert i >= 0
-    j = i + 8 + len(tensor)
-    (n_dims,) = struct.unpack_from("<I", data, j)
-    assert n_dims >= 1
-    struct.pack_into("<Q", data, j + 4, ne0)
-    dst.write_bytes(bytes(data))
-    return dst
+    """A valid copy with ne[0] of `tensor` changed (the tensor rewritten as F32 ones of the new shape)."""
+    import gguf
+
+    t = next(t for t in gguf.GGUFReader(src).tensors if t.name == tensor.decode())
+    shape = [int(d) for d in reversed(t.shape.tolist())]
+    shape[-1] = ne0
+    return copy_gguf(src, dst, tensors={t.name: np.ones(shape, np.float32)})
 
 
 def truncate(src: Path, dst: Path, fraction: float) -> Path:
@@ -67,3 +67,48 @@ def with_metadata(src: Path, dst: Path, values: dict) -> Path:
         writer.data_alignment = align.contents()
     copy_with_new_metadata(reader, writer, {k: MetadataDetails(kinds[type(v)], v) for k, v in values.items()}, [])
     return dst
+
+
+def copy_gguf(src: Path, dst: Path, metadata: dict | None = None, tensors: dict | None = None, only=None,
+            split_max_tensors: int = 0) -> Path:
+    """Copy `src` to `dst` through gguf-py's writer (a valid GGUF): `metadata` {key: (value, GGUFValueType) or
+    None to drop it} changes keys, `tensors` {name: float32 array} replaces tensors (stored F32), `only` keeps
+    just those tensor names (in the source's order). `split_max_tensors` > 0 writes a split GGUF as llama.cpp's
+    gguf-split does (gguf-py's own split writer: DST_STEM-0000i-of-0000n.gguf, all metadata in the first shard,
+    split.no / split.count / split.tensors.count in every shard); returns the first shard's path then."""
+    import gguf
+
+    metadata, tensors = dict(metadata or {}), dict(tensors or {})
+    reader = gguf.GGUFReader(src)
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE)
+    writer = gguf.GGUFWriter(dst, arch=arch.contents() if arch else "", endianess=reader.endianess,
+                             split_max_tensors=split_max_tensors)
+    if arch is None:   # a later shard of a split GGUF has no general.architecture
+        writer.kv_data[0].pop(gguf.Keys.General.ARCHITECTURE, None)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        if field.name in metadata:
+            new = metadata.pop(field.name)
+            if new is not None:
+                writer.add_key_value(field.name, new[0], new[1])
+            continue
+        if field.name == gguf.Keys.General.ALIGNMENT:
+            writer.data_alignment = field.contents()
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    for key, new in metadata.items():
+        if new is not None:
+            writer.add_key_value(key, new[0], new[1])
+    for t in reader.tensors:
+        if only is not None and t.name not in only:
+            continue
+        if t.name in tensors:
+            writer.add_tensor(t.name, np.ascontiguousarray(tensors[t.name], np.float32))
+        else:
+            writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return writer.format_shard_names(Path(dst))[0]

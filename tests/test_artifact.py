@@ -25,10 +25,18 @@ def test_manifest(compiled):
     m = json.load(open(f"{art}/manifest.json"))
     assert m["tvm_version"] == "0.27.0.post1" and m["tvm_ffi_version"] == "0.1.14.post1"
     assert m["target"]["name"] == "llvm" and m["arch"] == "glm4moe"
-    assert m["model_files"][0]["sha256"] == sha(path)
+    mfile = m["model_files"][0]
+    # identified by its header (no whole-file hash): sha256 over (size, bytes before the tensor data), gguf-py's offset
+    import struct
+
+    r = gguf.GGUFReader(path)
+    head = path.read_bytes()[:r.data_offset]
+    inner = hashlib.sha256(struct.pack("<Q", path.stat().st_size) + head).digest()
+    assert mfile["identity"] == hashlib.sha256(b"nextn-gguf-identity-1" + inner).hexdigest()
+    assert mfile["size"] == path.stat().st_size and "sha256" not in mfile
+    assert mfile["shards"] == [{"file": path.name, "size": path.stat().st_size}]
     # hyper-parameters as the fixture states them: its HF config and the GGUF read with gguf-py
     hf = json.loads((G4 / "hf" / "config.json").read_text())
-    r = gguf.GGUFReader(path)
     assert m["hparams"]["n_layer"] == hf["num_hidden_layers"] == \
         r.fields["glm4moe.block_count"].contents() - r.fields["glm4moe.nextn_predict_layers"].contents()
     assert m["hparams"]["n_expert_used"] == hf["num_experts_per_tok"]
@@ -89,9 +97,9 @@ def test_model_file_must_match_manifest(compiled, tmp_path):
     art = tmp_path / "art"
     shutil.copytree(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), art)
     m = json.load(open(art / "manifest.json"))
-    m["model_files"][0]["sha256"] = "0" * 64
+    m["model_files"][0]["identity"] = "0" * 64
     json.dump(m, open(art / "manifest.json", "w"))
-    with pytest.raises(NextnError, match="sha256 differs"):
+    with pytest.raises(NextnError, match="not the model this artifact was compiled from"):
         rt.load(str(art))
 
 
