@@ -15,6 +15,7 @@ header are read as they are. `sha256()` reads every byte, only where asked (`nex
 from __future__ import annotations
 
 import hashlib
+import math
 import mmap
 import os
 import struct
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import gguf_split
-from .errors import NextnError
+from .errors import NextnError, shown
 from .gguf_header import parse
 from .quant import FORMATS, by_ggml_type
 
@@ -108,7 +109,7 @@ class GGUFFile:
         for s in self.shards:
             for name, t in s.header.tensors.items():
                 if name in self.tensors:
-                    raise NextnError(f"{s.path}: tensor '{name}' is also in {self._shard_of[name].path}; a shard "
+                    raise NextnError(f"{s.path}: tensor '{shown(name)}' is also in {self._shard_of[name].path}; a shard "
                                      f"is from another split")
                 self.tensors[name] = t
                 self._shard_of[name] = s
@@ -145,7 +146,8 @@ class GGUFFile:
         return key in self.fields
 
     def get(self, key: str, default=..., kind=None):
-        """Metadata value of `key`; `kind` in (int, float, bool, str, list) checks the type."""
+        """Metadata value of `key`; `kind` in (int, float, bool, str, list) checks the type (a float must be finite:
+        a NaN or infinite hyper-parameter only makes NaN logits)."""
         if key not in self.fields:
             if default is ...:
                 raise NextnError(f"{self.path}: metadata key '{key}' is missing")
@@ -156,9 +158,12 @@ class GGUFFile:
         if kind is not None:
             ok = (isinstance(v, kind) and not (kind is int and isinstance(v, bool))) or (kind is float and isinstance(v, int))
             if not ok:
-                raise NextnError(f"{self.path}: metadata key '{key}' has value {v!r}, expected {kind.__name__}")
+                raise NextnError(f"{self.path}: metadata key '{key}' has value {shown(v if not isinstance(v, str) else repr(v))}, "
+                                 f"expected {kind.__name__}")
             if kind is float:
                 v = float(v)
+                if not math.isfinite(v):
+                    raise NextnError(f"{self.path}: metadata key '{key}' has value {v}, expected a finite number")
         return v
 
     # -- tensors ----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import NextnError
+from .errors import NextnError, shown
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -115,22 +115,22 @@ def _text(cur: _Cursor, raw: bytes, what: str) -> str:
 def _value(cur: _Cursor, vtype: int, key: str):
     """One metadata value of type `vtype`; returns (value, invalid-UTF-8 note or None)."""
     if vtype in _SCALAR:
-        return cur.scalar(_SCALAR[vtype], f"value of '{key}'"), None
+        return cur.scalar(_SCALAR[vtype], f"value of '{shown(key)}'"), None
     if vtype == STRING:
-        raw = cur.string_bytes(f"value of '{key}'")
+        raw = cur.string_bytes(f"value of '{shown(key)}'")
         try:
             return raw.decode("utf-8"), None
         except UnicodeDecodeError:
             return None, "is not valid UTF-8"
     if vtype != ARRAY:
-        raise cur.fail(f"metadata key '{key}' has unknown value type {vtype}", cur.off - 4)
-    etype = cur.scalar("I", f"element type of '{key}'")
-    n = cur.scalar("Q", f"element count of '{key}'")
+        raise cur.fail(f"metadata key '{shown(key)}' has unknown value type {vtype}", cur.off - 4)
+    etype = cur.scalar("I", f"element type of '{shown(key)}'")
+    n = cur.scalar("Q", f"element count of '{shown(key)}'")
     if etype == ARRAY or (etype not in _SCALAR and etype != STRING):
-        raise cur.fail(f"metadata key '{key}' is an array of unsupported type {etype}", cur.off - 12)
+        raise cur.fail(f"metadata key '{shown(key)}' is an array of unsupported type {etype}", cur.off - 12)
     min_size = 8 if etype == STRING else np.dtype(_NP[etype]).itemsize
     if n > MAX_ARRAY or n * min_size > cur.size - cur.off:
-        raise cur.fail(f"metadata key '{key}' declares {n} array elements, more than the "
+        raise cur.fail(f"metadata key '{shown(key)}' declares {n} array elements, more than the "
                        f"{cur.size - cur.off} bytes left can hold", cur.off - 8)
     if etype != STRING:
         arr = np.frombuffer(cur.buf, _NP[etype], n, cur.off)
@@ -141,12 +141,12 @@ def _value(cur: _Cursor, vtype: int, key: str):
     for i in range(n):
         if off + 8 > size:
             cur.off = off
-            raise cur.fail(f"length of element {i} of '{key}' needs 8 bytes, {size - off} remain")
+            raise cur.fail(f"length of element {i} of '{shown(key)}' needs 8 bytes, {size - off} remain")
         (slen,) = unpack(buf, off)
         off += 8
         if slen > min(MAX_STRING, size - off):
             cur.off = off - 8
-            raise cur.fail(f"element {i} of '{key}' has length {slen}, more than the {size - off} bytes left")
+            raise cur.fail(f"element {i} of '{shown(key)}' has length {slen}, more than the {size - off} bytes left")
         raws.append(buf[off:off + slen])
         off += slen
     cur.off = off
@@ -168,7 +168,8 @@ def parse(path: str, buf, size: int) -> Header:
     cur.off = 4
     version = cur.scalar("I", "version")
     if version and not version & 0xFFFF:
-        raise NextnError(f"{path}: a big-endian GGUF (version {version:#x}); nextn reads little-endian GGUF files")
+        raise NextnError(f"{path}: GGUF version {version:#x}: a big-endian file, or corrupt; nextn reads "
+                         f"little-endian GGUF files")
     if version not in VERSIONS:
         raise NextnError(f"{path}: GGUF version {version}; nextn reads versions {' and '.join(map(str, VERSIONS))}"
                          + (" (v1 is no longer supported, as in llama.cpp)" if version == 1 else ""))
@@ -186,8 +187,8 @@ def parse(path: str, buf, size: int) -> Header:
         if not key:
             raise cur.fail(f"metadata key {i} is empty")
         if key in fields:
-            raise cur.fail(f"metadata key '{key}' appears twice")
-        vtype = cur.scalar("I", f"value type of '{key}'")
+            raise cur.fail(f"metadata key '{shown(key)}' appears twice")
+        vtype = cur.scalar("I", f"value type of '{shown(key)}'")
         fields[key], note = _value(cur, vtype, key)
         if note:
             bad[key] = note
@@ -203,45 +204,46 @@ def parse(path: str, buf, size: int) -> Header:
         at = cur.off
         name = _text(cur, cur.string_bytes(f"name of tensor {i}"), f"name of tensor {i}")
         if len(name.encode()) >= MAX_NAME:
-            raise cur.fail(f"tensor {i} name '{name[:80]}' is {len(name.encode())} bytes, expected fewer than {MAX_NAME}", at)
+            raise cur.fail(f"tensor {i} name '{shown(name)}' is {len(name.encode())} bytes, expected fewer than {MAX_NAME}", at)
         if name in seen:
-            raise cur.fail(f"tensor '{name}' appears twice", at)
+            raise cur.fail(f"tensor '{shown(name)}' appears twice", at)
         seen.add(name)
-        n_dims = cur.scalar("I", f"dimension count of tensor '{name}'")
+        n_dims = cur.scalar("I", f"dimension count of tensor '{shown(name)}'")
         if n_dims > MAX_DIMS:
-            raise cur.fail(f"tensor '{name}' has {n_dims} dimensions, at most {MAX_DIMS} allowed", cur.off - 4)
-        ne = tuple(cur.scalar("q", f"dimension {j} of tensor '{name}'") for j in range(n_dims))
+            raise cur.fail(f"tensor '{shown(name)}' has {n_dims} dimensions, at most {MAX_DIMS} allowed", cur.off - 4)
+        ne = tuple(cur.scalar("q", f"dimension {j} of tensor '{shown(name)}'") for j in range(n_dims))
         if any(d < 0 for d in ne):
-            raise cur.fail(f"tensor '{name}' has ggml shape {list(ne)} with a negative dimension")
+            raise cur.fail(f"tensor '{shown(name)}' has ggml shape {list(ne)} with a negative dimension")
         n_el = 1
         for d in ne:
             n_el *= d
         if n_el > INT64_MAX:
-            raise cur.fail(f"tensor '{name}' has ggml shape {list(ne)}: {n_el} elements overflow int64")
-        raw_type = cur.scalar("I", f"type of tensor '{name}'")
+            raise cur.fail(f"tensor '{shown(name)}' has ggml shape {list(ne)}: {n_el} elements overflow int64")
+        raw_type = cur.scalar("I", f"type of tensor '{shown(name)}'")
         try:
             ttype = gguf.GGMLQuantizationType(raw_type)
             block, type_size = gguf.GGML_QUANT_SIZES[ttype]
         except (ValueError, KeyError):
-            raise cur.fail(f"tensor '{name}' has unknown ggml type {raw_type}", cur.off - 4) from None
-        if (ne[0] if ne else 1) % block:
-            raise cur.fail(f"tensor '{name}' of type {ttype.name} has rows of {ne[0]} elements, not a multiple of "
+            raise cur.fail(f"tensor '{shown(name)}' has unknown ggml type {raw_type}", cur.off - 4) from None
+        row = ne[0] if ne else 1
+        if row % block:
+            raise cur.fail(f"tensor '{shown(name)}' of type {ttype.name} has rows of {row} elements, not a multiple of "
                            f"its block size {block}")
-        offset = cur.scalar("Q", f"data offset of tensor '{name}'")
+        offset = cur.scalar("Q", f"data offset of tensor '{shown(name)}'")
         infos.append((name, ttype, ne, n_el, n_el // block * type_size, offset))
 
     data_start = cur.off + (-cur.off % alignment)
     tensors, expected, prev = {}, 0, None
     for name, ttype, ne, n_el, nbytes, offset in infos:
         if offset != expected:
-            after = (f"the end of tensor '{prev[0]}' ({prev[1].name} {list(prev[2])}) padded to {alignment} bytes"
+            after = (f"the end of tensor '{shown(prev[0])}' ({prev[1].name} {list(prev[2])}) padded to {alignment} bytes"
                      if prev else "the start of the data section")
-            raise NextnError(f"{path}: tensor '{name}' has data offset {offset}, expected {expected} ({after}); "
+            raise NextnError(f"{path}: tensor '{shown(name)}' has data offset {offset}, expected {expected} ({after}); "
                              f"file corrupt")
         prev = (name, ttype, ne)
         end = data_start + offset + nbytes
         if end > size:
-            raise NextnError(f"{path}: tensor '{name}' extends past the end of the file ({end} > {size} bytes); "
+            raise NextnError(f"{path}: tensor '{shown(name)}' extends past the end of the file ({end} > {size} bytes); "
                              f"file truncated")
         tensors[name] = TensorInfo(name, ttype, ne, n_el, nbytes, data_start + offset, buf)
         expected = offset + nbytes + (-nbytes % alignment)

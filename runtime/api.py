@@ -71,7 +71,7 @@ class Model:
         if self._tok is None:
             from .tokenizer import Tokenizer
 
-            self._tok = Tokenizer.from_gguf_fields(self.engine.files.main.fields)
+            self._tok = Tokenizer.from_gguf_fields(self.engine.files.main.fields, source=self.engine.files.main.path)
         return self._tok
 
     @property

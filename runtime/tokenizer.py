@@ -21,7 +21,7 @@ from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from nextn.common.errors import NextnError
+from nextn.common.errors import NextnError, shown
 
 #: Pre-tokenizer split of llama.cpp's CHATGLM4 type (``tokenizer.ggml.pre`` = ``glm4`` or ``chatglm-bpe``).
 GLM4_SPLIT_REGEX = (
@@ -61,6 +61,17 @@ def _require(fields: dict, key: str, what: str):
     return fields[key]
 
 
+def _list_of(fields: dict, key: str, kind: type, what: str) -> list:
+    """The list at `key`, every element a `kind` (an element that was not valid UTF-8 is None)."""
+    v = _require(fields, key, what)
+    bad = next((i for i, x in enumerate(v) if not isinstance(x, kind) or isinstance(x, bool)), None) \
+        if isinstance(v, list) else -1
+    if bad is not None:
+        where = "is not a list" if bad < 0 else f"element {bad} is {shown(v[bad])!r}"
+        raise NextnError(f"GGUF metadata key '{key}' {where}: expected {what}")
+    return v
+
+
 def _as_str(value) -> str:
     return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
 
@@ -74,7 +85,7 @@ def _token_id(fields: dict, key: str, n_vocab: int, required: bool) -> int | Non
     try:
         tid = int(fields[key])
     except (TypeError, ValueError):
-        raise NextnError(f"GGUF metadata key '{key}' = {fields[key]!r}: expected {what}") from None
+        raise NextnError(f"GGUF metadata key '{key}' = {shown(fields[key])!r}: expected {what}") from None
     if not 0 <= tid < n_vocab:
         raise NextnError(f"GGUF metadata key '{key}' = {tid}: expected {what}")
     return tid
@@ -98,32 +109,44 @@ class Tokenizer:
         self.eog_ids = eog_ids
 
     @classmethod
-    def from_gguf_fields(cls, fields: dict) -> "Tokenizer":
+    def from_gguf_fields(cls, fields: dict, source: str | None = None) -> "Tokenizer":
         """Build from GGUF metadata: ``{key: value}`` with strings as ``str`` and arrays as lists
-        (e.g. ``{k: f.contents() for k, f in gguf.GGUFReader(path).fields.items()}``)."""
+        (e.g. ``GGUFFile(path).fields``). Raises NextnError naming `source` (the file) and the key."""
+        try:
+            return cls._from_fields(fields)
+        except NextnError as e:
+            if source is None:
+                raise
+            raise NextnError(f"{source}: {e}") from None
+
+    @classmethod
+    def _from_fields(cls, fields: dict) -> "Tokenizer":
         model = _as_str(_require(fields, _K + "model", "the tokenizer model name 'gpt2'"))
         if model != "gpt2":
-            raise NextnError(f"GGUF metadata key '{_K}model' = {model!r}: expected 'gpt2' (byte-level BPE)")
+            raise NextnError(f"GGUF metadata key '{_K}model' = {shown(model)!r}: expected 'gpt2' (byte-level BPE)")
         pre = _as_str(_require(fields, _K + "pre", "the pre-tokenizer name 'glm4'"))
         if pre not in SUPPORTED_PRE:
-            raise NextnError(f"GGUF metadata key '{_K}pre' = {pre!r}: expected one of {', '.join(SUPPORTED_PRE)}")
+            raise NextnError(f"GGUF metadata key '{_K}pre' = {shown(pre)!r}: expected one of {', '.join(SUPPORTED_PRE)}")
 
-        tokens = [_as_str(t) for t in _require(fields, _K + "tokens", "the list of token strings")]
+        tokens = _list_of(fields, _K + "tokens", str, "the list of token strings")
         n_vocab = len(tokens)
-        types = [int(t) for t in _require(fields, _K + "token_type", "the list of token types, one per token")]
+        types = _list_of(fields, _K + "token_type", int, "the list of token types, one per token")
         if len(types) != n_vocab:
             raise NextnError(f"GGUF metadata key '{_K}token_type' has {len(types)} entries: expected {n_vocab} "
                              f"(one per entry of '{_K}tokens')")
         vocab = {}
         for i, t in enumerate(tokens):
             if vocab.setdefault(t, i) != i:
-                raise NextnError(f"GGUF metadata key '{_K}tokens': token {t!r} appears at ids {vocab[t]} and {i}; "
+                raise NextnError(f"GGUF metadata key '{_K}tokens': token {shown(t)!r} appears at ids {vocab[t]} and {i}; "
                                  "expected unique token strings")
         merges = []
-        for m in _require(fields, _K + "merges", "the list of BPE merges ('left right')"):
-            pair = _as_str(m).split(" ")
+        for i, m in enumerate(_list_of(fields, _K + "merges", str, "the list of BPE merges ('left right')")):
+            pair = m.split(" ")
             if len(pair) != 2:
-                raise NextnError(f"GGUF metadata key '{_K}merges': entry {_as_str(m)!r} is not 'left right'")
+                raise NextnError(f"GGUF metadata key '{_K}merges': entry {i} {shown(m)!r} is not 'left right'")
+            if pair[0] not in vocab or pair[1] not in vocab or pair[0] + pair[1] not in vocab:
+                raise NextnError(f"GGUF metadata key '{_K}merges': entry {i} {shown(m)!r} merges tokens that are not "
+                                 f"in '{_K}tokens' (both parts and their concatenation must be)")
             merges.append((pair[0], pair[1]))
 
         eos_id = _token_id(fields, _K + "eos_token_id", n_vocab, required=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from nextn.common.errors import NextnError
+from nextn.common.errors import NextnError, shown
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,6 @@ def supported() -> list[str]:
 
 def get(arch: str, where: str = "") -> ModelSpec:
     if arch not in _REGISTRY:
-        raise NextnError(f"{where + ': ' if where else ''}unsupported architecture '{arch}' "
+        raise NextnError(f"{where + ': ' if where else ''}unsupported architecture '{shown(arch)}' "
                          f"(general.architecture); supported: {', '.join(supported())}")
     return _REGISTRY[arch]()

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from nextn.common.errors import NextnError
 
-from ..glm_base.config import (GlmConfig, ffn_tensors, layer_counts, moe_keys, nextn_frame_tensors, nextn_index,
-                               rope_keys, scalar_or_first)
+from ..glm_base.config import (GlmConfig, bounded, ffn_tensors, layer_counts, moe_keys, nextn_frame_tensors,
+                               nextn_index, rope_keys, scalar_or_first)
 
 ARCH = "glm4moe"
 
@@ -30,10 +30,14 @@ def config_from_gguf(f) -> Glm4MoeConfig:
     a = ARCH
     n_layer, n_nextn = layer_counts(f, a)
     n_all = n_layer + n_nextn
-    n_embd = f.get(f"{a}.embedding_length", kind=int)
-    n_head = scalar_or_first(f, f"{a}.attention.head_count")
+    n_embd = bounded(f, f"{a}.embedding_length", f.get(f"{a}.embedding_length", kind=int))
+    n_head = bounded(f, f"{a}.attention.head_count", scalar_or_first(f, f"{a}.attention.head_count"))
     n_head_kv = scalar_or_first(f, f"{a}.attention.head_count_kv") if f.has(f"{a}.attention.head_count_kv") else n_head
-    head_dim = f.get(f"{a}.attention.key_length", n_embd // n_head, kind=int)
+    bounded(f, f"{a}.attention.head_count_kv", n_head_kv, 1, n_head, "at most head_count")
+    if n_head % n_head_kv:
+        raise NextnError(f"{f.path}: '{a}.attention.head_count' = {n_head} is not a multiple of "
+                         f"'{a}.attention.head_count_kv' = {n_head_kv} (grouped-query attention)")
+    head_dim = bounded(f, f"{a}.attention.key_length", f.get(f"{a}.attention.key_length", n_embd // n_head, kind=int))
     v_len = f.get(f"{a}.attention.value_length", head_dim, kind=int)
     if v_len != head_dim:
         raise NextnError(f"{f.path}: '{a}.attention.value_length' = {v_len}, expected key_length ({head_dim})")
@@ -65,7 +69,7 @@ def config_from_gguf(f) -> Glm4MoeConfig:
         rope_freq_base=f.get(f"{a}.rope.freq_base", 10000.0, kind=float),
         rms_eps=f.get(f"{a}.attention.layer_norm_rms_epsilon", kind=float),
         **moe_keys(f, a),
-        n_ctx_train=f.get(f"{a}.context_length", kind=int),
+        n_ctx_train=bounded(f, f"{a}.context_length", f.get(f"{a}.context_length", kind=int), 2),
         qk_norm=f.has_tensor("blk.0.attn_q_norm.weight") or f.has_tensor(f"blk.{n_all - n_nextn}.attn_q_norm.weight"),
         qkv_bias=f.has_tensor("blk.0.attn_q.bias") or f.has_tensor(f"blk.{n_all - n_nextn}.attn_q.bias"),
         **rope_keys(f, a),

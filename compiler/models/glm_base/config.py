@@ -70,9 +70,27 @@ def scalar_or_first(f, key, kind=int):
     return kind(v)
 
 
+def bounded(f, key: str, v: int, lo: int = 1, hi: int | None = None, what: str = "") -> int:
+    """`v` (the value of `key`) if lo <= v <= hi, else NextnError naming the file and key."""
+    if v < lo or (hi is not None and v > hi):
+        want = f"{lo} <= n <= {hi}" if hi is not None else f"n >= {lo}"
+        raise NextnError(f"{f.path}: metadata key '{key}' = {v}, expected {want}{' (' + what + ')' if what else ''}")
+    return v
+
+
+def last_block(f) -> int:
+    """The highest `blk.N.` index among the file's tensors (-1 when there are none)."""
+    return max((int(n.split(".")[1]) for n in f.tensors if n.startswith("blk.") and n.split(".")[1].isdigit()),
+               default=-1)
+
+
 def layer_counts(f, a: str) -> tuple[int, int]:
-    """(n_layer, n_layer_nextn): `{a}.block_count` includes the NextN block (`{a}.nextn_predict_layers`, at most 1)."""
+    """(n_layer, n_layer_nextn): `{a}.block_count` includes the NextN block (`{a}.nextn_predict_layers`, at most 1).
+    A block count past the file's last `blk.N` tensor (+1: a trunk-only file still counts its NextN block) is an
+    error here, before any per-layer table is built."""
     n_all = f.get(f"{a}.block_count", kind=int)
+    bounded(f, f"{a}.block_count", n_all, 1, last_block(f) + 2, "the file's tensors stop at "
+            f"blk.{last_block(f)}")
     n_nextn = f.get(f"{a}.nextn_predict_layers", 0, kind=int)
     if not 0 <= n_nextn < n_all:
         raise NextnError(f"{f.path}: '{a}.nextn_predict_layers' = {n_nextn}, expected 0 <= n < block_count ({n_all})")
@@ -125,13 +143,16 @@ def moe_keys(f, a: str) -> dict:
         raise NextnError(f"{f.path}: '{a}.expert_gating_func' = {gating}, expected 2 (sigmoid) for {a}")
     if f.get(f"{a}.expert_group_count", 1, kind=int) > 1:
         raise NextnError(f"{f.path}: '{a}.expert_group_count' > 1 (group-limited routing) is not supported")
+    n_expert = bounded(f, f"{a}.expert_count", f.get(f"{a}.expert_count", kind=int))
     return dict(
-        n_ff=scalar_or_first(f, f"{a}.feed_forward_length"),
-        n_ff_exp=f.get(f"{a}.expert_feed_forward_length", kind=int),
-        n_expert=f.get(f"{a}.expert_count", kind=int),
-        n_expert_used=f.get(f"{a}.expert_used_count", kind=int),
-        n_expert_shared=f.get(f"{a}.expert_shared_count", kind=int),
-        n_lead_dense=f.get(f"{a}.leading_dense_block_count", 0, kind=int),
+        n_ff=bounded(f, f"{a}.feed_forward_length", scalar_or_first(f, f"{a}.feed_forward_length")),
+        n_ff_exp=bounded(f, f"{a}.expert_feed_forward_length", f.get(f"{a}.expert_feed_forward_length", kind=int)),
+        n_expert=n_expert,
+        n_expert_used=bounded(f, f"{a}.expert_used_count", f.get(f"{a}.expert_used_count", kind=int), 1, n_expert,
+                              "at most expert_count"),
+        n_expert_shared=bounded(f, f"{a}.expert_shared_count", f.get(f"{a}.expert_shared_count", kind=int), 0),
+        n_lead_dense=bounded(f, f"{a}.leading_dense_block_count",
+                             f.get(f"{a}.leading_dense_block_count", 0, kind=int), 0),
         expert_weights_scale=f.get(f"{a}.expert_weights_scale", 0.0, kind=float),
         expert_weights_norm=bool(f.get(f"{a}.expert_weights_norm", False, kind=bool)),
         expert_gating_func=gating,

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from nextn.common.errors import NextnError
 
-from ..glm_base.config import (GlmConfig, ffn_tensors, layer_counts, moe_keys, nextn_frame_tensors, nextn_index,
-                               rope_keys, scalar_or_first)
+from ..glm_base.config import (GlmConfig, bounded, ffn_tensors, layer_counts, moe_keys, nextn_frame_tensors,
+                               nextn_index, rope_keys, scalar_or_first)
 
 ARCH = "glm-dsa"
 INDEXER_K_NORM_EPS = 1e-6   # the model's LayerNorm eps (transformers GlmMoeDsaIndexer); llama.cpp runs it with 0
@@ -72,8 +72,8 @@ def config_from_gguf(f) -> GlmDsaConfig:
     """Read every glm-dsa key (module docstring) from GGUFFile `f` (bundled, trunk-only or MTP-only file)."""
     a = ARCH
     n_layer, n_nextn = layer_counts(f, a)
-    n_embd = f.get(f"{a}.embedding_length", kind=int)
-    n_head = scalar_or_first(f, f"{a}.attention.head_count")
+    n_embd = bounded(f, f"{a}.embedding_length", f.get(f"{a}.embedding_length", kind=int))
+    n_head = bounded(f, f"{a}.attention.head_count", scalar_or_first(f, f"{a}.attention.head_count"))
     n_head_kv = scalar_or_first(f, f"{a}.attention.head_count_kv") if f.has(f"{a}.attention.head_count_kv") else 1
     if n_head_kv != 1:
         raise NextnError(f"{f.path}: '{a}.attention.head_count_kv' = {n_head_kv}, expected 1 (absorbed MLA: one latent KV head)")
@@ -97,7 +97,7 @@ def config_from_gguf(f) -> GlmDsaConfig:
     n_vocab = f.get(f"{a}.vocab_size", n_vocab)
     if n_vocab is None:
         raise NextnError(f"{f.path}: tensor 'token_embd.weight' is missing")
-    n_ctx_train = f.get(f"{a}.context_length", kind=int)
+    n_ctx_train = bounded(f, f"{a}.context_length", f.get(f"{a}.context_length", kind=int), 2)
     return GlmDsaConfig(
         arch=a, n_vocab=int(n_vocab), n_embd=n_embd, n_layer=n_layer, n_layer_nextn=n_nextn, n_head=n_head,
         q_lora=q_lora, kv_lora=kv_lora, hd_k=hd_k, hd_v=hd_v, n_rot=n_rot,
