@@ -92,6 +92,8 @@ def copy_gguf(src: Path, dst: Path, metadata: dict | None = None, tensors: dict 
             new = metadata.pop(field.name)
             if new is not None:
                 writer.add_key_value(field.name, new[0], new[1])
+                if field.name == gguf.Keys.General.ALIGNMENT:
+                    writer.data_alignment = new[0]
             continue
         if field.name == gguf.Keys.General.ALIGNMENT:
             writer.data_alignment = field.contents()
@@ -100,6 +102,8 @@ def copy_gguf(src: Path, dst: Path, metadata: dict | None = None, tensors: dict 
     for key, new in metadata.items():
         if new is not None:
             writer.add_key_value(key, new[0], new[1])
+            if key == gguf.Keys.General.ALIGNMENT:   # the writer pads the tensor data to it
+                writer.data_alignment = new[0]
     for t in reader.tensors:
         if only is not None and t.name not in only:
             continue
