@@ -10,6 +10,7 @@ from nextn.common.timing import python_share, tokens_per_s
 
 from .engine import Engine
 from .speculative import SpecStats, decode
+from .threads import runtime_threads, use as use_threads
 
 
 @dataclass
@@ -29,6 +30,7 @@ class GenerateResult:
     vm_s: dict
     seed: int = 0                   # the RNG seed used (drawn from the OS when none was given)
     n_max_requested: int | str = 0
+    threads: int = 0                # CPU threads TVM ran the kernels on (runtime.NumThreads of this thread)
 
     @property
     def tokens_per_s(self) -> float:
@@ -49,6 +51,7 @@ class GenerateResult:
             "spec_draft_n_max": self.n_max,
             "spec_draft_n_max_requested": self.n_max_requested,
             "seed": self.seed,
+            "threads": self.threads,
             "stats": self.stats.to_json(),
             "timings": {"prefill_s": self.prefill_s, "decode_s": self.decode_s, "tokens_per_s": self.tokens_per_s,
                         "draft_s": self.stats.draft_s, "verify_s": self.stats.verify_s,
@@ -133,7 +136,7 @@ class Model:
             text = text[:min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))]
         return GenerateResult(len(ids), g.tokens, text, g.stats, g.prefill_s, g.decode_s, g.finish_reason,
                               spec_type, eff if spec else 0, g.vm_s, seed=g.seed,
-                              n_max_requested=n_max if spec else 0)
+                              n_max_requested=n_max if spec else 0, threads=runtime_threads())
 
     def logits(self, token_ids) -> np.ndarray:
         """Trunk logits `[T, n_vocab]` float32 for positions 0..T-1."""
@@ -148,7 +151,7 @@ class Model:
 def load(path: str, target: str = "llvm", ctx_size: int | None = None, spec: bool = True,
          draft: str | None = None, log=None, arches=None, device: str = "cpu",
          mtp_dense_attention: bool = False, cache_type_k: str | None = None,
-         cache_type_v: str | None = None) -> Model:
+         cache_type_v: str | None = None, threads: int | None = None) -> Model:
     """Load an artifact directory, or a GGUF (compiled for `target` and cached first).
 
     `spec=False` leaves the NextN tensors unread. `draft` is an MTP-only GGUF next to a trunk-only model.
@@ -157,7 +160,10 @@ def load(path: str, target: str = "llvm", ctx_size: int | None = None, spec: boo
     its own DSA indexer (an artifact directory keeps what it was compiled with).
     `cache_type_k` / `cache_type_v`: KV cache types (llama.cpp -ctk / -ctv: f32, f16, bf16, q8_0); a GGUF is
     compiled with them (default f16, f16), an artifact directory must have them (None: its own).
+    `threads`: CPU threads of the compiled kernels (llama.cpp -t; None: runtime/threads.py's default), set before
+    the first kernel call.
     Raises NextnError (missing/corrupt files, hash mismatch, unsupported arch, bad tensors, other KV types)."""
+    use_threads(threads)
     return Model(Engine.open(path, target=target, ctx_size=ctx_size, load_mtp=spec, draft_path=draft, log=log,
                              arches=arches, device=device, mtp_dense_attention=mtp_dense_attention,
                              cache_type_k=cache_type_k, cache_type_v=cache_type_v))

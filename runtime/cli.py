@@ -14,7 +14,7 @@ import click
 
 from nextn.common.errors import NextnError
 
-from .cli_options import kv_cache_options, parse_n_max, spec_options
+from .cli_options import kv_cache_options, parse_n_max, spec_options, threads_option
 from .text_stream import TextStream
 
 
@@ -86,10 +86,11 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
 @click.option("--ignore-eos", is_flag=True, help="Do not stop at end-of-generation tokens.")
 @click.option("--mtp-dense-attention", is_flag=True, help=MTP_DENSE_HELP + " Applies when MODEL is a GGUF.")
 @kv_cache_options
+@threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, spec_draft_n_max, spec_draft_n_min,
         spec_draft_p_min, spec_draft_sampling, top_k, top_p, min_p, stops, draft, target, arches, device,
-        ignore_eos, mtp_dense_attention, cache_type_k, cache_type_v, as_json):
+        ignore_eos, mtp_dense_attention, cache_type_k, cache_type_v, threads, as_json):
     """Generate from MODEL (a GGUF, compiled and cached on first use, or an artifact directory)."""
     from .api import load
 
@@ -109,7 +110,7 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
     want_spec = spec_type != "none"
     m = load(model, target=target, ctx_size=ctx_size, spec=want_spec, draft=draft, arches=list(arches) or None, device=device,
              log=lambda s: click.echo(s, err=True), mtp_dense_attention=mtp_dense_attention, cache_type_k=cache_type_k,
-             cache_type_v=cache_type_v)
+             cache_type_v=cache_type_v, threads=threads)
     if spec_type is None:
         spec_type = "draft-mtp" if m.has_mtp else "none"
     elif spec_type == "draft-mtp" and not m.has_mtp:
@@ -159,14 +160,15 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
 @click.option("--device", default="cpu", show_default=True, help="Where to run: cpu, or cuda:N for a CUDA artifact.")
 @click.option("--no-plot", is_flag=True, help="Do not draw the PNG.")
 @kv_cache_options
+@threads_option
 def bench(model, prompts, out, n_predict, repeat, temp, seed, ctx_size, target, device, no_plot, cache_type_k,
-          cache_type_v):
+          cache_type_v, threads):
     """House benchmark: greedy and sampled, spec off / n_max 1..3 / auto, per prompt kind (report, table, PNG)."""
     from .bench import run_bench
 
     run_bench(model, prompts, out, n_predict=n_predict, repeat=repeat, temp=temp, seed=seed, ctx_size=ctx_size,
               target=target, device=device, plot=not no_plot, log=lambda s: click.echo(s, err=True),
-              cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+              cache_type_k=cache_type_k, cache_type_v=cache_type_v, threads=threads)
 
 
 from .cli_serve import register as _register_serve  # noqa: E402

@@ -42,6 +42,13 @@ def spec_options(f):
     return f
 
 
+def threads_option(f):
+    """-t/--threads of run, bench and serve (llama.cpp's flag; runtime/threads.py says how it is counted)."""
+    return click.option("-t", "--threads", default=None, type=int,
+                        help="CPU threads of the compiled kernels (<= 0: every logical CPU) [default: "
+                             "TVM_NUM_THREADS if set, else the physical cores].")(f)
+
+
 def parse_n_max(value: str):
     """--spec-draft-n-max: an integer >= 1 or 'auto'."""
     if str(value).strip().lower() == "auto":

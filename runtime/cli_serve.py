@@ -5,7 +5,7 @@ import click
 
 from nextn.common.errors import NextnError
 
-from .cli_options import kv_cache_options, parse_n_max, spec_options
+from .cli_options import kv_cache_options, parse_n_max, spec_options, threads_option
 
 
 def register(cli: click.Group) -> None:
@@ -21,7 +21,7 @@ def register(cli: click.Group) -> None:
                    "[default: min(train ctx, 4096) per server].")
 @click.option("-np", "--parallel", "n_parallel", default=1, show_default=True,
               help="Slots: requests decoded at once, each with its own KV and speculation state; more requests queue.")
-@click.option("-t", "--threads", default=None, type=int, help="CPU threads for the compiled kernels.")
+@threads_option
 @spec_options
 @click.option("-n", "--n-predict", default=-1, show_default=True, help="Default tokens per request (-1: until the "
                                                                          "context is full).")

@@ -24,7 +24,7 @@ class ServeOptions:
     port: int = 8080
     ctx_size: int | None = None          # -c: total cells, split over the slots (llama-server)
     n_parallel: int = 1                  # -np
-    threads: int | None = None           # -t
+    threads: int | None = None           # -t (None: runtime/threads.py's default)
     draft: str | None = None             # -md
     device: str = "cpu"
     target: str = "llvm"
@@ -52,7 +52,7 @@ def load_state(state, opt: ServeOptions, log) -> None:
     per_slot = opt.ctx_size // opt.n_parallel if opt.ctx_size else None
     m = load(opt.model, target=opt.target, ctx_size=per_slot, spec=want_spec, draft=opt.draft, log=log,
              arches=opt.arches, device=opt.device, mtp_dense_attention=opt.mtp_dense_attention,
-             cache_type_k=opt.cache_type_k, cache_type_v=opt.cache_type_v)
+             cache_type_k=opt.cache_type_k, cache_type_v=opt.cache_type_v, threads=opt.threads)
     eng = m.engine
     if opt.spec_type is None:
         d.spec_type = "draft-mtp" if m.has_mtp else "none"
@@ -105,8 +105,6 @@ class Running:
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         if opt.n_parallel < 1:
             raise NextnError(f"-np {opt.n_parallel}: expected >= 1")
-        if opt.threads:
-            os.environ["TVM_NUM_THREADS"] = str(opt.threads)   # read when TVM's CPU thread pool starts
         self.opt, self.error = opt, None
         self.state = make_state(opt)
         self.state.log = self.log
@@ -121,7 +119,8 @@ class Running:
             load_state(self.state, self.opt, self.log)
             self.state.ready = True
             self.log(f"nextn serve: {self.state.model_name} ready on {self.url} ({self.opt.n_parallel} slot(s) of "
-                     f"{self.state.scheduler.n_ctx} cells, speculation: {self.opt.defaults.spec_type})")
+                     f"{self.state.scheduler.n_ctx} cells, speculation: {self.opt.defaults.spec_type}, "
+                     f"threads: {self.state.scheduler.threads})")
         except NextnError as e:
             self.error = e
             self.server.should_exit = True

@@ -92,6 +92,8 @@ class Scheduler:
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="nextn-scheduler", daemon=True)
+        self.threads = 0                 # CPU threads of this thread's TVM pool (the one every engine call uses)
+        self._started = threading.Event()
 
     @property
     def n_ctx(self) -> int:
@@ -100,6 +102,7 @@ class Scheduler:
 
     def start(self) -> None:
         self._thread.start()
+        self._started.wait(10)
 
     def stop(self) -> None:
         with self._cv:
@@ -130,6 +133,10 @@ class Scheduler:
 
     # -- the scheduler thread ------------------------------------------------------------------------------------
     def _run(self) -> None:
+        from ..threads import in_this_thread
+
+        self.threads = in_this_thread()    # this thread's pool makes every engine call: sized by -t
+        self._started.set()
         while True:
             with self._cv:
                 while not self._stop and not self._queue and all(s.task is None for s in self.slots):
