@@ -16,7 +16,7 @@ import numpy as np
 from nextn.common.errors import NextnError
 from nextn.common.manifest import MAX_DRAFT
 
-from . import state
+from . import budget, state
 from .artifact import Artifact, load_artifact
 from .weights import ArtifactFiles, load_weights
 
@@ -40,10 +40,11 @@ class Engine:
     """Load with `Engine.open(path, ...)`; `path` is an artifact directory or a GGUF (compiled and cached)."""
 
     LOAD_STEPS = ("load_module", "vm_init", "weights", "kv")   # what loading does, in order (load_info)
+    prefill_chunk = PREFILL_CHUNK
 
     def __init__(self, artifact: Artifact, ctx_size: int | None = None, load_mtp: bool = True,
                  model_path: str | None = None, draft_path: str | None = None, device: str = "cpu",
-                 staged: bool = False):
+                 staged: bool = False, log=None):
         """Check the files and the device, then load (LOAD_STEPS). `staged`: leave the loading to `load_step`
         / `load_all` (bench/device_check.py runs and times each step on its own)."""
         import tvm_ffi
@@ -80,6 +81,8 @@ class Engine:
         self.static_inputs = set(cg.get("entries", []))
         self._inbuf: dict[tuple, list] = {}
         self.load_info: dict[str, dict] = {}   # per load step: seconds (device-synchronized), bytes where it moves any
+        self.log = log
+        self.budget = budget.check(self, self.n_ctx)   # before anything is allocated: fits, or one line saying what would
         if not staged:
             self.load_all()
 
@@ -143,6 +146,8 @@ class Engine:
         """Reallocate this sequence's KV for `ctx_size` cells (what it held is dropped)."""
         if ctx_size < 2:
             raise NextnError(f"context size {ctx_size} per sequence is too small (-c)")
+        if ctx_size > self.n_ctx:
+            budget.check(self, ctx_size, weights=False, what="the KV of a larger context")
         self.n_ctx = int(ctx_size)
         self._inbuf = {}
         self._alloc_states()
@@ -161,6 +166,7 @@ class Engine:
             raise NextnError(f"context size {seq.n_ctx} per sequence is too small (-c)")
         seq.vm_seconds = dict.fromkeys(self._fn, 0.0)
         seq._inbuf = {}
+        budget.check(seq, seq.n_ctx, weights=False, what="another sequence's KV (a server slot)")
         seq._alloc_states()
         return seq
 
@@ -175,13 +181,14 @@ class Engine:
         if os.path.isdir(path):
             art = load_artifact(path)
             check_kv_types(art, cache_type_k, cache_type_v)
-            return cls(art, ctx_size, load_mtp, draft_path=draft_path, device=device)
+            return cls(art, ctx_size, load_mtp, draft_path=draft_path, device=device, log=log)
         from nextn.compiler import entry   # the one door into the compiler: compile-and-cache
 
         art_dir = entry.compiled_artifact(path, target, draft_path, log=log, arches=arches,
                                           mtp_dense_attention=mtp_dense_attention, cache_type_k=cache_type_k,
                                           cache_type_v=cache_type_v)
-        return cls(load_artifact(art_dir), ctx_size, load_mtp, model_path=path, draft_path=draft_path, device=device)
+        return cls(load_artifact(art_dir), ctx_size, load_mtp, model_path=path, draft_path=draft_path, device=device,
+                   log=log)
 
     @property
     def kv_cache(self) -> dict:

@@ -69,3 +69,9 @@ def load_weights(files: ArtifactFiles, plan: list[dict], to_device) -> dict:
                                  f"the artifact expects {b['dtype']}{b['shape']}; recompile the artifact")
             bufs[b["buffer"]] = to_device(arr)
     return bufs
+
+
+def copied_bytes(files: ArtifactFiles, plan: list[dict]) -> int:
+    """Bytes of `plan` that the CPU device holds in its own memory once loaded (the memory budget counts them;
+    the rest are views of the mapped GGUF). Every buffer is copied into TVM's memory (Device.tensor)."""
+    return sum(b["nbytes"] for b in plan)

@@ -1,0 +1,174 @@
+"""Memory budget: before an engine allocates anything, the bytes it will need against the memory it can have, so a
+context or KV type that does not fit ends in one line that says what would, never in an allocator's error.
+
+What is counted (`Need`):
+- weights the engine holds in its own memory: on a GPU every planned weight buffer (device memory); on the CPU
+  the buffers that are copies (`weights.copied_bytes`). Weights that are views of the memory-mapped GGUF are file
+  pages: the kernel can drop and re-read them, and they are already in MemAvailable once cached, so they are not
+  counted against it; they are reported, and when they and the rest exceed MemTotal the line says the weights would
+  be read from disk again for every token (a warning, as llama.cpp's mmap loads them anyway).
+- KV and state buffers: exactly what `state.state_buffers` allocates for the context (`state.state_bytes`); with
+  KV cache types (-ctk / -ctv) the manifest's `kv_cache` says per cache which type it holds, and the bytes under
+  another type come from `nextn.common.kv_types` (what a smaller KV type would take).
+- workspace: the intermediates of the largest step, a prefill chunk (`Engine.prefill_chunk` rows,
+  `workspace_bytes`): an estimate, not a measurement.
+
+Available (`available`): CPU: MemAvailable from /proc/meminfo, lowered to the cgroup's room (memory.max -
+memory.current) inside a container; GPU: the device's free memory as TVM's runtime reports it (cudaMemGetInfo).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nextn.common.errors import NextnError
+
+from . import state
+
+GiB = 1 << 30
+MEMINFO = "/proc/meminfo"
+CGROUP = "/sys/fs/cgroup"
+CTX_STEP = 256          # a suggested -c is a multiple of this (llama.cpp pads its context to 256 cells)
+
+
+@dataclass
+class Need:
+    weights: int            # weight bytes in the engine's own memory (copies on the CPU, everything on a GPU)
+    weights_mapped: int     # CPU: weight bytes used in place from the mapped GGUF (file pages, not counted)
+    kv: int                 # KV and state buffers for n_ctx cells
+    workspace: int          # intermediates of the largest step (estimate)
+    n_ctx: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.workspace
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def _meminfo(path: str = MEMINFO) -> dict:
+    out = {}
+    with open(path) as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            parts = v.split()
+            if parts and parts[0].isdigit():
+                out[k] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    return out
+
+
+def _cgroup_room(root: str = CGROUP) -> int | None:
+    """memory.max - memory.current of this process's cgroup (v2), None when unlimited or unknown."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            rel = next((ln.strip().split("::", 1)[1] for ln in f if ln.startswith("0::")), "/")
+        d = root + rel.rstrip("/")
+        with open(f"{d}/memory.max") as f:
+            mx = f.read().strip()
+        if mx == "max":
+            return None
+        with open(f"{d}/memory.current") as f:
+            return max(0, int(mx) - int(f.read().strip()))
+    except (OSError, ValueError, StopIteration):
+        return None
+
+
+def available(device) -> tuple[int, int | None, str]:
+    """(bytes available, total bytes or None, what they are) for `device` (runtime/device.py Device)."""
+    if device.kind == "cpu":
+        mi = _meminfo()
+        avail, what = mi.get("MemAvailable", 0), "MemAvailable"
+        room = _cgroup_room()
+        if room is not None and room < avail:
+            avail, what = room, "the cgroup's memory.max - memory.current"
+        return avail, mi.get("MemTotal"), what
+    free = device.dev.available_global_memory
+    return int(free or 0), device.dev.total_global_memory, f"free memory of {device.kind}:{device.index}"
+
+
+def workspace_bytes(hp: dict, rows: int) -> int:
+    """Intermediates of a step over `rows` rows (a prefill chunk): float32 rows of the widest activations — the
+    residual and attention rows (4 × n_embd, q/k/v/o of the heads), the expert FFN rows of the routed experts (gate,
+    up and their product), the shared / dense FFN — plus one logits row. An estimate: Relax's memory planner reuses
+    buffers, TVM's pool rounds them up."""
+    e = int(hp.get("n_embd", 0))
+    heads = int(hp.get("n_head", 0)) * int(hp.get("head_dim", hp.get("hd_k", 0)) or 0)
+    ffn = max(int(hp.get("n_ff", 0) or 0), int(hp.get("n_ff_exp", 0) or 0) * int(hp.get("n_expert_used", 0) or 0))
+    per_row = 4 * e + 4 * heads + 3 * ffn
+    return 4 * (rows * per_row + int(hp.get("n_vocab", 0)))
+
+
+def need(engine, n_ctx: int, weights: bool = True) -> Need:
+    """What `engine` (before loading) needs for n_ctx cells; `weights=False`: KV only (another sequence). The
+    workspace is that of a prefill chunk of `engine.prefill_chunk` rows."""
+    from .weights import copied_bytes
+
+    if not weights:
+        w = mapped = ws = 0
+    elif engine.device.kind == "cpu":
+        w = copied_bytes(engine.files, engine._plan)
+        mapped, ws = engine.weight_bytes - w, workspace_bytes(engine.hparams, engine.prefill_chunk)
+    else:
+        w, mapped, ws = engine.weight_bytes, 0, workspace_bytes(engine.hparams, engine.prefill_chunk)
+    return Need(w, mapped, state.state_bytes(engine._entries, n_ctx), ws, n_ctx)
+
+
+def _kv_as(engine, n_ctx: int, kv_name: str) -> int | None:
+    """KV bytes for n_ctx cells were every KV cache of type `kv_name` (manifest kv_cache.caches; None without)."""
+    caches = (engine.artifact.manifest.get("kv_cache") or {}).get("caches")
+    if not caches:
+        return None
+    from nextn.common.kv_types import KV_TYPES
+
+    return state.state_bytes(engine._entries, n_ctx, retype={s: (KV_TYPES[t], KV_TYPES[kv_name])
+                                                               for s, t in caches.items()})
+
+
+def fits(engine, n_ctx: int, avail: int, weights: bool = True) -> str | None:
+    """None when n_ctx cells fit in `avail` bytes, else what would: a smaller -c and / or a smaller KV type."""
+    n = need(engine, n_ctx, weights)
+    if n.total <= avail:
+        return None
+    fixed = n.weights + n.workspace + state.state_bytes(engine._entries, 0)
+    per_cell = state.state_bytes(engine._entries, 1) - state.state_bytes(engine._entries, 0)
+    hints = []
+    c = (avail - fixed) // per_cell if per_cell else 0
+    if c >= CTX_STEP:
+        c -= c % CTX_STEP
+    if c >= 2:
+        hints.append(f"-c {c} would fit")
+    kc = engine.artifact.manifest.get("kv_cache") or {}
+    if kc.get("caches"):
+        from nextn.common.kv_types import KV_TYPES
+
+        have = max(KV_TYPES[t].block_bytes / KV_TYPES[t].block for t in kc["caches"].values())
+        for name, t in sorted(KV_TYPES.items(), key=lambda kv: -kv[1].block_bytes / kv[1].block):
+            kv = _kv_as(engine, n_ctx, name)
+            if t.block_bytes / t.block < have and n.weights + n.workspace + kv <= avail:
+                hints.append(f"-ctk {name} -ctv {name} at -c {n_ctx} would fit ({_gib(kv)} of KV)")
+                break
+    return "; ".join(hints) or "nothing fits: the weights and workspace alone need more"
+
+
+def check(engine, n_ctx: int, weights: bool = True, what: str = "") -> Need:
+    """NextnError (one line: bytes needed and available, what would fit) unless `engine` fits n_ctx cells. Returns
+    the Need; warns through `engine.log` when mapped weights would not stay in RAM."""
+    n = need(engine, n_ctx, weights)
+    avail, total, source = available(engine.device)
+    hint = fits(engine, n_ctx, avail, weights)
+    if hint is not None:
+        kc = engine.artifact.manifest.get("kv_cache") or {}
+        types = f" ({kc['type_k']}/{kc['type_v']})" if kc.get("type_k") else ""
+        parts = ([f"weights {_gib(n.weights)}"] if weights else []) + [f"KV{types} {_gib(n.kv)}"] + \
+                ([f"workspace {_gib(n.workspace)}"] if weights else [])
+        mapped = f"; mapped weights {_gib(n.weights_mapped)} are file pages, not counted" if n.weights_mapped else ""
+        raise NextnError(f"{engine.artifact.path}: {what or 'loading'} at -c {n_ctx} needs {n.total} bytes "
+                         f"({_gib(n.total)}: {' + '.join(parts)}), {avail} bytes ({_gib(avail)}) available "
+                         f"({source}); {hint}{mapped}")
+    if weights and n.weights_mapped and total and n.total + n.weights_mapped > total:
+        log = getattr(engine, "log", None)
+        if log is not None:
+            log(f"warning: mapped weights {_gib(n.weights_mapped)} + {_gib(n.total)} exceed this machine's "
+                f"{_gib(total)} of RAM: weights will be read from disk again for every token")
+    return n

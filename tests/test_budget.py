@@ -1,0 +1,102 @@
+"""Memory budget (issue 11 item 6): before allocating, weights + KV + workspace against the available memory; when
+it does not fit, one line with the bytes needed and available and a context that would fit. Expected KV bytes
+are counted here from the hyper-parameters (layers x K and V x kv heads x head dim x 4 bytes per cell), not from
+the code under test; "available" is faked small."""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import G4
+
+Q8 = G4 / "tiny-glm4moe-Q8_0.gguf"
+
+
+@pytest.fixture(scope="module")
+def art(compiled):
+    return compiled("q8", Q8)
+
+
+def _hp(art):
+    import json
+    import os
+
+    with open(os.path.join(art, "manifest.json")) as f:
+        return json.load(f)
+
+
+def _kv_per_cell(m) -> int:
+    h = m["hparams"]
+    layers = h["n_layer"] + (h["n_layer_nextn"] if m["has_mtp"] else 0)
+    return layers * 2 * h["n_head_kv"] * h["head_dim"] * 4        # f32 K and V
+
+
+def _fake(monkeypatch, avail):
+    from nextn.runtime import budget
+
+    monkeypatch.setattr(budget, "available", lambda device: (avail, 64 << 30, "fake MemAvailable"))
+
+
+def test_too_small_says_needed_available_and_what_fits(art, monkeypatch):
+    import nextn.runtime as rt
+    from nextn.common.errors import NextnError
+    from nextn.runtime.budget import CTX_STEP, workspace_bytes
+    from nextn.runtime.engine import PREFILL_CHUNK
+
+    m = _hp(art)
+    per_cell = _kv_per_cell(m)
+    fixed = m["buffer_plan"]["weight_bytes"] + workspace_bytes(m["hparams"], PREFILL_CHUNK)
+    avail = fixed + 3000 * per_cell + 17                        # room for 3000 cells: -c 2816 (a multiple of 256)
+    _fake(monkeypatch, avail)
+    with pytest.raises(NextnError) as e:
+        rt.load(art, ctx_size=4096)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(art)
+    assert f"needs {fixed + 4096 * per_cell} bytes" in msg and f"{avail} bytes" in msg and "fake MemAvailable" in msg
+    fit = 3000 - 3000 % CTX_STEP
+    assert f"-c {fit} would fit" in msg
+    rt.load(art, ctx_size=fit)                                  # it does
+    with pytest.raises(NextnError, match="would fit"):
+        rt.load(art, ctx_size=3001)
+
+
+def test_nothing_fits(art, monkeypatch):
+    import nextn.runtime as rt
+    from nextn.common.errors import NextnError
+
+    _fake(monkeypatch, 1000)
+    with pytest.raises(NextnError, match="nothing fits"):
+        rt.load(art, ctx_size=256)
+
+
+def test_a_server_slot_is_counted_before_it_is_allocated(art, monkeypatch):
+    import nextn.runtime as rt
+    from nextn.common.errors import NextnError
+
+    m = rt.load(art, ctx_size=512)
+    _fake(monkeypatch, 511 * _kv_per_cell(_hp(art)))            # one cell short of another 512-cell slot
+    with pytest.raises(NextnError, match="another sequence's KV") as e:
+        m.engine.sequence()
+    assert "-c 256 would fit" in str(e.value)
+    _fake(monkeypatch, 512 * _kv_per_cell(_hp(art)))
+    m.engine.sequence()
+
+
+def test_cli_huge_context_is_one_line(art):
+    """No fake: a context of 10^9 cells needs TBs of KV; the real check refuses it before any allocation."""
+    p = subprocess.run([sys.executable, "-m", "nextn.runtime.cli", "run", art, "-p", "x", "-n", "1", "-c",
+                        "1000000000"], capture_output=True, text=True, timeout=300)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    per_cell = _kv_per_cell(_hp(art))
+    assert "would fit" in lines[0] and "available (MemAvailable" in lines[0]
+    assert f"KV {10**9 * per_cell / (1 << 30):.2f} GiB" in lines[0]
+
+
+def test_meminfo(tmp_path):
+    from nextn.runtime.budget import _meminfo
+
+    f = tmp_path / "meminfo"
+    f.write_text("MemTotal:       24684084 kB\nMemFree:  100 kB\nMemAvailable:   21346812 kB\nHugePages_Total: 0\n")
+    mi = _meminfo(str(f))
+    assert mi["MemTotal"] == 24684084 * 1024 and mi["MemAvailable"] == 21346812 * 1024 and mi["HugePages_Total"] == 0
