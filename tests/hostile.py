@@ -4,7 +4,7 @@ nextn's reader and loader in a child process under a 1 GB allocation cap.
 The mutations are placed with gguf-py's reader (an independent parser: it gives every field's and tensor info's
 byte offset): truncation anywhere; the magic, the version, the tensor and key-value counts; key, string-value and
 tensor-name lengths; array element types and counts; value types; tensor types, dimension counts, dimensions and
-data offsets; `general.alignment`; metadata numbers set to huge / zero / negative / NaN values; random byte flips
+data offsets; `general.alignment` (zero, not a power of two, other powers of two, huge); metadata numbers set to huge / zero / negative / NaN values; random byte flips
 in the header and in the tensor data.
 
 Worker: `python tests/hostile.py SRC SEED N OUT_DIR` writes one JSON line per case:
@@ -171,6 +171,13 @@ def cases(src: str, seed: int, n: int) -> list[tuple[str, list]]:
         v = rng.choice([0, base + 1, base + 32, max(0, base - 32), base + 4096, size, *HUGE64])
         return f"data offset of tensor {t['name']} = {v}", [("u64", pos, v)]
 
+    def alignment():
+        k = next((k for k in kvs if k["name"] == "general.alignment"), None)
+        if k is None:
+            return number()
+        v = rng.choice([0, 1, 2, 3, 16, 24, 48, 64, 4096, 2**31, 2**32 - 1])
+        return f"general.alignment = {v}", [("u32", k["parts"][3][0], v)]
+
     def header_flip():
         i = rng.randrange(0, head)
         return f"header byte {i} flipped", [("byte", i, rng.randrange(256))]
@@ -182,7 +189,7 @@ def cases(src: str, seed: int, n: int) -> list[tuple[str, list]]:
     gens = [(trunc, 90), (magic, 10), (version, 16), (counts, 30), (key_len, 40), (string_len, 25),
             (element_len, 30), (array_count, 40), (array_type, 25), (value_type, 40), (number, 70),
             (tensor_name_len, 30), (tensor_dims, 30), (tensor_ne, 50), (tensor_type, 45), (tensor_offset, 35),
-            (header_flip, 40), (data_flip, 10)]
+            (alignment, 16), (header_flip, 40), (data_flip, 10)]
     total = sum(w for _, w in gens)
     out = []
     for g, w in gens:

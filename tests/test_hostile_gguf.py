@@ -21,11 +21,20 @@ N_CASES = 520
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory):
+def src(tmp_path_factory):
+    """The fixture with an explicit `general.alignment` = 32 (u32, its default): a key the mutations can hit."""
+    import gguf
+
+    return badgguf.copy_gguf(SRC, tmp_path_factory.mktemp("src") / "aligned.gguf",
+                             {"general.alignment": (32, gguf.GGUFValueType.UINT32)})
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, src):
     d = tmp_path_factory.mktemp("hostile")
     cache = d / "cache"
     env = {**os.environ, "NEXTN_CACHE": str(cache)}
-    cmd = [sys.executable, str(WORKER), str(SRC), "11", str(N_CASES), str(d)]
+    cmd = [sys.executable, str(WORKER), str(src), "11", str(N_CASES), str(d)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         out, rc, err = r.stdout, r.returncode, r.stderr
@@ -52,6 +61,10 @@ def test_every_mutation_is_one_line_error_or_clean(outcomes):
     errors = [r for r in rows if r["outcome"] == "error"]
     assert len(errors) > 0.8 * len(rows)           # most mutations are refused at parse time
     assert any(r["outcome"] == "ok" for r in rows if r["label"].startswith("data byte"))
+    align = [r for r in rows if r["label"].startswith("general.alignment")]
+    pow2 = {str(1 << i) for i in range(32)}
+    assert len(align) >= 10 and all(r["outcome"] == "error" for r in align if r["label"].split()[-1] not in pow2)
+    assert any(r["outcome"] == "error" for r in align if r["label"].split()[-1] in pow2 - {"32"})
     assert not cache.exists() or not any(cache.rglob("*"))
 
 
@@ -61,13 +74,13 @@ def _cli(*args, cache):
                           env=env, timeout=600)
 
 
-def test_cli_refusals_and_one_valid_mutant(outcomes, tmp_path):
+def test_cli_refusals_and_one_valid_mutant(outcomes, src, tmp_path):
     import hostile
 
     rows, _ = outcomes
     cache = tmp_path / "cache"
-    data = SRC.read_bytes()
-    edits = dict(hostile.cases(str(SRC), 11, N_CASES))
+    data = src.read_bytes()
+    edits = dict(hostile.cases(str(src), 11, N_CASES))
     # one refused case of each kind of mutation, through `nextn run` (compile-and-cache) and `nextn compile`
     seen, picked = set(), []
     for r in rows:
