@@ -7,9 +7,11 @@ What is counted (`Need`):
   pages: the kernel can drop and re-read them, and they are already in MemAvailable once cached, so they are not
   counted against it; they are reported, and when they and the rest exceed MemTotal the line says the weights would
   be read from disk again for every token (a warning, as llama.cpp's mmap loads them anyway).
-- KV and state buffers: exactly what `state.state_buffers` allocates for the context (`state.state_bytes`); with
-  KV cache types (-ctk / -ctv) the manifest's `kv_cache` says per cache which type it holds, and the bytes under
-  another type come from `nextn.common.kv_types` (what a smaller KV type would take).
+- KV and state buffers: the manifest's `kv_cache.bytes_per_token` (trunk, + NextN when speculating: the compiler's
+  accounting, compiler/compile.py `kv_plan`) per context cell plus the states that do not grow with it; for an
+  artifact without it, what `state.state_buffers` allocates (`state.state_bytes`). The manifest's
+  `kv_cache.caches` says which type each cache holds; the bytes under another type come from
+  `nextn.common.kv_types` (what a smaller KV type would take).
 - workspace: the intermediates of the largest step, a prefill chunk (`Engine.prefill_chunk` rows,
   `workspace_bytes`): an estimate, not a measurement.
 
@@ -111,11 +113,24 @@ def need(engine, n_ctx: int, weights: bool = True) -> Need:
         mapped, ws = engine.weight_bytes - w, workspace_bytes(engine.hparams, engine.prefill_chunk)
     else:
         w, mapped, ws = engine.weight_bytes, 0, workspace_bytes(engine.hparams, engine.prefill_chunk)
-    return Need(w, mapped, state.state_bytes(engine._entries, n_ctx), ws, n_ctx)
+    return Need(w, mapped, kv_bytes(engine, n_ctx), ws, n_ctx)
+
+
+def kv_bytes_per_cell(engine) -> int:
+    """Bytes one context cell takes in `engine`'s KV and state buffers (the manifest's kv_cache.bytes_per_token)."""
+    bpt = (engine.artifact.manifest.get("kv_cache") or {}).get("bytes_per_token")
+    if not bpt:
+        return state.state_bytes(engine._entries, 1) - state.state_bytes(engine._entries, 0)
+    return int(bpt["trunk"]) + (int(bpt["nextn"]) if engine.has_mtp else 0)
+
+
+def kv_bytes(engine, n_ctx: int) -> int:
+    """KV and state bytes of `engine` for n_ctx cells: per-cell bytes, plus the states that do not grow with -c."""
+    return state.state_bytes(engine._entries, 0) + n_ctx * kv_bytes_per_cell(engine)
 
 
 def _kv_as(engine, n_ctx: int, kv_name: str) -> int | None:
-    """KV bytes for n_ctx cells were every KV cache of type `kv_name` (manifest kv_cache.caches; None without)."""
+    """KV bytes for n_ctx cells if every KV cache held type `kv_name` (manifest kv_cache.caches; None without)."""
     caches = (engine.artifact.manifest.get("kv_cache") or {}).get("caches")
     if not caches:
         return None
@@ -130,8 +145,8 @@ def fits(engine, n_ctx: int, avail: int, weights: bool = True) -> str | None:
     n = need(engine, n_ctx, weights)
     if n.total <= avail:
         return None
-    fixed = n.weights + n.workspace + state.state_bytes(engine._entries, 0)
-    per_cell = state.state_bytes(engine._entries, 1) - state.state_bytes(engine._entries, 0)
+    fixed = n.weights + n.workspace + kv_bytes(engine, 0)
+    per_cell = kv_bytes_per_cell(engine)
     hints = []
     c = (avail - fixed) // per_cell if per_cell else 0
     if c >= CTX_STEP:

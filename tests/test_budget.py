@@ -25,10 +25,11 @@ def _hp(art):
         return json.load(f)
 
 
-def _kv_per_cell(m) -> int:
+def _kv_per_cell(m, row_bytes=lambda d: 4 * d) -> int:
+    """K and V rows of every layer (NextN included) for one cell; `row_bytes(D)`: a head row's bytes (f32: 4 D)."""
     h = m["hparams"]
     layers = h["n_layer"] + (h["n_layer_nextn"] if m["has_mtp"] else 0)
-    return layers * 2 * h["n_head_kv"] * h["head_dim"] * 4        # f32 K and V
+    return layers * 2 * h["n_head_kv"] * row_bytes(h["head_dim"])
 
 
 def _fake(monkeypatch, avail):
@@ -90,7 +91,7 @@ def test_cli_huge_context_is_one_line(art):
     assert p.returncode == 1 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
     per_cell = _kv_per_cell(_hp(art))
     assert "would fit" in lines[0] and "available (MemAvailable" in lines[0]
-    assert f"KV {10**9 * per_cell / (1 << 30):.2f} GiB" in lines[0]
+    assert f"KV (f32/f32) {10**9 * per_cell / (1 << 30):.2f} GiB" in lines[0]
 
 
 def test_meminfo(tmp_path):
@@ -100,3 +101,39 @@ def test_meminfo(tmp_path):
     f.write_text("MemTotal:       24684084 kB\nMemFree:  100 kB\nMemAvailable:   21346812 kB\nHugePages_Total: 0\n")
     mi = _meminfo(str(f))
     assert mi["MemTotal"] == 24684084 * 1024 and mi["MemAvailable"] == 21346812 * 1024 and mi["HugePages_Total"] == 0
+
+
+def test_budget_counts_what_is_allocated(art):
+    """The budget's KV bytes (the manifest's per-token accounting) are the bytes the engine then allocates."""
+    import nextn.runtime as rt
+
+    m = rt.load(art, ctx_size=777)
+    assert m.engine.budget.kv == m.engine.kv_bytes == 777 * _kv_per_cell(_hp(art))
+    m = rt.load(art, ctx_size=300, spec=False)                  # NextN caches not allocated, not counted
+    h = _hp(art)["hparams"]
+    assert m.engine.budget.kv == m.engine.kv_bytes == 300 * h["n_layer"] * 2 * h["n_head_kv"] * h["head_dim"] * 4
+
+
+def test_a_smaller_kv_type_that_fits(compiled, monkeypatch):
+    """An f16 artifact where f16 KV does not fit at -c 4096 but q8_0 (34 bytes per 32 values) does: the line names
+    -ctk q8_0 -ctv q8_0 and the -c that f16 allows."""
+    import nextn.runtime as rt
+    from nextn.common.errors import NextnError
+    from nextn.runtime.budget import CTX_STEP, workspace_bytes
+    from nextn.runtime.engine import PREFILL_CHUNK
+
+    art = compiled("q8-kv-f16", Q8, kv="f16")
+    m = _hp(art)
+    f16, q8 = _kv_per_cell(m, lambda d: 2 * d), _kv_per_cell(m, lambda d: d // 32 * 34)
+    fixed = m["buffer_plan"]["weight_bytes"] + workspace_bytes(m["hparams"], PREFILL_CHUNK)
+    _fake(monkeypatch, fixed + 4096 * q8)
+    with pytest.raises(NextnError) as e:
+        rt.load(art, ctx_size=4096)
+    msg = str(e.value)
+    c = 4096 * q8 // f16
+    assert "KV (f16/f16)" in msg and f"-c {c - c % CTX_STEP} would fit" in msg
+    assert f"-ctk q8_0 -ctv q8_0 at -c 4096 would fit ({4096 * q8 / (1 << 30):.2f} GiB of KV)" in msg
+    _fake(monkeypatch, fixed + 4096 * q8 - 1)                   # one byte short: q8_0 no longer fits either
+    with pytest.raises(NextnError) as e:
+        rt.load(art, ctx_size=4096)
+    assert "-ctk" not in str(e.value)
