@@ -32,6 +32,19 @@ def _kv_per_cell(m, row_bytes=lambda d: 4 * d) -> int:
     return layers * 2 * h["n_head_kv"] * row_bytes(h["head_dim"])
 
 
+def _held(art) -> int:
+    """Weight bytes a loaded engine holds outside the GGUF's map (measured: buffer addresses against the map's)."""
+    import numpy as np
+
+    import nextn.runtime as rt
+
+    eng = rt.load(art, ctx_size=256).engine
+    m = np.frombuffer(eng.files.main.shards[0].buf, np.uint8)
+    lo, hi = m.ctypes.data, m.ctypes.data + m.nbytes
+    size = {b["buffer"]: b["nbytes"] for b in eng._plan}
+    return sum(size[n] for n, t in eng._weights.items() if not lo <= np.from_dlpack(t).ctypes.data < hi)
+
+
 def _fake(monkeypatch, avail):
     from nextn.runtime import budget
 
@@ -46,13 +59,15 @@ def test_too_small_says_needed_available_and_what_fits(art, monkeypatch):
 
     m = _hp(art)
     per_cell = _kv_per_cell(m)
-    fixed = m["buffer_plan"]["weight_bytes"] + workspace_bytes(m["hparams"], PREFILL_CHUNK)
+    fixed = _held(art) + workspace_bytes(m["hparams"], PREFILL_CHUNK)
     avail = fixed + 3000 * per_cell + 17                        # room for 3000 cells: -c 2816 (a multiple of 256)
     _fake(monkeypatch, avail)
     with pytest.raises(NextnError) as e:
         rt.load(art, ctx_size=4096)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith(art)
+    mapped = m["buffer_plan"]["weight_bytes"] - _held(art)
+    assert (f"mapped weights {mapped / (1 << 30):.2f} GiB are file pages, not counted" in msg) == (mapped > 0)
     assert f"needs {fixed + 4096 * per_cell} bytes" in msg and f"{avail} bytes" in msg and "fake MemAvailable" in msg
     fit = 3000 - 3000 % CTX_STEP
     assert f"-c {fit} would fit" in msg
@@ -125,7 +140,7 @@ def test_a_smaller_kv_type_that_fits(compiled, monkeypatch):
     art = compiled("q8-kv-f16", Q8, kv="f16")
     m = _hp(art)
     f16, q8 = _kv_per_cell(m, lambda d: 2 * d), _kv_per_cell(m, lambda d: d // 32 * 34)
-    fixed = m["buffer_plan"]["weight_bytes"] + workspace_bytes(m["hparams"], PREFILL_CHUNK)
+    fixed = _held(art) + workspace_bytes(m["hparams"], PREFILL_CHUNK)
     _fake(monkeypatch, fixed + 4096 * q8)
     with pytest.raises(NextnError) as e:
         rt.load(art, ctx_size=4096)
