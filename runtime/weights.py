@@ -72,6 +72,20 @@ def load_weights(files: ArtifactFiles, plan: list[dict], to_device) -> dict:
 
 
 def copied_bytes(files: ArtifactFiles, plan: list[dict]) -> int:
-    """Bytes of `plan` that the CPU device holds in its own memory once loaded (the memory budget counts them;
-    the rest are views of the mapped GGUF). Every buffer is copied into TVM's memory (Device.tensor)."""
-    return sum(b["nbytes"] for b in plan)
+    """Bytes of `plan` the CPU device will hold in its own memory (what the memory budget counts), read from the
+    headers before anything loads; the rest are views of the mapped GGUF. As `load_weights` with `Device.weight`: a
+    tensor's first buffer is a view when the kernels read the file's layout (a format's blocks, F32, a 16-bit type
+    kept 16-bit: every kind but "f32" of a non-F32 tensor) and its data is ALIGNMENT-aligned (the map is page-aligned,
+    so the file offset decides); a widened float32 tensor, a misaligned one and a format's further buffers (tables
+    built at load) are new memory."""
+    from nextn.common.quant.format import ALIGNMENT
+
+    total, seen = 0, set()
+    for b in plan:
+        f = files.of_role(b["role"])
+        first = b["tensor"] not in seen
+        seen.add(b["tensor"])
+        in_place = first and (b["kind"] != "f32" or f.tensor_type(b["tensor"]) == "F32") and \
+            f.tensors[b["tensor"]].data_offset % ALIGNMENT == 0
+        total += 0 if in_place else b["nbytes"]
+    return total

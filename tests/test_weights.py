@@ -11,7 +11,7 @@ from conftest import G4
 
 
 def _mapped_range(engine):
-    m = engine.files.main._reader.data          # gguf-py's np.memmap of the whole file
+    m = np.frombuffer(engine.files.main.shards[0].buf, np.uint8)     # the map of the whole (one-shard) file
     return m.ctypes.data, m.ctypes.data + m.nbytes
 
 
@@ -55,3 +55,25 @@ def test_bf16_weights_stay_16_bit(bf16_model):
     data = sum(int(t.n_bytes) for t in r.tensors if t.name in {b["tensor"] for b in plan.values()})
     assert widened < 0.01 * data
     assert abs(eng.weight_bytes - data - widened / 2) / data < 1e-6    # 16-bit where the file is, f32 copies of norms
+
+
+def test_the_budget_predicts_the_copies(q8_model, bf16_model, tmp_path):
+    """runtime/weights.py copied_bytes (what the memory budget counts, from the headers) = the bytes of the loaded
+    weight buffers that lie outside the file's map, on the Q8_0 and BF16 fixtures and on a copy whose
+    general.alignment of 16 leaves some tensors 16- but not 32-byte aligned (those are copied)."""
+    import badgguf
+    import nextn.runtime as rt
+    from nextn.runtime.weights import copied_bytes
+
+    def outside(eng):
+        lo, hi = _mapped_range(eng)
+        plan = {b["buffer"]: b for b in eng._plan}
+        return sum(plan[n]["nbytes"] for n, t in eng._weights.items() if not lo <= _address(t) < hi)
+
+    for m in (q8_model, bf16_model):
+        assert copied_bytes(m.engine.files, m.engine._plan) == outside(m.engine) == m.engine.budget.weights
+    a16 = badgguf.copy_gguf(G4 / "tiny-glm4moe-Q8_0.gguf", tmp_path / "a16.gguf",
+                            {"general.alignment": (16, gguf.GGUFValueType.UINT32)})
+    eng = rt.load(str(a16), ctx_size=256).engine
+    assert any(t.data_offset % 32 for t in eng.files.main.tensors.values())
+    assert copied_bytes(eng.files, eng._plan) == outside(eng) == eng.device.copied_weight_bytes > 0
