@@ -21,8 +21,24 @@ MANIFEST = "manifest.json"
 SCHEMA = 3   # 3: model files by header identity (common/gguf.py), not by sha256; 2: entry points take their
 #              states and weights as two tuples (compiler/lower/to_relax.py)
 # The deepest draft a request may ask for (manifest "max_draft"); a request's n_max is lowered to it. The static
-# KV buffers hold any depth: this bounds the per-position stats and the adaptive depth controller.
+# KV buffers hold any depth: this bounds the per-position stats, the adaptive depth controller and the planes of
+# recurrent states (an engine keeps max_draft + 2 of them, runtime/engine.py).
 MAX_DRAFT = 8
+
+
+def dim_value(d, sizes: dict) -> int:
+    """A dimension of a recorded shape (IR shapes: compiler/ir/graph.py) once its symbols are known: an int, a
+    symbol (`sizes`, e.g. {"C": 4096, "P": 5}) or "X//k" (a symbol divided by an int)."""
+    if isinstance(d, int):
+        return d
+    if "//" in d:
+        base, k = d.split("//")
+        return sizes[base] // int(k)
+    return sizes[d]
+
+
+def resolve_shape(shape, sizes: dict) -> tuple[int, ...]:
+    return tuple(dim_value(d, sizes) for d in shape)
 
 
 def library_entry(path: str, arches: list[str]) -> dict:

@@ -65,6 +65,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     from .lower.to_relax import build_module, weight_params
 
     mf = ModelFiles(model, draft, load_mtp=False)
+    for d in getattr(mf.config, "defaults_applied", ()):   # optional keys whose absence changes the model
+        log(f"warning: {mf.main.path}: {d}")
     with_mtp = mf.has_nextn
     if with_mtp:
         mf._validate_nextn()
@@ -135,6 +137,10 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             "outputs": list(g.outputs),
             "ops": g.op_counts(),
             "static": STATIC.get(name, {}),
+            # recurrent states: the state after each of the last rows is kept (verify, decode), or only after the
+            # last row (the chunked KDA form of prefill, which the GPU form does not use); see ir/graph.py
+            "keeps_row_states": split or all(n.attrs.get("chunk", 0) == 0 for n in g.live_nodes()
+                                             if n.op == "gated_delta_net"),
         }
     buffers, seen = [], set()
     for g in graphs.values():

@@ -1,13 +1,15 @@
 """The nextn graph IR: a DAG of ggml-named ops, built once per model entry point.
 
 Shapes are row-major (numpy order; ggml's `ne` reversed). A dimension is an int or a symbol:
-`T` (rows in this call), `R` (output rows), `L` (KV cells attended: n_past + T). Each node's op is one of
+`T` (rows in this call), `R` (output rows), `L` (KV cells attended: n_past + T), `C` (cells of a
+position-indexed state: the context size), `P` (planes of a recurrent state, below), or `X//k` for one of them
+divided by an int (k-pools: `L//4` pools of 4 cells). Each node's op is one of
 `OPS`, with the semantics of the ggml op of the same name (ggml/include/ggml.h), restated here so that
 `interpret.py` (numpy) and `nextn.compiler.lower` (TVM) implement the same thing:
 
 - get_rows(a[V,E], ids[T]) -> [T,E];   batched: get_rows(a[B,V,C], ids[B,n]) -> [B,n,C]
 - rms_norm(x, eps): x / sqrt(mean(x^2, last axis) + eps)          (no weight: ggml multiplies after)
-- mul, add, div(a, b): elementwise with numpy broadcasting;  scale(x, s): x * s
+- mul, add, div(a, b): elementwise with numpy broadcasting;  scale(x, s[, b]): x * s (+ b: ggml_scale_bias)
 - mul_mat(w[N,K], x[...,K]) -> [...,N]   (ggml_mul_mat(w, x) = x @ w.T; w may be quantized)
 - mul_mat_id(w[X,N,K], x[T,K] | x[T,k,K], ids[T,k]) -> [T,k,N]   (per-row expert matmul)
 - reshape(x, shape), view(x, axis, start, length), concat(a, b, axis)
@@ -39,20 +41,66 @@ Shapes are row-major (numpy order; ggml's `ne` reversed). A dimension is an int 
   for later cells (in place: keeps a draft step's DSA selection for the next steps of the round; by position,
   not by L, so that a call with L rounded up past the last row stores the same thing)
 - index_mask_load(state[C]) -> [1,L]: state[:L]
+
+Recurrent states (GLM-5.3-Flash's KDA layers) have shape [P, ...]: P planes, of which the input `rs_plane`
+(int32 [1]) names the one holding the committed state (the state before row 0). A call keeps the state after
+each of its last min(T, P-1) rows, the state after row t in *slot* s = T-1-t, stored in plane
+(rs_plane + 1 + s) mod P (never rs_plane itself); the runtime commits n rows by making slot T-n the new rs_plane
+(llama.cpp's per-row state snapshots, `n_rs_seq`, src/llama-memory-recurrent.cpp). With P = 1 a call keeps only
+the state after its last row, in place (plain decoding: no rollback). A call whose first row is at position 0
+starts a sequence: its initial state is zero, whatever plane rs_plane names.
+- silu(x) = x * sigmoid(x);  softplus(x) = log(1 + exp(x))
+- ssm_conv(x[T,Ch], w[Ch,K], state[P,K-1,Ch], pos[T], rs_plane[1]) -> [T,Ch]: ggml_ssm_conv over
+  concat(history, x): y[t,c] = sum_j w[c,j] * sx[t+j, c], history = the K-1 inputs before row 0 (the state);
+  keeps the last K-1 inputs after each row in the planes
+- gated_delta_net(q[T,H,Dk], k[T,H,Dk], v[T,H,Dv], g[T,H,Dk], beta[T,H], state[P,H,Dk,Dv], pos[T], rs_plane[1],
+  chunk) -> [T,H,Dv]: the gated delta rule (ggml_gated_delta_net; Kimi Delta Attention, arXiv:2510.26692), per
+  head, state S[i, j] (key i, value j: transformers' layout, the transpose of ggml's): S = exp(g_t)[:, None] * S
+  (decay along the key axis); S += outer(k_t, beta_t (v_t - S^T k_t)); o_t = S^T q_t (q as given: callers
+  scale it). chunk 0: the per-token
+  recurrence, keeping the state after each of its kept rows; chunk c > 0: the chunked form (WY /
+  UT transform over chunks of c rows), keeping only the state after the last row (slot 0). Callers pick c so
+  that a chunk's total decay |sum g| stays <= 80 (its kernel factors the pairwise decays)
+- dsv4_hc_comb(c[T,S,S], eps, iters) -> [T,S,S]: mHC's Sinkhorn-normalised stream mix (ggml_dsv4_hc_comb after
+  its scale/bias), c indexed [src, dst]: softmax over dst + eps, divide by (sum over src + eps), then iters-1
+  times {divide by (sum over dst + eps), divide by (sum over src + eps)}
+- lightning_indexer(..., kpool) with kpool > 1: k[Cp,1,D] holds pooled keys, one per pool of kpool cells;
+  the score is [T, L//kpool] and pool p is causal for row t when its last cell (p+1)*kpool-1 <= pos[t]
+- top_k_mask(score[T,L//kpool], pos, k, kpool): over pools, with (pos[t]+1)//kpool causal pools in row t
+- kpool_store(pooled[Cp,1,D], ik[C,1,D], ig[C,1,D], ape[kpool,D], pos[T]) -> pooled: for each row t that
+  completes a pool ((pos[t]+1) % kpool == 0), p = pos[t]//kpool and, per channel d,
+  pooled[p,0,d] = sum_j softmax_j(ig[kpool*p+j, d] + ape[j, d]) * ik[kpool*p+j, d] (in place)
+- kpool_expand(pool_mask[T,L//kpool], pos, kpool, tail) -> [T,L]: the cell mask of a pool selection: cell s
+  takes its pool's mask when that pool is complete at row t (s//kpool < (pos[t]+1)//kpool), else 0 (`tail`:
+  the row's incomplete pool, its most recent cells, is always attended) or -inf
+- index_mask_store(..., after): the value stored for the cells after the last row (0 = selected, -inf = not)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from nextn.common.manifest import dim_value, resolve_shape  # noqa: F401  (the manifest records IR shapes)
 
 OPS = frozenset({
     "get_rows", "rms_norm", "mul", "add", "div", "scale", "mul_mat", "mul_mat_id", "reshape", "view",
     "concat", "rope_ext", "set_rows", "flash_attn_ext", "sigmoid", "swiglu", "clamp", "sum_rows",
     "argsort_top_k", "argmax",
     "norm", "flash_attn_ext_mla", "lightning_indexer", "top_k_mask", "index_mask_store", "index_mask_load",
+    "silu", "softplus", "ssm_conv", "gated_delta_net", "dsv4_hc_comb", "kpool_store", "kpool_expand",
 })
 LEAVES = frozenset({"input", "weight", "state"})
 
 Dim = int | str
+
+
+def div_dim(d: Dim, k: int) -> Dim:
+    """`d` divided by k (floor) as a dimension: an int, or the symbol form "X//k"."""
+    if k == 1:
+        return d
+    if isinstance(d, int):
+        return d // k
+    assert "//" not in d, d
+    return f"{d}//{k}"
 
 
 @dataclass(eq=False)
@@ -168,8 +216,10 @@ class Graph:
     def div(self, a, b):
         return self._op("div", (a, b), _bcast(a.shape, b.shape))
 
-    def scale(self, x, s: float):
-        return self._op("scale", (x,), x.shape, s=float(s))
+    def scale(self, x, s: float, b: float = 0.0):
+        """ggml_scale (x * s), or ggml_scale_bias (x * s + b) when b != 0."""
+        at = {"b": float(b)} if b != 0.0 else {}
+        return self._op("scale", (x,), x.shape, s=float(s), **at)
 
     def mul_mat(self, w, x):
         assert w.shape[-1] == x.shape[-1], (w, x)
@@ -232,14 +282,42 @@ class Graph:
         ins = (q, kv, pos) if mask is None else (q, kv, pos, mask)
         return self._op("flash_attn_ext_mla", ins, (q.shape[0], q.shape[1], n_v), scale=float(scale), n_v=int(n_v))
 
-    def lightning_indexer(self, q, k, w, pos):
-        return self._op("lightning_indexer", (q, k, w, pos), (q.shape[0], "L"))
+    def lightning_indexer(self, q, k, w, pos, kpool: int = 1):
+        at = {"kpool": int(kpool)} if kpool != 1 else {}
+        return self._op("lightning_indexer", (q, k, w, pos), (q.shape[0], div_dim("L", kpool)), **at)
 
-    def top_k_mask(self, score, pos, k: int):
-        return self._op("top_k_mask", (score, pos), score.shape, k=int(k))
+    def top_k_mask(self, score, pos, k: int, kpool: int = 1):
+        at = {"kpool": int(kpool)} if kpool != 1 else {}
+        return self._op("top_k_mask", (score, pos), score.shape, k=int(k), **at)
 
-    def index_mask_store(self, state, mask, pos):
-        return self._op("index_mask_store", (state, mask, pos), state.shape)
+    def index_mask_store(self, state, mask, pos, after: float = 0.0):
+        at = {"after": float(after)} if after != 0.0 else {}
+        return self._op("index_mask_store", (state, mask, pos), state.shape, **at)
+
+    def silu(self, x):
+        return self._op("silu", (x,), x.shape)
+
+    def softplus(self, x):
+        return self._op("softplus", (x,), x.shape)
+
+    def ssm_conv(self, x, w, state, pos, rs_plane):
+        assert w.shape == (x.shape[1], state.shape[1] + 1) and state.shape[2] == x.shape[1], (x, w, state)
+        return self._op("ssm_conv", (x, w, state, pos, rs_plane), x.shape)
+
+    def gated_delta_net(self, q, k, v, g, beta, state, pos, rs_plane, chunk: int = 0):
+        T, H, Dk = q.shape
+        assert k.shape == g.shape == q.shape and beta.shape == (T, H) and state.shape[1:] == (H, Dk, v.shape[2])
+        return self._op("gated_delta_net", (q, k, v, g, beta, state, pos, rs_plane), v.shape, chunk=int(chunk))
+
+    def dsv4_hc_comb(self, c, eps: float, iters: int):
+        return self._op("dsv4_hc_comb", (c,), c.shape, eps=float(eps), iters=int(iters))
+
+    def kpool_store(self, pooled, ik, ig, ape, pos):
+        assert ape.shape == (ape.shape[0], ik.shape[2]), ape
+        return self._op("kpool_store", (pooled, ik, ig, ape, pos), pooled.shape, kpool=int(ape.shape[0]))
+
+    def kpool_expand(self, pool_mask, pos, kpool: int, tail: bool):
+        return self._op("kpool_expand", (pool_mask, pos), (pool_mask.shape[0], "L"), kpool=int(kpool), tail=bool(tail))
 
     def index_mask_load(self, state):
         return self._op("index_mask_load", (state,), (1, "L"))

@@ -76,18 +76,20 @@ def _attn_mla(q, kv, pos, mask, n_kv, scale, n_v):
     return out
 
 
-def _lightning_indexer(q, k, w, pos, n_kv):
-    kk = k[:n_kv, 0, :]
-    s = np.einsum("thd,sd->ths", q, kk)                            # [T, Hi, n_kv]
+def _lightning_indexer(q, k, w, pos, n_kv, kpool=1):
+    n = n_kv // kpool                                              # cells, or complete pools of kpool cells
+    kk = k[:n, 0, :]
+    s = np.einsum("thd,sd->ths", q, kk)                            # [T, Hi, n]
     score = np.einsum("ths,th->ts", np.maximum(s, np.float32(0)), w)
-    return np.where(np.arange(n_kv)[None, :] <= pos[:, None], score, -np.inf).astype(np.float32)
+    last = (np.arange(n) + 1) * kpool - 1                          # the last cell of each key / pool
+    return np.where(last[None, :] <= pos[:, None], score, -np.inf).astype(np.float32)
 
 
-def _top_k_mask(score, pos, k):
+def _top_k_mask(score, pos, k, kpool=1):
     T, L = score.shape
     out = np.zeros((T, L), np.float32)
     for t in range(T):
-        n = min(int(pos[t]) + 1, L)
+        n = min((int(pos[t]) + 1) // kpool, L)
         if n <= k:
             continue                                                # every causal cell is selected
         order = np.argsort(-score[t, :n], kind="stable")            # ties: lower index first (-0.0 == 0.0)
@@ -95,6 +97,96 @@ def _top_k_mask(score, pos, k):
         row[order[:k]] = 0.0
         out[t] = row
     return out
+
+
+def _kpool_expand(pool_mask, pos, n_kv, kpool, tail):
+    cells = np.arange(n_kv)
+    pool = cells // kpool
+    complete = pool[None, :] < ((pos + 1) // kpool)[:, None]       # [T, L]
+    picked = pool_mask[:, np.minimum(pool, pool_mask.shape[1] - 1)]
+    return np.where(complete, picked, np.float32(0.0 if tail else -np.inf)).astype(np.float32)
+
+
+def _kpool_store(pooled, ik, ig, ape, pos):
+    kp = ape.shape[0]
+    for t in range(len(pos)):
+        if (int(pos[t]) + 1) % kp:
+            continue
+        p = int(pos[t]) // kp
+        z = ig[kp * p:kp * p + kp, 0, :] + ape                     # [kpool, D]
+        e = np.exp(z - z.max(axis=0, keepdims=True))
+        pooled[p, 0, :] = ((e / e.sum(axis=0, keepdims=True)) * ik[kp * p:kp * p + kp, 0, :]).sum(axis=0)
+    return pooled
+
+
+def _rs_initial(state, pos, rs):
+    """The state before row 0: zeros at a sequence start (pos[0] == 0), else the committed plane."""
+    return np.zeros(state.shape[1:], np.float32) if int(pos[0]) == 0 else state[int(rs[0])].copy()
+
+
+def _rs_keep(state, rs, T, t, value):
+    """Keep the state after row t (if it is one of the kept rows) in its plane (graph.py: slot T-1-t)."""
+    P = state.shape[0]
+    if t >= T - max(1, min(T, P - 1)):
+        state[(int(rs[0]) + 1 + T - 1 - t) % P] = value
+
+
+def _ssm_conv(x, w, state, pos, rs):
+    T, K = x.shape[0], w.shape[1]
+    sx = np.concatenate([_rs_initial(state, pos, rs), x])          # [K-1+T, Ch]
+    y = np.zeros_like(x)
+    for j in range(K):
+        y += sx[j:j + T] * w[:, j]
+    for t in range(T):
+        _rs_keep(state, rs, T, t, sx[t + 1:t + K])
+    return y
+
+
+def _gated_delta_net(q, k, v, g, beta, state, pos, rs, chunk):
+    """The recurrence (chunk 0) or the chunked form (chunk > 0): graph.py states both."""
+    T = q.shape[0]
+    S = _rs_initial(state, pos, rs)                                # [H, Dk, Dv]
+    o = np.empty(v.shape, np.float32)
+    if chunk == 0:
+        for t in range(T):
+            S = S * np.exp(g[t])[:, :, None]
+            delta = beta[t][:, None] * (v[t] - np.einsum("hij,hi->hj", S, k[t]))
+            S = S + k[t][:, :, None] * delta[:, None, :]
+            o[t] = np.einsum("hij,hi->hj", S, q[t])
+            _rs_keep(state, rs, T, t, S)
+        return o
+    for c0 in range(0, T, chunk):
+        sl = slice(c0, min(c0 + chunk, T))
+        n = sl.stop - c0
+        gam = np.cumsum(g[sl], axis=0)                             # [n, H, Dk] decay since the chunk start
+        diff = gam[:, None] - gam[None, :]                         # [t, r, H, Dk]: gamma_t - gamma_r
+        r_lt_t = np.tri(n, k=-1, dtype=bool)[:, :, None, None]
+        r_le_t = np.tri(n, dtype=bool)[:, :, None, None]
+        kk, qq, vv, bb = k[sl], q[sl], v[sl], beta[sl]
+        E_lt = np.where(r_lt_t, np.exp(np.where(r_lt_t, diff, 0.0)), 0.0).astype(np.float32)
+        E_le = np.where(r_le_t, np.exp(np.where(r_le_t, diff, 0.0)), 0.0).astype(np.float32)
+        A = np.einsum("trhi,thi,rhi->htr", E_lt, kk, kk) * bb.T[:, :, None]            # [H, t, r]
+        Bm = np.einsum("trhi,thi,rhi->htr", E_le, qq, kk)
+        eg = np.exp(gam)                                                                # [n, H, Dk]
+        rhs = bb[:, :, None] * (vv - np.einsum("thi,hij->thj", kk * eg, S))            # [n, H, Dv]
+        delta = np.empty_like(rhs)
+        for t in range(n):                                         # (I + A) delta = rhs, A strictly lower
+            delta[t] = rhs[t] - np.einsum("hr,rhj->hj", A[:, t, :t], delta[:t])
+        o[sl] = np.einsum("thi,hij->thj", qq * eg, S) + np.einsum("htr,rhj->thj", Bm, delta)
+        decay_to_end = np.exp(gam[-1][None] - gam)                                      # [n, H, Dk]
+        S = np.exp(gam[-1])[:, :, None] * S + np.einsum("rhi,rhj->hij", kk * decay_to_end, delta)
+    _rs_keep(state, rs, 1, 0, S)                                   # the chunked form keeps slot 0 only
+    return o
+
+
+def _dsv4_hc_comb(c, eps, iters):
+    e = np.exp(c - c.max(axis=-1, keepdims=True))
+    c = e / e.sum(axis=-1, keepdims=True) + np.float32(eps)        # softmax over dst, + eps
+    c = c / (c.sum(axis=-2, keepdims=True) + np.float32(eps))      # normalise over src
+    for _ in range(iters - 1):
+        c = c / (c.sum(axis=-1, keepdims=True) + np.float32(eps))
+        c = c / (c.sum(axis=-2, keepdims=True) + np.float32(eps))
+    return c
 
 
 def _top_k(x, k):
@@ -151,6 +243,8 @@ def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = No
             r = a[0] / a[1]
         elif op == "scale":
             r = a[0] * np.float32(n.attrs["s"])
+            if "b" in n.attrs:
+                r = r + np.float32(n.attrs["b"])
         elif op in ("mul_mat", "mul_mat_id") and n.inputs[0].op == "weight" and n.inputs[0].name in q8:
             r = _quantized_matmul(op, *a)
         elif op == "mul_mat":
@@ -198,15 +292,29 @@ def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = No
             q, kv, pos = a[:3]
             r = _attn_mla(q, kv, pos, a[3] if len(a) > 3 else None, int(n_kv), n.attrs["scale"], n.attrs["n_v"])
         elif op == "lightning_indexer":
-            r = _lightning_indexer(*a, int(n_kv))
+            r = _lightning_indexer(*a, int(n_kv), n.attrs.get("kpool", 1))
         elif op == "top_k_mask":
-            r = _top_k_mask(a[0], a[1], n.attrs["k"])
+            r = _top_k_mask(a[0], a[1], n.attrs["k"], n.attrs.get("kpool", 1))
         elif op == "index_mask_store":
             state, mask, pos = a
             last = int(pos[-1]) + 1
             state[:last] = mask[-1, :last]
-            state[last:] = 0.0
+            state[last:] = n.attrs.get("after", 0.0)
             r = state
+        elif op == "silu":
+            r = a[0] / (1.0 + np.exp(-a[0]))
+        elif op == "softplus":
+            r = np.logaddexp(np.float32(0), a[0])
+        elif op == "ssm_conv":
+            r = _ssm_conv(*a)
+        elif op == "gated_delta_net":
+            r = _gated_delta_net(*a, n.attrs["chunk"])
+        elif op == "dsv4_hc_comb":
+            r = _dsv4_hc_comb(a[0], n.attrs["eps"], n.attrs["iters"])
+        elif op == "kpool_store":
+            r = _kpool_store(*a)
+        elif op == "kpool_expand":
+            r = _kpool_expand(a[0], a[1], int(n_kv), n.attrs["kpool"], n.attrs["tail"])
         elif op == "index_mask_load":
             r = a[0][None, :int(n_kv)].copy()
         else:

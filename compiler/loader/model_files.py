@@ -41,8 +41,7 @@ class ModelFiles:
                                  f"'{arch}.nextn_predict_layers' = 1 (got {dc.n_layer + dc.n_layer_nextn} and {dc.n_layer_nextn})")
             if not self.draft.has_tensor(f"blk.{c.n_layer}.nextn.eh_proj.weight"):
                 raise NextnError(f"{self.draft.path}: tensor 'blk.{c.n_layer}.nextn.eh_proj.weight' is missing (not an MTP GGUF)")
-            if c.n_layer_nextn == 0:
-                self.config = c = type(c)(**{**c.to_json(), "n_layer_nextn": 1})
+            self.config = c = c.with_draft(dc)
         self._owner: dict[str, GGUFFile] = {}
         for name in self.main.tensors:
             self._owner[name] = self.main

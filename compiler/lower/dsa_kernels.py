@@ -16,13 +16,14 @@ from tvm.script import tirx as T
 KEY_NEG_INF = -2139095041   # order key of -inf: bits 0xff800000 ^ 0x7fffffff as int32
 
 
-def _top_k_mask_kernel(k: int):
+def _top_k_mask_kernel(k: int, kpool: int = 1):
     """Exact per-row top-k by bisection over the float32 order keys (int32: the bits, with the sign-magnitude
     negatives flipped; -0.0 ties with 0.0). #(key >= m) is counted as #(x >= float(m)): one float compare per
     cell, no per-row key buffer (CUDA kernels cannot allocate global scratch). float(m) is exact for every m
     the counts need: m is clamped up to key(-inf) (every x has key >= it), m above key(+inf) is a NaN that no x
-    reaches, and the only m with no float of its own (-1, raw -0.0) compares as >= -0.0, i.e. key >= 0."""
-    K = k
+    reaches, and the only m with no float of its own (-1, raw -0.0) compares as >= -0.0, i.e. key >= 0.
+    `kpool` > 1: the scores are per pool of kpool cells, (pos + 1) // kpool of them causal (ir/graph.py)."""
+    K, KP = k, kpool
 
     def key_float(m):
         m32 = tirx.Cast("int32", tirx.max(m, tirx.const(KEY_NEG_INF, "int64")))
@@ -43,7 +44,7 @@ def _top_k_mask_kernel(k: int):
                 T.writes(mask[vr, 0:l])
                 acc = T.alloc_buffer((3,), "int64", scope="local")   # lo, hi, count
                 thr = T.alloc_buffer((1,), "float32", scope="local")
-                n = T.min(T.Cast("int64", pos[vr]) + T.int64(1), l)
+                n = T.min((T.Cast("int64", pos[vr]) + T.int64(1)) // KP, l)
                 if n <= T.int64(K):
                     for s in range(l):
                         mask[vr, s] = T.float32(0)
@@ -78,19 +79,27 @@ def _top_k_mask_kernel(k: int):
     return top_k_mask
 
 
-@T.prim_func(private=True, s_tir=True)
-def index_mask_store_kernel(var_state: T.handle, var_mask: T.handle, var_pos: T.handle):
-    """state[s] = mask[T-1, s] for s <= pos[T-1] (< L), 0 (selected) for later cells (in place)."""
-    T.func_attr({"tirx.noalias": True})
-    c, t, l = T.int64(), T.int64(), T.int64()
-    state = T.match_buffer(var_state, (c,), "float32")
-    mask = T.match_buffer(var_mask, (t, l), "float32")
-    pos = T.match_buffer(var_pos, (t,), "int32")
-    for s in range(c):
-        with T.sblock("index_mask_store"):
-            vs = T.axis.spatial(c, s)
-            state[vs] = T.if_then_else(vs <= T.min(T.Cast("int64", pos[t - T.int64(1)]), l - T.int64(1)),
-                                       mask[t - T.int64(1), T.min(vs, l - T.int64(1))], T.float32(0))
+def _index_mask_store_kernel(after: float = 0.0):
+    AFTER = after
+
+    @T.prim_func(private=True, s_tir=True)
+    def index_mask_store(var_state: T.handle, var_mask: T.handle, var_pos: T.handle):
+        """state[s] = mask[T-1, s] for s <= pos[T-1] (< L), `after` (0: selected) for later cells (in place)."""
+        T.func_attr({"tirx.noalias": True})
+        c, t, l = T.int64(), T.int64(), T.int64()
+        state = T.match_buffer(var_state, (c,), "float32")
+        mask = T.match_buffer(var_mask, (t, l), "float32")
+        pos = T.match_buffer(var_pos, (t,), "int32")
+        for s in range(c):
+            with T.sblock("index_mask_store"):
+                vs = T.axis.spatial(c, s)
+                state[vs] = T.if_then_else(vs <= T.min(T.Cast("int64", pos[t - T.int64(1)]), l - T.int64(1)),
+                                           mask[t - T.int64(1), T.min(vs, l - T.int64(1))], T.float32(AFTER))
+
+    return index_mask_store
+
+
+index_mask_store_kernel = _index_mask_store_kernel()
 
 
 TIR_OPS = frozenset({"top_k_mask", "index_mask_store"})
@@ -99,11 +108,13 @@ TIR_OPS = frozenset({"top_k_mask", "index_mask_store"})
 def emit(bb: relax.BlockBuilder, n, args, sym):
     """Emit IR node `n` (op in TIR_OPS) as a call of its kernel."""
     if n.op == "top_k_mask":
-        gv = bb.add_func(_top_k_mask_kernel(n.attrs["k"]), f"top_k_mask_{n.attrs['k']}")
+        kp = n.attrs.get("kpool", 1)
+        gv = bb.add_func(_top_k_mask_kernel(n.attrs["k"], kp), f"top_k_mask_{n.attrs['k']}" + (f"_pool{kp}" if kp > 1 else ""))
         score = args[0]
         return bb.emit(relax.call_tir(gv, relax.Tuple(list(args)), score.ty))
     if n.op == "index_mask_store":
-        gv = bb.add_func(index_mask_store_kernel, "index_mask_store")
+        after = n.attrs.get("after", 0.0)
+        gv = bb.add_func(_index_mask_store_kernel(after), "index_mask_store" + ("" if after == 0.0 else "_after_neg_inf"))
         return bb.emit(relax.op.call_tir_inplace(gv, relax.Tuple(list(args)), [0], args[0].ty))
     raise NotImplementedError(n.op)
 

@@ -67,8 +67,10 @@ def div(a, b):
     return topi.divide(a, b)
 
 
-def scale(x, s):
-    return te.compute(x.shape, lambda *i: x[i] * tirx.const(s, F32), name="scale")
+def scale(x, s, b=0.0):
+    if b == 0.0:
+        return te.compute(x.shape, lambda *i: x[i] * tirx.const(s, F32), name="scale")
+    return te.compute(x.shape, lambda *i: x[i] * tirx.const(s, F32) + tirx.const(b, F32), name="scale_bias")
 
 
 def mul_mat(w, x):
@@ -155,6 +157,16 @@ def rope_ext(x, pos, n_rot, mode, freq_base, freq_scale=1.0, ext_factor=0.0, att
 
 def sigmoid(x):
     return te.compute(x.shape, lambda *i: tirx.const(1.0, F32) / (tirx.const(1.0, F32) + te.exp(-x[i])), name="sigmoid")
+
+
+def silu(x):
+    return te.compute(x.shape, lambda *i: x[i] / (tirx.const(1.0, F32) + te.exp(-x[i])), name="silu")
+
+
+def softplus(x):
+    """log(1 + exp(x)), as max(x, 0) + log1p(exp(-|x|)) (no overflow)."""
+    return te.compute(x.shape, lambda *i: te.max(x[i], tirx.const(0.0, F32)) + te.log(
+        tirx.const(1.0, F32) + te.exp(-te.abs(x[i]))), name="softplus")
 
 
 def swiglu(gt, up):

@@ -15,7 +15,17 @@ from tvm import relax, tirx
 
 from nextn.compiler.ir import Graph, rope
 
-from . import attention, dsa_kernels, te_ops
+from . import attention, dsa_kernels, kda_kernels, te_ops
+
+
+def dim_expr(d, sym):
+    """An IR dimension as a TIR expression: an int, a symbol, or "X//k" (ir/graph.py)."""
+    if isinstance(d, int):
+        return d
+    if "//" in d:
+        base, k = d.split("//")
+        return tirx.floordiv(sym[base], int(k))
+    return sym[d]
 
 
 def weight_buffers(kind: str, shape) -> list[tuple[str, str, tuple]]:
@@ -41,12 +51,12 @@ def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str],
     """Emit `graph` as a Relax function; `static` fixes symbols (e.g. {"T": 1} for the one-row decode step);
     `split_l`: attention split over L (flash-decoding) rather than fused; `x86`: an x86.emit.X86Lowering taking the
     matmuls it handles (CPU targets with AVX2)."""
-    sym = {d: tirx.Var(d, "int64") for d in ("T", "R", "L", "C")}
+    sym = {d: tirx.Var(d, "int64") for d in ("T", "R", "L", "C", "P")}
     for d, v in (static or {}).items():
         sym[d] = tirx.IntImm("int64", v)
 
     def shape(s):
-        return [sym[d] if isinstance(d, str) else d for d in s]
+        return [dim_expr(d, sym) for d in s]
 
     params, env = [], {}
     for name, n in graph.inputs.items():
@@ -142,7 +152,11 @@ def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool = False)
     if kernels.gpu and op in SPLIT_OPS:
         return _emit_split(bb, n, args, sym)
     if op == "reshape":
-        return bb.emit(relax.op.reshape(args[0], [sym[d] if isinstance(d, str) else d for d in n.shape]))
+        x = args[0]
+        if isinstance(x, tuple):   # a weight (kind, buffers, shape): float weights reshape as themselves
+            assert x[0] == "f32", f"reshape of a {x[0]} weight"
+            x = x[1][0]
+        return bb.emit(relax.op.reshape(x, [dim_expr(d, sym) for d in n.shape]))
     if op == "set_rows":
         return attention.emit_set_rows(kernels, n, args)
     if op in ("flash_attn_ext", "flash_attn_ext_mla"):
@@ -151,11 +165,16 @@ def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool = False)
         return attention.emit_lightning_indexer(kernels, n, args, sym)
     if op in dsa_kernels.TIR_OPS:
         return dsa_kernels.emit(bb, n, args, sym)
+    if op in kda_kernels.TIR_OPS:
+        return kda_kernels.emit(bb, n, args, sym, gpu_form=kernels.gpu, gpu=kernels.gpu and not kernels.emulate)
+    if op == "kpool_expand":
+        return bb.emit_te(lambda m, p: kda_kernels.kpool_expand(m, p, sym["L"], at["kpool"], at["tail"]), *args,
+                          primfunc_name_hint="kpool_expand")
     flat, rebuild = _flatten(args)
     fn = getattr(te_ops, op)
     extra = {
         "rms_norm": lambda: (at["eps"],),
-        "scale": lambda: (at["s"],),
+        "scale": lambda: (at["s"], at.get("b", 0.0)),
         "view": lambda: (at["axis"], at["start"], at["length"]),
         "concat": lambda: (at["axis"],),
         "rope_ext": lambda: (at["n_rot"], at["mode"], *(at[k] for k in rope.PARAMS)),

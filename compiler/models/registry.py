@@ -40,7 +40,16 @@ def _glm_dsa() -> ModelSpec:
                      ("mtp_dense_attention",), graph.extra_entry_points)
 
 
-_REGISTRY = {"glm4moe": _glm4moe, "glm-dsa": _glm_dsa}
+def _glm5next() -> ModelSpec:
+    from .glm5next import config, graph
+
+    return ModelSpec("glm5-next", config.config_from_gguf, config.Glm5NextConfig.from_json, config.trunk_tensors,
+                     config.nextn_tensors, config.nextn_optional, graph.build_trunk, graph.build_mtp,
+                     (), graph.extra_entry_points)
+
+
+# GLM-5.3-Flash GGUFs carry either spelling (llama.cpp upstream: glm5-next; the first published files: glm5next)
+_REGISTRY = {"glm4moe": _glm4moe, "glm-dsa": _glm_dsa, "glm5-next": _glm5next, "glm5next": _glm5next}
 
 
 def supported() -> list[str]:

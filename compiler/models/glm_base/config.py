@@ -49,6 +49,11 @@ class GlmConfig:
                     attn_factor=self.rope_attn_factor, beta_fast=self.rope_beta_fast, beta_slow=self.rope_beta_slow,
                     n_ctx_orig=self.rope_n_ctx_orig)
 
+    def with_draft(self, dc: "GlmConfig") -> "GlmConfig":
+        """This config (of a trunk-only file) completed by `dc`, the config of its MTP-only draft file: one NextN
+        block. Archs whose NextN block reads keys of its own take them from `dc` (glm5next)."""
+        return self if self.n_layer_nextn else type(self)(**{**self.to_json(), "n_layer_nextn": 1})
+
     def to_json(self) -> dict:
         return asdict(self)
 
@@ -143,16 +148,25 @@ def moe_keys(f, a: str) -> dict:
         raise NextnError(f"{f.path}: '{a}.expert_gating_func' = {gating}, expected 2 (sigmoid) for {a}")
     if f.get(f"{a}.expert_group_count", 1, kind=int) > 1:
         raise NextnError(f"{f.path}: '{a}.expert_group_count' > 1 (group-limited routing) is not supported")
+    n_lead = bounded(f, f"{a}.leading_dense_block_count", f.get(f"{a}.leading_dense_block_count", 0, kind=int), 0)
+    ff_key = f"{a}.expert_feed_forward_length"
+    ff = f.get(ff_key)
+    if isinstance(ff, list):   # one width per block (GLM-5.3-Flash's converter may write it so): the MoE ones agree
+        widths = {x for x in ff[n_lead:] if isinstance(x, int) and not isinstance(x, bool)}
+        if len(widths) != 1 or len(ff) <= n_lead:
+            raise NextnError(f"{f.path}: '{ff_key}' = {ff}, expected one expert width for every MoE block")
+        n_ff_exp = widths.pop()
+    else:
+        n_ff_exp = f.get(ff_key, kind=int)
     n_expert = bounded(f, f"{a}.expert_count", f.get(f"{a}.expert_count", kind=int))
     return dict(
         n_ff=bounded(f, f"{a}.feed_forward_length", scalar_or_first(f, f"{a}.feed_forward_length")),
-        n_ff_exp=bounded(f, f"{a}.expert_feed_forward_length", f.get(f"{a}.expert_feed_forward_length", kind=int)),
+        n_ff_exp=bounded(f, ff_key, n_ff_exp),
         n_expert=n_expert,
         n_expert_used=bounded(f, f"{a}.expert_used_count", f.get(f"{a}.expert_used_count", kind=int), 1, n_expert,
                               "at most expert_count"),
         n_expert_shared=bounded(f, f"{a}.expert_shared_count", f.get(f"{a}.expert_shared_count", kind=int), 0),
-        n_lead_dense=bounded(f, f"{a}.leading_dense_block_count",
-                             f.get(f"{a}.leading_dense_block_count", 0, kind=int), 0),
+        n_lead_dense=n_lead,
         expert_weights_scale=f.get(f"{a}.expert_weights_scale", 0.0, kind=float),
         expert_weights_norm=bool(f.get(f"{a}.expert_weights_norm", False, kind=bool)),
         expert_gating_func=gating,

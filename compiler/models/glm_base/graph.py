@@ -36,19 +36,30 @@ def head(g: Graph, c, hs, head_name: str, all_rows: bool):
     g.output("argmax", g.argmax(logits))
 
 
-def dense_ffn(g: Graph, c, il: int, x, prefix: str = "ffn_", suffix: str = "", n_ff: int | None = None):
-    """down(silu(gate(x)) * up(x)) with `blk.{il}.{prefix}{gate,up,down}{suffix}` (the shared expert: "_shexp")."""
+def swiglu(g: Graph, gate, up, limit: float | None = None):
+    """ggml GLU SWIGLU, or SWIGLU_CLAMP with `limit` (GLM-5.3-Flash's swiglu_clamp_*): silu(min(gate, limit)) *
+    clamp(up, -limit, limit)."""
+    if limit is not None:
+        gate, up = g.clamp(gate, -math.inf, limit), g.clamp(up, -limit, limit)
+    return g.swiglu(gate, up)
+
+
+def dense_ffn(g: Graph, c, il: int, x, prefix: str = "ffn_", suffix: str = "", n_ff: int | None = None,
+              limit: float | None = None):
+    """down(silu(gate(x)) * up(x)) with `blk.{il}.{prefix}{gate,up,down}{suffix}` (the shared expert: "_shexp");
+    `limit`: the SwiGLU clamp (none for glm4moe, glm-dsa)."""
     p = f"blk.{il}.{prefix}"
     F = n_ff or c.n_ff
     gate = linear(g, x, f"{p}gate{suffix}", F)
     up = linear(g, x, f"{p}up{suffix}", F)
-    return linear(g, g.swiglu(gate, up), f"{p}down{suffix}", c.n_embd)
+    return linear(g, swiglu(g, gate, up, limit), f"{p}down{suffix}", c.n_embd)
 
 
-def moe(g: Graph, c, il: int, x):
+def moe(g: Graph, c, il: int, x, limit_exp: float | None = None, limit_shexp: float | None = None):
     """build_moe_ffn as llama.cpp runs it for GLM: sigmoid router probabilities; `exp_probs_b` biases the top-k
     selection only; the selected probabilities are normalised (expert_weights_norm) and scaled
-    (expert_weights_scale); the experts' outputs are summed in top-k slot order; plus the shared expert."""
+    (expert_weights_scale); the experts' outputs are summed in top-k slot order; plus the shared expert.
+    `limit_exp` / `limit_shexp`: the SwiGLU clamp of the routed / shared experts (none for glm4moe, glm-dsa)."""
     p, X, F, E, k = f"blk.{il}.", c.n_expert, c.n_ff_exp, c.n_embd, c.n_expert_used
     T = x.shape[0]
     logits = g.mul_mat(g.weight(p + "ffn_gate_inp.weight", (X, E)), x)             # [T, X]
@@ -63,13 +74,14 @@ def moe(g: Graph, c, il: int, x):
         w = g.scale(w, c.expert_weights_scale)
     up = g.mul_mat_id(g.weight(p + "ffn_up_exps.weight", (X, F, E)), x, selected)      # [T, k, F]
     gate = g.mul_mat_id(g.weight(p + "ffn_gate_exps.weight", (X, F, E)), x, selected)
-    down = g.mul_mat_id(g.weight(p + "ffn_down_exps.weight", (X, E, F)), g.swiglu(gate, up), selected)  # [T, k, E]
+    down = g.mul_mat_id(g.weight(p + "ffn_down_exps.weight", (X, E, F)), swiglu(g, gate, up, limit_exp),
+                        selected)                                                  # [T, k, E]
     down = g.mul(down, w)
     out = g.reshape(g.view(down, 1, 0, 1), (T, E))
     for j in range(1, k):                                                          # sum in top-k slot order
         out = g.add(out, g.reshape(g.view(down, 1, j, 1), (T, E)))
     if c.n_expert_shared > 0:
-        out = g.add(out, dense_ffn(g, c, il, x, "ffn_", "_shexp", F * c.n_expert_shared))
+        out = g.add(out, dense_ffn(g, c, il, x, "ffn_", "_shexp", F * c.n_expert_shared, limit_shexp))
     return out
 
 
