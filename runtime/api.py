@@ -151,7 +151,8 @@ class Model:
 def load(path: str, target: str = "llvm", ctx_size: int | None = None, spec: bool = True,
          draft: str | None = None, log=None, arches=None, device: str = "cpu",
          mtp_dense_attention: bool = False, cache_type_k: str | None = None,
-         cache_type_v: str | None = None, threads: int | None = None) -> Model:
+         cache_type_v: str | None = None, threads: int | None = None, max_draft: int | None = None,
+         mtp_index_share: bool | None = None) -> Model:
     """Load an artifact directory, or a GGUF (compiled for `target` and cached first).
 
     `spec=False` leaves the NextN tensors unread. `draft` is an MTP-only GGUF next to a trunk-only model.
@@ -162,8 +163,15 @@ def load(path: str, target: str = "llvm", ctx_size: int | None = None, spec: boo
     compiled with them (default f16, f16), an artifact directory must have them (None: its own).
     `threads`: CPU threads of the compiled kernels (llama.cpp -t; None: runtime/threads.py's default), set before
     the first kernel call.
+    `max_draft`: the deepest draft this model will be asked for (default: the artifact's maximum); recurrent
+    states (GLM-5.3-Flash's KDA) keep max_draft + 2 planes, one without speculation.
+    `mtp_index_share`: whether NextN draft steps 1..n-1 reuse step 0's DSA selection (glm-dsa, glm5next;
+    default: the GGUF's `attention.indexer.index_share_mtp`, on when the file does not say).
     Raises NextnError (missing/corrupt files, hash mismatch, unsupported arch, bad tensors, other KV types)."""
     use_threads(threads)
-    return Model(Engine.open(path, target=target, ctx_size=ctx_size, load_mtp=spec, draft_path=draft, log=log,
-                             arches=arches, device=device, mtp_dense_attention=mtp_dense_attention,
-                             cache_type_k=cache_type_k, cache_type_v=cache_type_v))
+    m = Model(Engine.open(path, target=target, ctx_size=ctx_size, load_mtp=spec, draft_path=draft, log=log,
+                          arches=arches, device=device, mtp_dense_attention=mtp_dense_attention,
+                          cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_draft=max_draft))
+    if mtp_index_share is not None:
+        m.engine.share_mtp_index = bool(mtp_index_share)
+    return m

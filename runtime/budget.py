@@ -120,13 +120,14 @@ def kv_bytes_per_cell(engine) -> int:
     """Bytes one context cell takes in `engine`'s KV and state buffers (the manifest's kv_cache.bytes_per_token)."""
     bpt = (engine.artifact.manifest.get("kv_cache") or {}).get("bytes_per_token")
     if not bpt:
-        return state.state_bytes(engine._entries, 1) - state.state_bytes(engine._entries, 0)
+        one, none = (state.state_bytes(engine._entries, engine._state_sizes(n)) for n in (1, 0))
+        return one - none
     return int(bpt["trunk"]) + (int(bpt["nextn"]) if engine.has_mtp else 0)
 
 
 def kv_bytes(engine, n_ctx: int) -> int:
     """KV and state bytes of `engine` for n_ctx cells: per-cell bytes, plus the states that do not grow with -c."""
-    return state.state_bytes(engine._entries, 0) + n_ctx * kv_bytes_per_cell(engine)
+    return state.state_bytes(engine._entries, engine._state_sizes(0)) + n_ctx * kv_bytes_per_cell(engine)
 
 
 def _kv_as(engine, n_ctx: int, kv_name: str) -> int | None:
@@ -136,7 +137,7 @@ def _kv_as(engine, n_ctx: int, kv_name: str) -> int | None:
         return None
     from nextn.common.kv_types import KV_TYPES
 
-    return state.state_bytes(engine._entries, n_ctx, retype={s: (KV_TYPES[t], KV_TYPES[kv_name])
+    return state.state_bytes(engine._entries, engine._state_sizes(n_ctx), retype={s: (KV_TYPES[t], KV_TYPES[kv_name])
                                                                for s, t in caches.items()})
 
 

@@ -87,10 +87,13 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
 @click.option("--mtp-dense-attention", is_flag=True, help=MTP_DENSE_HELP + " Applies when MODEL is a GGUF.")
 @kv_cache_options
 @threads_option
+@click.option("--mtp-index-share/--no-mtp-index-share", default=None,
+              help="NextN draft steps 1..n-1 reuse step 0's DSA selection (index_share_for_mtp_iteration; glm-dsa, "
+                   "glm5next) [default: the GGUF's attention.indexer.index_share_mtp, on when absent].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, spec_draft_n_max, spec_draft_n_min,
         spec_draft_p_min, spec_draft_sampling, top_k, top_p, min_p, stops, draft, target, arches, device,
-        ignore_eos, mtp_dense_attention, cache_type_k, cache_type_v, threads, as_json):
+        ignore_eos, mtp_dense_attention, cache_type_k, cache_type_v, threads, mtp_index_share, as_json):
     """Generate from MODEL (a GGUF, compiled and cached on first use, or an artifact directory)."""
     from .api import load
 
@@ -110,7 +113,8 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
     want_spec = spec_type != "none"
     m = load(model, target=target, ctx_size=ctx_size, spec=want_spec, draft=draft, arches=list(arches) or None, device=device,
              log=lambda s: click.echo(s, err=True), mtp_dense_attention=mtp_dense_attention, cache_type_k=cache_type_k,
-             cache_type_v=cache_type_v, threads=threads)
+             cache_type_v=cache_type_v, threads=threads, max_draft=n_max if isinstance(n_max, int) else None,
+             mtp_index_share=mtp_index_share)
     if spec_type is None:
         spec_type = "draft-mtp" if m.has_mtp else "none"
     elif spec_type == "draft-mtp" and not m.has_mtp:

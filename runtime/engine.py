@@ -4,6 +4,12 @@ The engine calls one compiled entry point per step (prefill chunk, verify pass, 
 each is a Relax VM function that runs every kernel of that step, so Python never dispatches per kernel.
 Its pieces: the weights (`weights.py`, bound once), the static KV / state buffers (`state.py`), the device
 (`device.py`). Entry-point signatures: (*inputs, Shape([L]), *states, *weight buffers), as the manifest records.
+
+Recurrent states (GLM-5.3-Flash's KDA layers: shape [P, ...] in the manifest, compiler/ir/graph.py) cannot be
+truncated. Each trunk call reads the committed plane (its input `rs_plane`) and keeps the state after each of its
+last rows in the other planes; `commit(n)` after the call keeps its first n rows by making the plane of row n-1
+the committed one (no copy, no replay). Every trunk call is followed by one commit before the next call that
+should see its rows; a call that is not committed (a timing call) leaves the committed state as it was.
 """
 from __future__ import annotations
 
@@ -44,9 +50,10 @@ class Engine:
 
     def __init__(self, artifact: Artifact, ctx_size: int | None = None, load_mtp: bool = True,
                  model_path: str | None = None, draft_path: str | None = None, device: str = "cpu",
-                 staged: bool = False, log=None):
+                 staged: bool = False, log=None, max_draft: int | None = None):
         """Check the files and the device, then load (LOAD_STEPS). `staged`: leave the loading to `load_step`
-        / `load_all` (bench/device_check.py runs and times each step on its own)."""
+        / `load_all` (bench/device_check.py runs and times each step on its own). `max_draft`: the deepest draft
+        this engine will serve (default and upper bound: the artifact's); it sizes the recurrent states' planes."""
         import tvm_ffi
 
         from .device import Device
@@ -71,9 +78,19 @@ class Engine:
         self._plan = [b for b in m["buffer_plan"]["weights"] if self.has_mtp or not b["mtp_only"]]
         self.weight_bytes = sum(b["nbytes"] for b in self._plan)
         self._entries = {name: ep for name, ep in m["entry_points"].items() if ep["graph"] != "mtp" or self.has_mtp}
-        self.max_draft = int(m.get("max_draft", MAX_DRAFT))   # compiled maximum draft depth
-        # glm-dsa: draft steps 1..n_max-1 reuse step 0's NextN DSA selection (index_share_for_mtp_iteration)
-        self.share_mtp_index = True
+        self._inputs_of = {name: [i["name"] for i in ep["inputs"]] for name, ep in self._entries.items()}
+        self._keeps_rows = {name: bool(ep.get("keeps_row_states", True)) for name, ep in self._entries.items()}
+        # The deepest draft this engine serves: the compiled maximum, or lower when asked.
+        self.max_draft = int(m.get("max_draft", MAX_DRAFT))
+        if max_draft is not None:
+            self.max_draft = max(0, min(self.max_draft, int(max_draft)))
+        # Recurrent states keep P planes: a verify of max_draft + 1 rows keeps every row's state beside the
+        # committed one; without speculation one plane, updated in place.
+        self.rs_planes = self.max_draft + 2 if self.has_mtp and self.max_draft > 0 else 1
+        # glm-dsa / glm5next: draft steps 1..n_max-1 reuse step 0's NextN DSA selection
+        # (index_share_for_mtp_iteration): the GGUF's attention.indexer.index_share_mtp where it says, else on
+        share = self.hparams.get("index_share_mtp")
+        self.share_mtp_index = True if share is None else bool(share)
         # CUDA graphs (manifest "cuda_graph"): the captured entry points read their inputs from buffers that must
         # not move between calls, and TVM keeps one graph per value of L, so L is rounded up to kv_bucket cells
         # (the extra cells are masked: attention reads cells <= pos). Both also work, and are tested, on the CPU.
@@ -132,15 +149,23 @@ class Engine:
         self._alloc_states()
         return {"bytes": self.kv_bytes}
 
+    def _state_sizes(self, n_ctx: int) -> dict:
+        """The symbols of the manifest's state shapes for `n_ctx` cells: C (cells) and P (recurrent planes)."""
+        return {"C": n_ctx, "P": self.rs_planes}
+
     def _alloc_states(self) -> None:
-        """Static KV of one sequence (state.py), and each entry point's two trailing arguments: the tuple of its
-        states and the tuple of its weights (to_relax's signature)."""
+        """Static KV and recurrent states of one sequence (state.py), and each entry point's two trailing
+        arguments: the tuple of its states and the tuple of its weights (to_relax's signature). The recurrent state
+        starts uncommitted at position 0."""
         import tvm_ffi
 
-        self.states = state.state_buffers(self._entries, self.n_ctx, self.device.empty)
+        self.states, self.recurrent = state.state_buffers(self._entries, self._state_sizes(self.n_ctx),
+                                                          self.device.empty)
         self._rest = {name: (tvm_ffi.convert([self.states[s] for s in ep["states"]]), self._weight_tuple[name])
                       for name, ep in self._entries.items()}
         self.kv_bytes = state.nbytes(self.states)
+        # The committed recurrent state: its plane, the position it has reached, the last uncommitted trunk call.
+        self.rs_plane, self.rs_pos, self._pending = 0, 0, None
 
     def resize_context(self, ctx_size: int) -> None:
         """Reallocate this sequence's KV for `ctx_size` cells (what it held is dropped)."""
@@ -174,21 +199,22 @@ class Engine:
     def open(cls, path: str, target: str = "llvm", ctx_size: int | None = None, load_mtp: bool = True,
              draft_path: str | None = None, log=None, arches=None, device: str = "cpu",
              mtp_dense_attention: bool = False, cache_type_k: str | None = None,
-             cache_type_v: str | None = None) -> "Engine":
+             cache_type_v: str | None = None, max_draft: int | None = None) -> "Engine":
         """Open an artifact directory, or a GGUF file (compiled for `target` first, cached by its header identity).
         `cache_type_k` / `cache_type_v` (-ctk / -ctv): a GGUF is compiled with them (default f16); an artifact
-        directory must have been compiled with them (None: whatever it was compiled with)."""
+        directory must have been compiled with them (None: whatever it was compiled with). `max_draft`: the deepest
+        draft asked for (recurrent states keep max_draft + 2 planes)."""
         if os.path.isdir(path):
             art = load_artifact(path)
             check_kv_types(art, cache_type_k, cache_type_v)
-            return cls(art, ctx_size, load_mtp, draft_path=draft_path, device=device, log=log)
+            return cls(art, ctx_size, load_mtp, draft_path=draft_path, device=device, log=log, max_draft=max_draft)
         from nextn.compiler import entry   # the one door into the compiler: compile-and-cache
 
         art_dir = entry.compiled_artifact(path, target, draft_path, log=log, arches=arches,
                                           mtp_dense_attention=mtp_dense_attention, cache_type_k=cache_type_k,
                                           cache_type_v=cache_type_v)
         return cls(load_artifact(art_dir), ctx_size, load_mtp, model_path=path, draft_path=draft_path, device=device,
-                   log=log)
+                   log=log, max_draft=max_draft)
 
     @property
     def kv_cache(self) -> dict:
@@ -215,14 +241,21 @@ class Engine:
             b.copyfrom(a)
         return bufs
 
-    def _run(self, name, tokens, pos0, extra=()):
+    def _run(self, name, tokens, pos0, **extra):
+        """Call entry point `name` on rows `tokens` at positions pos0..; `extra`: its other inputs by name."""
         T = len(tokens)
         if pos0 + T > self.n_ctx:
             raise NextnError(f"context is full: {pos0 + T} tokens do not fit in the context of {self.n_ctx} (-c)")
         if T == 1 and ONE_ROW.get(name) in self._fn:
             name = ONE_ROW[name]
-        arrays = [np.asarray(tokens, np.int32), np.arange(pos0, pos0 + T, dtype=np.int32),
-                  *[np.ascontiguousarray(e) for e in extra]]
+        named = {"tokens": np.asarray(tokens, np.int32), "pos": np.arange(pos0, pos0 + T, dtype=np.int32), **extra}
+        if "rs_plane" in self._inputs_of[name]:
+            if pos0 not in (0, self.rs_pos):
+                raise NextnError(f"the recurrent state is at position {self.rs_pos}: a trunk call must continue there "
+                                 f"(or start a sequence at 0), not at {pos0}")
+            named["rs_plane"] = np.array([self.rs_plane], np.int32)
+            self._pending = (name, pos0, T)
+        arrays = [np.ascontiguousarray(named[i]) for i in self._inputs_of[name]]
         args = [*self._inputs(name, arrays), self._shape([self.n_kv(pos0 + T)])]
         t0 = time.perf_counter()
         out = self._fn[name](*args, *self._rest[name])
@@ -235,13 +268,37 @@ class Engine:
         """call(*(r[s:s + PREFILL_CHUNK] for r in rows), pos0 + s) for each chunk of PREFILL_CHUNK rows, in order."""
         return [call(*(r[s:s + PREFILL_CHUNK] for r in rows), pos0 + s) for s in range(0, len(rows[0]), PREFILL_CHUNK)]
 
+    def commit(self, n_rows: int) -> None:
+        """Keep the first `n_rows` rows of the last trunk call (all of them after a prefill chunk; id_last and the
+        accepted drafts after a verify): the recurrent states take the plane of row n_rows-1 (ir/graph.py slots).
+        Position-indexed states need nothing (cells past the committed prefix are masked and rewritten).
+        Raises NextnError when the call did not keep that row's state."""
+        if self._pending is None:
+            if self.recurrent:
+                raise NextnError("commit() without a trunk call to commit")
+            return
+        name, pos0, T = self._pending
+        slot = T - n_rows
+        kept = max(1, min(T, self.rs_planes - 1)) if self._keeps_rows[name] else 1
+        if not 0 <= slot < kept:
+            raise NextnError(f"cannot keep {n_rows} of the {T} rows of '{name}': it kept the recurrent state after its "
+                             f"last {kept} row(s) only")
+        self.rs_plane = (self.rs_plane + 1 + slot) % self.rs_planes
+        self.rs_pos, self._pending = pos0 + n_rows, None
+
+    def _committed(self, name, tokens, pos0, **extra):
+        """_run, then commit every row (prefill chunks, whole-sequence logits)."""
+        out = self._run(name, tokens, pos0, **extra)
+        self.commit(len(tokens))
+        return out
+
     def prefill(self, tokens, pos0: int = 0, on_hidden=None):
-        """Trunk over `tokens` at positions pos0.. (chunked). Returns (hidden [T, n_embd] f32 post output_norm,
-        logits [n_vocab] f32 of the last row, argmax of the last row). `on_hidden(h, p)`: called with each chunk's
-        hidden rows (numpy [t, n_embd], first position p) as they come, and only the last row is returned, so a long
-        prompt holds one chunk of hidden states, not all of them."""
+        """Trunk over `tokens` at positions pos0.. (chunked, each chunk committed). Returns (hidden [T, n_embd] f32
+        post output_norm, logits [n_vocab] f32 of the last row, argmax of the last row). `on_hidden(h, p)`: called
+        with each chunk's hidden rows (numpy [t, n_embd], first position p) as they come, and only the last row is
+        returned, so a long prompt holds one chunk of hidden states, not all of them."""
         def chunk(t, p):
-            h, lg, am = self._run("prefill", t, p, (np.array([len(t) - 1], np.int32),))
+            h, lg, am = self._committed("prefill", t, p, out_ids=np.array([len(t) - 1], np.int32))
             h = h.numpy()
             if on_hidden is None:
                 return h, lg, am
@@ -254,7 +311,8 @@ class Engine:
         return hidden, lg.numpy()[0], int(am.numpy()[0])
 
     def verify(self, tokens, pos0: int):
-        """Trunk over k+1 rows [id_last, d1..dk] at pos0..: (hidden [k+1, E], logits [k+1, V], argmax [k+1])."""
+        """Trunk over k+1 rows [id_last, d1..dk] at pos0..: (hidden [k+1, E], logits [k+1, V], argmax [k+1]).
+        Follow it with `commit(rows kept)` (recurrent states keep the state after each row until then)."""
         h, lg, am = self._run("verify", tokens, pos0)
         return h.numpy(), lg, am.numpy()
 
@@ -262,20 +320,21 @@ class Engine:
         """NextN rows teacher-forced: row t pairs tokens[t] with h_prev[t]; writes the NextN KV at pos0..
         Returns h_nextn [T, E] of the rows."""
         def rows(t, h, p):
-            out = self._run("mtp_rows", t, p, (np.ascontiguousarray(h, np.float32), np.array([len(t) - 1], np.int32)))
+            out = self._run("mtp_rows", t, p, h_prev=np.ascontiguousarray(h, np.float32),
+                            out_ids=np.array([len(t) - 1], np.int32))
             return out[0].numpy()
 
         return np.concatenate(self._by_chunk(rows, pos0, tokens, h_prev))
 
     def mtp_draft(self, tokens, h_prev, pos0: int, reuse_index: bool = False):
         """NextN rows with logits for every row: (h_nextn [T, E], logits [T, V] tvm tensor, argmax [T]).
-        `reuse_index`: a one-row draft step after step 0 of the same round; with glm-dsa index sharing
-        (`share_mtp_index`, artifact entry `mtp_draft_shared`) it attends to the DSA selection step 0 stored
+        `reuse_index`: a one-row draft step after step 0 of the same round; with DSA index sharing (glm-dsa, glm5next;
+        `share_mtp_index`, artifact entry `mtp_draft_shared`) it attends to the DSA selection step 0 stored
         instead of running the NextN indexer again. Ignored by models without it."""
         name = "mtp_draft"
         if reuse_index and self.share_mtp_index and len(tokens) == 1 and "mtp_draft_shared" in self._fn:
             name = "mtp_draft_shared"
-        out = self._run(name, tokens, pos0, (np.ascontiguousarray(h_prev, np.float32),))
+        out = self._run(name, tokens, pos0, h_prev=np.ascontiguousarray(h_prev, np.float32))
         h, lg, am = out[0], out[1], out[2]   # glm-dsa's mtp_draft also returns the stored selection (unused here)
         return h.numpy(), lg, am.numpy()
 
@@ -287,7 +346,7 @@ class Engine:
         ids = np.asarray(token_ids, np.int32)
 
         def chunk(t, p):
-            return self._run("prefill", t, p, (np.arange(len(t), dtype=np.int32),))[1].numpy()
+            return self._committed("prefill", t, p, out_ids=np.arange(len(t), dtype=np.int32))[1].numpy()
 
         return np.concatenate(self._by_chunk(chunk, 0, ids))
 
@@ -306,7 +365,7 @@ class Engine:
         h_prev = np.concatenate([np.zeros((1, h.shape[1]), np.float32), h[:-1]])
 
         def chunk(t, hp, p):   # mtp_rows with every row an output row (as `logits`: not the few-row mtp_draft)
-            return self._run("mtp_rows", t, p, (np.ascontiguousarray(hp, np.float32),
-                                                np.arange(len(t), dtype=np.int32)))[1].numpy()
+            return self._run("mtp_rows", t, p, h_prev=np.ascontiguousarray(hp, np.float32),
+                             out_ids=np.arange(len(t), dtype=np.int32))[1].numpy()
 
         return np.concatenate(self._by_chunk(chunk, 0, ids, h_prev))

@@ -19,7 +19,8 @@ Hidden-state plumbing (llama.cpp `process()`): NextN row p pairs token p with a 
 `process()`, which re-runs the NextN rows of every verified row, the `Drafter` writes only the rows that were
 emitted, and lazily: they wait in a *gap* and go in with the next draft's step 0 (one call when short), so a
 plain round costs no NextN work at all. Static, position-indexed KV: cells past the committed prefix are
-overwritten before they are read (the rollback is implicit).
+overwritten before they are read (the rollback is implicit); recurrent trunk states (GLM-5.3-Flash's KDA) roll
+back by `engine.commit(m)` after each verify, which keeps the state after row m-1 (a plane choice, no replay).
 """
 from __future__ import annotations
 
@@ -281,6 +282,7 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
             finish = rules.push(out, t)
             if finish:
                 break
+        engine.commit(m)        # the trunk keeps rows id_last, d1..d_{m-1} (recurrent states: their plane)
         if spec and m > 1:      # NextN rows of the emitted drafts, paired with the trunk hidden before each
             drafter.add_rows(new[:m - 1], hid[:m - 1], n_past + 1)
         pending_h, n_past, id_last = hid[m - 1:m], n_past + m, new[m - 1]

@@ -52,7 +52,8 @@ def load_state(state, opt: ServeOptions, log) -> None:
     per_slot = opt.ctx_size // opt.n_parallel if opt.ctx_size else None
     m = load(opt.model, target=opt.target, ctx_size=per_slot, spec=want_spec, draft=opt.draft, log=log,
              arches=opt.arches, device=opt.device, mtp_dense_attention=opt.mtp_dense_attention,
-             cache_type_k=opt.cache_type_k, cache_type_v=opt.cache_type_v, threads=opt.threads)
+             cache_type_k=opt.cache_type_k, cache_type_v=opt.cache_type_v, threads=opt.threads,
+             max_draft=d.n_max if d.n_max != "auto" else None)   # requests only lower n_max
     eng = m.engine
     if opt.spec_type is None:
         d.spec_type = "draft-mtp" if m.has_mtp else "none"
