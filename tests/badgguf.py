@@ -116,3 +116,51 @@ def copy_gguf(src: Path, dst: Path, metadata: dict | None = None, tensors: dict 
     writer.write_tensors_to_file()
     writer.close()
     return writer.format_shard_names(Path(dst))[0]
+
+
+def rewrite(src: Path, dst: Path, arch: str | None = None, remove=(), values: dict | None = None,
+            drop_tensors=()) -> Path:
+    """Copy `src` to `dst` with the architecture renamed to `arch` (every `OLD.` key prefix follows), keys in
+    `remove` left out (names after the rename), `values` ({key: python value, incl. lists and bools}) set, and
+    tensors in `drop_tensors` left out."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(src)
+    old = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    new = arch or old
+    values = dict(values or {})
+    writer = gguf.GGUFWriter(dst, arch=new, endianess=reader.endianess)
+    align = reader.get_field(gguf.Keys.General.ALIGNMENT)
+    if align is not None:
+        writer.data_alignment = align.contents()
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        name = new + field.name[len(old):] if field.name.startswith(old + ".") else field.name
+        if name in remove:
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, values.pop(name, field.contents()), vtype, sub_type=sub)
+    for name, v in values.items():
+        if isinstance(v, bool):
+            writer.add_bool(name, v)
+        elif isinstance(v, int):
+            writer.add_uint32(name, v)
+        elif isinstance(v, float):
+            writer.add_float32(name, v)
+        elif isinstance(v, list):
+            writer.add_array(name, v)
+        else:
+            writer.add_string(name, v)
+    tensors = [t for t in reader.tensors if t.name not in drop_tensors]
+    for t in tensors:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in tensors:
+        writer.write_tensor_data(np.asarray(t.data), tensor_endianess=reader.endianess)
+    writer.close()
+    return dst

@@ -43,10 +43,14 @@ def quantized_activations(engine) -> set[str]:
     return {b["tensor"] for b in engine.artifact.manifest["buffer_plan"]["weights"] if b.get("activation") == "q8"}
 
 
-def zero_states(graphs, n_ctx: int) -> dict:
-    """Interpreter KV buffers for every state of `graphs` (a Graph or an iterable of them), context `n_ctx`."""
+def zero_states(graphs, n_ctx: int, planes: int = 10) -> dict:
+    """Interpreter state buffers for every state of `graphs` (a Graph or an iterable of them): context `n_ctx`
+    cells, `planes` recurrent planes (ir/graph.py)."""
+    from nextn.compiler.ir.graph import resolve_shape
+
     graphs = [graphs] if hasattr(graphs, "states") else list(graphs)
-    return {n: np.zeros((n_ctx, *s.shape[1:]), np.float32) for g in graphs for n, s in g.states.items()}
+    return {n: np.zeros(resolve_shape(s.shape, {"C": n_ctx, "P": planes}), np.float32)
+            for g in graphs for n, s in g.states.items()}
 
 
 def check_trunk_vs_ir(eng, graphs, w, ids, rows: int):
@@ -55,15 +59,19 @@ def check_trunk_vs_ir(eng, graphs, w, ids, rows: int):
     from nextn.compiler.ir import interpret
 
     T = len(ids)
-    st = zero_states(graphs["prefill"], eng.n_ctx)
+    st = zero_states(graphs["prefill"], eng.n_ctx, eng.rs_planes)
+
+    def rs():   # recurrent states (glm5next): the engine's committed plane, which the call reads
+        return {"rs_plane": np.array([eng.rs_plane], np.int32)} if "rs_plane" in graphs["prefill"].inputs else {}
+
     want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
-                                             "out_ids": np.array([T - 1], np.int32)}, w, st, n_kv=T)
+                                             "out_ids": np.array([T - 1], np.int32), **rs()}, w, st, n_kv=T)
     h, last, am = eng.prefill(ids, 0)
     assert rel_err(h, want["hidden"]) < 1e-5
     assert rel_err(last, want["logits"][0]) < 1e-5 and am == want["argmax"][0]
     verify_rows = np.array([am, 17, 99, 5][:rows], np.int32)
-    want = interpret.run(graphs["verify"], {"tokens": verify_rows, "pos": np.arange(T, T + rows, dtype=np.int32)}, w,
-                         st, n_kv=T + rows)
+    want = interpret.run(graphs["verify"], {"tokens": verify_rows, "pos": np.arange(T, T + rows, dtype=np.int32),
+                                            **rs()}, w, st, n_kv=T + rows)
     _h, lg, amv = eng.verify(verify_rows, T)
     assert rel_err(lg.numpy(), want["logits"]) < 1e-5
     assert (amv == want["argmax"]).all()
@@ -88,21 +96,58 @@ def check_mtp_vs_ir(eng, graphs, w, ids):
     assert rel_err(lg.numpy(), want["logits"]) < 1e-5 and am[0] == want["argmax"][0]
 
 
-def check_greedy_and_speculative(model, p: dict) -> None:
-    """Reference prompt `p`: greedy continuation equals the reference, and draft-mtp at n_max 1..3 emits the
-    same tokens with the reference's acceptance counts."""
+def check_logits(model, model_dir: Path, kind: str) -> None:
+    """Trunk logits, trunk hidden (post output_norm) and teacher-forced NextN logits of prompt `kind` against the
+    fixture's reference_logits.npz (REF_TOL of each row's max |logit|)."""
+    npz = reference_logits(model_dir)
+    ids = next(p for p in reference(model_dir)["prompts"] if p["kind"] == kind)["prompt_ids"]
+    assert rel_err(model.logits(ids), npz[f"{kind}/trunk_logits"]) < REF_TOL
+    assert rel_err(model.engine.hidden(ids), npz[f"{kind}/trunk_hidden"]) < REF_TOL
+    assert rel_err(model.mtp_logits(ids), npz[f"{kind}/mtp_logits"]) < REF_TOL
+
+
+def record_rounds(model, monkeypatch) -> list:
+    """Record each round of `model.generate` as [drafted ids, accepted] from the engine's verify / commit calls
+    (accepted counts emitted tokens only, as SpecStats: a finish rule may cut a round)."""
+    eng, log = model.engine, []
+    verify, commit = eng.verify, eng.commit
+
+    def v(tokens, pos0):
+        h, lg, am = verify(tokens, pos0)
+        drafts = [int(t) for t in tokens[1:]]
+        log.append([drafts, next((i for i, d in enumerate(drafts) if int(am[i]) != d), len(drafts))])
+        return h, lg, am
+
+    def c(n):
+        if log and n <= log[-1][1]:
+            log[-1][1] = n
+        return commit(n)
+
+    monkeypatch.setattr(eng, "verify", v)
+    monkeypatch.setattr(eng, "commit", c)
+    return log
+
+
+def check_greedy_and_speculative(model, p: dict, monkeypatch=None, spec_key: str = "spec") -> None:
+    """Reference prompt `p`: greedy continuation equals the reference, and draft-mtp at each n_max of `p[spec_key]`
+    emits the same tokens with the reference's acceptance counts (and, given `monkeypatch` and a reference with
+    `rounds`, the same drafted ids and accepted count in every round)."""
     plain = model.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True)
     assert plain.ids == p["greedy_ids"]
     assert plain.text == p["greedy_text"]
     assert plain.stats.rounds == 0
-    for n_max in (1, 2, 3):
-        r = model.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=n_max, ignore_eos=True)
-        want = p["spec"][str(n_max)]
+    for n_max, want in sorted(p[spec_key].items()):
+        log = record_rounds(model, monkeypatch) if monkeypatch is not None and "rounds" in want else None
+        r = model.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=int(n_max), ignore_eos=True)
+        if log is not None:
+            monkeypatch.undo()
         assert r.ids == plain.ids, f"n_max={n_max}: speculative output differs from plain decoding"
         assert (r.stats.rounds, r.stats.drafted, r.stats.accepted) == (want["steps"], want["drafted"], want["accepted"])
         assert r.stats.mean_len == pytest.approx(want["mean_len"])
         assert r.stats.per_pos == pytest.approx(want["per_pos"])
         assert r.stats.acceptance == pytest.approx(want["rate"])
+        if log is not None:
+            assert [x for x in log if x[0]] == want["rounds"]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from badgguf import with_metadata
-from conftest import (FIXTURES, REF_TOL, check_greedy_and_speculative, check_mtp_vs_ir, check_trunk_vs_ir, dequantized,
-                      reference, reference_logits)
+from conftest import (FIXTURES, REF_TOL, check_greedy_and_speculative, check_logits, check_mtp_vs_ir,
+                      check_trunk_vs_ir, dequantized, reference, reference_logits)
 from test_rope import naive_rope
 
 import nextn.runtime as rt
@@ -263,11 +263,7 @@ def test_top_k_mask_kernel_matches_interpreter(values):
 # -- compiled, against the fixture references -------------------------------------------------------
 @pytest.mark.parametrize("kind", FULL_KINDS)
 def test_trunk_and_mtp_logits(dsa, kind):
-    npz = reference_logits(D)
-    ids = PROMPTS[kind]["prompt_ids"]
-    assert rel_err(dsa.logits(ids), npz[f"{kind}/trunk_logits"]) < REF_TOL
-    assert rel_err(dsa.engine.hidden(ids), npz[f"{kind}/trunk_hidden"]) < REF_TOL
-    assert rel_err(dsa.mtp_logits(ids), npz[f"{kind}/mtp_logits"]) < REF_TOL
+    check_logits(dsa, D, kind)
 
 
 def test_mtp_dense_attention_equals_indexer_when_short(dsa, dsa_dense):

@@ -226,3 +226,31 @@ def test_cli_bad_arch_and_device(cuda_art, capsys):
             main(argv)
         err = capsys.readouterr().err.strip()
         assert e.value.code == 1 and len(err.splitlines()) == 1 and want in err, (argv, err)
+
+
+@pytest.mark.slow
+def test_glm5next_cuda_rocm_artifacts_and_graphs(tmp_path):
+    """GLM-5.3-Flash builds for CUDA sm_80/sm_90/sm_120 (one fatbin) and ROCm gfx942. Its hand-written kernels (KDA
+    conv and delta rule, Sinkhorn, k-pooling) come thread-bound; no kernel allocates scratch; each one-row step
+    (decode, draft, mtp_draft_shared) is captured whole, its recurrent-state planes included (outside: the output
+    tail, the draft's index store, and host shape functions such as L // kpool)."""
+    from nextn.compiler.check_device_code import check_artifact
+    from nextn.compiler.compile import compile_model
+
+    g5n = G4.parent / "tiny-glm5next" / "tiny-glm5next-Q8_0.gguf"
+    out, dump = str(tmp_path / "cuda"), str(tmp_path / "ir")
+    compile_model(str(g5n), out, target="cuda", log=lambda *_: None, dump_ir=dump)
+    assert check_artifact(out)["model_cuda.so"]["cuda_sass"] == sorted(CUDA_ARCHES)
+    assert _manifest(out)["cuda_graph"]["entries"] == ["decode", "draft", "mtp_draft_shared"]
+    for fn, regions in (("decode", 1), ("mtp_draft_shared", 1), ("draft", 2)):
+        n, outside = captures(dump, fn)
+        kernels = [k for k in outside if not k.startswith("shape_func")]
+        assert n == regions and len(kernels) == 3, (fn, n, outside)
+    assert workspaces(dump) == []
+    rep = json.load(open(f"{dump}/schedule_report.json"))
+    hand = {k: v for k, v in rep.items() if k.startswith(("ssm_conv", "gated_delta_net", "dsv4_hc_comb", "kpool_store"))}
+    assert len(hand) == 4 and set(hand.values()) == {"pre-scheduled"}, hand
+    assert all(v != "Fallback" for k, v in rep.items() if "mul_mat" in k)
+    rocm = str(tmp_path / "rocm")
+    compile_model(str(g5n), rocm, target="rocm", arches=["gfx942"], log=lambda *_: None)
+    assert check_artifact(rocm)["model_rocm_gfx942.so"]["amdgpu"] == ["gfx942"]

@@ -1,6 +1,6 @@
 """What a GPU artifact does differently, checked on the CPU where it can run: L rounded up to a KV bucket (cells
 after each row's position are read and masked) and inputs written into fixed buffers change no bit of the
-output, speculation and the glm-dsa index sharing included; the NextN DSA selection is stored by position; and
+output, speculation, the glm-dsa / glm5next index sharing and the glm5next pools and recurrent planes included; the NextN DSA selection is stored by position; and
 the GPU form of attention / index score / top-k (separate kernels, softmax normalised before P·V) computes the
 same model: compiled for llvm, it matches the interpreter and the fixtures' greedy references."""
 import numpy as np
@@ -12,7 +12,8 @@ import nextn.runtime as rt
 from nextn.compiler.ir import Graph, interpret
 
 CASES = {"glm4moe": FIXTURES / "tiny-glm4moe" / "tiny-glm4moe-Q8_0.gguf",
-         "glm-dsa": FIXTURES / "tiny-glm-dsa" / "tiny-glm-dsa-Q8_0.gguf"}
+         "glm-dsa": FIXTURES / "tiny-glm-dsa" / "tiny-glm-dsa-Q8_0.gguf",
+         "glm5next": FIXTURES / "tiny-glm5next" / "tiny-glm5next-Q8_0.gguf"}
 
 
 def _run(m, prompts):
