@@ -6,9 +6,11 @@ For every prompt kind: tokens/s of plain decoding and of draft-mtp at each n_max
 best of --repeat), acceptance, and the share of decode time spent outside the compiled entry points (Python:
 the draft/verify loop, argument conversion, host copies).
 
-glm-dsa (GLM-5.x) row: `--model ../shared/fixtures/tiny-glm-dsa/tiny-glm-dsa-Q8_0.gguf`. For a model with DSA index
-sharing it also times one NextN draft step past the indexer top-k (the long-context prompt, untruncated), with the
-NextN indexer run (step 0) and with step 0's selection reused (steps 1..n_max-1).
+glm-dsa (GLM-5.x) row: `--model ../shared/fixtures/tiny-glm-dsa/tiny-glm-dsa-Q8_0.gguf`; GLM-5.3-Flash:
+`--model ../shared/fixtures/tiny-glm5next/tiny-glm5next-Q8_0.gguf`. For a model with DSA index sharing it also
+times one NextN draft step past the indexer top-k (the long-context prompt, untruncated), with the NextN indexer
+run (step 0) and with step 0's selection reused (steps 1..n_max-1). Last, the cost of a verify of 2..4 rows and of
+a draft step relative to one decode step.
 """
 from __future__ import annotations
 
@@ -70,8 +72,39 @@ def main():
     print(f"model {os.path.basename(args.model)}, {eng.weight_bytes / 1e6:.1f} MB weights, n_predict {args.n_predict}, "
           f"best of {args.repeat}, {os.cpu_count()} CPUs")
     draft_cost = dsa_draft_step_cost(m, prompts, args.repeat) if "mtp_draft_shared" in eng._fn else None
+    costs = step_costs(m, prompts)
     if args.json:
-        json.dump({"rows": rows, "model": args.model, "dsa_draft_step": draft_cost}, open(args.json, "w"), indent=1)
+        json.dump({"rows": rows, "model": args.model, "dsa_draft_step": draft_cost, "step_costs": costs},
+                  open(args.json, "w"), indent=1)
+
+
+def step_costs(m, prompts, steps: int = 100) -> dict:
+    """Median seconds of one-row decode, of a verify of 2..4 rows and of a draft step, at the docs-prose prompt's
+    context, and their ratios to decode. Nothing is committed: the timing calls leave every state as it was."""
+    import time
+
+    import numpy as np
+
+    eng = m.engine
+    p = next((q for q in prompts if q["kind"] == "docs-prose"), prompts[0])
+    ids = np.asarray(m.tokenizer.encode(p["text"])[-2000:], np.int32)
+    hidden, _lg, am = eng.prefill(ids, 0)
+    n = len(ids)
+    calls = {"decode": lambda: eng.verify([am], n)}
+    calls |= {f"verify_{k}": (lambda k=k: eng.verify([am] * k, n)) for k in (2, 3, 4)}
+    if eng.has_mtp:
+        eng.mtp_rows(ids, np.concatenate([np.zeros((1, hidden.shape[1]), np.float32), hidden[:-1]]), 0)
+        calls["draft"] = lambda: eng.mtp_draft([am], hidden[-1:], n)
+    times = {k: [] for k in calls}
+    for _ in range(steps):                      # round-robin: load bursts hit every call alike
+        for k, f in calls.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    print(f"\nstep costs at {n} cells: decode {med['decode'] * 1e3:.3f} ms; " + ", ".join(
+        f"{k} {v / med['decode']:.2f}x" for k, v in med.items() if k != "decode"))
+    return {"n_kv": n, "seconds": med, "vs_decode": {k: v / med["decode"] for k, v in med.items()}}
 
 
 def dsa_draft_step_cost(m, prompts, repeat: int, steps: int = 50) -> dict:
