@@ -129,7 +129,7 @@ def dsa_draft_step_cost(m, prompts, repeat: int, steps: int = 50) -> dict:
             ts.append(time.perf_counter() - t0)
         times[label] = float(np.median(ts))
     top_k = eng.hparams.get("idx_top_k")
-    print(f"\nglm-dsa draft step at n_kv = {n + 2} (indexer top-k {top_k}): NextN indexer "
+    print(f"\nNextN draft step at n_kv = {n + 2} (indexer top-k {top_k}): NextN indexer "
           f"{times['own_indexer'] * 1e3:.3f} ms, shared index {times['shared_index'] * 1e3:.3f} ms "
           f"({(1 - times['shared_index'] / times['own_indexer']) * 100:.0f}% less per step 1..n_max-1)")
     return {"n_kv": n + 2, "top_k": top_k, **times}
