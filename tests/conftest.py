@@ -150,6 +150,21 @@ def check_greedy_and_speculative(model, p: dict, monkeypatch=None, spec_key: str
             assert [x for x in log if x[0]] == want["rounds"]
 
 
+def check_split_layout(pair, bundle, trunk_only, p: dict) -> None:
+    """The split layout (llama.cpp's converter --no-mtp / --mtp): trunk-only GGUF + MTP-only draft (`pair`) speculates
+    exactly as the bundle (same tokens, rounds, drafts, acceptances at n_max 1 and 3); the trunk-only GGUF alone
+    decodes plainly as the bundle does."""
+    assert pair.has_mtp and not trunk_only.has_mtp
+    for n_max in (1, 3):
+        got = pair.generate(p["prompt_ids"], 24, n_max=n_max, ignore_eos=True)
+        want = bundle.generate(p["prompt_ids"], 24, n_max=n_max, ignore_eos=True)
+        assert got.ids == want.ids and got.stats.drafted > 0
+        assert (got.stats.rounds, got.stats.drafted, got.stats.accepted) == \
+            (want.stats.rounds, want.stats.drafted, want.stats.accepted)
+    assert trunk_only.generate(p["prompt_ids"], 8, spec_type="none", ignore_eos=True).ids == \
+        bundle.generate(p["prompt_ids"], 8, spec_type="none", ignore_eos=True).ids
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     os.environ["NEXTN_CACHE"] = str(tmp_path_factory.mktemp("nextn-cache"))
