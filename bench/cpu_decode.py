@@ -1,8 +1,8 @@
-"""Decode speed on this CPU: spec off vs draft-mtp n_max 1..3 on the fixture prompts, and where the time goes.
+"""Decode speed on this CPU: spec off vs draft-mtp n_max 1..3 and auto on the fixture prompts, and where the time goes.
 
     python bench/cpu_decode.py [--model artifacts/tiny-glm4moe-Q8_0.gguf] [--repeat 3] [--json out.json]
 
-For every prompt kind: tokens/s of plain decoding and of draft-mtp at each n_max (same engine, same run,
+For every prompt kind: tokens/s of plain decoding and of draft-mtp at each n_max and auto (same engine, same run,
 best of --repeat), acceptance, and the share of decode time spent outside the compiled entry points (Python:
 the draft/verify loop, argument conversion, host copies).
 
@@ -37,7 +37,7 @@ def main():
     m = rt.load(args.model, ctx_size=4096, log=lambda s: print(s, file=sys.stderr))
     eng = m.engine
     prompts = json.load(open(args.prompts))
-    configs = [("off", "none", 0)] + [(f"n_max={k}", "draft-mtp", k) for k in (1, 2, 3)]
+    configs = [("off", "none", 0)] + [(f"n_max={k}", "draft-mtp", k) for k in (1, 2, 3)] + [("auto", "draft-mtp", "auto")]
     rows, tot = [], {c[0]: [0, 0.0, 0.0] for c in configs}
     for p in prompts:
         ids = m.tokenizer.encode(p["text"])[-2000:]
@@ -45,7 +45,8 @@ def main():
         for label, spec_type, k in configs:
             best = None
             for _ in range(args.repeat):
-                r = m.generate(ids, args.n_predict, spec_type=spec_type, n_max=max(k, 1), ignore_eos=True)
+                r = m.generate(ids, args.n_predict, spec_type=spec_type, n_max=k if k == "auto" else max(k, 1),
+                               ignore_eos=True)
                 if best is None or r.decode_s < best.decode_s:
                     best = r
             r = best

@@ -181,7 +181,10 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
                      "caches": {n: t for g in graphs.values() for n, t in g.kv_types().items()},
                      "bytes_per_token": {"trunk": kv["trunk"]["bytes_per_token"],
                                          "nextn": kv["nextn"]["bytes_per_token"],
-                                         "total": kv["trunk"]["bytes_per_token"] + kv["nextn"]["bytes_per_token"]}},
+                                         "total": kv["trunk"]["bytes_per_token"] + kv["nextn"]["bytes_per_token"]},
+                     # float32 recurrent states (not KV: -ctk / -ctv do not apply), one plane; an engine keeps
+                     # max_draft + 2 planes with speculation, 1 without
+                     "recurrent_bytes_per_plane": kv["trunk"]["bytes_per_plane"]},
         "entry_points": entry_points,
         "buffer_plan": {"weights": buffers, "kv": kv,
                         "weight_bytes": sum(b["nbytes"] for b in buffers),
@@ -209,16 +212,31 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
 def kv_plan(graphs: dict, n_layer: int, with_mtp: bool) -> dict:
     """The static per-layer state buffers (C = context) of `graphs`, trunk and NextN separately: KV caches (in their
     -ctk / -ctv storage) and any arch-specific states, with `bytes_per_token`, the bytes one context cell takes
-    (what the manifest's `kv_cache.bytes_per_token` and the memory budget count)."""
+    (what the manifest's `kv_cache.bytes_per_token` and the memory budget count), and `bytes_per_plane`, the bytes
+    of one plane of the recurrent states ([P, ...]: glm5next's KDA), per sequence whatever its length."""
     kv = {key: {"layers": (n_layer if kind == "trunk" else int(with_mtp)),
                 "states": {n: {"shape": _storage(v)[1], "dtype": _storage(v)[0],
                                "kv_type": v.attrs.get("kv_type")}
                            for g in graphs.values() if g.kind == kind for n, v in g.states.items()}}
           for kind, key in (("trunk", "trunk"), ("mtp", "nextn"))}
     for part in kv.values():
-        part["bytes_per_token"] = sum(state_bytes_per_cell(st["shape"], st["dtype"]) for st in part["states"].values()
-                                      if st["shape"][0] == "C")
+        per_cell = [_cell_bytes(st) for st in part["states"].values()]
+        part["bytes_per_token"] = sum(b for b in per_cell if b is not None)
+        part["bytes_per_plane"] = sum(state_bytes_per_cell(st["shape"], st["dtype"]) for st in part["states"].values()
+                                      if st["shape"][0] == "P")
     return kv
+
+
+def _cell_bytes(st: dict):
+    """Bytes per context cell of a position-indexed state ([C, ...]; [C//k, ...]: one row per k cells), None for
+    a recurrent one ([P, ...])."""
+    d0 = st["shape"][0]
+    if d0 == "C":
+        return state_bytes_per_cell(st["shape"], st["dtype"])
+    if isinstance(d0, str) and d0.startswith("C//"):
+        b, k = state_bytes_per_cell(st["shape"], st["dtype"]), int(d0[3:])
+        return b // k if b % k == 0 else b / k
+    return None
 
 
 def _storage(state_node):

@@ -218,11 +218,13 @@ class Engine:
 
     @property
     def kv_cache(self) -> dict:
-        """KV cache types and sizes: {type_k, type_v, bytes_per_token {trunk, nextn, total}, bytes} (`bytes`: what this
-        engine allocated, states included, for its n_ctx cells)."""
+        """KV cache types and sizes: {type_k, type_v, bytes_per_token {trunk, nextn, total}, bytes, recurrent_bytes}
+        (`bytes`: what this engine allocated, states included, for its n_ctx cells; `recurrent_bytes`: the part of
+        it in recurrent states, float32, all planes)."""
         kc = self.artifact.manifest.get("kv_cache") or {}
         return {"type_k": kc.get("type_k", "f32"), "type_v": kc.get("type_v", "f32"),
-                "bytes_per_token": kc.get("bytes_per_token"), "n_ctx": self.n_ctx, "bytes": self.kv_bytes}
+                "bytes_per_token": kc.get("bytes_per_token"), "n_ctx": self.n_ctx, "bytes": self.kv_bytes,
+                "recurrent_bytes": state.nbytes({n: self.states[n] for n in self.recurrent})}
 
     # -- entry points -----------------------------------------------------------------------------
     def n_kv(self, end: int) -> int:

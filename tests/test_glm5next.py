@@ -535,7 +535,7 @@ def test_gpu_form_on_the_cpu(tmp_path, monkeypatch):
     from nextn.compiler.compile import compile_model
 
     out = str(tmp_path / "split")
-    compile_model(str(BF16), out, log=lambda *_: None, split_kernels=True)
+    compile_model(str(BF16), out, log=lambda *_: None, split_kernels=True, cache_type_k="f32", cache_type_v="f32")
     m = rt.load(out, ctx_size=4096)
     assert m.engine.artifact.manifest["entry_points"]["prefill"]["keeps_row_states"] is True
     p = PROMPTS["docs-heading"]

@@ -6,7 +6,8 @@
   f16 or q8_0 is discontinuous, so rows that differ in their last bit may round one step apart (the store kernel
   itself is bit-exact, tests/test_flash_attn.py), and later layers see those steps in their inputs.
 - Greedy ids equal the fixture references, and speculation on ≡ off, for each type. Measured on all 9 prompts
-  (`slow` sweep): glm4moe f16 9/9, q8_0 9/9, bf16 7/9; glm-dsa f16 8/9, q8_0 7/9. Every divergence is at a near
+  (`slow` sweep): glm4moe f16 9/9, q8_0 9/9, bf16 7/9; glm-dsa f16 8/9, q8_0 7/9; glm5next f16 9/9, q8_0 9/9
+  (its latent and indexer rows take -ctk; its KDA states stay float32). Every divergence is at a near
   tie of the float32 reference (top-2 logit gap 4.5e-5 .. 8.3e-4 of max |logit|: glm-dsa code-module step 12,
   code-class step 27; glm4moe code-class step 33, docs-prose step 43); spec on ≡ off holds on all 9 for every type.
 - The CLI: `nextn run MODEL.gguf -ctk q8_0` compiles and caches an artifact for those types; an artifact asked for
@@ -31,11 +32,13 @@ from nextn.common.kv_types import KV_TYPES
 from nextn.compiler.ir import Graph, interpret
 
 DSA = FIXTURES / "tiny-glm-dsa"
-MODELS = {"glm4moe": G4 / "tiny-glm4moe-BF16.gguf", "glm-dsa": DSA / "tiny-glm-dsa-BF16.gguf"}
-CASES = [("glm4moe", "f16"), ("glm4moe", "q8_0"), ("glm4moe", "bf16"), ("glm-dsa", "f16"), ("glm-dsa", "q8_0")]
+MODELS = {"glm4moe": G4 / "tiny-glm4moe-BF16.gguf", "glm-dsa": DSA / "tiny-glm-dsa-BF16.gguf",
+          "glm5next": FIXTURES / "tiny-glm5next" / "tiny-glm5next-BF16.gguf"}
+CASES = [("glm4moe", "f16"), ("glm4moe", "q8_0"), ("glm4moe", "bf16"), ("glm-dsa", "f16"), ("glm-dsa", "q8_0"),
+         ("glm5next", "f16"), ("glm5next", "q8_0")]
 # Prompts whose greedy continuation equals the reference with that KV type (all 9 kinds: the slow sweep)
 AGREE = {("glm4moe", "f16"): 9, ("glm4moe", "q8_0"): 9, ("glm4moe", "bf16"): 7, ("glm-dsa", "f16"): 8,
-         ("glm-dsa", "q8_0"): 7}
+         ("glm-dsa", "q8_0"): 7, ("glm5next", "f16"): 9, ("glm5next", "q8_0"): 9}
 DIVERGE = {("glm4moe", "bf16"): {"code-class": 33, "docs-prose": 43}, ("glm-dsa", "f16"): {"code-module": 12},
            ("glm-dsa", "q8_0"): {"code-module": 12, "code-class": 27}}
 QUICK = ["code-short", "docs-heading", "one-token"]
@@ -82,14 +85,16 @@ def one_step(kv: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.repeat(blocks.max(-1) / np.float32(127) * np.float32(1.01), 32, axis=-1).reshape(m.shape)
 
 
-def assert_rows_close(kv, got: dict, want: dict, n: int):
-    """Layer 0's caches (rows computed from the same inputs on both sides: deeper layers see earlier flips).
-    Bound per element: one rounding step of `kv`, plus the float32 difference of the two computations before the
-    store (1e-6 of the row's max |value|): the x86 matmuls sum in another order than the interpreter, and a value
-    near zero (f16's subnormal range, spacing 6e-8) can then round a step further."""
+def assert_rows_close(kv, got: dict, want: dict, n: int, caches):
+    """The first KV layer's caches (layer 0; glm5next: its first MLA layer, after KDA layers whose float32
+    rounding both sides share up to ~1e-6): rows computed from the same inputs on both sides, while deeper layers
+    see earlier flips. Bound per element: one rounding step of `kv`, plus the float32 difference of the two
+    computations before the store (1e-6 of the row's max |value|): the x86 matmuls sum in another order than the
+    interpreter, and a value near zero (f16's subnormal range, spacing 6e-8) can then round a step further."""
+    first = min(int(name.split(".")[-1]) for name in caches if not name.startswith("nextn."))
     diff_total, size = 0, 0
     for name, w in want.items():
-        if name.split(".")[-1] != "0" or name.startswith("nextn.") or w.ndim != 3:
+        if name not in caches or name.startswith("nextn.") or int(name.split(".")[-1]) != first:
             continue
         g = got[name][:n]
         d = np.abs(g - w[:n])
@@ -100,10 +105,13 @@ def assert_rows_close(kv, got: dict, want: dict, n: int):
     assert diff_total <= 0.01 * size, (diff_total, size)
 
 
-@pytest.mark.parametrize("arch,kv", [("glm4moe", "f16"), ("glm4moe", "q8_0"), ("glm-dsa", "q8_0"), ("glm-dsa", "bf16")])
+@pytest.mark.parametrize("arch,kv", [("glm4moe", "f16"), ("glm4moe", "q8_0"), ("glm-dsa", "q8_0"), ("glm-dsa", "bf16"),
+                                     ("glm5next", "q8_0")])
 def test_compiled_vs_ir_on_the_same_cache(arch, kv, artifact):
     """prefill, verify, mtp_rows and a draft step against the interpreter reading the caches the compiled run
-    wrote (1e-5, argmax equal); the interpreter's own rows within one rounding step of the compiled ones."""
+    wrote (1e-5, argmax equal); the interpreter's own rows within one rounding step of the compiled ones.
+    glm5next: the indexer rows are K caches too (pooled from their stored values); its recurrent states are
+    float32 and the interpreter starts from the plane the compiled call started from (which that call keeps)."""
     from nextn.compiler.graphs import build_graphs
     from nextn.compiler.loader.model_files import ModelFiles
 
@@ -113,19 +121,25 @@ def test_compiled_vs_ir_on_the_same_cache(arch, kv, artifact):
     ids = np.asarray(next(p for p in reference(MODELS[arch].parent)["prompts"] if p["kind"] == "code-short")["prompt_ids"],
                      np.int32)
     T = len(ids)
-    own = zero_states(graphs.values(), eng.n_ctx)
+
+    def plane(graph):   # the committed recurrent plane, as the engine passes it (glm5next)
+        return {"rs_plane": np.array([eng.rs_plane], np.int32)} if "rs_plane" in graph.inputs else {}
+
+    own = zero_states(graphs.values(), eng.n_ctx, eng.rs_planes)
     interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
-                                      "out_ids": np.array([T - 1], np.int32)}, w, own, n_kv=T)
+                                      "out_ids": np.array([T - 1], np.int32), **plane(graphs["prefill"])}, w, own, n_kv=T)
+    rs = plane(graphs["prefill"])
     h, last, am = eng.prefill(ids, 0)
     st = decoded(eng)
-    assert_rows_close(kv, st, own, T)
+    assert_rows_close(kv, st, own, T, eng.artifact.manifest["kv_cache"]["caches"])
     want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
-                                             "out_ids": np.array([T - 1], np.int32)}, w, st, n_kv=T, keep_kv=True)
+                                             "out_ids": np.array([T - 1], np.int32), **rs}, w, st, n_kv=T, keep_kv=True)
     assert rel_err(h, want["hidden"]) < 1e-5 and rel_err(last, want["logits"][0]) < 1e-5 and am == want["argmax"][0]
     rows = np.array([am, 17, 99], np.int32)
+    rs = plane(graphs["verify"])
     _h, lg, amv = eng.verify(rows, T)
     st = decoded(eng)
-    want = interpret.run(graphs["verify"], {"tokens": rows, "pos": np.arange(T, T + 3, dtype=np.int32)}, w, st,
+    want = interpret.run(graphs["verify"], {"tokens": rows, "pos": np.arange(T, T + 3, dtype=np.int32), **rs}, w, st,
                          n_kv=T + 3, keep_kv=True)
     assert rel_err(lg.numpy(), want["logits"]) < 1e-5 and (amv == want["argmax"]).all()
     h_prev = np.random.default_rng(0).standard_normal((T, eng.hparams["n_embd"])).astype(np.float32)
@@ -148,6 +162,9 @@ def expected_bytes_per_token(arch: str, c, kv: str) -> dict:
     if arch == "glm4moe":
         per_layer = 2 * c.n_head_kv * row(c.head_dim)
         return {"trunk": c.n_layer * per_layer, "nextn": per_layer}
+    if arch == "glm5next":   # MLA layers: latent, indexer key and gate rows (K type), a float32 pooled key per kpool
+        mla = row(c.kv_lora) + 2 * row(c.idx_hd) + c.idx_hd * 4 // c.idx_kpool
+        return {"trunk": sum(k == 1 for k in c.layer_kinds) * mla, "nextn": mla + 4}   # 1: MLA (glm5next.config)
     trunk = c.n_layer * row(c.kv_lora + c.n_rot) + sum(c.idx_full) * row(c.idx_hd)
     return {"trunk": trunk, "nextn": row(c.kv_lora + c.n_rot) + row(c.idx_hd) + 4}
 
@@ -163,8 +180,11 @@ def test_manifest_types_and_bytes_per_token(arch, kv, artifact):
     want = expected_bytes_per_token(arch, c, kv)
     assert kc["bytes_per_token"] == {**want, "total": want["trunk"] + want["nextn"]}
     assert set(kc["caches"].values()) == {kv}
-    # what the engine allocated: every state buffer, whose cells are each `bytes_per_token` (plus nothing else)
-    assert m.engine.kv_bytes == 300 * kc["bytes_per_token"]["total"]
+    # what the engine allocated: every state buffer, whose cells are each `bytes_per_token`, plus the float32
+    # recurrent states (glm5next), one plane per draft row + 2
+    rec = kc["recurrent_bytes_per_plane"] * m.engine.rs_planes
+    assert m.engine.kv_bytes == 300 * kc["bytes_per_token"]["total"] + rec
+    assert (rec > 0) == (arch == "glm5next") and m.engine.kv_cache["recurrent_bytes"] == rec
     assert {str(s.dtype) for n, s in m.engine.states.items() if n in kc["caches"]} == {KV_TYPES[kv].storage_dtype}
 
 

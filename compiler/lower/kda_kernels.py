@@ -12,7 +12,8 @@ reference they are tested against).
   per thread keeps the GPU busy; a head per thread would not).
 - `dsv4_hc_comb`: mHC's Sinkhorn normalisation, one token per thread on a register [S, S] matrix (unfused it
   would be 40 reduction kernels per sublayer).
-- `kpool_store`: pools the indexer keys of every pool a row completes (in place).
+- `kpool_store`: pools the indexer keys of every pool a row completes (in place), reading the indexer rows in
+  their KV type (-ctk); the pooled keys are float32.
 No kernel allocates memory beyond registers / thread-local arrays of static size (CUDA graphs, to_relax.SPLIT_OPS).
 Each kernel has a CPU form (a parallel loop) and a GPU form (one element per thread, bound and marked scheduled
 here: dlight's rules do not take blocks that update a buffer they read, as in-place states do), chosen by a
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 from tvm import relax, te, tirx
 from tvm.script import tirx as T
+
+from . import attention, kv_access
 
 F32 = "float32"
 
@@ -364,23 +367,28 @@ def _hc_comb_kernel(s_: int, eps: float, iters: int, gpu: bool = False):
     return dsv4_hc_comb.with_attr("tirx.is_scheduled", True) if GPU else dsv4_hc_comb
 
 
-def _kpool_store_kernel(kp_: int, d_: int, gpu: bool = False):
+def _kpool_store_kernel(kp_: int, d_: int, k_type: str = "f32", gpu: bool = False):
+    """`ik` / `ig` are KV caches of type `k_type` (read through kv_access); `pooled` is float32."""
     KP, D, NT, GPU = kp_, d_, GPU_THREADS, gpu
+    kdt, kw = kv_access.storage_dtype(k_type), kv_access.storage_width(k_type, d_)
+
+    def ikv(buf, c, d):
+        return kv_access.element(buf, k_type, c, 0, d)
 
     @T.macro
     def body(pooled, ik, ig, ape, pos, vt, vd):
         acc = T.alloc_buffer((3,), F32, scope="local")   # max, sum of exp, weighted sum
         p0 = T.Cast("int64", pos[vt]) // KP * KP
         if T.floormod(T.Cast("int64", pos[vt]) + T.int64(1), KP) == T.int64(0):
-            acc[0] = ig[p0, 0, vd] + ape[0, vd]
+            acc[0] = ikv(ig, p0, vd) + ape[0, vd]
             for j in range(1, KP):
-                acc[0] = T.max(acc[0], ig[p0 + j, 0, vd] + ape[j, vd])
+                acc[0] = T.max(acc[0], ikv(ig, p0 + j, vd) + ape[j, vd])
             acc[1] = T.float32(0)
             acc[2] = T.float32(0)
             for j in range(KP):
-                e = T.exp(ig[p0 + j, 0, vd] + ape[j, vd] - acc[0])
+                e = T.exp(ikv(ig, p0 + j, vd) + ape[j, vd] - acc[0])
                 acc[1] = acc[1] + e
-                acc[2] = acc[2] + e * ik[p0 + j, 0, vd]
+                acc[2] = acc[2] + e * ikv(ik, p0 + j, vd)
             pooled[p0 // KP, 0, vd] = acc[2] / acc[1]
 
     @T.prim_func(private=True, s_tir=True)
@@ -388,8 +396,8 @@ def _kpool_store_kernel(kp_: int, d_: int, gpu: bool = False):
         T.func_attr({"tirx.noalias": True})
         cp, c, t = T.int64(), T.int64(), T.int64()
         pooled = T.match_buffer(var_pooled, (cp, 1, D), F32)
-        ik = T.match_buffer(var_ik, (c, 1, D), F32)
-        ig = T.match_buffer(var_ig, (c, 1, D), F32)
+        ik = T.match_buffer(var_ik, (c, 1, kw), kdt)
+        ig = T.match_buffer(var_ig, (c, 1, kw), kdt)
         ape = T.match_buffer(var_ape, (KP, D), F32)
         pos = T.match_buffer(var_pos, (t,), "int32")
         if GPU:
@@ -399,7 +407,7 @@ def _kpool_store_kernel(kp_: int, d_: int, gpu: bool = False):
                         vt = T.axis.spatial(t, (bx * NT + tx) // D)
                         vd = T.axis.spatial(D, (bx * NT + tx) % D)
                         T.where(bx * NT + tx < t * D)
-                        T.reads(ik[0:c, 0, vd], ig[0:c, 0, vd], ape[0:KP, vd], pos[vt])
+                        T.reads(ik[0:c, 0, 0:kw], ig[0:c, 0, 0:kw], ape[0:KP, vd], pos[vt])
                         T.writes(pooled[0:cp, 0, vd])
                         body(pooled, ik, ig, ape, pos, vt, vd)
         else:
@@ -407,7 +415,7 @@ def _kpool_store_kernel(kp_: int, d_: int, gpu: bool = False):
                 with T.sblock("kpool_store"):
                     vt = T.axis.spatial(t, td // D)
                     vd = T.axis.spatial(D, td % D)
-                    T.reads(ik[0:c, 0, vd], ig[0:c, 0, vd], ape[0:KP, vd], pos[vt])
+                    T.reads(ik[0:c, 0, 0:kw], ig[0:c, 0, 0:kw], ape[0:KP, vd], pos[vt])
                     T.writes(pooled[0:cp, 0, vd])
                     body(pooled, ik, ig, ape, pos, vt, vd)
 
@@ -449,7 +457,8 @@ def emit(bb: relax.BlockBuilder, n, args, sym, gpu_form: bool = False, gpu: bool
         return bb.emit(relax.call_tir(gv, relax.Tuple(list(args)), args[0].ty))
     if n.op == "kpool_store":
         kp, d = (int(x) for x in n.inputs[3].shape)
-        gv = bb.add_func(_kpool_store_kernel(kp, d, gpu), f"kpool_store_{kp}_{d}")
+        kt = attention.kv_type_of(n.inputs[1])
+        gv = bb.add_func(_kpool_store_kernel(kp, d, kt, gpu), f"kpool_store_{kp}_{d}_{kt}")
         return bb.emit(relax.op.call_tir_inplace(gv, relax.Tuple(list(args)), [0], args[0].ty))
     raise NotImplementedError(n.op)
 

@@ -170,10 +170,12 @@ def mla(g: Graph, c: Glm5NextConfig, il: int, a, pos, st: dict, mask=None):
 
 
 def mla_states(g: Graph, c: Glm5NextConfig, prefix: str, il: int, indexer_: bool) -> dict:
-    st = {"kv": g.state(f"{prefix}kv.{il}", ("C", 1, c.kv_lora))}        # C = context size, chosen at load time
+    """C = context size, chosen at load time. The latent cache is MLA's K (and V) and the indexer rows are keys:
+    they take the K cache type (-ctk), as in llama.cpp; the pooled keys, written by `kpool_store`, stay float32."""
+    st = {"kv": g.kv_state(f"{prefix}kv.{il}", ("C", 1, c.kv_lora), "k")}
     if indexer_:
-        st["ik"] = g.state(f"{prefix}ik.{il}", ("C", 1, c.idx_hd))
-        st["ig"] = g.state(f"{prefix}ig.{il}", ("C", 1, c.idx_hd))
+        st["ik"] = g.kv_state(f"{prefix}ik.{il}", ("C", 1, c.idx_hd), "k")
+        st["ig"] = g.kv_state(f"{prefix}ig.{il}", ("C", 1, c.idx_hd), "k")
         st["ikp"] = g.state(f"{prefix}ikp.{il}", (div_dim("C", c.idx_kpool), 1, c.idx_hd))
     return st
 
