@@ -4,15 +4,13 @@
 
 The config is GLM-5.3-Flash's (45 layers: 34 KDA + 11 NoPE MLA with the pooled DSA indexer, hidden 4096, 64 heads,
 KDA head dim 128, conv kernel 4, kv_lora 512, indexer 32 x 128, k-pool 4, + the NextN block). Recurrent states
-([P, ...]: the KDA state and conv windows) are counted per plane, position-indexed ones (latent cache, indexer rows,
-pooled keys, the NextN selection) per cell; all float32, as the artifacts allocate them. Planes: 1 without
-speculation, n_max + 2 with it (Engine.rs_planes).
+([P, ...]: the KDA state and conv windows, float32) are counted per plane, position-indexed ones (latent cache and
+indexer rows in the -ctk type, float32 pooled keys and NextN selection) per cell, by the manifest's accounting.
+Planes: 1 without speculation, n_max + 2 with it (Engine.rs_planes).
 """
 from __future__ import annotations
 
 import argparse
-
-import numpy as np
 
 
 def flash_config():
@@ -29,37 +27,39 @@ def flash_config():
         clamp_exp=[10.0] * (n_layer + 1), clamp_shexp=[10.0] * (n_layer + 1))
 
 
-def state_bytes(c) -> dict:
-    """{"recurrent_per_plane", "per_cell_trunk", "per_cell_nextn"} in bytes, from the trunk and NextN graphs."""
+def state_bytes(c, kv: str = "f16") -> dict:
+    """{"recurrent_per_plane", "per_cell_trunk", "per_cell_nextn", "kda_layers"} in bytes, by the manifest's own
+    accounting (`nextn.compiler.compile.kv_plan`) over the trunk and NextN graphs with -ctk / -ctv `kv`."""
+    from nextn.compiler.compile import kv_plan
     from nextn.compiler.models.glm5next import graph
 
-    out = {"recurrent_per_plane": 0, "per_cell_trunk": 0.0, "per_cell_nextn": 0.0, "kda_layers": 0}
-    for kind, g in (("trunk", graph.build_trunk(c, lambda n: True, True)), ("nextn", graph.build_mtp(c, lambda n: True, True))):
-        for name, s in g.states.items():
-            rest = int(np.prod([d for d in s.shape[1:]])) * 4
-            if s.shape[0] == "P":
-                out["recurrent_per_plane"] += rest
-                out["kda_layers"] += name.startswith("ssm.")
-            else:   # "C" or "C//k": bytes per cell
-                k = int(s.shape[0].split("//")[1]) if "//" in s.shape[0] else 1
-                out[f"per_cell_{kind}"] += rest / k
-    return out
+    graphs = {"verify": graph.build_trunk(c, lambda n: True, True), "mtp_draft": graph.build_mtp(c, lambda n: True, True)}
+    for g, kind in zip(graphs.values(), ("trunk", "mtp")):
+        g.kind = kind
+        g.set_kv_types(kv, kv)
+    plan = kv_plan(graphs, c.n_layer, True)
+    return {"recurrent_per_plane": plan["trunk"]["bytes_per_plane"], "per_cell_trunk": plan["trunk"]["bytes_per_token"],
+            "per_cell_nextn": plan["nextn"]["bytes_per_token"],
+            "kda_layers": sum(n.startswith("ssm.") for n in plan["trunk"]["states"])}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ctx", type=int, nargs="+", default=[4096, 131072])
     ap.add_argument("--n-max", type=int, default=3)
+    ap.add_argument("--kv", nargs="+", default=["f16", "f32", "q8_0"], help="-ctk / -ctv types of the per-cell rows")
     a = ap.parse_args()
-    b = state_bytes(flash_config())
+    b = state_bytes(flash_config(), a.kv[0])
     mib = 1 << 20
     print(f"KDA layers: {b['kda_layers']}; recurrent state (ssm + conv) per plane: {b['recurrent_per_plane'] / mib:.1f} MiB "
           f"({b['recurrent_per_plane'] / b['kda_layers'] / mib:.2f} MiB per KDA layer)")
     for label, planes in (("spec off", 1), (f"n_max {a.n_max}", a.n_max + 2), ("n_max 8 (compiled maximum)", 10)):
         print(f"  {label}: {planes} plane(s) = {planes * b['recurrent_per_plane'] / mib:.0f} MiB")
-    print(f"position-indexed state per cell: trunk {b['per_cell_trunk'] / 1024:.2f} KiB, NextN {b['per_cell_nextn'] / 1024:.2f} KiB")
-    for ctx in a.ctx:
-        print(f"  context {ctx}: {ctx * (b['per_cell_trunk'] + b['per_cell_nextn']) / mib:.0f} MiB")
+    for kv in a.kv:
+        b = state_bytes(flash_config(), kv)
+        print(f"position-indexed state per cell, -ctk {kv}: trunk {b['per_cell_trunk'] / 1024:.2f} KiB, "
+              f"NextN {b['per_cell_nextn'] / 1024:.2f} KiB; " + ", ".join(
+                  f"context {ctx}: {ctx * (b['per_cell_trunk'] + b['per_cell_nextn']) / mib:.0f} MiB" for ctx in a.ctx))
 
 
 if __name__ == "__main__":
