@@ -649,3 +649,27 @@ def test_trunk_only_plus_mtp_only_pair_equals_bundle(compiled):
     cfg = [g5c.Glm5NextConfig.from_json(m.engine.hparams) for m in (pair, bundle)]
     assert cfg[0].clamp(4, False) == cfg[1].clamp(4, False) == 10.0 and cfg[0].clamp(3, False) == 10.0
     check_split_layout(pair, bundle, rt.load(compiled("g5n-trunk", TRUNK), spec=False), PROMPTS["docs-prose"])
+
+
+def test_cli_index_share_flag(compiled, tmp_path):
+    """`nextn run ART --prompt-file F --spec-draft-n-max 3 --json`: by default the NextN steps share step 0's selection
+    (the GGUF's index_share_mtp) and `--no-mtp-index-share` recomputes it; the prompt text tokenizes to the
+    fixture's ids, so each run's rounds / drafted / accepted are the reference's spec and spec_no_index_share, and
+    the tokens the greedy reference."""
+    import subprocess
+    import sys
+
+    art = compiled("g5n-bf16", BF16)
+    p = PROMPTS["code-class"]            # a prompt where the two differ: 29 vs 30 accepted at n_max 3
+    text = next(q["text"] for q in json.loads((FIXTURES / "prompts.json").read_text()) if q["kind"] == p["kind"])
+    f = tmp_path / "prompt.txt"
+    f.write_text(text, encoding="utf-8")
+    for flag, key in ((), "spec"), (("--no-mtp-index-share",), "spec_no_index_share"):
+        r = subprocess.run([sys.executable, "-m", "nextn.runtime.cli", "run", art, "--prompt-file", str(f), "-n",
+                            str(p["n_predict"]), "--spec-draft-n-max", "3", "--ignore-eos", "--json", *flag],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        out, want = json.loads(r.stdout), p[key]["3"]
+        assert out["prompt_tokens"] == len(p["prompt_ids"]) and out["tokens"] == p["greedy_ids"]
+        assert (out["stats"]["rounds"], out["stats"]["drafted"], out["stats"]["accepted"]) == (
+            want["steps"], want["drafted"], want["accepted"]), (flag, out["stats"])
