@@ -131,8 +131,14 @@ class Engine:
     def _load_vm_init(self):
         from tvm.runtime.vm import VirtualMachine
 
+        import tvm
+
         self.vm = VirtualMachine(self._module, self.device.vm_devices)
         self._fn = {name: self.vm[name] for name in self._entries}
+        # The VM's pooled allocator keeps every freed buffer for a later request of the same size and never
+        # returns it: a long prompt's chunks each ask for new [T, L] sizes (glm-dsa's index scores and masks, L
+        # growing by a chunk each time), so without a release they would add up to O(T_prompt^2) bytes.
+        self._release_pool = tvm.get_global_func("vm.builtin.memory_manager.clear")
         self.vm_seconds = {name: 0.0 for name in self._fn}   # time inside compiled entry points, per entry
 
     def _load_weights(self):
@@ -265,10 +271,17 @@ class Engine:
         self.vm_seconds[name] += time.perf_counter() - t0
         return out
 
-    @staticmethod
-    def _by_chunk(call, pos0: int, *rows):
-        """call(*(r[s:s + PREFILL_CHUNK] for r in rows), pos0 + s) for each chunk of PREFILL_CHUNK rows, in order."""
-        return [call(*(r[s:s + PREFILL_CHUNK] for r in rows), pos0 + s) for s in range(0, len(rows[0]), PREFILL_CHUNK)]
+    def _by_chunk(self, call, pos0: int, *rows):
+        """call(*(r[s:s + PREFILL_CHUNK] for r in rows), pos0 + s) for each chunk of PREFILL_CHUNK rows, in order.
+        Over several chunks, the allocator's pool is released after each one (buffers in use stay): the next chunk's
+        L-sized buffers differ in size, so pooled ones would only accumulate."""
+        n = len(rows[0])
+        out = []
+        for s in range(0, n, PREFILL_CHUNK):
+            out.append(call(*(r[s:s + PREFILL_CHUNK] for r in rows), pos0 + s))
+            if n > PREFILL_CHUNK:
+                self._release_pool()
+        return out
 
     def commit(self, n_rows: int) -> None:
         """Keep the first `n_rows` rows of the last trunk call (all of them after a prefill chunk; id_last and the
