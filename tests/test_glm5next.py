@@ -367,8 +367,9 @@ def _run_vm(vm, name, inputs, states, n_kv):
 
     g = vm.graphs[name]
     st = {n: tvm.runtime.tensor(states[n]) for n in g.states}
+    # to_relax's signature: inputs, n_kv, then the states and the weights as one tuple each (no weights here)
     out = vm[name](*[tvm.runtime.tensor(np.ascontiguousarray(inputs[n])) for n in g.inputs], tvm_ffi.Shape([n_kv]),
-                   *st.values())
+                   tvm_ffi.convert(list(st.values())), tvm_ffi.convert([]))
     for n in g.states:
         states[n][...] = st[n].numpy()
     return [out[i].numpy() for i in range(len(g.outputs))]
