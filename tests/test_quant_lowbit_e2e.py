@@ -96,7 +96,7 @@ def test_lowbit_weights_are_views_of_the_file(default):
     q8 = quantized_activations(eng)
     assert bool(q8) == has_q8 and not {plan[n]["kind"] for n in plan if plan[n]["tensor"] in q8} & kinds_of(want)
     assert eng.has_mtp
-    mapped = eng.files.main._reader.data
+    mapped = np.frombuffer(eng.files.main.shards[0].buf, np.uint8)   # the map of the whole (one-shard) file
     lo, hi = mapped.ctypes.data, mapped.ctypes.data + mapped.nbytes
     suffixes = tuple({sfx for f in FORMATS.values() for sfx, _a in f.tables()})
     tables = sorted(n for n in plan if n.endswith(suffixes))
