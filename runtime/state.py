@@ -18,14 +18,15 @@ from nextn.common.manifest import resolve_shape
 
 
 def _states(entry_points: dict, sizes: dict):
-    """(name, shape with the symbols of `sizes` resolved ({"C": cells, "P": planes}), dtype) of each state buffer of
-    the manifest `entry_points`, once each."""
+    """(name, recorded dims, shape with the symbols of `sizes` resolved ({"C": cells, "P": planes}), dtype) of each
+    state buffer of the manifest `entry_points`, once each."""
     seen = set()
     for ep in entry_points.values():
         for s in ep["states"]:
             if s not in seen:
                 seen.add(s)
-                yield s, resolve_shape(ep["state_shapes"][s], sizes), ep["state_dtypes"][s]
+                dims = ep["state_shapes"][s]
+                yield s, dims, resolve_shape(dims, sizes), ep["state_dtypes"][s]
 
 
 def state_buffers(entry_points: dict, sizes: dict, empty) -> tuple[dict, set]:
@@ -33,10 +34,10 @@ def state_buffers(entry_points: dict, sizes: dict, empty) -> tuple[dict, set]:
     `entry_points` that will run; `sizes` gives the symbols ({"C": cells, "P": planes}); `empty(shape, dtype)`
     allocates on the device."""
     states, recurrent = {}, set()
-    for s, shape, dtype in _states(entry_points, sizes):
+    for s, dims, shape, dtype in _states(entry_points, sizes):
         states[s] = empty(shape, dtype)
-    for ep in entry_points.values():
-        recurrent |= {s for s in ep["states"] if ep["state_shapes"][s][0] == "P"}
+        if dims[0] == "P":
+            recurrent.add(s)
     return states, recurrent
 
 
@@ -45,7 +46,7 @@ def state_bytes(entry_points: dict, sizes: dict, retype: dict | None = None) -> 
     another KV type)} (nextn.common.kv_types): those caches counted as if they held the other type (the memory
     budget's what-if)."""
     total = 0
-    for s, shape, dtype in _states(entry_points, sizes):
+    for s, _dims, shape, dtype in _states(entry_points, sizes):
         lead = int(np.prod(shape[:-1], dtype=np.int64))
         row = shape[-1] * itemsize(dtype)
         if retype and s in retype:
