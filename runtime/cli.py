@@ -14,7 +14,7 @@ import click
 
 from nextn.common.errors import NextnError
 
-from .cli_options import kv_cache_options, parse_n_max, spec_options, threads_option
+from .cli_options import kv_cache_options, mtp_index_share_option, parse_n_max, spec_options, threads_option
 from .text_stream import TextStream
 
 
@@ -87,9 +87,7 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
 @click.option("--mtp-dense-attention", is_flag=True, help=MTP_DENSE_HELP + " Applies when MODEL is a GGUF.")
 @kv_cache_options
 @threads_option
-@click.option("--mtp-index-share/--no-mtp-index-share", default=None,
-              help="NextN draft steps 1..n-1 reuse step 0's DSA selection (index_share_for_mtp_iteration; glm-dsa, "
-                   "glm5next) [default: the GGUF's attention.indexer.index_share_mtp, on when absent].")
+@mtp_index_share_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, spec_draft_n_max, spec_draft_n_min,
         spec_draft_p_min, spec_draft_sampling, top_k, top_p, min_p, stops, draft, target, arches, device,

@@ -49,6 +49,15 @@ def threads_option(f):
                              "TVM_NUM_THREADS if set, else the physical cores].")(f)
 
 
+def mtp_index_share_option(f):
+    """--mtp-index-share/--no-mtp-index-share of run and serve (glm-dsa, glm5next; llama.cpp's
+    index_share_for_mtp_iteration): None leaves the GGUF's attention.indexer.index_share_mtp (on when absent)."""
+    return click.option("--mtp-index-share/--no-mtp-index-share", default=None,
+                        help="NextN draft steps 1..n-1 reuse step 0's DSA selection (index_share_for_mtp_iteration; "
+                             "glm-dsa, glm5next) [default: the GGUF's attention.indexer.index_share_mtp, on when "
+                             "absent].")(f)
+
+
 def parse_n_max(value: str):
     """--spec-draft-n-max: an integer >= 1 or 'auto'."""
     if str(value).strip().lower() == "auto":

@@ -5,7 +5,7 @@ import click
 
 from nextn.common.errors import NextnError
 
-from .cli_options import kv_cache_options, parse_n_max, spec_options, threads_option
+from .cli_options import kv_cache_options, mtp_index_share_option, parse_n_max, spec_options, threads_option
 
 
 def register(cli: click.Group) -> None:
@@ -43,10 +43,11 @@ def register(cli: click.Group) -> None:
 @click.option("--target", default="llvm", show_default=True, help="Target used when MODEL is a GGUF.")
 @click.option("--arch", "arches", multiple=True, help="GPU arch(s) when MODEL is a GGUF compiled for cuda/rocm.")
 @click.option("--mtp-dense-attention", is_flag=True, help="glm-dsa: compile the NextN block as dense MLA (a GGUF).")
+@mtp_index_share_option
 def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
           spec_draft_p_min, spec_draft_sampling, n_predict, temp, top_k, top_p, min_p, seed, metrics, no_slots,
           api_keys, chat_template_file, alias, draft, cache_type_k, cache_type_v, device, target, arches,
-          mtp_dense_attention):
+          mtp_dense_attention, mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
     /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
     /v1/models, /slots, /metrics."""
@@ -68,7 +69,8 @@ def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draf
                        draft_sampling=spec_draft_sampling)
     opt = ServeOptions(model=model, host=host, port=port, ctx_size=ctx_size, n_parallel=n_parallel, threads=threads,
                        draft=draft, device=device, target=target, arches=list(arches) or None,
-                       mtp_dense_attention=mtp_dense_attention, chat_template_file=chat_template_file, api_keys=keys,
+                       mtp_dense_attention=mtp_dense_attention, mtp_index_share=mtp_index_share,
+                       chat_template_file=chat_template_file, api_keys=keys,
                        metrics=metrics, slots=not no_slots, alias=alias, cache_type_k=cache_type_k,
                        cache_type_v=cache_type_v, spec_type=spec_type, defaults=d)
     run_server(opt, log=lambda s: click.echo(s, err=True))

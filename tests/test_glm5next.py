@@ -652,6 +652,30 @@ def test_trunk_only_plus_mtp_only_pair_equals_bundle(compiled):
     check_split_layout(pair, bundle, rt.load(compiled("g5n-trunk", TRUNK), spec=False), PROMPTS["docs-prose"])
 
 
+def test_serve_index_share_flag(compiled):
+    """`nextn serve` takes run's --mtp-index-share/--no-mtp-index-share (one option), and every slot's engine
+    follows it: on by default (the fixture GGUF's index_share_mtp), off with --no-mtp-index-share."""
+    import socket
+
+    from nextn.runtime.cli import cli
+    from nextn.runtime.server import Running, ServeOptions
+
+    run_opt, serve_opt = (next(o for o in cli.commands[c].params if o.name == "mtp_index_share") for c in ("run", "serve"))
+    assert run_opt.opts == serve_opt.opts == ["--mtp-index-share"] and serve_opt.secondary_opts == ["--no-mtp-index-share"]
+    art = compiled("g5n-bf16", BF16)
+    for flag, want in ((None, True), (False, False)):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        srv = Running(ServeOptions(model=art, port=port, n_parallel=2, mtp_index_share=flag),
+                      log=lambda m: None).start_background()
+        try:
+            assert srv.loaded.wait(120) and srv.error is None, srv.error
+            assert [sl.engine.share_mtp_index for sl in srv.state.scheduler.slots] == [want, want]
+        finally:
+            srv.stop()
+
+
 def test_cli_index_share_flag(compiled, tmp_path):
     """`nextn run ART --prompt-file F --spec-draft-n-max 3 --json`: by default the NextN steps share step 0's selection
     (the GGUF's index_share_mtp) and `--no-mtp-index-share` recomputes it; the prompt text tokenizes to the

@@ -30,6 +30,7 @@ class ServeOptions:
     target: str = "llvm"
     arches: list | None = None
     mtp_dense_attention: bool = False
+    mtp_index_share: bool | None = None  # --mtp-index-share / --no-...: None = the GGUF's (nextn.runtime.load)
     chat_template_file: str | None = None
     api_keys: list = field(default_factory=list)
     metrics: bool = False
@@ -53,7 +54,7 @@ def load_state(state, opt: ServeOptions, log) -> None:
     m = load(opt.model, target=opt.target, ctx_size=per_slot, spec=want_spec, draft=opt.draft, log=log,
              arches=opt.arches, device=opt.device, mtp_dense_attention=opt.mtp_dense_attention,
              cache_type_k=opt.cache_type_k, cache_type_v=opt.cache_type_v, threads=opt.threads,
-             max_draft=d.n_max if d.n_max != "auto" else None)   # requests only lower n_max
+             mtp_index_share=opt.mtp_index_share, max_draft=d.n_max if d.n_max != "auto" else None)   # requests only lower n_max
     eng = m.engine
     if opt.spec_type is None:
         d.spec_type = "draft-mtp" if m.has_mtp else "none"
