@@ -122,6 +122,76 @@ def test_matmul_id(kind, shared_x):
         assert np.array_equal(a1[0].view(np.uint32), y1[t].view(np.uint32))
 
 
+NO_VNNI = tvm.target.Target({**{k: str(v) for k, v in TARGET.export().items() if k in ("kind", "mcpu")},
+                              "mattr": ["-avx512vnni", "-avxvnni"]})
+VNNI_WIDTHS = [w for w in WIDTHS if x86.has_vnni(TARGET, w)]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("kind", sorted(x86.INT_KINDS))
+def test_int_row_groups_and_vnni(kind, width):
+    """15 rows through a row group of 8 (then 4, 2, 1; N off the tile): against numpy, every row bitwise equal
+    to its one-row call, and the same bits from a target without VNNI (no vpdpwssd / vpdpbusd)."""
+    N, K, R = 37, 768, 15
+    w, wf = random_weight(kind, (), N, K)
+    knobs = x86.Knobs(width=width, tile_n=8, row_group=8)
+    x = RNG.standard_normal((R, K)).astype(np.float32)
+    acts, xf = activations(kind, x)
+    vnni = x86.has_vnni(TARGET, width)
+    (y,) = run(build(x86.matmul(kind, N, K, knobs=knobs, vnni=vnni)), w, *acts, outs=[(R, N)])
+    assert rel(y, xf @ wf.T) < 1e-5
+    one = build(x86.matmul(kind, N, K, rows=1, knobs=knobs, vnni=vnni))
+    for t in range(R):
+        (y1,) = run(one, w, *[a[t:t + 1] for a in acts], outs=[(1, N)])
+        assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), t
+    plain = tvm.compile(tvm.IRModule({"main": x86.matmul(kind, N, K, knobs=knobs)}), target=NO_VNNI).mod["main"]
+    (y2,) = run(plain, w, *acts, outs=[(R, N)])
+    assert np.array_equal(y2.view(np.uint32), y.view(np.uint32))
+
+
+def _dot_kernel(width, scaled, vnni, n):
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.tirx.script import builder as T
+
+    from nextn.compiler.lower.x86 import vec
+
+    L = width // 4
+    with IRBuilder() as ib:
+        with T.prim_func(s_tir=True):
+            T.func_name("dot")
+            T.func_attr({"global_symbol": "dot", "tirx.noalias": True})
+            w = T.arg("w", T.buffer((n * width,), "uint8"))
+            x = T.arg("x", T.buffer((n * width,), "int8"))
+            sc = T.arg("sc", T.buffer((n * width // 2,), "int16"))
+            y = T.arg("y", T.buffer((L,), "int32"))
+            acc = None
+            for i in range(n):
+                acc = vec.dot_u8s8(acc, w[vec.ramp(i * width, width)], x[vec.ramp(i * width, width)], width,
+                                   sc[vec.ramp(i * width // 2, width // 2)] if scaled else None, vnni)
+            T.buffer_store(y, acc, [vec.ramp(0, L)])
+    return build(ib.get())
+
+
+@pytest.mark.parametrize("scaled", [True, False], ids=["scaled", "plain"])
+@pytest.mark.parametrize("width,vnni", [(w, False) for w in WIDTHS] + [(w, True) for w in VNNI_WIDTHS])
+def test_dot_u8s8_matches_numpy(width, vnni, scaled):
+    """The integer multiply-accumulate primitive, lane by lane, at the extremes its callers allow (|pair| < 2^15)."""
+    n = 3
+    w = RNG.integers(0, 128, n * width, dtype=np.uint8)
+    x = RNG.integers(-127, 128, n * width).astype(np.int8)
+    w[:8], x[:8] = 127, -127                                  # the largest pairs: 2 * 127 * 127 < 2^15
+    sc = RNG.integers(-64, 64, n * width // 2).astype(np.int16)
+    fn = _dot_kernel(width, scaled, vnni, n)
+    got = tvm.runtime.empty((width // 4,), "int32")
+    fn(*[tvm.runtime.tensor(a) for a in (w, x, sc)], got)
+    prod = w.astype(np.int64) * x.astype(np.int64)
+    pairs = prod.reshape(n, width // 2, 2).sum(-1)
+    if scaled:
+        pairs = pairs * sc.reshape(n, width // 2)
+    want = pairs.reshape(n, width // 4, 2).sum(-1).sum(0)
+    assert np.array_equal(got.numpy(), want)
+
+
 def test_quantizer_matches_the_numpy_statement():
     K = 1024
     x = RNG.standard_normal((5, K)).astype(np.float32)

@@ -4,7 +4,8 @@
 in `KINDS` (2-D [N, K] dense weights, 3-D [X, N, K] routed experts); everything else keeps the TE element
 expression path (`nextn.compiler.quant`). Integer kinds (`INT_KINDS`) multiply int8-quantized activation rows
 (`quantize_rows`; semantics in `nextn.common.quant.activation`) when the artifact quantizes activations, and
-fall back to the element path otherwise. Vector width: 64 bytes on AVX-512BW, else 32 (`vector_width`).
+fall back to the element path otherwise. Vector width: 64 bytes on AVX-512BW, else 32 (`vector_width`);
+VNNI (`has_vnni`) changes instructions, never results.
 """
 from __future__ import annotations
 
@@ -32,8 +33,22 @@ def vector_width(target) -> int | None:
         return None
 
 
-__all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "default_knobs", "matmul", "matmul_id", "quantize_rows",
-           "vector_width", "weight_arg"]
+def has_vnni(target, width: int) -> bool:
+    """Whether the llvm `target` has VNNI (u8 x s8 dot products, vpdpbusd) at `width` vector bytes: AVX512-VNNI
+    for 64; AVX-VNNI, or AVX512-VNNI with AVX512VL, for 32."""
+    from tvm.target import codegen
+
+    try:
+        has = lambda f: codegen.llvm_cpu_has_features(f, target)   # noqa: E731
+        if width == 64:
+            return has("avx512vnni")
+        return has("avxvnni") or has("avx512vnni") and has("avx512vl")
+    except Exception:
+        return False
+
+
+__all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "default_knobs", "has_vnni", "matmul",
+           "matmul_id", "quantize_rows", "vector_width", "weight_arg"]
 
 
 from dataclasses import dataclass, field as _field   # noqa: E402
@@ -67,11 +82,12 @@ class KernelSpec:
     def name(self) -> str:
         return self.key.replace("x86.", "x86_").replace(":", "_").lower()
 
-    def build(self, knobs: Knobs):
+    def build(self, knobs: Knobs, vnni: bool = False):
+        """The PrimFunc with `knobs`; `vnni`: the target has VNNI at knobs.width (`has_vnni`)."""
         if self.op == "matmul":
-            return matmul(self.kind, self.N, self.K, self.rows, knobs, name=self.name)
+            return matmul(self.kind, self.N, self.K, self.rows, knobs, name=self.name, vnni=vnni)
         return matmul_id(self.kind, self.X, self.N, self.K, self.n_used, self.shared_x, self.n_weights, self.rows,
-                         knobs, name=self.name)
+                         knobs, name=self.name, vnni=vnni)
 
     def weight_bytes(self) -> int:
         shape, dtype = weight_arg(self.kind, (self.X, self.N) if self.op == "matmul_id" else (self.N,), self.K)

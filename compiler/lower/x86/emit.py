@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tvm import relax, tirx
 
-from . import FLOAT_KINDS, INT_KINDS, KernelSpec, Knobs, act_args, quantize_rows
+from . import FLOAT_KINDS, INT_KINDS, KernelSpec, act_args, default_knobs, has_vnni, quantize_rows
 from .loops import _format
 
 
@@ -21,15 +21,16 @@ def for_target(tgt, quantize_activations: bool = True, knobs_for=None) -> "X86Lo
     from . import vector_width
 
     width = vector_width(tgt)
-    return None if width is None else X86Lowering(width, quantize_activations, knobs_for)
+    return None if width is None else X86Lowering(width, quantize_activations, knobs_for, tgt)
 
 
 class X86Lowering:
     """State of one build: kernels added so far (by spec), quantized activations (by Relax value), fused groups.
-    `width`: vector bytes (`vector_width`); `knobs_for(spec)` → Knobs or None (a tuning log), default Knobs(width)."""
+    `width`: vector bytes (`vector_width`); `knobs_for(spec)` → Knobs or None (a tuning log), default `default_knobs`."""
 
-    def __init__(self, width: int, quantize_activations: bool = True, knobs_for=None):
+    def __init__(self, width: int, quantize_activations: bool = True, knobs_for=None, target=None):
         self.width = width
+        self.target = target        # for has_vnni at each kernel's vector width
         self.quantize_activations = quantize_activations
         self.knobs_for = knobs_for or (lambda spec: None)
         self._gvs: dict[str, relax.GlobalVar] = {}
@@ -67,10 +68,11 @@ class X86Lowering:
 
     # -- emission -----------------------------------------------------------------------------------------------
     def _kernel(self, bb, spec: KernelSpec) -> relax.GlobalVar:
-        knobs = self.knobs_for(spec) or Knobs(width=self.width)
+        knobs = self.knobs_for(spec) or default_knobs(spec, self.width)
         key = f"{spec.key}|{knobs}"
         if key not in self._gvs:
-            f = spec.build(knobs).with_attr("op_pattern", 8)    # kOpaque: FuseOps must not merge into it
+            vnni = self.target is not None and has_vnni(self.target, knobs.width)
+            f = spec.build(knobs, vnni).with_attr("op_pattern", 8)    # kOpaque: FuseOps must not merge into it
             self._gvs[key] = bb.add_func(f, spec.name)
             self.specs[spec.key] = spec
         return self._gvs[key]

@@ -36,14 +36,20 @@ def _scales(sc16, groups, width):
 
 class IntFormat:
     """A super-block format on the integer path. `setup` binds what a (row, block) shares across activation rows,
-    `chunks` gives [(u8 or i8 quants x width, offset of their first activation in the block, i16 scales)],
-    `terms` the [(float32 factor, int32 vector)] one activation row adds to its float accumulators."""
+    `chunks` gives [(u8 or i8 quants x width, offset of their first activation in the block, i16 scales or
+    None)], `terms` the [(float32 weight factor, int32 vector)] of one activation row: the row adds
+    act_scale * factor * vector to its float accumulator (loops._int_rows). The factors must not depend on the
+    row (they are taken once per block)."""
     block = 256
     signed = False      # signed quants: pmaddubsw needs the unsigned operand, so |w| and w's sign moves onto x
     n_terms = 1
 
     def term_lanes(self, width):
         return [width // 4] + [8] * (self.n_terms - 1)
+
+    def act_scale(self, k, t, s):
+        """The float32 scale of activation row t's block s."""
+        return k.xd[t, s]
 
 
 class Q4K(IntFormat):
@@ -88,8 +94,7 @@ class Q4K(IntFormat):
         return out
 
     def terms(self, k, st, t, s, sumi):
-        xd = T.Bind(k.xd[t, s])
-        return [(st["d"] * xd, sumi), (-(st["dmin"] * xd), madd(st["mins"], k.xs[t, ramp(16 * s, 16)], 32))]
+        return [(st["d"], sumi), (-st["dmin"], madd(st["mins"], k.xs[t, ramp(16 * s, 16)], 32))]
 
 
 class Q5K(Q4K):
@@ -128,8 +133,7 @@ class Q6K(IntFormat):
         return out
 
     def terms(self, k, st, t, s, sumi):
-        dx = T.Bind(st["d"] * k.xd[t, s])
-        return [(dx, sumi), (-dx * const(32.0, "float32"), madd(st["sc"], k.xs[t, ramp(16 * s, 16)], 32))]
+        return [(st["d"], sumi), (st["d"] * const(-32.0, "float32"), madd(st["sc"], k.xs[t, ramp(16 * s, 16)], 32))]
 
 
 KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)   # kvalues_iq4nl
@@ -166,7 +170,7 @@ class IQ4XS(IntFormat):
         return out
 
     def terms(self, k, st, t, s, sumi):
-        return [(st["d"] * k.xd[t, s], sumi)]
+        return [(st["d"], sumi)]
 
 
 class FloatFormat:

@@ -10,8 +10,9 @@ For routed experts the (t, j) pairs are first grouped by expert, so each selecte
 the rows that chose it, and the work items (expert, tile) go to the threads.
 
 Every activation row runs the same instruction sequence whether it is computed alone or in a group (full groups,
-then the remaining rows one at a time), so a row's result does not depend on how many rows the call has: verify
-rows equal decode rows bit for bit.
+then the remaining rows in smaller groups), so a row's result does not depend on how many rows the call has: verify
+and prefill rows equal decode rows bit for bit. Integer-path sums are exact, so how the instructions get them
+(VNNI or not, see vec.dot_u8s8) does not change a bit either.
 """
 from __future__ import annotations
 
@@ -22,16 +23,18 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
 from .formats import FLOAT_FORMATS, INT_FORMATS
-from .vec import const, fma, hsum, madd, maddubs, ramp, tree_sum
+from .vec import const, dot_u8s8, fma, hsum, hsum_pairwise, ramp
 
 
 @dataclass(frozen=True)
 class Knobs:
     """What `nextn tune` searches. width: vector bytes (32 AVX2, 64 AVX-512BW); tile_n: weight rows per work
-    item; row_group: activation rows sharing one pass over a tile; unroll: blocks per step (float path)."""
+    item; row_group: activation rows sharing one decode of a weight row's blocks (the rows left over go in groups
+    of the powers of two below it); unroll: blocks per step (float path). The defaults are the best measured
+    on GLM widths (row_group 8: 8 rows' accumulators and the decoded block fit the 32 zmm registers)."""
     width: int = 32
     tile_n: int = 16
-    row_group: int = 4
+    row_group: int = 8
     unroll: int = 2
 
 
@@ -43,12 +46,12 @@ def _format(kind):
     return INT_FORMATS.get(kind) or FLOAT_FORMATS[kind]
 
 
-def _new(kind: str, K: int, knobs: Knobs):
+def _new(kind: str, K: int, knobs: Knobs, vnni: bool = False):
     fmt = _format(kind)
     if K % fmt.block:
         raise ValueError(f"{kind}: K={K} is not a multiple of the block ({fmt.block})")
     k = _Kern()
-    k.kind, k.width, k.unroll = kind, knobs.width, knobs.unroll
+    k.kind, k.width, k.unroll, k.vnni = kind, knobs.width, knobs.unroll, vnni
     k.n_blocks = K // fmt.block
     k.row_bytes = k.n_blocks * fmt.type_size
     return fmt, k
@@ -84,27 +87,56 @@ def _views(k, data, nbytes):
     k.w32f = T.decl_buffer((nbytes // 4,), "float32", data=data)
 
 
+def _int_plan(fmt, width: int) -> tuple[list[int], list[int]]:
+    """(lanes of each term's int32 vector, lanes it is folded to in the row's one float accumulator): the widest
+    terms are halved (their halves added, exact) until the terms fit one vector of width/4 lanes or are 8 lanes."""
+    lanes = list(fmt.term_lanes(width))
+    out = list(lanes)
+    while sum(out) > width // 4 and max(out) > 8:
+        i = out.index(max(out))
+        out[i] //= 2
+    return lanes, out
+
+
+def _fold(v, n_in: int, n_out: int):
+    while n_in > n_out:
+        h = n_in // 2
+        v = tirx.Shuffle([v], list(range(h))) + tirx.Shuffle([v], list(range(h, n_in)))
+        n_in = h
+    return v
+
+
+def _concat(vs):
+    return vs[0] if len(vs) == 1 else tirx.Shuffle(vs, list(range(sum(v.ty.dtype.lanes for v in vs))))
+
+
 def _int_rows(k, fmt, n, rows, accs):
-    """Weight row n against activation rows `rows`: per block, exact integer sums, then the float terms."""
-    L = k.width // 4
+    """Weight row n against activation rows `rows`: per block, exact integer sums (`dot_u8s8`), then one FMA per
+    row: acc += (weight factors x the row's block scale) * the terms' int32 vectors, folded and side by side."""
+    lanes, folded = _int_plan(fmt, k.width)
+    n_acc = sum(folded)
     zero = const(0, "int8", k.width)
     with T.serial(0, k.n_blocks) as s:
         st = fmt.setup(k, n, s)
-        prods = [[] for _ in rows]
+        sums = [None for _ in rows]
         for w, off, scv in fmt.chunks(k, st, n, s):
             ws = w
             if fmt.signed:
                 w = T.Bind(tirx.Select(ws < zero, zero - ws, ws))
-            for p, t in zip(prods, rows):
-                x = k.xq[t, ramp(256 * s + off, k.width)]
+            for i, t in enumerate(rows):
+                x = k.xq[t, ramp(fmt.block * s + off, k.width)]
                 if fmt.signed:
                     x = tirx.Select(ws < zero, zero - x, x)
-                p.append(madd(maddubs(w, x, k.width), scv, k.width))
-        for p, t, acc in zip(prods, rows, accs):
-            for (factor, ivec), a in zip(fmt.terms(k, st, t, s, tree_sum(p)), acc):
-                n_l = a.shape[0]
-                T.buffer_store(a, fma(tirx.Broadcast(factor, n_l), tirx.Cast(f"float32x{n_l}", ivec), a[ramp(0, n_l)]),
-                               [ramp(0, n_l)])
+                sums[i] = dot_u8s8(sums[i], w, x, k.width, scv, k.vnni)
+        wfac = None
+        for t, acc, sumi in zip(rows, accs, sums):
+            terms = fmt.terms(k, st, t, s, sumi)
+            if wfac is None:     # the weight factors are the same for every row: bound once per block
+                wfac = T.Bind(_concat([tirx.Broadcast(f, m) for (f, _v), m in zip(terms, folded)]))
+            ivec = _concat([_fold(v, a, b) for (_f, v), a, b in zip(terms, lanes, folded)])
+            fac = wfac * tirx.Broadcast(fmt.act_scale(k, t, s), n_acc)
+            a = acc[0]
+            T.buffer_store(a, fma(fac, tirx.Cast(f"float32x{n_acc}", ivec), a[ramp(0, n_acc)]), [ramp(0, n_acc)])
 
 
 def _float_rows(k, fmt, n, rows, accs):
@@ -129,12 +161,13 @@ def _float_rows(k, fmt, n, rows, accs):
 
 def _lanes(k, fmt):
     if k.kind in INT_FORMATS:
-        return fmt.term_lanes(k.width)
+        return [sum(_int_plan(fmt, k.width)[1])]
     return [k.width // 4] * (k.unroll * 32 // (k.width // 4))
 
 
 def _rows(k, fmt, n, rows, outs):
-    """Zeroed accumulators for each row, the block loop, then y = the sum of the accumulators' lanes."""
+    """Zeroed accumulators for each row, the block loop, then y = the sum of the accumulators' lanes (in lane
+    order on the float path; pairwise on the integer path, whose one accumulator per row is 8 or 16 lanes)."""
     lanes = _lanes(k, fmt)
     accs = []
     for _ in rows:
@@ -142,7 +175,12 @@ def _rows(k, fmt, n, rows, outs):
         for a, n_l in zip(acc, lanes):
             T.buffer_store(a, const(0.0, "float32", n_l), [ramp(0, n_l)])
         accs.append(acc)
-    (_int_rows if k.kind in INT_FORMATS else _float_rows)(k, fmt, n, rows, accs)
+    if k.kind in INT_FORMATS:
+        _int_rows(k, fmt, n, rows, accs)
+        for acc, out in zip(accs, outs):
+            T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]), out)
+        return
+    _float_rows(k, fmt, n, rows, accs)
     for acc, out in zip(accs, outs):
         total = hsum(acc[0][ramp(0, lanes[0])])
         for a, n_l in zip(acc[1:], lanes[1:]):
@@ -151,8 +189,9 @@ def _rows(k, fmt, n, rows, outs):
 
 
 def _tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n):
-    """Weight tile nt against `count` activation rows: full groups of `group` rows, then the rest one at a time.
-    row_of(i) / out_of(i, n): activation row / output index of the i-th row; wrow(n): the weight row."""
+    """Weight tile nt against `count` activation rows: full groups of `group` rows, then the rest in groups of the
+    powers of two below it (`_group_sizes`). row_of(i) / out_of(i, n): activation row / output index of the i-th
+    row; wrow(n): the weight row."""
     def each_row(make):
         with T.serial(0, tile_n) as nn:
             with T.If(nt * tile_n + nn < N):
@@ -161,10 +200,20 @@ def _tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n)
                     idx = make()
                     _rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx], [out_of(i, n) for i in idx])
 
-    with T.serial(0, count // group) as g:
-        each_row(lambda: [g * group + r for r in range(group)])
-    with T.serial(count // group * group, count) as i:
-        each_row(lambda: [i])
+    start = 0
+    for size in _group_sizes(group):
+        n = (count - start) // size
+        if not isinstance(n, int):
+            n = T.Bind(n)
+        with T.serial(0, n) as g:
+            each_row(lambda: [start + g * size + r for r in range(size)])
+        start = start + n * size
+
+
+def _group_sizes(group: int) -> list[int]:
+    """The group sizes a tile's rows go through: `group`, then the powers of two below it down to 1 (the rows
+    left over from the larger groups), so a verify of a few rows still shares each tile pass."""
+    return [group] + [1 << i for i in range(group.bit_length() - 1, -1, -1) if 1 << i < group]
 
 
 def _prim_func(name):
@@ -172,10 +221,12 @@ def _prim_func(name):
     T.func_attr({"global_symbol": name, "tirx.noalias": True, "tirx.is_scheduled": True})
 
 
-def matmul(kind: str, N: int, K: int, rows: int | None = None, knobs: Knobs = Knobs(), name: str = "matmul"):
+def matmul(kind: str, N: int, K: int, rows: int | None = None, knobs: Knobs = Knobs(), name: str = "matmul",
+           vnni: bool = False):
     """y float32 [T, N] = x [T, K] · w [N, K]ᵀ for a weight of format `kind` (arguments: w, act_args..., y).
-    `rows`: a static row count (the one-row entry points), or None for a symbolic T."""
-    fmt, k = _new(kind, K, knobs)
+    `rows`: a static row count (the one-row entry points), or None for a symbolic T. `vnni`: the target has
+    VNNI at this vector width (`has_vnni`; the same bits either way, see vec.dot_u8s8)."""
+    fmt, k = _new(kind, K, knobs, vnni)
     n_tiles = -(-N // knobs.tile_n)
     with IRBuilder() as ib:
         with T.prim_func(s_tir=True):
@@ -200,12 +251,12 @@ def _counter():
 
 
 def matmul_id(kind: str, X: int, N: int, K: int, n_used: int, shared_x: bool, n_weights: int = 1,
-              rows: int | None = None, knobs: Knobs = Knobs(), name: str = "matmul_id"):
+              rows: int | None = None, knobs: Knobs = Knobs(), name: str = "matmul_id", vnni: bool = False):
     """Routed experts: for each of `n_weights` weights w_i [X, N, K] of format `kind` (e.g. an expert FFN's gate
     and up: one pass, x read once for both), y_i float32 [T, n_used, N] with
     y_i[t, j] = w_i[ids[t, j]] · x[t] (`shared_x`) or · x[t * n_used + j]. Arguments: w_0.., act_args...,
     ids int32 [T, n_used], y_0... Expert ids outside [0, X) select nothing (their outputs are left as they are)."""
-    fmt, k = _new(kind, K, knobs)
+    fmt, k = _new(kind, K, knobs, vnni)
     n_tiles = -(-N // knobs.tile_n)
     with IRBuilder() as ib:
         with T.prim_func(s_tir=True):

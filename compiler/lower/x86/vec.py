@@ -12,6 +12,8 @@ from tvm import tirx
 _MADD = {32: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"),
          64: ("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512")}
 _PSHUFB = {32: "llvm.x86.avx2.pshuf.b", 64: "llvm.x86.avx512.pshuf.b.512"}
+# u8 x s8, groups of 4 adjacent products summed into i32 and accumulated, no saturation (AVX512-VNNI / AVX-VNNI)
+_DPBUSD = {32: "llvm.x86.avx512.vpdpbusd.256", 64: "llvm.x86.avx512.vpdpbusd.512"}
 
 
 def const(v, dtype: str, lanes: int = 1):
@@ -31,6 +33,21 @@ def maddubs(a, b, width: int):
 def madd(a, b, width: int):
     """i16 a[i] * i16 b[i], adjacent pairs summed to i32 (pmaddwd, exact)."""
     return tirx.call_llvm_pure_intrin(f"int32x{width // 4}", _MADD[width][1], a, b)
+
+
+def dot_u8s8(acc, w, x, width: int, scales=None, vnni: bool = False):
+    """The integer multiply-accumulate of the x86 kernels: acc (int32 x width/4, or None for zeros) plus, per i32
+    lane i, the u8 w x s8 x products of bytes 4i..4i+3, adjacent pairs weighted by the i16 `scales` lanes 2i,
+    2i+1 when given. Callers keep every adjacent pair |w_j x_j + w_j+1 x_j+1| < 2^15 (pmaddubsw saturates), so
+    each lane is the exact integer whatever the instructions: pmaddubsw + pmaddwd (+ add, which LLVM fuses into
+    vpdpwssd on VNNI targets), or with `vnni` and no scales one vpdpbusd."""
+    if scales is None and vnni:
+        zero = const(0, "int32", width // 4)
+        return tirx.call_llvm_pure_intrin(f"int32x{width // 4}", _DPBUSD[width], zero if acc is None else acc, w, x)
+    if scales is None:
+        scales = const(1, "int16", width // 2)
+    v = madd(maddubs(w, x, width), scales, width)
+    return v if acc is None else acc + v
 
 
 def pshufb(table, idx, width: int):
@@ -53,8 +70,10 @@ def byte_vector(values):
     return tirx.Shuffle([const(v & 0xFF, "uint8") for v in values], list(range(len(values))))
 
 
-def tree_sum(vals):
-    """Pairwise sum: short dependency chains (integer sums are exact in any order)."""
-    while len(vals) > 1:
-        vals = [vals[i] + vals[i + 1] if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
-    return vals[0]
+def hsum_pairwise(v, lanes: int):
+    """The lanes of a float32 vector summed pairwise (halves added until one lane is left): log2(lanes) adds."""
+    while lanes > 1:
+        h = lanes // 2
+        v = tirx.Shuffle([v], list(range(h))) + tirx.Shuffle([v], list(range(h, lanes)))
+        lanes = h
+    return v
