@@ -39,11 +39,21 @@ def _echo(s):
 @click.option("--build-timeout", default=BUILD_TIMEOUT_S, show_default=True, type=float,
               help="Seconds a candidate may take to build, and to run, before it counts as failed (meta_schedule's "
                    "own 30 s fails every candidate on a busy machine).")
+@click.option("--rounds", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Interleaved rounds of default-vs-candidate timings before a record is kept (it must beat the "
+                   "default by more than the default's own noise).")
+@click.option("--budget", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds: start no further x86 kernel after this (the rest stay untuned; rerun to continue).")
+@click.option("--verify-rows", default="2,3,4", show_default=True,
+              help="Row counts at which symbolic-row (verify / prefill) x86 kernels are timed, comma-separated.")
+@click.option("--prefill-rows", default=512, show_default=True, type=click.IntRange(min=0),
+              help="Rows of a prefill chunk, at which kernels that prefill calls with the prompt's rows are also "
+                   "timed (0: not).")
 @click.option("--offline", default=None, type=click.Path(file_okay=False),
               help="Offline flow: sample and build candidates into this directory (no device needed); then "
                    "`nextn tuning measure DIR` where the device is and `nextn tuning ingest DIR -o LOG_DIR` here.")
 def tune(model, target, trials, out, max_kernels, draft, cost_model, only, keep_slower, search, arches, build_timeout,
-         offline):
+         rounds, budget, verify_rows, prefill_rows, offline):
     """Tune MODEL's distinct kernels for TARGET; records go to OUTPUT/log.json as each kernel finishes."""
     from nextn.compiler import entry
 
@@ -52,10 +62,21 @@ def tune(model, target, trials, out, max_kernels, draft, cost_model, only, keep_
                            max_kernels=max_kernels, only=only, draft=draft, log=_echo)
         _echo(f"candidates in {offline}; next: nextn tuning measure {offline} (on the device machine)")
         return
+    try:
+        rows = tuple(int(x) for x in verify_rows.split(","))
+        if not rows or min(rows) < 1:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter(f"{verify_rows!r}: expected positive integers separated by commas",
+                                 param_hint="--verify-rows") from None
     book = entry.tune(model, out, target=target, trials=trials, max_kernels=max_kernels, draft=draft,
                       cost_model=cost_model, log=_echo, only=only, keep_slower=keep_slower, search=search,
-                      build_timeout=build_timeout)
-    _echo(f"{len(book['records'])} schedule record(s), {len(book.get('x86_knobs', []))} x86 knob record(s) in {os.path.join(out, 'log.json')}")
+                      build_timeout=build_timeout, rounds=rounds, budget=budget, verify_rows=rows,
+                      prefill_rows=prefill_rows)
+    x86 = book.get("x86_knobs", [])
+    _echo(f"{len(book['records'])} schedule record(s), {len(x86)} x86 knob record(s) "
+          f"({sum(r['kept'] for r in x86)} kept, {sum(not r['kept'] for r in x86)} keep the default) in "
+          f"{os.path.join(out, 'log.json')}")
 
 
 @click.group()
@@ -126,3 +147,13 @@ def show(log):
     for r in book["records"]:
         click.echo(f"  {r['workload_hash']}  {r['name']:<50} {r['target']['key']:<16} {min(r['run_secs']) * 1e6:9.1f} us"
                    f"  ({r['target'].get('device_name', '')})")
+    x86 = book.get("x86_knobs", [])
+    if x86:
+        click.echo(f"{len(x86)} x86 knob record(s): per row count default ms -> these knobs' ms (default / knobs)")
+    for r in x86:
+        per = ", ".join(f"rows {n}: {d * 1e3:.3f} -> {t * 1e3:.3f} (x{s:.3f})"
+                        for n, d, t, s in zip(r["rows"], r["default_secs"], r["run_secs"], r["speedups"]))
+        noise = "not measured" if r["noise"] is None else f"{r['noise']:.1%}"
+        kb = ",".join(f"{k}={v}" for k, v in r["knobs"].items())
+        click.echo(f"  {r['key']}  {r['target']['key']}  {'kept' if r['kept'] else 'default kept'} [{kb}]  {per}; "
+                   f"noise {noise}, {r['rounds']} round(s)")

@@ -71,7 +71,8 @@ def test_tune_covers_the_x86_kernels(tmp_path):
     (rec,) = book["x86_knobs"]
     assert rec["key"] == X86_KEY and rec["target"]["key"].startswith("llvm:")
     assert min(rec["run_secs"]) > 0 and min(rec["default_secs"]) > 0
-    assert any(X86_KEY in m and "default" in m and "tuned" in m for m in msgs)   # before / after, per kernel
+    assert any(X86_KEY in m and "rows 1: default" in m and "best" in m for m in msgs)   # before / after, per kernel
+    assert rec["kept"] and rec["rows"] == [1] and rec["rounds"] == 5 and rec["noise"] >= 0
     spec = x86.KernelSpec("matmul", "q8_0", 256, 256, 1)
     assert spec.key == X86_KEY
     assert x86_knobs(str(d), make_target("llvm"))(spec) == x86.Knobs(**rec["knobs"])

@@ -73,13 +73,18 @@ def schedule_with_log(tuning_log: str | None, target, default, log=print):
 
 
 def x86_knobs(tuning_log: str | None, target):
-    """spec -> x86.Knobs from the log's knob records for `target` (None without a record: the default knobs)."""
+    """spec -> x86.Knobs from the log's kept knob records for `target` (None without one: the default knobs). A
+    record's missing knob fields (a log older than a knob) take the spec's default values."""
     if not tuning_log:
         return lambda spec: None
+    import dataclasses
+
     from nextn.compiler.lower import x86
 
     from . import log as tlog
     from .workloads import target_key
 
     records = tlog.knob_records(tlog.read(tuning_log), target_key(target))
-    return lambda spec: x86.Knobs(**records[spec.key]) if spec.key in records else None
+    width = x86.vector_width(target)
+    return lambda spec: (dataclasses.replace(x86.default_knobs(spec, width), **records[spec.key])
+                         if spec.key in records and width is not None else None)

@@ -1,19 +1,24 @@
 """The tuning log: a pure-data JSON file that users share.
 
-    {"format": "nextn-tuning-log", "schema": 2, "nextn_version": str, "tvm_version": str,
+    {"format": "nextn-tuning-log", "schema": 3, "nextn_version": str, "tvm_version": str,
      "records": [{"workload_hash": str (hex), "name": str, "workload": str (base64 of TVM's IR JSON),
                   "target": {"key": str, "kind": str, "mcpu"|"arch": str, "device_name": str, "json": str},
                   "trace": [...] (meta_schedule trace JSON), "args_info": [...], "run_secs": [float, ...]}],
      "x86_knobs": [{"key": str (compiler/lower/x86 KernelSpec.key), "target": {...as above},
-                    "knobs": {"width": int, "tile_n": int, "row_group": int, "unroll": int},
-                    "run_secs": [float, ...], "default_secs": [float, ...]}]}
+                    "knobs": {field: int | bool, ...} (x86.Knobs fields; a missing one takes the default's value),
+                    "kept": bool, "rows": [int, ...], "default_secs": [float, ...], "run_secs": [float, ...],
+                    "speedups": [float, ...], "noise": float | null, "rounds": int}]}
 
 `records` are meta_schedule traces of TE kernels; `x86_knobs` the knob settings of the hand-written x86
-kernels (compiler/tune/knobs.py), each with its time and the default's, measured side by side. Schema 1 logs
-(no `x86_knobs`) still read. A log is data, never code: reading it parses JSON only, checks every field's type
-against this schema, rejects unknown fields, checks that every trace instruction is a registered schedule
-primitive, and never unpickles or evaluates anything. Merge keeps the fastest record per (workload or kernel
-key, target key).
+kernels (compiler/tune/knobs.py): per row count in `rows`, the default's and these knobs' seconds per call and
+the speedup default / knobs (medians over `rounds` interleaved rounds, compiler/tune/decide.py), and the
+default's own relative noise. `kept` false: these knobs (the best challenger) did not beat the default by more
+than the noise, so the kernel keeps its default; the record says so and by how much. Schema 1 (no `x86_knobs`)
+and 2 (knob records of one timing each, all kept) logs still read, upgraded in memory (`noise` null: not
+measured). A log is data, never code: reading it parses JSON only, checks every field's type against this
+schema, rejects unknown fields, checks that every trace instruction is a registered schedule primitive, and never
+unpickles or evaluates anything. Merge keeps the fastest record per (workload, target key) and per (x86 kernel
+key, target key) the kept one with the highest speedup.
 """
 from __future__ import annotations
 
@@ -24,13 +29,13 @@ import os
 from nextn.common.errors import NextnError
 
 FORMAT = "nextn-tuning-log"
-SCHEMA = 2
-READS = (1, 2)
+SCHEMA = 3
+READS = (1, 2, 3)
 LOG_FILE = "log.json"
 MAX_BYTES = 256 << 20
 _TOP = {"format", "schema", "nextn_version", "tvm_version", "records", "x86_knobs"}
-_KNOB_REC = {"key", "target", "knobs", "run_secs", "default_secs"}
-_KNOBS = {"width", "tile_n", "row_group", "unroll"}
+_KNOB_REC_2 = {"key", "target", "knobs", "run_secs", "default_secs"}
+_KNOB_REC = _KNOB_REC_2 | {"kept", "rows", "speedups", "noise", "rounds"}
 _REC = {"workload_hash", "name", "workload", "target", "trace", "args_info", "run_secs"}
 _TGT = {"key", "kind", "mcpu", "arch", "device_name", "json"}
 
@@ -84,7 +89,7 @@ def validate(log, where: str, check_kinds: bool = True) -> dict:
         raise NextnError(f"{where}: unknown field(s) {sorted(extra)}; a tuning log holds data fields only")
     if not isinstance(log.get("records"), list):
         raise NextnError(f"{where}: 'records' must be a list")
-    _validate_knobs(log.get("x86_knobs", []), where)
+    _validate_knobs(log.get("x86_knobs", []), where, log["schema"])
     known = None
     if check_kinds:
         from tvm.s_tir.schedule import InstructionKind
@@ -122,28 +127,77 @@ def validate(log, where: str, check_kinds: bool = True) -> dict:
     return log
 
 
-def _validate_knobs(recs, where: str) -> None:
+def _validate_knobs(recs, where: str, schema: int) -> None:
+    import dataclasses
+
+    from nextn.compiler.lower.x86 import Knobs
+
+    fields = {f.name: type(f.default) for f in dataclasses.fields(Knobs)}
+    want = _KNOB_REC if schema >= 3 else _KNOB_REC_2
     if not isinstance(recs, list):
         raise NextnError(f"{where}: 'x86_knobs' must be a list")
     for i, r in enumerate(recs):
         w = f"{where}: x86_knobs {i}"
-        if not isinstance(r, dict) or set(r) != _KNOB_REC:
+        if not isinstance(r, dict) or set(r) != want:
             got = sorted(r) if isinstance(r, dict) else type(r).__name__
-            raise NextnError(f"{w}: fields {got}, expected {sorted(_KNOB_REC)}")
+            raise NextnError(f"{w}: fields {got}, expected {sorted(want)} (schema {schema})")
         _plain(r, w)
         t = r["target"]
         if not isinstance(r["key"], str) or not isinstance(t, dict) or not set(t) <= _TGT or "key" not in t \
                 or not all(isinstance(v, str) for v in t.values()):
             raise NextnError(f"{w}: 'key' must be a string and 'target' an object of strings with a 'key'")
         kb = r["knobs"]
-        if not isinstance(kb, dict) or set(kb) != _KNOBS or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                                   and 1 <= v <= 4096 for v in kb.values()):
-            raise NextnError(f"{w}: 'knobs' must hold the integers {sorted(_KNOBS)}")
-        if kb["width"] not in (32, 64):
+        if not isinstance(kb, dict):
+            raise NextnError(f"{w}: 'knobs' must be an object of x86 knob values")
+        for name, v in kb.items():
+            if name not in fields:
+                raise NextnError(f"{w}: '{name}' is not a knob of this nextn's x86 kernels (knobs: "
+                                 f"{', '.join(fields)}); a newer nextn made this log")
+            if fields[name] is bool:
+                ok = isinstance(v, bool)
+            else:
+                ok = isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 4096
+            if not ok:
+                raise NextnError(f"{w}: knob '{name}' must be {'true or false' if fields[name] is bool else 'an integer in 1..4096'}")
+        if "width" in kb and kb["width"] not in (32, 64):
             raise NextnError(f"{w}: knob 'width' must be 32 or 64 (vector bytes)")
-        for f in ("run_secs", "default_secs"):
-            if not isinstance(r[f], list) or not r[f] or not all(isinstance(x, (int, float)) and x > 0 for x in r[f]):
+        for f in ("run_secs", "default_secs") + (("speedups",) if schema >= 3 else ()):
+            if not isinstance(r[f], list) or not r[f] or not all(_positive(x) for x in r[f]):
                 raise NextnError(f"{w}: '{f}' must be a non-empty list of positive numbers")
+        if schema < 3:
+            continue
+        if not isinstance(r["rows"], list) or not r["rows"] or \
+                not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in r["rows"]):
+            raise NextnError(f"{w}: 'rows' must be a non-empty list of positive integers")
+        if not len(r["rows"]) == len(r["run_secs"]) == len(r["default_secs"]) == len(r["speedups"]):
+            raise NextnError(f"{w}: 'rows', 'run_secs', 'default_secs' and 'speedups' must have one entry per row count")
+        if not isinstance(r["kept"], bool):
+            raise NextnError(f"{w}: 'kept' must be true or false")
+        if r["noise"] is not None and not (isinstance(r["noise"], (int, float)) and not isinstance(r["noise"], bool)
+                                           and r["noise"] >= 0):
+            raise NextnError(f"{w}: 'noise' must be a number >= 0 or null")
+        if not (isinstance(r["rounds"], int) and not isinstance(r["rounds"], bool) and r["rounds"] >= 1):
+            raise NextnError(f"{w}: 'rounds' must be a positive integer")
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+
+
+def _upgrade(log: dict) -> dict:
+    """A validated schema 1 / 2 log in the current schema (in memory): schema 2 knob records were kept after one
+    timing each, at 1 row (rows1 kernels) or 4 (symbolic rows); their noise was not measured."""
+    import re
+
+    if log["schema"] >= SCHEMA:
+        return log
+    out = dict(log, schema=SCHEMA, x86_knobs=[])
+    for r in log.get("x86_knobs", []):
+        m = re.search(r":rows(\d+)", r["key"])
+        d, t = min(r["default_secs"]), min(r["run_secs"])
+        out["x86_knobs"].append({**r, "kept": True, "rows": [int(m.group(1)) if m else 4], "default_secs": [d],
+                                 "run_secs": [t], "speedups": [d / t], "noise": None, "rounds": 1})
+    return out
 
 
 def read(path: str, check_kinds: bool = True) -> dict:
@@ -162,7 +216,7 @@ def read(path: str, check_kinds: bool = True) -> dict:
         log = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise NextnError(f"{path}: not JSON ({e.__class__.__name__}); tuning logs are JSON data only") from None
-    return validate(log, path, check_kinds)
+    return _upgrade(validate(log, path, check_kinds))
 
 
 def write(log: dict, path: str) -> str:
@@ -180,8 +234,17 @@ def best(r: dict) -> float:
     return min(r["run_secs"])
 
 
+def speedup(r: dict) -> float:
+    """An x86 knob record's speedup over the default: the geometric mean over its row counts."""
+    import math
+
+    return math.exp(sum(math.log(x) for x in r["speedups"]) / len(r["speedups"]))
+
+
 def merge(logs: list[dict]) -> dict:
-    """Union of `logs` keeping the fastest record per (workload_hash, target key); deterministic order."""
+    """Union of `logs` (read, so in the current schema): per (workload_hash, target key) the fastest record, per
+    (x86 kernel key, target key) the kept record with the highest speedup (a not-kept one only where no log kept
+    one); deterministic order."""
     out = empty_log()
     keep: dict[tuple, dict] = {}
     for log in logs:
@@ -191,18 +254,20 @@ def merge(logs: list[dict]) -> dict:
                 keep[k] = r
     out["records"] = [keep[k] for k in sorted(keep)]
     knobs: dict[tuple, dict] = {}
+    rank = lambda r: (r["kept"], speedup(r))   # noqa: E731
     for log in logs:
-        for r in log.get("x86_knobs", []):
+        for r in _upgrade(log).get("x86_knobs", []):
             k = (r["key"], r["target"]["key"])
-            if k not in knobs or best(r) < best(knobs[k]):
+            if k not in knobs or rank(r) > rank(knobs[k]):
                 knobs[k] = r
     out["x86_knobs"] = [knobs[k] for k in sorted(knobs)]
     return out
 
 
 def knob_records(log: dict, target_key: str) -> dict[str, dict]:
-    """{x86 kernel key: knobs} of `target_key`."""
-    return {r["key"]: r["knobs"] for r in log.get("x86_knobs", []) if r["target"]["key"] == target_key}
+    """{x86 kernel key: knobs} of the kept knob records of `target_key` (a record that kept the default is none)."""
+    return {r["key"]: r["knobs"] for r in _upgrade(log).get("x86_knobs", [])
+            if r["target"]["key"] == target_key and r["kept"]}
 
 
 def for_target(log: dict, target_key: str) -> tuple[dict[str, dict], int]:

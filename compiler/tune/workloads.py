@@ -70,15 +70,54 @@ def lowered_module(model: str, target, draft: str | None = None):
     return mod, x86
 
 
-def x86_specs(model: str, target, draft: str | None = None, only: str | None = None,
-              max_kernels: int | None = None) -> list:
-    """The model's hand-written x86 kernels (compiler/lower/x86 KernelSpec), heaviest weight first, filtered by the
-    regular expression `only` on their keys and cut to `max_kernels`."""
-    _mod, x86 = lowered_module(model, target, draft)
+PREFILL_ENTRY_POINTS = ("prefill", "mtp_rows")   # entry points whose rows are a prompt chunk
+
+
+def x86_kernels(model: str, target, draft: str | None = None, only: str | None = None,
+                max_kernels: int | None = None) -> list[tuple]:
+    """[(KernelSpec, prefill)] of the model's hand-written x86 kernels (compiler/lower/x86), heaviest weight first,
+    filtered by the regular expression `only` on their keys and cut to `max_kernels`. `prefill`: a symbolic-row
+    kernel that a prefill entry point calls with the prompt chunk's rows (not only with its few output rows, as
+    the lm head is), so tuning times it at a prefill chunk's rows as well as the verify rows."""
+    mod, x86 = lowered_module(model, target, draft)
     specs = sorted((x86.specs.values() if x86 else []), key=lambda s: (-s.weight_bytes(), s.key))
     if only:
         specs = [s for s in specs if re.search(only, s.key)]
-    return specs if max_kernels is None else specs[:max_kernels]
+    specs = specs if max_kernels is None else specs[:max_kernels]
+    chunk = _prompt_row_kernels(mod)
+    return [(s, s.rows is None and s.name in chunk) for s in specs]
+
+
+def x86_specs(model: str, target, draft: str | None = None, only: str | None = None,
+              max_kernels: int | None = None) -> list:
+    """The KernelSpecs of `x86_kernels`."""
+    return [s for s, _p in x86_kernels(model, target, draft, only, max_kernels)]
+
+
+def _prompt_row_kernels(mod) -> set[str]:
+    """Names of the kernels that a PREFILL_ENTRY_POINTS function calls with its token count as the row count."""
+    import tvm
+    from tvm import relax
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    first = lambda shape: shape.values[0] if hasattr(shape, "values") else shape[0]   # noqa: E731
+    out = set()
+    names = {gv.name_hint for gv in mod.functions}
+    for ep in PREFILL_ENTRY_POINTS:
+        if ep not in names:
+            continue
+        f = mod[ep]
+        t = first(f.params[0].ty.shape)
+        for block in f.body.blocks:
+            for b in block.bindings:
+                v = b.value
+                if not (isinstance(v, relax.Call) and v.op.same_as(call_tir)):
+                    continue
+                ty = b.var.ty
+                ty = ty.fields[0] if hasattr(ty, "fields") else ty
+                if hasattr(ty, "shape") and ty.shape is not None and first(ty.shape).same_as(t):
+                    out.add(v.args[0].name_hint)
+    return out
 
 
 def fused_module(model: str, target, draft: str | None = None):
