@@ -141,8 +141,8 @@ def test_the_log_records_before_after_and_round_trips(fake_log):
     for r in (one, many):
         assert r["kept"] and r["knobs"]["tile_n"] == 32 and r["rounds"] == 3
         # no other knob changed: the others buy nothing on this clock, so a simpler record within the noise wins
-        d = dataclasses.asdict(x86.default_knobs(x86.KernelSpec("matmul", "q8_0", 256, 256, 1), r["knobs"]["width"]))
-        assert {k: v for k, v in r["knobs"].items() if d[k] != v} == {"tile_n": 32}, r["knobs"]
+        dk = dataclasses.asdict(x86.default_knobs(SPEC, r["knobs"]["width"]))
+        assert {k: v for k, v in r["knobs"].items() if dk[k] != v} == {"tile_n": 32}, r["knobs"]
         assert all(0.75 < t / dd < 0.85 for t, dd in zip(r["run_secs"], r["default_secs"]))
         assert all(1.15 < s < 1.35 for s in r["speedups"]) and 0 <= r["noise"] < 0.05
     line = next(m for m in msgs if "x86.matmul:q8_0:N256:K256:rows1:" in m)
