@@ -89,10 +89,14 @@ def _random_weight(kind, shape, dtype, rng):
 
 
 def build_kernel(spec, knobs, target):
-    """`spec` built with `knobs` for `target`: a callable taking the PrimFunc's arguments in order."""
+    """`spec` built with `knobs` for `target` as compile builds it (VNNI where the target has it at the knobs'
+    width): a callable taking the PrimFunc's arguments in order."""
     import tvm
 
-    return tvm.compile(tvm.IRModule({"main": spec.build(knobs)}), target=target).mod["main"]
+    from nextn.compiler.lower import x86
+
+    func = spec.build(knobs, x86.has_vnni(target, knobs.width))
+    return tvm.compile(tvm.IRModule({"main": func}), target=target).mod["main"]
 
 
 class KernelBench:
