@@ -37,9 +37,10 @@ def _scales(sc16, groups, width):
 class IntFormat:
     """A super-block format on the integer path. `setup` binds what a (row, block) shares across activation rows,
     `chunks` gives [(u8 or i8 quants x width, offset of their first activation in the block, i16 scales or
-    None)], `terms` the [(float32 weight factor, int32 vector)] of one activation row: the row adds
-    act_scale * factor * vector to its float accumulator (loops._int_rows). The factors must not depend on the
-    row (they are taken once per block)."""
+    None, each constant over 16 bytes)], `terms` the [(float32 weight factor, int32 vector)] of one activation row
+    (the first: the block sum `sumi`, which loops._int_rows sums and converts itself): the row adds
+    act_scale * factor * vector to its float accumulator. The factors must not depend on the row (they are taken
+    once per block)."""
     block = 256
     signed = False      # signed quants: pmaddubsw needs the unsigned operand, so |w| and w's sign moves onto x
     n_terms = 1
@@ -57,6 +58,7 @@ class Q4K(IntFormat):
     32 weights; lo nibbles of qs[32j..32j+32) are sub-block 2j, hi nibbles 2j+1 (get_scale_min_k4)."""
     type_size, qs_at, qh_at = 144, 16, None
     n_terms = 2
+    q_max = 15          # the largest quant (loops._pairs)
 
     def setup(self, k, n, s):
         b = T.Bind(n * k.row_bytes + s * self.type_size)
@@ -100,6 +102,7 @@ class Q4K(IntFormat):
 class Q5K(Q4K):
     """Q5_K (176 B): as Q4_K, with qh[32] (bit 4 of every quant) between the scales and qs."""
     type_size, qs_at, qh_at = 176, 48, 16
+    q_max = 31
 
 
 class Q6K(IntFormat):
@@ -107,6 +110,7 @@ class Q6K(IntFormat):
     correction per block: -32 d sum_g sc_g (sum of the 16 activations of g)."""
     type_size = 210
     n_terms = 2
+    q_max = 63
 
     def setup(self, k, n, s):
         b = T.Bind(n * k.row_bytes + s * 210)

@@ -23,7 +23,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
 from .formats import FLOAT_FORMATS, INT_FORMATS
-from .vec import const, dot_u8s8, fma, hsum, hsum_pairwise, ramp
+from .vec import PAIR_LANES, const, dot_pair, dot_u8s8, fma, fold_pairs, hsum, hsum_pairwise, ramp
 
 
 @dataclass(frozen=True)
@@ -88,55 +88,69 @@ def _views(k, data, nbytes):
 
 
 def _int_plan(fmt, width: int) -> tuple[list[int], list[int]]:
-    """(lanes of each term's int32 vector, lanes it is folded to in the row's one float accumulator): the widest
-    terms are halved (their halves added, exact) until the terms fit one vector of width/4 lanes or are 8 lanes."""
+    """(lanes of each term's int32 vector, lanes it has in the row's one float accumulator): the first term (the
+    block's sum, width/4 lanes) is folded (`fold_pairs`, exact) until the terms fit width/4 lanes or it has 8."""
     lanes = list(fmt.term_lanes(width))
     out = list(lanes)
-    while sum(out) > width // 4 and max(out) > 8:
-        i = out.index(max(out))
-        out[i] //= 2
+    while sum(out) > width // 4 and out[0] > 8:
+        out[0] //= 2
     return lanes, out
-
-
-def _fold(v, n_in: int, n_out: int):
-    while n_in > n_out:
-        h = n_in // 2
-        v = tirx.Shuffle([v], list(range(h))) + tirx.Shuffle([v], list(range(h, n_in)))
-        n_in = h
-    return v
 
 
 def _concat(vs):
     return vs[0] if len(vs) == 1 else tirx.Shuffle(vs, list(range(sum(v.ty.dtype.lanes for v in vs))))
 
 
+def _pairs(k, fmt) -> bool:
+    """Rows two at a time through vec.dot_pair: VNNI at 64 bytes, unsigned quants of at most `q_max` (a sum of 4
+    products with int8 activations below 2^15), and a block sum folded to 8 lanes."""
+    q_max = getattr(fmt, "q_max", None)
+    return (k.vnni and k.width == 64 and not fmt.signed and q_max is not None and 4 * q_max * 127 < 1 << 15
+            and _int_plan(fmt, k.width)[1][0] == 8)
+
+
 def _int_rows(k, fmt, n, rows, accs):
-    """Weight row n against activation rows `rows`: per block, exact integer sums (`dot_u8s8`), then one FMA per
-    row: acc += (weight factors x the row's block scale) * the terms' int32 vectors, folded and side by side."""
+    """Weight row n against activation rows `rows`: per block, exact integer sums (`dot_u8s8`, or `dot_pair` for
+    two rows at once: the same lanes), then one FMA per row: acc += (weight factors x the row's block scale) *
+    the terms' int32 vectors side by side."""
     lanes, folded = _int_plan(fmt, k.width)
     n_acc = sum(folded)
     zero = const(0, "int8", k.width)
+    n_pairs = len(rows) // 2 if _pairs(k, fmt) else 0
     with T.serial(0, k.n_blocks) as s:
         st = fmt.setup(k, n, s)
         sums = [None for _ in rows]
+        pair_sums = [None] * n_pairs
         for w, off, scv in fmt.chunks(k, st, n, s):
             ws = w
             if fmt.signed:
                 w = T.Bind(tirx.Select(ws < zero, zero - ws, ws))
-            for i, t in enumerate(rows):
+            xs = []
+            for t in rows:
                 x = k.xq[t, ramp(fmt.block * s + off, k.width)]
-                if fmt.signed:
-                    x = tirx.Select(ws < zero, zero - x, x)
-                sums[i] = dot_u8s8(sums[i], w, x, k.width, scv, k.vnni)
+                xs.append(tirx.Select(ws < zero, zero - x, x) if fmt.signed else x)
+            for p in range(n_pairs):
+                pair_sums[p] = dot_pair(pair_sums[p], w, xs[2 * p], xs[2 * p + 1], scv)
+            for i in range(2 * n_pairs, len(rows)):
+                sums[i] = dot_u8s8(sums[i], w, xs[i], k.width, scv, k.vnni)
+        # the block sums as float32 (exact lane by lane, whichever way they were summed; a pair is converted once)
+        fsums = []
+        for i in range(len(rows)):
+            if i < 2 * n_pairs:
+                if i % 2 == 0:
+                    fpair = T.Bind(tirx.Cast("float32x16", pair_sums[i // 2]))
+                fsums.append(tirx.Shuffle([fpair], PAIR_LANES[i % 2]))
+            else:
+                fsums.append(tirx.Cast(f"float32x{folded[0]}", fold_pairs(sums[i], lanes[0], folded[0])))
         wfac = None
-        for t, acc, sumi in zip(rows, accs, sums):
-            terms = fmt.terms(k, st, t, s, sumi)
+        for t, acc, fsum in zip(rows, accs, fsums):
+            terms = fmt.terms(k, st, t, s, None)      # the first term's vector is the block sum, converted above
             if wfac is None:     # the weight factors are the same for every row: bound once per block
                 wfac = T.Bind(_concat([tirx.Broadcast(f, m) for (f, _v), m in zip(terms, folded)]))
-            ivec = _concat([_fold(v, a, b) for (_f, v), a, b in zip(terms, lanes, folded)])
+            fvec = _concat([fsum] + [tirx.Cast(f"float32x{m}", v) for (_f, v), m in zip(terms[1:], folded[1:])])
             fac = wfac * tirx.Broadcast(fmt.act_scale(k, t, s), n_acc)
             a = acc[0]
-            T.buffer_store(a, fma(fac, tirx.Cast(f"float32x{n_acc}", ivec), a[ramp(0, n_acc)]), [ramp(0, n_acc)])
+            T.buffer_store(a, fma(fac, fvec, a[ramp(0, n_acc)]), [ramp(0, n_acc)])
 
 
 def _float_rows(k, fmt, n, rows, accs):

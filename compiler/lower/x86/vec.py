@@ -14,6 +14,8 @@ _MADD = {32: ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"),
 _PSHUFB = {32: "llvm.x86.avx2.pshuf.b", 64: "llvm.x86.avx512.pshuf.b.512"}
 # u8 x s8, groups of 4 adjacent products summed into i32 and accumulated, no saturation (AVX512-VNNI / AVX-VNNI)
 _DPBUSD = {32: "llvm.x86.avx512.vpdpbusd.256", 64: "llvm.x86.avx512.vpdpbusd.512"}
+# PAIR_LANES[r]: the i32 lanes of dot_pair's result that hold row r (0: a, 1: b), in the order of fold_pairs
+PAIR_LANES = ([4 * k + m for k in range(4) for m in (0, 1)], [4 * k + m for k in range(4) for m in (2, 3)])
 
 
 def const(v, dtype: str, lanes: int = 1):
@@ -48,6 +50,25 @@ def dot_u8s8(acc, w, x, width: int, scales=None, vnni: bool = False):
         scales = const(1, "int16", width // 2)
     v = madd(maddubs(w, x, width), scales, width)
     return v if acc is None else acc + v
+
+
+def dot_pair(acc, w, xa, xb, scales):
+    """Two activation rows a, b against one 64-byte weight vector w (u8; VNNI): the i32 lanes of
+    fold_pairs(dot_u8s8(None, w, x, 64, scales)) for both rows in one vector, row r in lanes PAIR_LANES[r], plus acc.
+    vpdpbusd per row (sums of 4 products, unscaled), vpackssdw of the two (exact while |sum of 4| < 2^15), then
+    one pmaddwd (+ add: vpdpwssd) with `scales`, which must be constant over each 16 bytes (one 128-bit lane)."""
+    da, db = (dot_u8s8(None, w, x, 64, None, True) for x in (xa, xb))
+    packed = tirx.call_llvm_pure_intrin("int16x32", "llvm.x86.avx512.packssdw.512", da, db)
+    v = madd(packed, scales, 64)
+    return v if acc is None else acc + v
+
+
+def fold_pairs(v, n_in: int, n_out: int):
+    """Adjacent i32 lanes added (2i, 2i+1 -> i) until n_out lanes are left (exact)."""
+    while n_in > n_out:
+        n_in //= 2
+        v = tirx.Shuffle([v], list(range(0, 2 * n_in, 2))) + tirx.Shuffle([v], list(range(1, 2 * n_in, 2)))
+    return v
 
 
 def pshufb(table, idx, width: int):
