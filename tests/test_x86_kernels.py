@@ -130,9 +130,10 @@ VNNI_WIDTHS = [w for w in WIDTHS if x86.has_vnni(TARGET, w)]
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("kind", sorted(x86.INT_KINDS))
 def test_int_row_groups_and_vnni(kind, width):
-    """15 rows through a row group of 8 (then 4, 2, 1; N off the tile): against numpy, every row bitwise equal
-    to its one-row call, and the same bits from a target without VNNI (no vpdpwssd / vpdpbusd)."""
-    N, K, R = 37, 768, 15
+    """15 rows through a row group of 8 (then 4, 2, 1; N off the tile; K in chunks for the 8): against numpy,
+    every row bitwise equal to its one-row call, and the same bits from a target without VNNI (no vpdpwssd /
+    vpdpbusd)."""
+    N, K, R = 37, 256 * 17, 15                # K: 16 + 1 blocks for the group of 8 (loops._k_chunk)
     w, wf = random_weight(kind, (), N, K)
     knobs = x86.Knobs(width=width, tile_n=8, row_group=8)
     x = RNG.standard_normal((R, K)).astype(np.float32)

@@ -109,15 +109,16 @@ def _pairs(k, fmt) -> bool:
             and _int_plan(fmt, k.width)[1][0] == 8)
 
 
-def _int_rows(k, fmt, n, rows, accs):
-    """Weight row n against activation rows `rows`: per block, exact integer sums (`dot_u8s8`, or `dot_pair` for
-    two rows at once: the same lanes), then one FMA per row: acc += (weight factors x the row's block scale) *
-    the terms' int32 vectors side by side."""
+def _int_rows(k, fmt, n, rows, accs, blocks=None):
+    """Weight row n against activation rows `rows`: per block (of `blocks`, a (first, end) range; all by
+    default), exact integer sums (`dot_u8s8`, or `dot_pair` for two rows at once: the same lanes), then one FMA
+    per row: acc += (weight factors x the row's block scale) * the terms' int32 vectors side by side.
+    accs: per row [(float32 buffer, lane offset)]."""
     lanes, folded = _int_plan(fmt, k.width)
     n_acc = sum(folded)
     zero = const(0, "int8", k.width)
     n_pairs = len(rows) // 2 if _pairs(k, fmt) else 0
-    with T.serial(0, k.n_blocks) as s:
+    with T.serial(*(blocks or (0, k.n_blocks))) as s:
         st = fmt.setup(k, n, s)
         sums = [None for _ in rows]
         pair_sums = [None] * n_pairs
@@ -149,8 +150,8 @@ def _int_rows(k, fmt, n, rows, accs):
                 wfac = T.Bind(_concat([tirx.Broadcast(f, m) for (f, _v), m in zip(terms, folded)]))
             fvec = _concat([fsum] + [tirx.Cast(f"float32x{m}", v) for (_f, v), m in zip(terms[1:], folded[1:])])
             fac = wfac * tirx.Broadcast(fmt.act_scale(k, t, s), n_acc)
-            a = acc[0]
-            T.buffer_store(a, fma(fac, fvec, a[ramp(0, n_acc)]), [ramp(0, n_acc)])
+            a, off = acc[0]
+            T.buffer_store(a, fma(fac, fvec, a[ramp(off, n_acc)]), [ramp(off, n_acc)])
 
 
 def _float_rows(k, fmt, n, rows, accs):
@@ -190,7 +191,7 @@ def _rows(k, fmt, n, rows, outs):
             T.buffer_store(a, const(0.0, "float32", n_l), [ramp(0, n_l)])
         accs.append(acc)
     if k.kind in INT_FORMATS:
-        _int_rows(k, fmt, n, rows, accs)
+        _int_rows(k, fmt, n, rows, [[(acc[0], 0)] for acc in accs])
         for acc, out in zip(accs, outs):
             T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]), out)
         return
@@ -207,6 +208,8 @@ def _tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n)
     powers of two below it (`_group_sizes`). row_of(i) / out_of(i, n): activation row / output index of the i-th
     row; wrow(n): the weight row."""
     def each_row(make):
+        if k.kind in INT_FORMATS and _k_chunk(k, len(make())) < k.n_blocks:
+            return _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow)
         with T.serial(0, tile_n) as nn:
             with T.If(nt * tile_n + nn < N):
                 with T.Then():
@@ -222,6 +225,46 @@ def _tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n)
         with T.serial(0, n) as g:
             each_row(lambda: [start + g * size + r for r in range(size)])
         start = start + n * size
+
+
+X_CHUNK_BYTES = 32 << 10    # int8 activation bytes of a row group that one pass over a tile's rows keeps in L1
+
+
+def _k_chunk(k, size: int) -> int:
+    """Blocks per pass of `size` activation rows over a tile's weight rows (`_int_tile_chunked`)."""
+    return max(1, X_CHUNK_BYTES // (size * 256))
+
+
+def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
+    """A group of rows against the tile's weight rows, K in chunks of `_k_chunk` blocks (outer) so the group's
+    activations stay in L1 while every weight row of the tile reads them: accumulators for the whole tile,
+    zeroed, then the chunks, then the lane sums. Each output still adds its blocks in order: the same bits."""
+    idx = make()
+    n_acc = _lanes(k, fmt)[0]
+    cb = _k_chunk(k, len(idx))
+    acc = T.decl_buffer((tile_n * len(idx) * n_acc,), "float32")
+
+    def per_row(body):
+        with T.serial(0, tile_n) as nn:
+            with T.If(nt * tile_n + nn < N):
+                with T.Then():
+                    body(nn, T.Bind(nt * tile_n + nn))
+
+    def zero(nn, n):
+        for r in range(len(idx)):
+            T.buffer_store(acc, const(0.0, "float32", n_acc), [ramp((nn * len(idx) + r) * n_acc, n_acc)])
+
+    per_row(zero)
+    with T.serial(0, -(-k.n_blocks // cb)) as c:
+        per_row(lambda nn, n: _int_rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
+                                        [[(acc, (nn * len(idx) + r) * n_acc)] for r in range(len(idx))],
+                                        (c * cb, tirx.min((c + 1) * cb, k.n_blocks))))
+
+    def store(nn, n):
+        for r, i in enumerate(idx):
+            T.buffer_store(k.y, hsum_pairwise(acc[ramp((nn * len(idx) + r) * n_acc, n_acc)], n_acc), out_of(i, n))
+
+    per_row(store)
 
 
 def _group_sizes(group: int) -> list[int]:
