@@ -77,7 +77,7 @@ def main():
         d = dataclasses.asdict(x86.default_knobs(spec, width))
         kb = ",".join(f"{k}={v}" for k, v in x["knobs"].items() if d.get(k) != v) or "(default)"
         f = lambda v, p=3: " / ".join(f"{a:.{p}f}" for a in v)   # noqa: E731
-        tag = x["verdict"] + ("" if x["kept_in_log"] else " (log kept the default)")
+        tag = x["verdict"] if x["kept_in_log"] else f"challenger {x['verdict']}; the log keeps the default"
         print(f"| {x['key']} | {kb} | {'/'.join(map(str, x['rows']))} | {f(x['default_ms'])} | {f(x['tuned_ms'])} | "
               f"{f(x['ratio'])} | {f(x['log_ratio'])} | {x['noise']:.1%} | {tag} | {x['loadavg']:.1f} |")
     report = {"model": args.model, "log": args.log, "target_key": key, "rows": rows}

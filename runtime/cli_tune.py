@@ -155,5 +155,6 @@ def show(log):
                         for n, d, t, s in zip(r["rows"], r["default_secs"], r["run_secs"], r["speedups"]))
         noise = "not measured" if r["noise"] is None else f"{r['noise']:.1%}"
         kb = ",".join(f"{k}={v}" for k, v in r["knobs"].items())
-        click.echo(f"  {r['key']}  {r['target']['key']}  {'kept' if r['kept'] else 'default kept'} [{kb}]  {per}; "
+        verdict = f"kept [{kb}]" if r["kept"] else f"default kept (best challenger [{kb}])"
+        click.echo(f"  {r['key']}  {r['target']['key']}  {verdict}  {per}; "
                    f"noise {noise}, {r['rounds']} round(s)")
