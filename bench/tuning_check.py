@@ -29,7 +29,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("log")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds per kernel (0: re-time no kernel)")
     ap.add_argument("--all", action="store_true", help="also the records that kept the default")
     ap.add_argument("--json", default=None)
     ap.add_argument("--decode", type=int, default=0, metavar="R", help="end-to-end rounds with and without the log")
@@ -49,6 +49,7 @@ def main():
     key = target_key(tgt)
     book = tlog.read(args.log)
     recs = [r for r in book.get("x86_knobs", []) if r["target"]["key"] == key and (r["kept"] or args.all)]
+    recs = recs if args.rounds > 0 else []   # --rounds 0: only the end-to-end comparison
     specs = {s.key: s for s in x86_specs(args.model, tgt)}
     rows = []
     for r in recs:
