@@ -42,8 +42,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     default: on GPU targets only (on llvm, tests set it to check the GPU form's arithmetic with serial threads).
     `cache_type_k` / `cache_type_v`: KV cache types (llama.cpp -ctk / -ctv: f32, f16, bf16, q8_0; glm-dsa's latent
     and indexer key caches take the K type), fixed here because the kernels read the caches' storage.
-    `exact_matmul` (llvm): float activations in every matmul; by default the CPU's K-quant / IQ4_XS matmuls take
-    int8-quantized activation rows, as ggml-cpu does (compiler/lower/x86, nextn.common.quant.activation).
+    `exact_matmul` (llvm): float activations in every matmul; by default the CPU's K-quant / IQ4_XS / Q8_0 / IQ4_NL /
+    MXFP4 matmuls take int8-quantized activation rows, as ggml-cpu does (compiler/lower/x86, nextn.common.quant.activation).
     `verify_model`: read every byte of the model file(s) for their sha256 (logged, and recorded in the manifest);
     otherwise the manifest identifies them by their headers (common/gguf.py `GGUFFile.identity`).
     The build runs in a reproducible child process where possible (compiler/reproducible.py)."""
@@ -153,8 +153,9 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
             buffers.append({"buffer": buf, "tensor": wname, "kind": kinds[wname], "dtype": dtype,
                             "shape": list(shape), "nbytes": nbytes,
-                            # this weight's matmuls take int8 activation rows (nextn.common.quant.activation)
-                            "activation": "q8" if x86 is not None and wname in x86.quantized_weights else None,
+                            # this weight's matmuls take int8 activation rows in this row format ("q8" per 256,
+                            # "q8_0" per 32: nextn.common.quant.activation), else None
+                            "activation": None if x86 is None else x86.quantized_weights.get(wname),
                             "role": "draft" if mf.draft is not None and mf.file_of(wname) is mf.draft else "model",
                             "mtp_only": buf not in {p[0] for n, gg in graphs.items() if gg.kind == "trunk"
                                                     for p in weight_params(gg, kinds)}})

@@ -38,9 +38,11 @@ def dequantized(mf):
     return get
 
 
-def quantized_activations(engine) -> set[str]:
-    """Weights whose matmuls take int8 activation rows in this engine's artifact (the interpreter's argument)."""
-    return {b["tensor"] for b in engine.artifact.manifest["buffer_plan"]["weights"] if b.get("activation") == "q8"}
+def quantized_activations(engine) -> dict[str, str]:
+    """Weights whose matmuls take int8 activation rows in this engine's artifact, with their row format ("q8",
+    "q8_0"): the interpreter's argument."""
+    return {b["tensor"]: b["activation"] for b in engine.artifact.manifest["buffer_plan"]["weights"]
+            if b.get("activation")}
 
 
 def zero_states(graphs, n_ctx: int, planes: int = 10) -> dict:

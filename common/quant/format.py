@@ -32,7 +32,7 @@ class QuantFormat:
     block: int                # weights per block along K
     type_size: int            # bytes per block (ggml's type_size)
     dtype: str = "uint8"      # element type of the main buffer: block bytes, or float16 / uint16 (bf16 bits)
-    activation: str | None = None   # "q8": the CPU's integer kernels take int8 activation rows (activation.py)
+    activation: str | None = None   # "q8" / "q8_0": the CPU's integer kernels' activation rows (activation.py)
     tables: Callable = _no_tables   # () -> ((suffix, np.ndarray), ...): constant codebooks, the same for every tensor
 
     def row_items(self, k: int) -> int:

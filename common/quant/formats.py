@@ -3,8 +3,8 @@ ggml/src/ggml-common.h (block_q4_K …) and gguf-py's gguf/quants.py; the elemen
 nextn.compiler.quant. Nothing is repacked: `bytes repacked` is 0 for every type (the IQ codebook types carry
 their constant tables, 1.1 to 16 KB, once per tensor).
 
-`activation = "q8"`: on the CPU these types' matmuls multiply int8-quantized activation rows (activation.py),
-so they need K to be a multiple of 256 (always true for 256-weight super-blocks).
+`activation`: on the CPU these types' matmuls multiply int8-quantized activation rows (activation.py): "q8" (one
+scale per 256 values: K a multiple of 256, always true for 256-weight super-blocks) or "q8_0" (one per 32).
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def _codebook(name: str, dtype, ksigns: bool):
 
 
 for _kind, _block, _size, _act in [
-    ("q8_0", 32, 34, None), ("q4_0", 32, 18, None), ("q4_1", 32, 20, None), ("q5_0", 32, 22, None),
+    ("q8_0", 32, 34, "q8_0"), ("q4_0", 32, 18, None), ("q4_1", 32, 20, None), ("q5_0", 32, 22, None),
     ("q5_1", 32, 24, None), ("q2_k", 256, 84, None), ("q3_k", 256, 110, None), ("q4_k", 256, 144, "q8"),
-    ("q5_k", 256, 176, "q8"), ("q6_k", 256, 210, "q8"), ("iq4_nl", 32, 18, None), ("iq4_xs", 256, 136, "q8"),
+    ("q5_k", 256, 176, "q8"), ("q6_k", 256, 210, "q8"), ("iq4_nl", 32, 18, "q8_0"), ("iq4_xs", 256, 136, "q8"),
 ]:
     register(QuantFormat(_kind, _kind.upper(), _block, _size, activation=_act))
 # the codebook formats (256-weight super-blocks) and their tables' bytes per tensor: IQ2_XXS 2048 + 128,
@@ -42,7 +42,7 @@ for _name, _size, _dtype, _ksigns in [
     ("IQ1_M", 56, np.int8, False),
 ]:
     register(QuantFormat(_name.lower(), _name, 256, _size, tables=_codebook(_name, _dtype, _ksigns)))
-register(QuantFormat("mxfp4", "MXFP4", 32, 17))
+register(QuantFormat("mxfp4", "MXFP4", 32, 17, activation="q8_0"))
 # 16-bit floats stay 16-bit in memory; the kernels widen as they read (matmul and embedding weights only:
 # nextn.compiler.graphs.weight_kinds widens the others, e.g. norms, to float32 at load)
 register(QuantFormat("f16", "F16", 1, 2, dtype="float16"))

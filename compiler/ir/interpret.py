@@ -194,11 +194,12 @@ def _top_k(x, k):
     return order[..., :k].astype(np.int32)
 
 
-def _quantized_matmul(op, w, x, ids=None):
-    """mul_mat / mul_mat_id on int8-quantized activation rows (see `run`), in float64, then float32."""
+def _quantized_matmul(row_format, op, w, x, ids=None):
+    """mul_mat / mul_mat_id on int8-quantized activation rows of `row_format` (see `run`), in float64, then
+    float32."""
     from nextn.common.quant import activation
 
-    xq = activation.round_trip(x)
+    xq = activation.round_trip(x, row_format)
     w = w.astype(np.float64)
     if op == "mul_mat":
         return (xq @ w.T).astype(np.float32)
@@ -214,11 +215,13 @@ def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = No
     `keep_kv`: the KV caches already hold this call's rows (written by another run, e.g. a compiled one) and
     `set_rows` leaves them: rounding a row to f16 / q8_0 is discontinuous, so two implementations whose rows differ
     in the last bit may store values one rounding step apart; with the same cache contents they must agree.
-    `quantized_activations`: names of weights whose `mul_mat` / `mul_mat_id` multiply int8-quantized activation
-    rows (an artifact's buffer plan marks them "activation": "q8"): x is replaced by what its quantized rows
-    stand for (nextn.common.quant.activation) and the product is taken in float64."""
+    `quantized_activations`: weights whose `mul_mat` / `mul_mat_id` multiply int8-quantized activation rows,
+    {name: row format} as an artifact's buffer plan marks them ("activation": "q8" or "q8_0"; a set of names means
+    "q8"): x is replaced by what its quantized rows stand for (nextn.common.quant.activation) and the product is
+    taken in float64."""
     get_w = weights if callable(weights) else weights.__getitem__
-    q8 = set(quantized_activations)
+    q8 = dict(quantized_activations) if hasattr(quantized_activations, "items") else \
+        dict.fromkeys(quantized_activations, "q8")
     env: dict[int, np.ndarray] = {}
     for n in graph.live_nodes():
         a = [env[i.id] for i in n.inputs]
@@ -246,7 +249,7 @@ def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = No
             if "b" in n.attrs:
                 r = r + np.float32(n.attrs["b"])
         elif op in ("mul_mat", "mul_mat_id") and n.inputs[0].op == "weight" and n.inputs[0].name in q8:
-            r = _quantized_matmul(op, *a)
+            r = _quantized_matmul(q8[n.inputs[0].name], op, *a)
         elif op == "mul_mat":
             r = a[1] @ a[0].T if a[0].ndim == 2 else np.einsum("...bk,bnk->...bn", a[1], a[0])
         elif op == "mul_mat_id":
