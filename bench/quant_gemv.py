@@ -2,11 +2,12 @@
 measured in the same run.
 
     python bench/quant_gemv.py [--types Q4_K,Q6_K] [--shapes 4096x4096,151552x4096 | --n N --k K] [--rows 1]
-                               [--exact] [--element] [--stream-mb 96] [--repeat 5] [--json out.json]
+                               [--exact] [--element] [--prefetch KB] [--width 32] [--mapped DIR] [--stream-mb 96] [--repeat 5] [--json out.json]
     python bench/quant_gemv.py --target cuda|rocm [--arch sm_90] ...        (GPU: the element-expression kernels)
 
 CPU (llvm): each format is timed with the kernel the compiler gives a model's matmul: the x86 kernels
-(compiler/lower/x86; K-quants and IQ4_XS on int8 activation rows unless --exact) where they apply, else the TE
+(compiler/lower/x86; K-quants and IQ4_XS on "q8" int8 activation rows, Q8_0 / IQ4_NL / MXFP4 on "q8_0" rows, the
+float path with --exact) where they apply, else the TE
 element-expression kernel. The weight is cycled through enough copies (--stream-mb) to come from memory, as in
 decoding a model far larger than the cache. GB/s = the weight's GGUF bytes / time; "of read" = that over the
 read bandwidth of a TVM kernel summing a 1 GiB buffer with the same threads (a STREAM-like read), measured before
@@ -140,6 +141,7 @@ def copy_bandwidth(dev, nbytes=1 << 30, repeat=10):
 
 def _stream_time(fn, weights, rest, repeat):
     """Best seconds per call over `repeat` passes through the weight copies."""
+    weights = [w for w in weights if not hasattr(w, "name")]    # (a mapped file's handle)
     fn(weights[0], *rest)
     best = float("inf")
     for _ in range(repeat):
@@ -148,6 +150,26 @@ def _stream_time(fn, weights, rest, repeat):
             fn(w, *rest)
         best = min(best, (time.perf_counter() - t0) / len(weights))
     return best
+
+
+def _mapped_copies(packed: np.ndarray, copies: int, folder: str):
+    """`copies` views of `packed` in a memory-mapped file in `folder` (page-cache pages, 32 mod 64 aligned as
+    GGUF tensor data may be), as a model's weights are (runtime/device.py Device.weight)."""
+    import tempfile
+
+    import tvm_ffi
+
+    stride = -(-packed.nbytes // 64) * 64 + 64
+    f = tempfile.NamedTemporaryFile(dir=folder, suffix=".bin")
+    f.truncate(copies * stride + 64)
+    mm = np.memmap(f.name, np.uint8, "r+")
+    out = []
+    for i in range(copies):
+        v = mm[i * stride + 32:i * stride + 32 + packed.nbytes].view(packed.dtype).reshape(packed.shape)
+        v[...] = packed
+        out.append(tvm_ffi.from_dlpack(v))
+    out.append(f)    # kept alive with the views; not a weight
+    return out
 
 
 def cpu_case(ttype, n, k, rows, args, rng):
@@ -161,21 +183,27 @@ def cpu_case(ttype, n, k, rows, args, rng):
     fmt = by_ggml_type(ttype)
     raw = random_raw(ttype, n, k, rng)
     copies = max(1, -(-(args.stream_mb << 20) // raw.nbytes))
-    weights = [tvm.runtime.tensor(fmt.pack(raw, (n, k))[0]) for _ in range(copies)]
+    weights = _mapped_copies(fmt.pack(raw, (n, k))[0], copies, args.mapped) if args.mapped else \
+        [tvm.runtime.tensor(fmt.pack(raw, (n, k))[0]) for _ in range(copies)]
     x = rng.standard_normal((rows, k)).astype(np.float32)
     y = tvm.runtime.empty((rows, n), "float32")
     w_f = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ttype]).astype(np.float64)
     tgt = make_target("llvm")
     width = x86.vector_width(tgt)
+    if width and args.width:
+        width = min(width, args.width)
     quantized = fmt.kind in x86.INT_KINDS and not args.exact
     path = None
     if width and (fmt.kind in x86.FLOAT_KINDS or quantized):
-        fn = tvm.compile(tvm.IRModule({"main": x86.matmul(fmt.kind, n, k, rows, x86.Knobs(width=width))}),
+        exact = not quantized
+        knobs = x86.Knobs(width=width) if args.prefetch is None else x86.Knobs(width=width, prefetch_kb=args.prefetch)
+        fn = tvm.compile(tvm.IRModule({"main": x86.matmul(fmt.kind, n, k, rows, knobs, exact=exact)}),
                          target=tgt).mod["main"]
-        acts = [tvm.runtime.tensor(a) for a in (activation.quantize(x) if quantized else [x])]
+        row_format = x86.format_of(fmt.kind, exact).acts
+        acts = [tvm.runtime.tensor(a) for a in x86.activation_rows(fmt.kind, x, exact)]
         t = _stream_time(fn, weights, [*acts, y], args.repeat)
-        path = "x86 int8" if quantized else "x86 float"
-        xf = activation.round_trip(x) if quantized else x.astype(np.float64)
+        path = f"x86 {row_format}" if quantized else "x86 float"
+        xf = activation.round_trip(x, row_format) if quantized else x.astype(np.float64)
         err = float(np.abs(y.numpy() - xf @ w_f.T).max() / np.abs(xf @ w_f.T).max())
     r = {"type": ttype, "n": n, "k": k, "rows": rows, "weight_bytes": raw.nbytes}
     if path:
@@ -204,6 +232,12 @@ def main():
     ap.add_argument("--types", default=DEFAULT_TYPES, help=f"of {','.join(TYPES)}")
     ap.add_argument("--exact", action="store_true", help="float activations for the integer formats too")
     ap.add_argument("--element", action="store_true", help="also time the TE element-expression kernel")
+    ap.add_argument("--prefetch", type=int, default=None,
+                    help="x86 kernels' software prefetch distance in KB (0: none; default: the kernels' default)")
+    ap.add_argument("--width", type=int, default=None, choices=[32, 64],
+                    help="x86 kernels' vector bytes (default: the CPU's widest, x86.vector_width)")
+    ap.add_argument("--mapped", default=None, metavar="DIR",
+                    help="weight copies in a memory-mapped file in DIR (page-cache pages) rather than allocated")
     ap.add_argument("--stream-mb", type=int, default=96, help="weight copies cycled per timing (MB)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", default=None)

@@ -44,8 +44,9 @@ def cli():
 @click.option("--cuda-graph/--no-cuda-graph", default=True, show_default=True,
               help="CUDA: replay the one-row decode and draft steps as CUDA graphs (one per 256-cell KV bucket).")
 @click.option("--exact-matmul", is_flag=True,
-              help="CPU: float activations in every matmul. By default K-quant and IQ4_XS matmuls quantize each "
-                   "activation row to 8 bits (as llama.cpp's CPU backend does), which is faster.")
+              help="CPU: float activations in every matmul. By default K-quant, IQ4_XS, Q8_0, IQ4_NL and MXFP4 "
+                   "matmuls quantize each activation row to 8 bits (as llama.cpp's CPU backend does), which is "
+                   "faster.")
 @click.option("--verify-model", is_flag=True,
               help="Read every byte of the model GGUF(s) for their sha256 (progress bar; printed and recorded in the "
                    "manifest). Without it the model is identified by its header, which is read in a fraction of a "

@@ -547,12 +547,12 @@ def test_gpu_form_on_the_cpu(tmp_path, monkeypatch):
 
 
 def test_q8_compiled_vs_ir_every_entry_point(compiled):
-    """Q8_0 bundle (in-kernel dequantization incl. the BF16-kept KDA / indexer tensors) on docs-heading (sparse from
+    """Q8_0 bundle built with --exact-matmul (in-kernel dequantization incl. the BF16-kept KDA / indexer tensors) on docs-heading (sparse from
     row 99): prefill, verify, decode, mtp_rows, mtp_draft, draft and mtp_draft_shared against the interpreter on
     gguf-py-dequantized weights, outputs and every state (all planes, all cells)."""
     from nextn.compiler.graphs import build_graphs
 
-    m = rt.load(compiled("glm5next-q8", Q8), ctx_size=256)
+    m = rt.load(compiled("glm5next-q8-exact", Q8, exact_matmul=True), ctx_size=256)   # float activation rows
     eng = m.engine
     mf = ModelFiles(Q8, load_mtp=True)
     graphs, w = build_graphs(mf, with_mtp=True), dequantized(mf)

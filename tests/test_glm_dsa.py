@@ -189,7 +189,8 @@ def test_absorbed_mla_yarn_equals_naive(bf16_files):
 @pytest.fixture(scope="module")
 def yarn_q8(tmp_path_factory, compiled):
     path = with_metadata(D / "tiny-glm-dsa-Q8_0.gguf", tmp_path_factory.mktemp("yarn") / "yarn-Q8_0.gguf", YARN)
-    return path, rt.load(compiled("dsa-q8-yarn", path), ctx_size=512)
+    # --exact-matmul: float activation rows, so the compiled model equals the interpreter to float32 rounding
+    return path, rt.load(compiled("dsa-q8-yarn", path, exact_matmul=True), ctx_size=512)
 
 
 def test_yarn_gguf_config_and_compiled_vs_ir(yarn_q8):
@@ -371,10 +372,11 @@ def _check_compiled_vs_ir(m, path):
 
 
 def test_q8_0_compiled_vs_ir(compiled):
-    """Q8_0 bundle: kernels (in-kernel dequantization, incl. the per-head attn_k_b /
-    attn_v_b) vs the IR interpreter on gguf-py-dequantized weights, prefill then a NextN draft step."""
+    """Q8_0 bundle built with --exact-matmul (float activation rows): kernels (in-kernel dequantization, incl. the
+    per-head attn_k_b / attn_v_b) vs the IR interpreter on gguf-py-dequantized weights, prefill then a NextN draft
+    step. (The default build's "q8_0" activation rows: test_compiled_vs_ir.py on the glm4moe bundle.)"""
     path = D / "tiny-glm-dsa-Q8_0.gguf"
-    _check_compiled_vs_ir(rt.load(compiled("dsa-q8", path), ctx_size=512), path)
+    _check_compiled_vs_ir(rt.load(compiled("dsa-q8-exact", path, exact_matmul=True), ctx_size=512), path)
 
 
 def test_trunk_only_plus_mtp_only_pair_equals_bundle(compiled):

@@ -77,7 +77,8 @@ def test_split_kernels_form(arch, tmp_path):
 
     path = CASES[arch]
     out = str(tmp_path / "art")
-    compile_model(str(path), out, log=lambda *_: None, split_kernels=True, cache_type_k="f32", cache_type_v="f32")
+    compile_model(str(path), out, log=lambda *_: None, split_kernels=True, cache_type_k="f32", cache_type_v="f32",
+                  exact_matmul=True)   # float activation rows: equal to the interpreter and the references
     m = rt.load(out, ctx_size=512)
     assert m.engine.artifact.manifest["kernel_form"] == "gpu-emulated"
     mf = ModelFiles(path, load_mtp=True)

@@ -5,8 +5,8 @@ an importance matrix): IQ3_XXS (IQ3_XXS + IQ2_S + IQ3_S, IQ4_XS NextN, Q8_0, Q5_
 No reference outputs ship for these files (fixture README): the reference is the numpy IR interpreter run greedily
 in float32 on the same tensors dequantized by gguf-py, independent of the compiled kernels that read the GGUF
 bytes. The `--exact-matmul` build (float activations everywhere) must give equal greedy ids. The default build
-(int8 activation rows for the K-quant / IQ4_XS matmuls, test_quant_e2e.py; the IQ codebook formats and MXFP4 keep
-float activations) must speculate losslessly: greedy draft-mtp equals its plain greedy decoding. Either way the
+(int8 activation rows for the K-quant / IQ4_XS matmuls, "q8_0" rows for Q8_0 and MXFP4, test_quant_e2e.py and
+test_compiled_vs_ir.py; the IQ codebook formats keep float activations) must speculate losslessly: greedy draft-mtp equals its plain greedy decoding. Either way the
 weights are views of the file's tensor bytes plus the codebooks' small tables.
 """
 import collections
@@ -25,7 +25,7 @@ from nextn.compiler.loader.model_files import ModelFiles
 
 QUANTS = FIXTURES / "quants"
 # file → the GGUF types of this issue it holds, and whether its default build has int8-activation matmuls
-FILES = {"IQ3_XXS": ({"IQ3_XXS", "IQ2_S", "IQ3_S"}, True), "MXFP4_MOE": ({"MXFP4"}, False),
+FILES = {"IQ3_XXS": ({"IQ3_XXS", "IQ2_S", "IQ3_S"}, True), "MXFP4_MOE": ({"MXFP4"}, True),
          "IQ2_M": ({"IQ2_S", "IQ3_S"}, True)}
 NAMES = [pytest.param("IQ3_XXS"), pytest.param("MXFP4_MOE"), pytest.param("IQ2_M", marks=pytest.mark.slow)]
 PROMPTS = {p["kind"]: p["prompt_ids"] for p in reference()["prompts"]}
@@ -94,7 +94,10 @@ def test_lowbit_weights_are_views_of_the_file(default):
     kinds = {b["kind"] for b in plan.values()}
     assert kinds_of(want) <= kinds
     q8 = quantized_activations(eng)
-    assert bool(q8) == has_q8 and not {plan[n]["kind"] for n in plan if plan[n]["tensor"] in q8} & kinds_of(want)
+    kind_of = {b["tensor"]: b["kind"] for b in plan.values()}
+    # each quantized matmul takes its format's activation rows; the IQ codebook formats keep float activations
+    assert bool(q8) == has_q8 and all(FORMATS[kind_of[t]].activation == a for t, a in q8.items())
+    assert {kind_of[t] for t in q8} & kinds_of(want) == ({"mxfp4"} if name == "MXFP4_MOE" else set())
     assert eng.has_mtp
     mapped = np.frombuffer(eng.files.main.shards[0].buf, np.uint8)   # the map of the whole (one-shard) file
     lo, hi = mapped.ctypes.data, mapped.ctypes.data + mapped.nbytes

@@ -3,7 +3,10 @@
 Shapes are chosen off the kernels' tiles (N not a multiple of the weight tile, row counts not a multiple of the
 row group, experts chosen by several rows) and every weight sits at a 32-byte but not 64-byte aligned address,
 as a tensor view of a GGUF file may. Integer-path kinds multiply the activation row as quantized by the numpy
-statement (`nextn.common.quant.activation`), which the quantizer kernel must reproduce bit for bit.
+statement (`nextn.common.quant.activation`: "q8" rows per 256 for the super-block kinds, "q8_0" rows per 32 for
+Q8_0 / IQ4_NL / MXFP4), which the quantizer kernels must reproduce bit for bit; the 32-block kinds are also checked
+on their float path (--exact-matmul). K is chosen off the 32-block kernels' steps (13 blocks: full steps of 4 or 8
+blocks, then single blocks).
 """
 import gguf
 import numpy as np
@@ -54,12 +57,12 @@ def random_weight(kind: str, lead: tuple, N: int, K: int):
     return misaligned(raw), want
 
 
-def activations(kind: str, x: np.ndarray):
+def activations(kind: str, x: np.ndarray, exact: bool = False):
     """(kernel activation arguments, the float64 rows they stand for)."""
-    if kind in x86.INT_KINDS:
-        q, d, xs = activation.quantize(x)
-        return [q, d, xs], activation.dequantize(q, d)
-    return [x], x.astype(np.float64)
+    acts = x86.activation_rows(kind, x, exact)
+    if len(acts) == 1:
+        return acts, x.astype(np.float64)
+    return acts, activation.dequantize_blocks(acts[0], acts[1])
 
 
 def build(func):
@@ -78,19 +81,25 @@ def rel(got, want):
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
-DENSE = [(kind, 512 if kind in x86.INT_KINDS else 96) for kind in sorted(x86.KINDS)]
+def k_of(kind: str, exact: bool) -> int:
+    return 96 if exact else 512 if x86.format_of(kind).block == 256 else 416
+
+
+# (kind, float path): the integer path of every integer kind, the float path of every float kind
+PATHS = [(kind, False) for kind in sorted(x86.INT_KINDS)] + [(kind, True) for kind in sorted(x86.FLOAT_KINDS)]
+PATH_IDS = [f"{k}-{'float' if e else 'int'}" for k, e in PATHS]
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("kind,K", DENSE)
-def test_matmul(kind, K, width):
-    N = 100                                   # not a multiple of the weight tile (16)
+@pytest.mark.parametrize("kind,exact", PATHS, ids=PATH_IDS)
+def test_matmul(kind, exact, width):
+    N, K = 100, k_of(kind, exact)             # N not a multiple of the weight tile (16)
     w, wf = random_weight(kind, (), N, K)
     knobs = x86.Knobs(width=width, tile_n=16, row_group=4)
-    fn = build(x86.matmul(kind, N, K, knobs=knobs))
-    one = build(x86.matmul(kind, N, K, rows=1, knobs=knobs))   # the static one-row kernel of the decode step
+    fn = build(x86.matmul(kind, N, K, knobs=knobs, exact=exact))
+    one = build(x86.matmul(kind, N, K, rows=1, knobs=knobs, exact=exact))   # the one-row kernel of the decode step
     x = RNG.standard_normal((6, K)).astype(np.float32)         # a group of 4 rows, then 2 on their own
-    acts, xf = activations(kind, x)
+    acts, xf = activations(kind, x, exact)
     (y,) = run(fn, w, *acts, outs=[(6, N)])
     assert rel(y, xf @ wf.T) < 1e-5
     for t in range(6):                                         # every row equals its own one-row call, bitwise
@@ -99,22 +108,23 @@ def test_matmul(kind, K, width):
 
 
 @pytest.mark.parametrize("shared_x", [True, False], ids=["shared-x", "per-slot-x"])
-@pytest.mark.parametrize("kind", sorted(x86.KINDS - {"f32", "bf16"}))
-def test_matmul_id(kind, shared_x):
-    X, N, K, U, T = 16, 72, 512 if kind in x86.INT_KINDS else 96, 4, 5
+@pytest.mark.parametrize("kind,exact", [p for p in PATHS if p[0] not in ("f32", "bf16")],
+                         ids=[i for p, i in zip(PATHS, PATH_IDS) if p[0] not in ("f32", "bf16")])
+def test_matmul_id(kind, exact, shared_x):
+    X, N, K, U, T = 16, 72, k_of(kind, exact), 4, 5
     (w0, wf0), (w1, wf1) = random_weight(kind, (X,), N, K), random_weight(kind, (X,), N, K)
     ids = np.stack([RNG.permutation(X)[:U] for _ in range(T)]).astype(np.int32)
     ids[3] = ids[0][::-1]                      # experts chosen by several rows, in other slots
     ids[4, :2] = ids[1, :2]
     x = RNG.standard_normal((T if shared_x else T * U, K)).astype(np.float32)
-    acts, xf = activations(kind, x)
+    acts, xf = activations(kind, x, exact)
     knobs = x86.Knobs(width=WIDTH, tile_n=16, row_group=2)
-    fn = build(x86.matmul_id(kind, X, N, K, U, shared_x, n_weights=2, knobs=knobs))
+    fn = build(x86.matmul_id(kind, X, N, K, U, shared_x, n_weights=2, knobs=knobs, exact=exact))
     y0, y1 = run(fn, w0, w1, *acts, ids, outs=[(T, U, N)] * 2)
     for y, wf in ((y0, wf0), (y1, wf1)):
         want = np.stack([[wf[ids[t, j]] @ xf[t if shared_x else t * U + j] for j in range(U)] for t in range(T)])
         assert rel(y, want) < 1e-5
-    one = build(x86.matmul_id(kind, X, N, K, U, shared_x, n_weights=2, rows=1, knobs=knobs))
+    one = build(x86.matmul_id(kind, X, N, K, U, shared_x, n_weights=2, rows=1, knobs=knobs, exact=exact))
     for t in range(T):                         # each row alone gives the same bits as in the batch
         rows = slice(t, t + 1) if shared_x else slice(t * U, (t + 1) * U)
         a0, a1 = run(one, w0, w1, *[a[rows] for a in acts], ids[t:t + 1], outs=[(1, U, N)] * 2)
@@ -205,3 +215,24 @@ def test_quantizer_matches_the_numpy_statement():
     fn(tvm.runtime.tensor(x), *got)
     for g, w in zip(got, activation.quantize(x)):
         assert np.array_equal(g.numpy(), w)
+
+
+def test_q8_0_quantizer_matches_the_numpy_statement():
+    K = 32 * 13
+    x = RNG.standard_normal((5, K)).astype(np.float32)
+    x[1, :32] = 0.0                                               # a block of zeros: d = 0, q = 0
+    x[2, 7] = 1e4                                                 # one large value in a block
+    b = np.abs(x[3, :32]).max()
+    x[3, :32] = np.round(x[3, :32] / b * 127 * 2) / 2 * b / 127     # many values at exact halves after scaling
+    fn = build(x86.quantize_rows_q8_0(K))
+    got = [tvm.runtime.empty(s, d) for s, d in [((5, K), "int8"), ((5, K // 32), "float32")]]
+    fn(tvm.runtime.tensor(x), *got)
+    want = activation.quantize_q8_0(x)
+    for g, w in zip(got, want):
+        assert np.array_equal(g.numpy(), w)
+    # the statement itself: per 32 values, q = round-half-even(x * 127 / amax) and d = amax / 127
+    blk = x[3, :32]
+    amax = np.float32(np.abs(blk).max())
+    assert want[1][3, 0] == amax / np.float32(127)
+    assert np.array_equal(want[0][3, :32], np.rint(blk * (np.float32(127) / amax)).astype(np.int8))
+    assert (want[0][1, :32] == 0).all() and want[1][1, 0] == 0

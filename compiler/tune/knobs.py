@@ -46,7 +46,7 @@ def space(spec, width: int) -> dict:
         "width": sorted({32, width}),
         "tile_n": (8, 16, 32, 64),
         "row_group": (default.row_group,) if spec.rows == 1 else (2, 4, 8),
-        "unroll": tuple(u for u in (1, 2, 4) if spec.K // 32 >= u) if spec.kind in x86.FLOAT_KINDS
+        "unroll": tuple(u for u in (1, 2, 4) if spec.K // 32 >= u) if spec.acts == "f32"
         else (default.unroll,),
     }
     out = {}

@@ -3,15 +3,17 @@
 `to_relax` routes `mul_mat` and `mul_mat_id` here when the target has AVX2 + FMA + F16C and the weight's kind is
 in `KINDS` (2-D [N, K] dense weights, 3-D [X, N, K] routed experts); everything else keeps the TE element
 expression path (`nextn.compiler.quant`). Integer kinds (`INT_KINDS`) multiply int8-quantized activation rows
-(`quantize_rows`; semantics in `nextn.common.quant.activation`) when the artifact quantizes activations, and
-fall back to the element path otherwise. Vector width: 64 bytes on AVX-512BW, else 32 (`vector_width`);
+when the artifact quantizes activations: "q8" rows (`quantize_rows`, per 256) for the K-quants and IQ4_XS, "q8_0"
+rows (`quantize_rows_q8_0`, per 32) for Q8_0, IQ4_NL and MXFP4 (semantics in `nextn.common.quant.activation`).
+Without quantized activations (--exact-matmul) the 32-block kinds take the float path (they are in `FLOAT_KINDS`
+too) and the others the element path. Vector width: 64 bytes on AVX-512BW, else 32 (`vector_width`);
 VNNI (`has_vnni`) changes instructions, never results.
 """
 from __future__ import annotations
 
-from .formats import FLOAT_FORMATS, INT_FORMATS
+from .formats import FLOAT_FORMATS, INT_FORMATS, format_of
 from .loops import Knobs, act_args, matmul, matmul_id, weight_arg
-from .quantize import quantize_rows
+from .quantize import quantize_rows, quantize_rows_q8_0
 
 INT_KINDS = frozenset(INT_FORMATS)
 FLOAT_KINDS = frozenset(FLOAT_FORMATS)
@@ -47,8 +49,19 @@ def has_vnni(target, width: int) -> bool:
         return False
 
 
-__all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "default_knobs", "has_vnni", "matmul",
-           "matmul_id", "quantize_rows", "vector_width", "weight_arg"]
+def activation_rows(kind: str, x, exact: bool = False) -> list:
+    """numpy: the activation arguments of a `kind` kernel for float32 rows x [T, K] (act_args order)."""
+    from nextn.common.quant import activation
+
+    acts = format_of(kind, exact).acts
+    if acts == "q8":
+        return list(activation.quantize(x))
+    return list(activation.quantize_q8_0(x)) if acts == "q8_0" else [x]
+
+
+__all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "activation_rows", "default_knobs",
+           "format_of", "has_vnni", "matmul", "matmul_id", "quantize_rows", "quantize_rows_q8_0", "vector_width",
+           "weight_arg"]
 
 
 from dataclasses import dataclass, field as _field   # noqa: E402
@@ -59,7 +72,8 @@ class KernelSpec:
     """One x86 kernel of a model: what it computes (everything but the knobs). `key` names it in tuning logs.
 
     op: "matmul" (weight [N, K]) or "matmul_id" (routed experts [X, N, K], n_used per row, x shared by the slots
-    or one row per slot, n_weights weights in one pass); rows: static row count or None (symbolic T)."""
+    or one row per slot, n_weights weights in one pass); rows: static row count or None (symbolic T); exact: the
+    float path of a kind that has an integer one too (Q8_0, IQ4_NL, MXFP4 under --exact-matmul)."""
     op: str
     kind: str
     N: int
@@ -69,6 +83,12 @@ class KernelSpec:
     n_used: int = 0
     shared_x: bool = True
     n_weights: int = 1
+    exact: bool = False
+
+    @property
+    def acts(self) -> str:
+        """The activation row format: "q8", "q8_0" or "f32"."""
+        return format_of(self.kind, self.exact).acts
 
     @property
     def key(self) -> str:
@@ -76,7 +96,8 @@ class KernelSpec:
         base = f"x86.{self.op}:{self.kind}:N{self.N}:K{self.K}:rows{r}"
         if self.op == "matmul_id":
             base += f":X{self.X}:used{self.n_used}:{'shared' if self.shared_x else 'slots'}:w{self.n_weights}"
-        return base
+        # the 32-block kinds' integer kernels (their float ones keep the keys they had before)
+        return base + (":xq8_0" if self.acts == "q8_0" else "")
 
     @property
     def name(self) -> str:
@@ -85,9 +106,9 @@ class KernelSpec:
     def build(self, knobs: Knobs, vnni: bool = False):
         """The PrimFunc with `knobs`; `vnni`: the target has VNNI at knobs.width (`has_vnni`)."""
         if self.op == "matmul":
-            return matmul(self.kind, self.N, self.K, self.rows, knobs, name=self.name, vnni=vnni)
+            return matmul(self.kind, self.N, self.K, self.rows, knobs, name=self.name, vnni=vnni, exact=self.exact)
         return matmul_id(self.kind, self.X, self.N, self.K, self.n_used, self.shared_x, self.n_weights, self.rows,
-                         knobs, name=self.name, vnni=vnni)
+                         knobs, name=self.name, vnni=vnni, exact=self.exact)
 
     def weight_bytes(self) -> int:
         shape, dtype = weight_arg(self.kind, (self.X, self.N) if self.op == "matmul_id" else (self.N,), self.K)

@@ -2,8 +2,9 @@
 
 A node goes to an x86 kernel when its weight is 2-D [N, K] (`mul_mat`) or 3-D [X, N, K] (`mul_mat_id`) of a
 kind in `KINDS` whose block divides K; integer kinds also need the artifact to quantize activations
-(`quantize_activations`), else they keep the TE element expression. The activation rows of an integer kernel are
-quantized once per input (the Q, K and V projections share one quantized row), and the gate and up experts of an
+(`quantize_activations`), else they take the float path (Q8_0, IQ4_NL, MXFP4) or keep the TE element expression.
+The activation rows of an integer kernel are quantized once per input and row format (the Q, K and V projections
+share one quantized row; a "q8" and a "q8_0" matmul on the same input each get theirs), and the gate and up experts of an
 MoE layer (two `mul_mat_id` on the same rows and ids with same-kind weights) run as one kernel that reads the
 rows once for both.
 """
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 from tvm import relax, tirx
 
-from . import FLOAT_KINDS, INT_KINDS, KernelSpec, act_args, default_knobs, has_vnni, quantize_rows
-from .loops import _format
+from . import FLOAT_KINDS, INT_KINDS, KernelSpec, act_args, default_knobs, has_vnni, quantize_rows, quantize_rows_q8_0
+from .formats import INT_FORMATS
 
 
 def for_target(tgt, quantize_activations: bool = True, knobs_for=None) -> "X86Lowering | None":
@@ -37,14 +38,19 @@ class X86Lowering:
         self._quantized: dict = {}
         self._done: dict[int, relax.Expr] = {}
         self._groups: dict[int, list] = {}
-        self.quantized_weights: set[str] = set()      # weights whose matmuls take quantized activation rows
+        self.quantized_weights: dict[str, str] = {}   # weight -> the row format ("q8", "q8_0") of its matmuls
         self.specs: dict[str, KernelSpec] = {}         # every x86 kernel of the build, by key
 
     # -- which nodes --------------------------------------------------------------------------------------------
+    def _int_ok(self, kind: str, K: int) -> bool:
+        return self.quantize_activations and kind in INT_KINDS and K % INT_FORMATS[kind].block == 0
+
     def _kind_ok(self, kind: str, K: int) -> bool:
-        if kind in INT_KINDS:
-            return self.quantize_activations and K % 256 == 0
-        return kind in FLOAT_KINDS and K % _format(kind).block == 0
+        return self._int_ok(kind, K) or kind in FLOAT_KINDS and K % 32 == 0
+
+    def _exact(self, kind: str, K: int) -> bool:
+        """Float activation rows for this node (--exact-matmul, or a K the integer blocks do not divide)."""
+        return not self._int_ok(kind, K)
 
     def handles(self, n, kind: str | None) -> bool:
         if n.op not in ("mul_mat", "mul_mat_id") or n.inputs[0].op != "weight" or kind is None:
@@ -77,21 +83,25 @@ class X86Lowering:
             self.specs[spec.key] = spec
         return self._gvs[key]
 
-    def _acts(self, bb, kind, x2, rows, K):
-        """The activation arguments for `kind`: x itself (float kinds) or its quantized rows (memoized)."""
-        if kind in FLOAT_KINDS:
+    def _acts(self, bb, spec, x2, rows):
+        """The activation arguments of `spec`'s kernel: x itself (float path) or its quantized rows (memoized per
+        input and row format)."""
+        acts, K = spec.acts, spec.K
+        if acts == "f32":
             return [x2]
-        key = (x2, K)
+        key = (x2, K, acts)
         if key not in self._quantized:
-            gv = self._gvs.get(f"quantize:{K}:{rows}")
+            gv = self._gvs.get(f"quantize:{acts}:{K}:{rows}")
             if gv is None:
-                name = f"x86_quantize_q8_k{K}_rows{'t' if rows is None else rows}"
-                gv = bb.add_func(quantize_rows(K, rows, name=name).with_attr("op_pattern", 8), name)
-                self._gvs[f"quantize:{K}:{rows}"] = gv
+                name = f"x86_quantize_{'q8_k' if acts == 'q8' else 'q8_0_'}{K}_rows{'t' if rows is None else rows}"
+                make = quantize_rows if acts == "q8" else quantize_rows_q8_0
+                gv = bb.add_func(make(K, rows, name=name).with_attr("op_pattern", 8), name)
+                self._gvs[f"quantize:{acts}:{K}:{rows}"] = gv
             r = x2.ty.shape[0]
-            outs = [relax.TensorType(_sub_rows(shape, r), dtype) for _n, shape, dtype in act_args(kind, rows, K)]
+            args = act_args(spec.kind, rows, K, spec.exact)
+            outs = [relax.TensorType(_sub_rows(shape, r), dtype) for _n, shape, dtype in args]
             q = bb.emit(relax.call_tir(gv, relax.Tuple([x2]), outs))
-            self._quantized[key] = [bb.emit(relax.TupleGetItem(q, i)) for i in range(3)]
+            self._quantized[key] = [bb.emit(relax.TupleGetItem(q, i)) for i in range(len(args))]
         return self._quantized[key]
 
     def emit(self, bb, n, env, sym):
@@ -110,10 +120,11 @@ class X86Lowering:
         rows_e = _prod(lead)
         rows = int(rows_e) if isinstance(rows_e, tirx.IntImm) else None
         x2 = x if len(lead) == 1 else bb.emit(relax.op.reshape(x, [rows_e, K]))
-        acts = self._acts(bb, kind, x2, rows, K)
-        if kind in INT_KINDS:
-            self.quantized_weights.add(n.inputs[0].name)
-        gv = self._kernel(bb, KernelSpec("matmul", kind, N, K, rows))
+        spec = KernelSpec("matmul", kind, N, K, rows, exact=self._exact(kind, K))
+        acts = self._acts(bb, spec, x2, rows)
+        if spec.acts != "f32":
+            self.quantized_weights[n.inputs[0].name] = spec.acts
+        gv = self._kernel(bb, spec)
         y = bb.emit(relax.call_tir(gv, relax.Tuple([w, *acts]), relax.TensorType([rows_e, N], "float32")))
         return y if len(lead) == 1 else bb.emit(relax.op.reshape(y, [*lead, N]))
 
@@ -126,11 +137,11 @@ class X86Lowering:
         rows = int(T_e) if isinstance(T_e, tirx.IntImm) else None
         shared = len(n.inputs[1].shape) == 2
         x2 = x if shared else bb.emit(relax.op.reshape(x, [T_e * U, K]))
-        acts = self._acts(bb, kind, x2, rows if shared else (None if rows is None else rows * int(U)), K)
+        spec = KernelSpec("matmul_id", kind, N, K, rows, X, int(U), shared, len(members), exact=self._exact(kind, K))
+        acts = self._acts(bb, spec, x2, rows if shared else (None if rows is None else rows * int(U)))
         ws = [_weight(env[m.inputs[0].id])[1][0] for m in members]
-        if kind in INT_KINDS:
-            self.quantized_weights.update(m.inputs[0].name for m in members)
-        spec = KernelSpec("matmul_id", kind, N, K, rows, X, int(U), shared, len(members))
+        if spec.acts != "f32":
+            self.quantized_weights.update({m.inputs[0].name: spec.acts for m in members})
         gv = self._kernel(bb, spec)
         y_ty = relax.TensorType([T_e, U, N], "float32")
         call_args = relax.Tuple([*ws, *acts, ids])

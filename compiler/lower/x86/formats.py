@@ -6,8 +6,14 @@ Integer path (K-quants, IQ4_XS; blocks of 256): the activation row is int8 per 2
 (pmaddubsw) then i16 x sub-block scale -> i32 (pmaddwd), and its float factors (d, dmin) enter once per block
 through one FMA per term. The same idea as ggml-cpu's ggml_vec_dot_q4_K_q8_K (ggml-cpu/arch/x86/quants.c).
 
-Float path (Q8_0, IQ4_NL, MXFP4 and unquantized F16 / BF16 / F32; blocks of 32): each weight is dequantized exactly
-(d * q: at most 11 + 8 significant bits) and multiplied with the float32 activation by FMA.
+Integer path for the 32-weight block formats (Q8_0, IQ4_NL, MXFP4: `BLOCK32_FORMATS`): the activation row is int8
+per 32 values ("q8_0" rows); a block's signed quants (int8, a byte shuffle of IQ4_NL's / MXFP4's table) give an
+exact int32 sum per block, |w| x (x with w's sign) by pmaddubsw then pmaddwd by 1, and each block adds
+float(sum) * (d_w * d_x) by one FMA (ggml-cpu's ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_iq4_nl_q8_0 /
+ggml_vec_dot_mxfp4_q8_0 on x86). `loops._block32_rows` runs them.
+
+Float path (Q8_0, IQ4_NL, MXFP4 under --exact-matmul, and unquantized F16 / BF16 / F32; blocks of 32): each weight
+is dequantized exactly (d * q: at most 11 + 8 significant bits) and multiplied with the float32 activation by FMA.
 """
 from __future__ import annotations
 
@@ -34,14 +40,26 @@ def _scales(sc16, groups, width):
     return tirx.Shuffle([sc16, sc16], [g for g in groups for _ in range(per)])
 
 
+def _nibbles(v, per):
+    """uint8 x 16*per bytes of `per` 4-bit blocks (byte l: element l low, 16 + l high) -> uint8 x 32*per indices in
+    element order: one mask and one shift over all of v, then 16-byte lanes [lo_0, hi_0, lo_1, hi_1] (one
+    shuffle of 128-bit lanes)."""
+    lo, hi = v & _u8(15, 16 * per), (v >> _u8(4, 16 * per)) & _u8(15, 16 * per)
+    if per == 1:
+        return tirx.vectorcombine("uint8x32", lo, hi)
+    idx = [j for p in range(per) for j in list(range(16 * p, 16 * p + 16)) + list(range(16 * per + 16 * p, 16 * per + 16 * p + 16))]
+    return tirx.Shuffle([lo, hi], idx)
+
+
 class IntFormat:
-    """A super-block format on the integer path. `setup` binds what a (row, block) shares across activation rows,
-    `chunks` gives [(u8 or i8 quants x width, offset of their first activation in the block, i16 scales or
-    None, each constant over 16 bytes)], `terms` the [(float32 weight factor, int32 vector)] of one activation row
-    (the first: the block sum `sumi`, which loops._int_rows sums and converts itself): the row adds
-    act_scale * factor * vector to its float accumulator. The factors must not depend on the row (they are taken
-    once per block)."""
+    """A super-block format on the integer path ("q8" activation rows). `setup` binds what a (row, block) shares
+    across activation rows, `chunks` gives [(u8 or i8 quants x width, offset of their first activation in the
+    block, i16 scales or None, each constant over 16 bytes)], `terms` the [(float32 weight factor, int32 vector)]
+    of one activation row (the first: the block sum `sumi`, which loops._int_rows sums and converts itself): the
+    row adds act_scale * factor * vector to its float accumulator. The factors must not depend on the row (they are
+    taken once per block)."""
     block = 256
+    acts = "q8"         # the activation row format (nextn.common.quant.activation)
     signed = False      # signed quants: pmaddubsw needs the unsigned operand, so |w| and w's sign moves onto x
     n_terms = 1
 
@@ -163,12 +181,8 @@ class IQ4XS(IntFormat):
         out = []
         per = k.width // 32                    # sub-blocks of 32 per vector
         for ib in range(0, 8, per):
-            v = T.Bind(k.w[n, ramp(s * 136 + 8 + 16 * ib, 16 * per)])
-            nibbles = []
-            for p in range(per):               # sub-block ib + p: lo nibbles are weights 0..15, hi 16..31
-                q = tirx.Shuffle([v], list(range(16 * p, 16 * p + 16)))
-                nibbles.append(tirx.vectorcombine("uint8x32", q & _u8(15, 16), (q >> _u8(4, 16)) & _u8(15, 16)))
-            idx = nibbles[0] if per == 1 else tirx.vectorcombine("uint8x64", *nibbles)
+            v = k.w[n, ramp(s * 136 + 8 + 16 * ib, 16 * per)]
+            idx = _nibbles(v, per)
             out.append((T.Bind(pshufb(st["table"], idx, k.width)), 32 * ib,
                         T.Bind(_scales(st["sc"], list(range(ib, ib + per)), k.width))))
         return out
@@ -177,10 +191,79 @@ class IQ4XS(IntFormat):
         return [(st["d"], sumi)]
 
 
+class Block32:
+    """A 32-weight block format on the integer path ("q8_0" activation rows): `quants` gives the 32 * p signed
+    quants (int8, element order) of blocks b0 .. b0 + p - 1, `scales` their float32 factors d_w (w = d_w * q;
+    a scalar for p = 1)."""
+    block = 32
+    acts = "q8_0"
+    UNROLL = 4          # vectors per step, one float accumulator each (FMA latency)
+
+    def term_lanes(self, width):
+        return [width // 4, 8]   # the full steps' sum, the blocks after them one at a time
+
+    def scales(self, k, n, b0, p):   # a float16 d_w at the start of each block (type_size even)
+        base = (n * k.row_bytes + b0 * self.type_size) // 2
+        if p == 1:
+            return _f16(k.w16, base)
+        offs = [i * self.type_size // 2 for i in range(p)]
+        if k.width == 32:    # AVX2 has no word permute: p scalar inserts
+            return tirx.Cast(f"float32x{p}", tirx.Shuffle([k.w16[base + o] for o in offs], list(range(p))))
+        # AVX-512BW: the words of p blocks by whole-vector loads and one shuffle (vpermt2w), not p scalar inserts
+        vecs = [k.w16[ramp(base + 32 * j, 32)] for j in range(offs[-1] // 32 + 1)]
+        return tirx.Cast(f"float32x{p}", tirx.Shuffle(vecs, offs))
+
+
+class Q80Int(Block32):
+    """Q8_0 (34 B): d f16 | qs int8[32]."""
+    type_size = 34
+
+    def quants(self, k, n, b0, p):
+        qs = [k.w8[ramp(n * k.row_bytes + (b0 + i) * 34 + 2, 32)] for i in range(p)]
+        return qs[0] if p == 1 else tirx.vectorcombine(f"int8x{32 * p}", *qs)
+
+
+class IQ4NLInt(Block32):
+    """IQ4_NL (18 B): d f16 | qs[16]: q = kvalues[nibble], lo nibbles weights 0..15, hi nibbles 16..31."""
+    type_size, table, q_at = 18, KVALUES, 2
+
+    def _idx(self, k, n, b0, p):
+        qs = [k.w[n, ramp((b0 + i) * self.type_size + self.q_at, 16)] for i in range(p)]
+        return _nibbles(qs[0] if p == 1 else tirx.vectorcombine(f"uint8x{16 * p}", *qs), p)
+
+    def quants(self, k, n, b0, p):
+        return pshufb(tirx.reinterpret(f"int8x{32 * p}", byte_vector(list(self.table) * (2 * p))),
+                      self._idx(k, n, b0, p), 32 * p)
+
+    def abs_quants(self, k, n, b0, p):
+        """(|q| as u8, the nibble indices): |table| by the shuffle, the sign from the index (`negative`), so no
+        abs and no sign extraction after it."""
+        idx = T.Bind(self._idx(k, n, b0, p))
+        table = byte_vector([abs(v) for v in self.table] * (2 * p))
+        return T.Bind(pshufb(table, idx, 32 * p)), idx
+
+    def negative(self, idx, lanes):
+        """Lanes whose quant is negative: kvalues_iq4nl is ascending, negative for the indices 0..7."""
+        return idx < _u8(8, lanes)
+
+
+class MXFP4Int(IQ4NLInt):
+    """MXFP4 (17 B): e u8 | qs[16]: q = E2M1X2[nibble] (doubled e2m1 values), d_w = 2^(e - 128) (e8m0_half)."""
+    type_size, table, q_at = 17, E2M1X2, 1
+
+    def negative(self, idx, lanes):   # bit 3 is the e2m1 sign (index 8 is -0: |q| = 0 either way)
+        return idx > _u8(8, lanes)
+
+    def scales(self, k, n, b0, p):
+        d = [e8m0_half(k.w[n, (b0 + i) * 17]) for i in range(p)]
+        return d[0] if p == 1 else tirx.Shuffle(d, list(range(p)))
+
+
 class FloatFormat:
     """A 32-weight block format on the float path: `values` gives the block's dequantized weights (exact) as
     float32 vectors of width/4 lanes, in element order."""
     block = 32
+    acts = "f32"
 
 
 class Q80(FloatFormat):
@@ -247,5 +330,12 @@ class Plain(FloatFormat):
         return out
 
 
-INT_FORMATS = {"q4_k": Q4K(), "q5_k": Q5K(), "q6_k": Q6K(), "iq4_xs": IQ4XS()}
+BLOCK32_FORMATS = {"q8_0": Q80Int(), "iq4_nl": IQ4NLInt(), "mxfp4": MXFP4Int()}
+INT_FORMATS = {"q4_k": Q4K(), "q5_k": Q5K(), "q6_k": Q6K(), "iq4_xs": IQ4XS(), **BLOCK32_FORMATS}
+# kinds in both: the float formats are the --exact-matmul path (float32 activation rows)
 FLOAT_FORMATS = {"q8_0": Q80(), "iq4_nl": IQ4NL(), "mxfp4": MXFP4(), "f16": Plain("float16"), "bf16": Plain("uint16"), "f32": Plain("float32")}
+
+
+def format_of(kind: str, exact: bool = False):
+    """The implementation of `kind`: integer (quantized activation rows) unless `exact` or it has none."""
+    return INT_FORMATS[kind] if kind in INT_FORMATS and not (exact and kind in FLOAT_FORMATS) else FLOAT_FORMATS[kind]

@@ -22,7 +22,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
-from .formats import FLOAT_FORMATS, INT_FORMATS
+from .formats import Block32, format_of
 from .vec import PAIR_LANES, const, dot_pair, dot_u8s8, fma, fold_pairs, hsum, hsum_pairwise, ramp
 
 
@@ -30,28 +30,31 @@ from .vec import PAIR_LANES, const, dot_pair, dot_u8s8, fma, fold_pairs, hsum, h
 class Knobs:
     """What `nextn tune` searches. width: vector bytes (32 AVX2, 64 AVX-512BW); tile_n: weight rows per work
     item; row_group: activation rows sharing one decode of a weight row's blocks (the rows left over go in groups
-    of the powers of two below it); unroll: blocks per step (float path). The defaults are the best measured
+    of the powers of two below it); unroll: blocks per step (float path); prefetch_kb: KB ahead of the weight
+    bytes being read that each block prefetches (0: none; `_prefetch`). The defaults are the best measured
     on GLM widths (row_group 8: 8 rows' accumulators and the decoded block fit the 32 zmm registers)."""
     width: int = 32
     tile_n: int = 16
     row_group: int = 8
     unroll: int = 2
+    prefetch_kb: int = 16
 
 
 class _Kern:
     """The kernel being built: its buffers, byte views of the weight, and knobs (what format code reads)."""
 
 
-def _format(kind):
-    return INT_FORMATS.get(kind) or FLOAT_FORMATS[kind]
+def _format(kind, exact: bool = False):
+    return format_of(kind, exact)
 
 
-def _new(kind: str, K: int, knobs: Knobs, vnni: bool = False):
-    fmt = _format(kind)
+def _new(kind: str, K: int, knobs: Knobs, vnni: bool = False, exact: bool = False):
+    fmt = _format(kind, exact)
     if K % fmt.block:
         raise ValueError(f"{kind}: K={K} is not a multiple of the block ({fmt.block})")
     k = _Kern()
     k.kind, k.width, k.unroll, k.vnni = kind, knobs.width, knobs.unroll, vnni
+    k.acts, k.prefetch = fmt.acts, knobs.prefetch_kb * 1024
     k.n_blocks = K // fmt.block
     k.row_bytes = k.n_blocks * fmt.type_size
     return fmt, k
@@ -65,16 +68,20 @@ def weight_arg(kind: str, lead: tuple, K: int) -> tuple[tuple, str]:
     return (*lead, K // fmt.block * fmt.type_size), "uint8"
 
 
-def act_args(kind: str, rows, K: int) -> list[tuple[str, tuple, str]]:
-    """[(name, shape, dtype)] of a kernel's activation arguments: the q8 row (int8 values, f32 scale per 256,
-    i16 sums per 16) for integer formats, the float32 row otherwise."""
-    if kind in INT_FORMATS:
+def act_args(kind: str, rows, K: int, exact: bool = False) -> list[tuple[str, tuple, str]]:
+    """[(name, shape, dtype)] of a kernel's activation arguments: the "q8" row (int8 values, f32 scale per 256,
+    i16 sums per 16) for the super-block integer formats, the "q8_0" row (int8 values, f32 scale per 32) for the
+    32-block ones, the float32 row otherwise (`exact`: the float path where a kind has both)."""
+    acts = _format(kind, exact).acts
+    if acts == "q8":
         return [("xq", (rows, K), "int8"), ("xd", (rows, K // 256), "float32"), ("xs", (rows, K // 16), "int16")]
+    if acts == "q8_0":
+        return [("xq", (rows, K), "int8"), ("xd", (rows, K // 32), "float32")]
     return [("x", (rows, K), "float32")]
 
 
 def _bind_acts(k, kind, rows, K):
-    for name, shape, dtype in act_args(kind, rows, K):
+    for name, shape, dtype in act_args(kind, rows, K, k.acts == "f32"):
         setattr(k, name, T.arg(name, T.buffer(shape, dtype, align=32)))
 
 
@@ -99,6 +106,17 @@ def _int_plan(fmt, width: int) -> tuple[list[int], list[int]]:
 
 def _concat(vs):
     return vs[0] if len(vs) == 1 else tirx.Shuffle(vs, list(range(sum(v.ty.dtype.lanes for v in vs))))
+def _prefetch(k, n, off, nbytes):
+    """Software prefetch (prefetcht0) of the weight bytes `k.prefetch` ahead of row n's bytes [off, off + nbytes),
+    one per 64-byte line. The rows of a thread's tiles are one contiguous stream; with the hardware prefetcher
+    alone a one-row kernel read it at ~0.7 of the machine's read bandwidth (Zen 4, bench/quant_gemv.py), with
+    16 KB ahead at about the read bandwidth. Prefetches past the end of the weight do not fault."""
+    if not k.prefetch:
+        return
+    base = n * k.row_bytes + off + k.prefetch
+    for o in range(0, nbytes, 64):
+        T.evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0", tirx.address_of(k.w8[base + o]),
+                                         const(0, "int32"), const(3, "int32"), const(1, "int32")))
 
 
 def _pairs(k, fmt) -> bool:
@@ -119,6 +137,7 @@ def _int_rows(k, fmt, n, rows, accs, blocks=None):
     zero = const(0, "int8", k.width)
     n_pairs = len(rows) // 2 if _pairs(k, fmt) else 0
     with T.serial(*(blocks or (0, k.n_blocks))) as s:
+        _prefetch(k, n, s * fmt.type_size, fmt.type_size)
         st = fmt.setup(k, n, s)
         sums = [None for _ in rows]
         pair_sums = [None] * n_pairs
@@ -161,6 +180,7 @@ def _float_rows(k, fmt, n, rows, accs):
     U = k.unroll
 
     def block(blk, slot):
+        _prefetch(k, n, blk * fmt.type_size, fmt.type_size)
         vals = fmt.values(k, n, blk)
         for t, acc in zip(rows, accs):
             for i, v in enumerate(vals):
@@ -174,9 +194,76 @@ def _float_rows(k, fmt, n, rows, accs):
         block(blk, 0)
 
 
+# -- 32-weight blocks on "q8_0" activation rows (formats.Block32) ----------------------------------------------------
+def _block32_rows(k, fmt, n, rows, accs):
+    """Weight row n against "q8_0" activation rows: per block an exact int32 sum (`dot_u8s8` of |w| with x carrying
+    w's sign), then float(sum) * (d_w * d_x). width / 32 blocks per vector, `fmt.UNROLL` vectors per step, their
+    products summed pairwise (mul, fma) and added to the row's accumulator accs[0] once per step; the blocks after
+    the last full step go one at a time in 32-byte vectors into accs[1]. One accumulator per row keeps a group of
+    8 rows in registers."""
+    U, per = fmt.UNROLL, k.width // 32
+    step, L = U * per, k.width // 4
+
+    def signed(w, width):
+        zero = const(0, "int8", width)
+        return T.Bind(tirx.Select(w < zero, zero - w, w))      # |w| as u8 (-128 -> 128)
+
+    def step_at(b0):
+        """Blocks b0 .. b0 + step - 1: the scales of the step as one vector (d_w * d_x per row: one multiply),
+        spread over each vector's blocks by a permute."""
+        ws = []
+        for u in range(U):
+            if k.width == 64 and hasattr(fmt, "abs_quants"):     # |q| and its sign straight from a table index
+                aw, idx = fmt.abs_quants(k, n, b0 + u * per, per)
+                zero = const(0, "int8", 64)
+                ws.append((lambda x, idx=idx: tirx.Select(fmt.negative(idx, 64), zero - x, x), aw))
+            else:
+                w = T.Bind(fmt.quants(k, n, b0 + u * per, per))
+                ws.append((lambda x, w=w: _sign(x, w, k.width), signed(w, k.width)))
+        dw = T.Bind(fmt.scales(k, n, b0, step))                  # float32 x step
+        _prefetch(k, n, b0 * fmt.type_size, step * fmt.type_size)
+        for t, acc in zip(rows, accs):
+            sc = T.Bind(dw * k.xd[t, ramp(b0, step)])
+            prods = []
+            for u, (sign, aw) in enumerate(ws):
+                sx = sign(k.xq[t, ramp(32 * (b0 + u * per), k.width)])
+                isum = dot_u8s8(None, aw, sx, k.width, None, k.vnni)      # int32 x L, 8 lanes per block
+                scv = tirx.Shuffle([sc] * (2 * L // step), [u * per + i // 8 for i in range(L)])
+                f = tirx.Cast(f"float32x{L}", isum)
+                prods.append(f * scv if u % 2 == 0 else fma(f, scv, prods.pop()))
+            while len(prods) > 1:
+                prods = [prods[i] + prods[i + 1] if i + 1 < len(prods) else prods[i] for i in range(0, len(prods), 2)]
+            T.buffer_store(acc[0], acc[0][ramp(0, L)] + prods[0], [ramp(0, L)])
+
+    def single(b):
+        w = T.Bind(fmt.quants(k, n, b, 1))
+        aw = signed(w, 32)
+        dw = T.Bind(fmt.scales(k, n, b, 1))
+        for t, acc in zip(rows, accs):
+            isum = dot_u8s8(None, aw, _sign(k.xq[t, ramp(32 * b, 32)], w, 32), 32)
+            scv = tirx.Broadcast(dw * k.xd[t, b], 8)
+            T.buffer_store(acc[1], fma(tirx.Cast("float32x8", isum), scv, acc[1][ramp(0, 8)]), [ramp(0, 8)])
+
+    with T.serial(0, k.n_blocks // step) as g:
+        step_at(g * step)
+    with T.serial(k.n_blocks // step * step, k.n_blocks) as b:
+        single(b)
+
+
+def _sign(x, w, width):
+    """x where w > 0, -x where w < 0, 0 where w = 0 (vpsignb on AVX2; AVX-512 has none for zmm: a masked negate,
+    which LLVM makes of the select)."""
+    if width == 32:
+        return tirx.call_llvm_pure_intrin("int8x32", "llvm.x86.avx2.psign.b", x, w)
+    zero = const(0, "int8", width)
+    return tirx.Select(w < zero, zero - x, x)
+
+
 def _lanes(k, fmt):
-    if k.kind in INT_FORMATS:
+    if k.acts == "q8":
         return [sum(_int_plan(fmt, k.width)[1])]
+    if k.acts == "q8_0":
+        return fmt.term_lanes(k.width)
     return [k.width // 4] * (k.unroll * 32 // (k.width // 4))
 
 
@@ -190,7 +277,13 @@ def _rows(k, fmt, n, rows, outs):
         for a, n_l in zip(acc, lanes):
             T.buffer_store(a, const(0.0, "float32", n_l), [ramp(0, n_l)])
         accs.append(acc)
-    if k.kind in INT_FORMATS:
+    if isinstance(fmt, Block32):
+        _block32_rows(k, fmt, n, rows, accs)
+        for acc, out in zip(accs, outs):
+            T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]) +
+                           hsum_pairwise(acc[1][ramp(0, lanes[1])], lanes[1]), out)
+        return
+    if k.acts == "q8":
         _int_rows(k, fmt, n, rows, [[(acc[0], 0)] for acc in accs])
         for acc, out in zip(accs, outs):
             T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]), out)
@@ -208,7 +301,7 @@ def _tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n)
     powers of two below it (`_group_sizes`). row_of(i) / out_of(i, n): activation row / output index of the i-th
     row; wrow(n): the weight row."""
     def each_row(make):
-        if k.kind in INT_FORMATS and _k_chunk(k, len(make())) < k.n_blocks:
+        if k.acts == "q8" and _k_chunk(k, len(make())) < k.n_blocks:
             return _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow)
         with T.serial(0, tile_n) as nn:
             with T.If(nt * tile_n + nn < N):
@@ -279,11 +372,12 @@ def _prim_func(name):
 
 
 def matmul(kind: str, N: int, K: int, rows: int | None = None, knobs: Knobs = Knobs(), name: str = "matmul",
-           vnni: bool = False):
+           vnni: bool = False, exact: bool = False):
     """y float32 [T, N] = x [T, K] · w [N, K]ᵀ for a weight of format `kind` (arguments: w, act_args..., y).
     `rows`: a static row count (the one-row entry points), or None for a symbolic T. `vnni`: the target has
-    VNNI at this vector width (`has_vnni`; the same bits either way, see vec.dot_u8s8)."""
-    fmt, k = _new(kind, K, knobs, vnni)
+    VNNI at this vector width (`has_vnni`; the same bits either way, see vec.dot_u8s8). `exact`: float32
+    activation rows for a kind that also has an integer path (Q8_0, IQ4_NL, MXFP4)."""
+    fmt, k = _new(kind, K, knobs, vnni, exact)
     n_tiles = -(-N // knobs.tile_n)
     with IRBuilder() as ib:
         with T.prim_func(s_tir=True):
@@ -308,12 +402,14 @@ def _counter():
 
 
 def matmul_id(kind: str, X: int, N: int, K: int, n_used: int, shared_x: bool, n_weights: int = 1,
-              rows: int | None = None, knobs: Knobs = Knobs(), name: str = "matmul_id", vnni: bool = False):
+              rows: int | None = None, knobs: Knobs = Knobs(), name: str = "matmul_id", vnni: bool = False,
+              exact: bool = False):
     """Routed experts: for each of `n_weights` weights w_i [X, N, K] of format `kind` (e.g. an expert FFN's gate
     and up: one pass, x read once for both), y_i float32 [T, n_used, N] with
     y_i[t, j] = w_i[ids[t, j]] · x[t] (`shared_x`) or · x[t * n_used + j]. Arguments: w_0.., act_args...,
-    ids int32 [T, n_used], y_0... Expert ids outside [0, X) select nothing (their outputs are left as they are)."""
-    fmt, k = _new(kind, K, knobs, vnni)
+    ids int32 [T, n_used], y_0... Expert ids outside [0, X) select nothing (their outputs are left as they are).
+    `exact`: as in `matmul`."""
+    fmt, k = _new(kind, K, knobs, vnni, exact)
     n_tiles = -(-N // knobs.tile_n)
     with IRBuilder() as ib:
         with T.prim_func(s_tir=True):
