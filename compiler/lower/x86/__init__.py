@@ -96,8 +96,9 @@ class KernelSpec:
         base = f"x86.{self.op}:{self.kind}:N{self.N}:K{self.K}:rows{r}"
         if self.op == "matmul_id":
             base += f":X{self.X}:used{self.n_used}:{'shared' if self.shared_x else 'slots'}:w{self.n_weights}"
-        # the 32-block kinds' integer kernels (their float ones keep the keys they had before)
-        return base + (":xq8_0" if self.acts == "q8_0" else "")
+        # the default build's kernel keeps the plain key; the float kernel of a kind with an integer one
+        # (Q8_0, IQ4_NL, MXFP4 under --exact-matmul) is told apart
+        return base + (":exact" if self.acts == "f32" and self.kind in INT_FORMATS else "")
 
     @property
     def name(self) -> str:
