@@ -139,16 +139,22 @@ def rope_ext(x, pos, n_rot, mode, freq_base, freq_scale=1.0, ext_factor=0.0, att
             c, s = c * tirx.const(mscale, "float64"), s * tirx.const(mscale, "float64")
         return c.astype(F32), s.astype(F32)
 
+    # cos and sin once per (row, pair) in their own stage: computed per element they cost three float64
+    # transcendentals for each of the T * heads * n_rot values (the same values, so the same bits).
+    cos_t = te.compute((x.shape[0], half), lambda t, i: cos_sin(angle(t, i))[0], name="rope_cos")
+    sin_t = te.compute((x.shape[0], half), lambda t, i: cos_sin(angle(t, i))[1], name="rope_sin")
+
     if mode == "neox":
         def f(t, h, d):
-            j = tirx.if_then_else(d < half, d, d - half)
-            c, s = cos_sin(angle(t, j))
+            j = tirx.if_then_else(d < half, d, tirx.if_then_else(d < n_rot, d - half, 0))   # in the table
+            c, s = cos_t[t, j], sin_t[t, j]
             lo = x[t, h, d] * c - x[t, h, d + half] * s
             hi = x[t, h, d - half] * s + x[t, h, d] * c
             return tirx.if_then_else(d < half, lo, tirx.if_then_else(d < n_rot, hi, x[t, h, d]))
     else:  # "norm": adjacent pairs (2i, 2i+1)
         def f(t, h, d):
-            c, s = cos_sin(angle(t, d // 2))
+            j = tirx.if_then_else(d < n_rot, d // 2, 0)
+            c, s = cos_t[t, j], sin_t[t, j]
             even = x[t, h, d] * c - x[t, h, d + 1] * s
             odd = x[t, h, d - 1] * s + x[t, h, d] * c
             return tirx.if_then_else(d < n_rot, tirx.if_then_else(d % 2 == 0, even, odd), x[t, h, d])
@@ -169,8 +175,21 @@ def softplus(x):
         tirx.const(1.0, F32) + te.exp(-te.abs(x[i]))), name="softplus")
 
 
+# SiLU(g) = g / (1 + exp(-g)) with expf kept on its fast path: outside about [-88, 88] it calls out to set
+# errno (an overflow, an underflow to 0), several times slower, and the quotient is known there: for g > 87,
+# 1 + exp(-g) rounds to 1 (so exp(-87) gives the same bits), and for g < -88 it is below 6e-37 in magnitude
+# (taken as g * 0: a zero of g's sign, as g / inf). exp's argument is clamped on both sides because the
+# selection below may compute both of its branches.
+SILU_EXP_LO, SILU_G_LO = -87.0, -88.0
+
+
 def swiglu(gt, up):
-    return te.compute(gt.shape, lambda *i: gt[i] / (tirx.const(1.0, F32) + te.exp(-gt[i])) * up[i], name="swiglu")
+    def f(*i):
+        g = gt[i]
+        e = te.exp(te.min(te.max(-g, tirx.const(SILU_EXP_LO, F32)), -tirx.const(SILU_G_LO, F32)))
+        silu = g / (tirx.const(1.0, F32) + e)
+        return tirx.if_then_else(g < tirx.const(SILU_G_LO, F32), g * tirx.const(0.0, F32), silu) * up[i]
+    return te.compute(gt.shape, f, name="swiglu")
 
 
 def clamp(x, lo, hi):
