@@ -4,7 +4,10 @@ Decode is dominated by matrix-vector products (QKV, O, FFN, experts, lm head) wh
 contiguous K axis of the weight. Each such reduction is split K = ko × 16 and `rfactor`ed on the 16 lanes,
 so the inner loop becomes a vector multiply-add over contiguous weight bytes (Q8_0 blocks are 32 wide, so a
 16-lane vector never straddles a scale), followed by a 16 → 1 sum. Large outputs (lm head, MoE experts)
-are split across threads. Anything a rule does not fit stays in TE's default loop nest.
+are split across threads. Elementwise stages (rope, swiglu, concat, views: every axis spatial) are spread over
+the threads by their outer axes when their size is symbolic (prefill, verify) or at least PARALLEL_MIN_ELEMS
+(a one-row decode step's small ones stay on the calling thread: a fork-join costs more than they do). Anything
+a rule does not fit stays in TE's default loop nest.
 
 Every kernel's buffer parameters are declared 32-byte aligned (`align_params`), not TVM's default 64: weights
 are views of the mapped GGUF file, whose tensor data is aligned to `general.alignment` = 32 bytes, and a kernel
@@ -22,6 +25,8 @@ from .loops import static_extent
 LANES = 16
 TILE = 64
 PARALLEL_MIN_WORK = 1 << 19     # multiply-adds per row above which a kernel is split across threads
+PARALLEL_MIN_ELEMS = 1 << 16    # static elementwise stages from this many elements on are split across threads
+CHUNK = 1024                    # elements per work item of a one-axis elementwise stage
 # The knobs `nextn tune` lets meta_schedule search (schedule_space); the defaults above are used otherwise.
 LANE_CHOICES = (8, 16, 32)
 TILE_CHOICES = (16, 32, 64, 128, 256)
@@ -69,6 +74,29 @@ def schedule_reduction(sch: s_tir.Schedule, block, sample: bool = False) -> bool
     return True
 
 
+def schedule_elementwise(sch: s_tir.Schedule, block) -> bool:
+    """Spread a stage whose axes are all spatial over the threads: its outer axes fused into one parallel loop
+    (a one-axis stage in CHUNK-element pieces), the innermost axis left to run contiguously. Returns True if
+    applied."""
+    kinds = _iter_kinds(sch, block)
+    loops = sch.get_loops(block)
+    if not loops or len(loops) != len(kinds) or any(k != tirx.IterVar.DataPar for k in kinds):
+        return False
+    extents = [static_extent(sch.get(lp).extent) for lp in loops]
+    if None not in extents:
+        n = 1
+        for e in extents:
+            n *= e
+        if n < PARALLEL_MIN_ELEMS:
+            return False
+    if len(loops) == 1:
+        outer, _inner = sch.split(loops[0], factors=[None, CHUNK])
+    else:
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    sch.parallel(outer)
+    return True
+
+
 def schedule_space(sch: s_tir.Schedule) -> None:
     """meta_schedule design space (`nextn tune`): this file's schedules with sampled knobs."""
     for b in sch.get_child_blocks(sch.get_sblock("root")):
@@ -87,7 +115,7 @@ def schedule_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
     changed = False
     for b in blocks:
         try:
-            changed |= schedule_reduction(sch, b)
+            changed |= schedule_reduction(sch, b) or schedule_elementwise(sch, b)
         except Exception:   # a rule that does not fit this block: keep the default nest
             continue
     return sch.mod["main"] if changed else func
