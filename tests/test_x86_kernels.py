@@ -236,3 +236,38 @@ def test_q8_0_quantizer_matches_the_numpy_statement():
     assert want[1][3, 0] == amax / np.float32(127)
     assert np.array_equal(want[0][3, :32], np.rint(blk * (np.float32(127) / amax)).astype(np.int8))
     assert (want[0][1, :32] == 0).all() and want[1][1, 0] == 0
+
+
+@pytest.mark.parametrize("kind,exact", PATHS, ids=PATH_IDS)
+def test_matmul_heads(kind, exact):
+    """Per-head weights (absorbed MLA's attn_k_b / attn_v_b: w [H, N, K], x [T, H, K] -> [T, H, N]) against
+    float64 numpy on the rows the kernel was given; each row alone (the decode step's static one-row kernel)
+    gives the batch's bits."""
+    H, N, K, Tn = 3, 40, k_of(kind, exact), 6          # N off the tile, T = a group of 4 + 2
+    w, wf = random_weight(kind, (H,), N, K)
+    x = RNG.standard_normal((Tn * H, K)).astype(np.float32)      # row t * H + h is x[t, h]
+    acts, xf = activations(kind, x, exact)
+    knobs = x86.Knobs(width=WIDTH, tile_n=16, row_group=4)
+    (y,) = run(build(x86.matmul_heads(kind, H, N, K, knobs=knobs, exact=exact)), w, *acts, outs=[(Tn, H, N)])
+    assert rel(y, np.einsum("hnk,thk->thn", wf, xf.reshape(Tn, H, K))) < 1e-5
+    one = build(x86.matmul_heads(kind, H, N, K, rows=1, knobs=knobs, exact=exact))
+    for t in range(Tn):
+        (y1,) = run(one, w, *[a[t * H:(t + 1) * H] for a in acts], outs=[(1, H, N)])
+        assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), t
+
+
+def test_matmul_heads_routing_and_key():
+    """A 3-D mul_mat weight with x [T, H, K] goes to the per-head kernel; other x ranks and integer kinds whose K
+    the blocks do not divide keep the TE element path."""
+    from nextn.compiler.ir import Graph
+    from nextn.compiler.lower.x86.emit import X86Lowering
+
+    g = Graph("t")
+    w = g.weight("w", (4, 64, 96))
+    low = X86Lowering(WIDTH)
+    assert low.handles(g.mul_mat(w, g.input("x", ("T", 4, 96), "float32")), "q8_0")
+    assert not low.handles(g.mul_mat(w, g.input("x4", (2, "T", 4, 96), "float32")), "q8_0")   # other ranks
+    assert not low.handles(g.mul_mat(w, g.input("xq", ("T", 4, 96), "float32")), "q4_k")      # K not a 256 block
+    spec = x86.KernelSpec("matmul_heads", "q4_k", 40, 512, None, X=3)
+    assert spec.key == "x86.matmul_heads:q4_k:N40:K512:rowsT:H3"
+    assert spec.weight_bytes() == 3 * 40 * 2 * 144

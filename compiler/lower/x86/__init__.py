@@ -1,7 +1,8 @@
 """Hand-written x86 kernels for the CPU (llvm) target: quantized / 16-bit matmuls that read the GGUF's bytes.
 
 `to_relax` routes `mul_mat` and `mul_mat_id` here when the target has AVX2 + FMA + F16C and the weight's kind is
-in `KINDS` (2-D [N, K] dense weights, 3-D [X, N, K] routed experts); everything else keeps the TE element
+in `KINDS` (2-D [N, K] dense weights, 3-D [H, N, K] per-head weights with x [T, H, K], 3-D [X, N, K] routed
+experts); everything else keeps the TE element
 expression path (`nextn.compiler.quant`). Integer kinds (`INT_KINDS`) multiply int8-quantized activation rows
 when the artifact quantizes activations: "q8" rows (`quantize_rows`, per 256) for the K-quants and IQ4_XS, "q8_0"
 rows (`quantize_rows_q8_0`, per 32) for Q8_0, IQ4_NL and MXFP4 (semantics in `nextn.common.quant.activation`).
@@ -11,6 +12,7 @@ VNNI (`has_vnni`) changes instructions, never results.
 """
 from __future__ import annotations
 
+from .batched import matmul_heads
 from .formats import FLOAT_FORMATS, INT_FORMATS, format_of
 from .loops import Knobs, act_args, matmul, matmul_id, weight_arg
 from .quantize import quantize_rows, quantize_rows_q8_0
@@ -59,9 +61,9 @@ def activation_rows(kind: str, x, exact: bool = False) -> list:
     return list(activation.quantize_q8_0(x)) if acts == "q8_0" else [x]
 
 
-__all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "activation_rows", "default_knobs",
-           "format_of", "has_vnni", "matmul", "matmul_id", "quantize_rows", "quantize_rows_q8_0", "vector_width",
-           "weight_arg"]
+__all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "activation_rows",
+           "default_knobs", "format_of", "has_vnni", "matmul", "matmul_heads", "matmul_id", "quantize_rows",
+           "quantize_rows_q8_0", "vector_width", "weight_arg"]
 
 
 from dataclasses import dataclass, field as _field   # noqa: E402
@@ -71,8 +73,9 @@ from dataclasses import dataclass, field as _field   # noqa: E402
 class KernelSpec:
     """One x86 kernel of a model: what it computes (everything but the knobs). `key` names it in tuning logs.
 
-    op: "matmul" (weight [N, K]) or "matmul_id" (routed experts [X, N, K], n_used per row, x shared by the slots
-    or one row per slot, n_weights weights in one pass); rows: static row count or None (symbolic T); exact: the
+    op: "matmul" (weight [N, K]), "matmul_heads" (one [N, K] weight per head: [X = H, N, K], x [T, H, K]) or
+    "matmul_id" (routed experts [X, N, K], n_used per row, x shared by the slots or one row per slot, n_weights
+    weights in one pass); rows: static row count or None (symbolic T); exact: the
     float path of a kind that has an integer one too (Q8_0, IQ4_NL, MXFP4 under --exact-matmul)."""
     op: str
     kind: str
@@ -96,6 +99,8 @@ class KernelSpec:
         base = f"x86.{self.op}:{self.kind}:N{self.N}:K{self.K}:rows{r}"
         if self.op == "matmul_id":
             base += f":X{self.X}:used{self.n_used}:{'shared' if self.shared_x else 'slots'}:w{self.n_weights}"
+        elif self.op == "matmul_heads":
+            base += f":H{self.X}"
         # the default build's kernel keeps the plain key; the float kernel of a kind with an integer one
         # (Q8_0, IQ4_NL, MXFP4 under --exact-matmul) is told apart
         return base + (":exact" if self.acts == "f32" and self.kind in INT_FORMATS else "")
@@ -108,11 +113,14 @@ class KernelSpec:
         """The PrimFunc with `knobs`; `vnni`: the target has VNNI at knobs.width (`has_vnni`)."""
         if self.op == "matmul":
             return matmul(self.kind, self.N, self.K, self.rows, knobs, name=self.name, vnni=vnni, exact=self.exact)
+        if self.op == "matmul_heads":
+            return matmul_heads(self.kind, self.X, self.N, self.K, self.rows, knobs, name=self.name, vnni=vnni,
+                                exact=self.exact)
         return matmul_id(self.kind, self.X, self.N, self.K, self.n_used, self.shared_x, self.n_weights, self.rows,
                          knobs, name=self.name, vnni=vnni, exact=self.exact)
 
     def weight_bytes(self) -> int:
-        shape, dtype = weight_arg(self.kind, (self.X, self.N) if self.op == "matmul_id" else (self.N,), self.K)
+        shape, dtype = weight_arg(self.kind, (self.N,) if self.op == "matmul" else (self.X, self.N), self.K)
         n = 1
         for d in shape:
             n *= d

@@ -1,6 +1,7 @@
 """Lowering `mul_mat` / `mul_mat_id` IR nodes to the x86 kernels (called from `to_relax._emit`).
 
-A node goes to an x86 kernel when its weight is 2-D [N, K] (`mul_mat`) or 3-D [X, N, K] (`mul_mat_id`) of a
+A node goes to an x86 kernel when its weight is 2-D [N, K] (`mul_mat`), 3-D [H, N, K] with x [T, H, K] (`mul_mat`
+per head: absorbed MLA, batched.py) or 3-D [X, N, K] (`mul_mat_id`) of a
 kind in `KINDS` whose block divides K; integer kinds also need the artifact to quantize activations
 (`quantize_activations`), else they take the float path (Q8_0, IQ4_NL, MXFP4) or keep the TE element expression.
 The activation rows of an integer kernel are quantized once per input and row format (the Q, K and V projections
@@ -56,7 +57,11 @@ class X86Lowering:
         if n.op not in ("mul_mat", "mul_mat_id") or n.inputs[0].op != "weight" or kind is None:
             return False
         w = n.inputs[0].shape
-        if n.op == "mul_mat" and len(w) != 2 or n.op == "mul_mat_id" and len(w) != 3:
+        if n.op == "mul_mat" and len(w) == 3:    # per head (absorbed MLA): x [T, H, K] against w [H, N, K]
+            x = n.inputs[1].shape
+            if len(x) != 3 or x[1] != w[0]:
+                return False
+        elif n.op == "mul_mat" and len(w) != 2 or n.op == "mul_mat_id" and len(w) != 3:
             return False
         return all(isinstance(d, int) for d in w) and self._kind_ok(kind, w[-1])
 
@@ -110,6 +115,8 @@ class X86Lowering:
             return self._done.pop(n.id)
         args = [env[i.id] for i in n.inputs]
         if n.op == "mul_mat":
+            if len(n.inputs[0].shape) == 3:
+                return self._mul_mat_heads(bb, n, args, sym)
             return self._mul_mat(bb, n, args, sym)
         return self._mul_mat_id(bb, n, args, sym, env)
 
@@ -127,6 +134,19 @@ class X86Lowering:
         gv = self._kernel(bb, spec)
         y = bb.emit(relax.call_tir(gv, relax.Tuple([w, *acts]), relax.TensorType([rows_e, N], "float32")))
         return y if len(lead) == 1 else bb.emit(relax.op.reshape(y, [*lead, N]))
+
+    def _mul_mat_heads(self, bb, n, args, sym):
+        (kind, (w, *_tables), _shape), x = _weight(args[0]), args[1]
+        H, N, K = n.inputs[0].shape
+        T_e = _dim(n.inputs[1].shape[0], sym)
+        rows = int(T_e) if isinstance(T_e, tirx.IntImm) else None
+        x2 = bb.emit(relax.op.reshape(x, [T_e * H, K]))
+        spec = KernelSpec("matmul_heads", kind, N, K, rows, X=H, exact=self._exact(kind, K))
+        acts = self._acts(bb, spec, x2, None if rows is None else rows * H)
+        if spec.acts != "f32":
+            self.quantized_weights[n.inputs[0].name] = spec.acts
+        gv = self._kernel(bb, spec)
+        return bb.emit(relax.call_tir(gv, relax.Tuple([w, *acts]), relax.TensorType([T_e, H, N], "float32")))
 
     def _mul_mat_id(self, bb, n, args, sym, env):
         members = self._groups.get(n.id, [n])
