@@ -42,10 +42,15 @@ def start_server(artifact, **kw):
     return run
 
 
+
+def q8_exact(compiled):
+    return compiled("q8-exact", G4 / "tiny-glm4moe-Q8_0.gguf", exact_matmul=True)
+
 @pytest.fixture(scope="module")
 def server(compiled):
-    run = start_server(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), ctx_size=4096, n_parallel=2, metrics=True,
-                       api_keys=[KEY])
+    # --exact-matmul: float activation rows, so greedy outputs are the fixture references' (the default q8_0 rows
+    # may flip a near tie)
+    run = start_server(q8_exact(compiled), ctx_size=4096, n_parallel=2, metrics=True, api_keys=[KEY])
     yield run
     run.stop()
 
@@ -104,7 +109,7 @@ def test_same_tokens_with_and_without_drafting_at_temperature(client):
 @pytest.fixture(scope="module")
 def strict(compiled):
     """A server whose operator set n_min 3 and p_min 0.95: requests may only lower them."""
-    run = start_server(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), ctx_size=2048,
+    run = start_server(q8_exact(compiled), ctx_size=2048,
                        defaults={"n_min": 3, "p_min": 0.95})
     with httpx.Client(base_url=run.url, timeout=120) as c:
         yield c
@@ -177,7 +182,7 @@ def test_parallel_requests_give_the_sequential_greedy_content(server):
 def test_slot_context_nearly_full_stops_with_truncated(compiled):
     p = PROMPTS["code-short"]
     P = len(p["prompt_ids"])
-    run = start_server(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), ctx_size=2 * (P + 10), n_parallel=2)
+    run = start_server(q8_exact(compiled), ctx_size=2 * (P + 10), n_parallel=2)
     try:
         with httpx.Client(base_url=run.url, timeout=60) as c:
             r = post(c, "/completion", {"prompt": p["prompt_ids"], "temperature": 0, "ignore_eos": True,
