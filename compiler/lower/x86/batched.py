@@ -10,11 +10,9 @@ a row gives the same bits alone (the decode step) or in a batch, as every x86 ke
 """
 from __future__ import annotations
 
-from tvm import tirx
-from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
-from .loops import Knobs, _bind_acts, _new, _prim_func, _tile, _views, weight_arg
+from .loops import Knobs, _bind_acts, _kernel, _tile, _views
 
 
 def matmul_heads(kind: str, H: int, N: int, K: int, rows: int | None = None, knobs: Knobs = Knobs(),
@@ -22,23 +20,16 @@ def matmul_heads(kind: str, H: int, N: int, K: int, rows: int | None = None, kno
     """y float32 [T, H, N] with y[t, h] = w[h] · x[t * H + h] for a weight w [H, N, K] of format `kind`.
     Arguments: w, act_args for T*H rows (x [T, H, K] flattened), y. `rows`: a static T, or None (symbolic);
     `vnni`, `exact`: as `loops.matmul`."""
-    fmt, k = _new(kind, K, knobs, vnni, exact)
-    n_tiles = -(-N // knobs.tile_n)
-    with IRBuilder() as ib:
-        with T.prim_func(s_tir=True):
-            _prim_func(name)
-            Tr = tirx.Var("T", "int64") if rows is None else rows
-            shape, dtype = weight_arg(kind, (H, N), K)
-            w = T.arg("w", T.buffer(shape, dtype, align=32))
-            _bind_acts(k, kind, Tr * H, K)
-            y = T.arg("y", T.buffer((Tr, H, N), "float32", align=32))
-            with T.sblock("root"):
-                k.w = T.decl_buffer((H * N, k.row_bytes), "uint8", data=w.data, align=32)
-                _views(k, w.data, H * N * k.row_bytes)
-                k.y = T.decl_buffer((Tr * H, N), "float32", data=y.data, align=32)
-                with T.parallel(0, H * n_tiles) as it:
-                    h = T.Bind(it // n_tiles)
-                    nt = T.Bind(it % n_tiles)
-                    _tile(k, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i * H + h,
-                          lambda i, n: [i * H + h, n], wrow=lambda n: h * N + n)
-    return ib.get()
+    with _kernel(name, kind, (H, N), K, rows, knobs, vnni, exact) as (fmt, k, Tr, (w,)):
+        _bind_acts(k, kind, Tr * H, K)
+        y = T.arg("y", T.buffer((Tr, H, N), "float32", align=32))
+        with T.sblock("root"):
+            k.w = T.decl_buffer((H * N, k.row_bytes), "uint8", data=w.data, align=32)
+            _views(k, w.data, H * N * k.row_bytes)
+            k.y = T.decl_buffer((Tr * H, N), "float32", data=y.data, align=32)
+            with T.parallel(0, H * k.n_tiles) as it:
+                h = T.Bind(it // k.n_tiles)
+                nt = T.Bind(it % k.n_tiles)
+                _tile(k, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i * H + h,
+                      lambda i, n: [i * H + h, n], wrow=lambda n: h * N + n)
+    return k.func

@@ -16,6 +16,7 @@ and prefill rows equal decode rows bit for bit. Integer-path sums are exact, so 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tvm import tirx
@@ -366,9 +367,24 @@ def _group_sizes(group: int) -> list[int]:
     return [group] + [1 << i for i in range(group.bit_length() - 1, -1, -1) if 1 << i < group]
 
 
-def _prim_func(name):
-    T.func_name(name)
-    T.func_attr({"global_symbol": name, "tirx.noalias": True, "tirx.is_scheduled": True})
+@contextmanager
+def _kernel(name: str, kind: str, lead: tuple, K: int, rows, knobs: Knobs, vnni: bool, exact: bool,
+            weights=("w",)):
+    """The prologue of every x86 matmul kernel: the format and `_Kern`, the PrimFunc named `name`, the row count
+    Tr (`rows`, or a symbolic T), and the weight arguments `weights` of shape `lead` + the row's bytes (or
+    elements). Yields (fmt, k, Tr, [weight args]); the caller binds the other arguments and writes the body
+    inside, and finds the PrimFunc in k.func after the block. k.n_tiles: tiles of `tile_n` rows of the last
+    `lead` dimension."""
+    fmt, k = _new(kind, K, knobs, vnni, exact)
+    k.n_tiles = -(-lead[-1] // knobs.tile_n)
+    with IRBuilder() as ib:
+        with T.prim_func(s_tir=True):
+            T.func_name(name)
+            T.func_attr({"global_symbol": name, "tirx.noalias": True, "tirx.is_scheduled": True})
+            Tr = tirx.Var("T", "int64") if rows is None else rows
+            shape, dtype = weight_arg(kind, lead, K)
+            yield fmt, k, Tr, [T.arg(w, T.buffer(shape, dtype, align=32)) for w in weights]
+    k.func = ib.get()
 
 
 def matmul(kind: str, N: int, K: int, rows: int | None = None, knobs: Knobs = Knobs(), name: str = "matmul",
@@ -377,22 +393,15 @@ def matmul(kind: str, N: int, K: int, rows: int | None = None, knobs: Knobs = Kn
     `rows`: a static row count (the one-row entry points), or None for a symbolic T. `vnni`: the target has
     VNNI at this vector width (`has_vnni`; the same bits either way, see vec.dot_u8s8). `exact`: float32
     activation rows for a kind that also has an integer path (Q8_0, IQ4_NL, MXFP4)."""
-    fmt, k = _new(kind, K, knobs, vnni, exact)
-    n_tiles = -(-N // knobs.tile_n)
-    with IRBuilder() as ib:
-        with T.prim_func(s_tir=True):
-            _prim_func(name)
-            Tr = tirx.Var("T", "int64") if rows is None else rows
-            shape, dtype = weight_arg(kind, (N,), K)
-            w = T.arg("w", T.buffer(shape, dtype, align=32))
-            _bind_acts(k, kind, Tr, K)
-            k.y = T.arg("y", T.buffer((Tr, N), "float32", align=32))
-            with T.sblock("root"):   # the form Relax passes expect of a PrimFunc body
-                k.w = T.decl_buffer((N, k.row_bytes), "uint8", data=w.data, align=32)
-                _views(k, w.data, N * k.row_bytes)
-                with T.parallel(0, n_tiles) as nt:
-                    _tile(k, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i, lambda i, n: [i, n])
-    return ib.get()
+    with _kernel(name, kind, (N,), K, rows, knobs, vnni, exact) as (fmt, k, Tr, (w,)):
+        _bind_acts(k, kind, Tr, K)
+        k.y = T.arg("y", T.buffer((Tr, N), "float32", align=32))
+        with T.sblock("root"):   # the form Relax passes expect of a PrimFunc body
+            k.w = T.decl_buffer((N, k.row_bytes), "uint8", data=w.data, align=32)
+            _views(k, w.data, N * k.row_bytes)
+            with T.parallel(0, k.n_tiles) as nt:
+                _tile(k, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i, lambda i, n: [i, n])
+    return k.func
 
 
 def _counter():
@@ -409,60 +418,54 @@ def matmul_id(kind: str, X: int, N: int, K: int, n_used: int, shared_x: bool, n_
     y_i[t, j] = w_i[ids[t, j]] · x[t] (`shared_x`) or · x[t * n_used + j]. Arguments: w_0.., act_args...,
     ids int32 [T, n_used], y_0... Expert ids outside [0, X) select nothing (their outputs are left as they are).
     `exact`: as in `matmul`."""
-    fmt, k = _new(kind, K, knobs, vnni, exact)
-    n_tiles = -(-N // knobs.tile_n)
-    with IRBuilder() as ib:
-        with T.prim_func(s_tir=True):
-            _prim_func(name)
-            Tr = tirx.Var("T", "int64") if rows is None else rows
-            shape, dtype = weight_arg(kind, (X, N), K)
-            ws = [T.arg(f"w{i}", T.buffer(shape, dtype, align=32)) for i in range(n_weights)]
-            _bind_acts(k, kind, Tr if shared_x else Tr * n_used, K)
-            ids = T.arg("ids", T.buffer((Tr, n_used), "int32", align=32))
-            ys = [T.arg(f"y{i}", T.buffer((Tr, n_used, N), "float32", align=32)) for i in range(n_weights)]
-            with T.sblock("root"):
-                P = Tr * n_used
-                pairs_e = T.decl_buffer((P,), "int32", data=ids.data)
-                w2 = [T.decl_buffer((X * N, k.row_bytes), "uint8", data=w.data, align=32) for w in ws]
-                y2 = [T.decl_buffer((P, N), "float32", data=y.data, align=32) for y in ys]
-                # group the pairs p = t * n_used + j by expert: counts, start offsets, the experts used, the pairs in
-                # expert order (stable)
-                cnt, start, used = (T.decl_buffer((X,), "int32") for _ in range(3))
-                order = T.decl_buffer((P,), "int32")
-                n_used_experts, total = _counter(), _counter()
-                with T.serial(0, X) as e:
-                    T.buffer_store(cnt, const(0, "int32"), [e])
-                with T.serial(0, P) as p:
-                    e = T.Bind(pairs_e[p])
-                    with T.If(tirx.all(e >= 0, e < X)):
-                        with T.Then():
-                            T.buffer_store(cnt, cnt[e] + 1, [e])
-                with T.serial(0, X) as e:
-                    T.buffer_store(start, total[0], [e])
-                    T.buffer_store(total, total[0] + cnt[e], [0])
-                    with T.If(cnt[e] > 0):
-                        with T.Then():
-                            T.buffer_store(used, tirx.Cast("int32", e), [n_used_experts[0]])
-                            T.buffer_store(n_used_experts, n_used_experts[0] + 1, [0])
-                    T.buffer_store(cnt, const(0, "int32"), [e])     # counted again below, as the fill position
-                with T.serial(0, P) as p:
-                    e = T.Bind(pairs_e[p])
-                    with T.If(tirx.all(e >= 0, e < X)):
-                        with T.Then():
-                            T.buffer_store(order, tirx.Cast("int32", p), [start[e] + cnt[e]])
-                            T.buffer_store(cnt, cnt[e] + 1, [e])
-                views = []
-                for w in w2:
-                    _views(k, w.data, X * N * k.row_bytes)
-                    views.append((k.w8, k.w16, k.w16u, k.w32, k.w32f))
-                with T.parallel(0, T.Bind(n_used_experts[0] * n_tiles)) as it:
-                    e = T.Bind(used[it // n_tiles])
-                    nt = T.Bind(it % n_tiles)
-                    base, count = T.Bind(start[e]), T.Bind(cnt[e])
-                    pair = lambda i: order[base + i]   # noqa: E731
-                    row_of = (lambda i: pair(i) // n_used) if shared_x else pair
-                    for w, v, y in zip(w2, views, y2):
-                        k.w, (k.w8, k.w16, k.w16u, k.w32, k.w32f), k.y = w, v, y
-                        _tile(k, fmt, nt, knobs.tile_n, N, count, knobs.row_group, row_of, lambda i, n: [pair(i), n],
-                              wrow=lambda n: e * N + n)
-    return ib.get()
+    weights = [f"w{i}" for i in range(n_weights)]
+    with _kernel(name, kind, (X, N), K, rows, knobs, vnni, exact, weights) as (fmt, k, Tr, ws):
+        _bind_acts(k, kind, Tr if shared_x else Tr * n_used, K)
+        ids = T.arg("ids", T.buffer((Tr, n_used), "int32", align=32))
+        ys = [T.arg(f"y{i}", T.buffer((Tr, n_used, N), "float32", align=32)) for i in range(n_weights)]
+        with T.sblock("root"):
+            P = Tr * n_used
+            pairs_e = T.decl_buffer((P,), "int32", data=ids.data)
+            w2 = [T.decl_buffer((X * N, k.row_bytes), "uint8", data=w.data, align=32) for w in ws]
+            y2 = [T.decl_buffer((P, N), "float32", data=y.data, align=32) for y in ys]
+            # group the pairs p = t * n_used + j by expert: counts, start offsets, the experts used, the pairs in
+            # expert order (stable)
+            cnt, start, used = (T.decl_buffer((X,), "int32") for _ in range(3))
+            order = T.decl_buffer((P,), "int32")
+            n_used_experts, total = _counter(), _counter()
+            with T.serial(0, X) as e:
+                T.buffer_store(cnt, const(0, "int32"), [e])
+            with T.serial(0, P) as p:
+                e = T.Bind(pairs_e[p])
+                with T.If(tirx.all(e >= 0, e < X)):
+                    with T.Then():
+                        T.buffer_store(cnt, cnt[e] + 1, [e])
+            with T.serial(0, X) as e:
+                T.buffer_store(start, total[0], [e])
+                T.buffer_store(total, total[0] + cnt[e], [0])
+                with T.If(cnt[e] > 0):
+                    with T.Then():
+                        T.buffer_store(used, tirx.Cast("int32", e), [n_used_experts[0]])
+                        T.buffer_store(n_used_experts, n_used_experts[0] + 1, [0])
+                T.buffer_store(cnt, const(0, "int32"), [e])     # counted again below, as the fill position
+            with T.serial(0, P) as p:
+                e = T.Bind(pairs_e[p])
+                with T.If(tirx.all(e >= 0, e < X)):
+                    with T.Then():
+                        T.buffer_store(order, tirx.Cast("int32", p), [start[e] + cnt[e]])
+                        T.buffer_store(cnt, cnt[e] + 1, [e])
+            views = []
+            for w in w2:
+                _views(k, w.data, X * N * k.row_bytes)
+                views.append((k.w8, k.w16, k.w16u, k.w32, k.w32f))
+            with T.parallel(0, T.Bind(n_used_experts[0] * k.n_tiles)) as it:
+                e = T.Bind(used[it // k.n_tiles])
+                nt = T.Bind(it % k.n_tiles)
+                base, count = T.Bind(start[e]), T.Bind(cnt[e])
+                pair = lambda i: order[base + i]   # noqa: E731
+                row_of = (lambda i: pair(i) // n_used) if shared_x else pair
+                for w, v, y in zip(w2, views, y2):
+                    k.w, (k.w8, k.w16, k.w16u, k.w32, k.w32f), k.y = w, v, y
+                    _tile(k, fmt, nt, knobs.tile_n, N, count, knobs.row_group, row_of, lambda i, n: [pair(i), n],
+                          wrow=lambda n: e * N + n)
+    return k.func
