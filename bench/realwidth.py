@@ -17,9 +17,11 @@ llama.cpp keeps its default flash attention (`-fa auto`: on for the CPU), nextn'
 Per file, `--repeat` rounds; each round measures, back to back so that drift hits all three alike:
   1. the machine's read bandwidth: `-t` numpy threads each summing its share of a 512 MB float32 array (STREAM-like
      "sum"; numpy releases the GIL in reductions), and a single-threaded 256 MB copy;
-  2. nextn in a fresh process (`nextn.runtime.load`, compiled and cached on the first round): plain decode tok/s
-     (`Model.generate(spec_type="none")`, --n-gen decoded tokens after an 8-token prompt), prefill tok/s
-     (`Engine.prefill` of --n-prompt random tokens), and the ms of `Engine.verify` over k+1 = 1..4 rows and of one
+  2. nextn in a fresh process (`nextn.runtime.load`, compiled and cached on the first round), timed once its
+     background populate of the mapped GGUF is done (`Engine.wait_populated`; llama.cpp's load maps with
+     MAP_POPULATE): plain decode tok/s (`Model.generate(spec_type="none")`, --n-gen decoded tokens after an 8-token
+     prompt), prefill tok/s (`Engine.prefill` of --n-prompt random tokens: one untimed call, then the best of 2, as
+     llama-bench times pp after its warm-up run), and the ms of `Engine.verify` over k+1 = 1..4 rows and of one
      `Engine.mtp_draft` row at the position after that prompt, each the min of 3 round-robin calls
      (`runtime.depth.time_call`); the rows are distinct random tokens, so each row routes to its own experts as in
      real speculation (the depth calibration's repeated token would route every row to the same experts);
@@ -246,9 +248,12 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type
                 cache_type_v=cache_type_v)
     load_s = time.perf_counter() - t
     eng = m.engine
+    t = time.perf_counter()
+    populated = eng.wait_populated()
+    populate_s = time.perf_counter() - t
     rng = np.random.default_rng(seed)
     V = int(eng.hparams["n_vocab"])
-    out = {"load_s": load_s, "weight_bytes": eng.weight_bytes, "kv_bytes": eng.kv_bytes, "kv_cache": eng.kv_cache,
+    out = {"load_s": load_s, "populate": populated, "populate_wait_s": populate_s, "weight_bytes": eng.weight_bytes, "kv_bytes": eng.kv_bytes, "kv_cache": eng.kv_cache,
            "copied_weight_bytes": getattr(eng.device, "copied_weight_bytes", None),
            "plan_bytes_per_token": step_read_bytes(eng.artifact.manifest, "decode"), "threads_env":
            os.environ.get("TVM_NUM_THREADS"), "has_mtp": eng.has_mtp}
@@ -258,7 +263,8 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type
     out["decode_tok_s"] = n_gen / g.decode_s
     out["python_share"] = g.python_share
     toks = rng.integers(0, V, n_prompt).astype(np.int32)
-    out["prefill_tok_s"] = n_prompt / time_call(lambda: eng.prefill(toks, 0))
+    eng.prefill(toks, 0)       # warm-up, as llama-bench's: first-call costs at this row count are not throughput
+    out["prefill_tok_s"] = n_prompt / time_call(lambda: eng.prefill(toks, 0), reps=2)
     hidden, _lg, am = eng.prefill(toks[:8], 0)
     pos = 8
     rows = rng.integers(0, V, max(VERIFY_ROWS)).astype(np.int32)

@@ -14,6 +14,7 @@ header are read as they are. `sha256()` reads every byte, only where asked (`nex
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import math
 import mmap
@@ -31,6 +32,13 @@ from .quant import FORMATS, by_ggml_type
 # F32 tensors load as float32 views; F16 / BF16 stay 16-bit where the compiler asked (nextn.common.quant), else
 # they are widened to float32 at load; block-quantized types stay as their blocks (views, nothing repacked).
 FLOAT_TYPES = ("F32", "F16", "BF16")
+MADV_WILLNEED, MADV_POPULATE_READ = 3, 22     # <sys/mman.h> (MADV_POPULATE_READ: Linux >= 5.14)
+POPULATED = ("populate", "willneed", "none")   # what `GGUFFile.populate` did, best first
+
+
+def weakest(results) -> str:
+    """The least done of several `populate` results ("none" for no results)."""
+    return max(results, key=POPULATED.index, default="none")
 
 
 def _supported_types() -> tuple[str, ...]:
@@ -75,6 +83,15 @@ class _Shard:
         except OSError as e:
             raise NextnError(f"{path}: cannot read ({e.strerror})") from None
         self.header = parse(path, self.buf, self.size)
+
+    def populate(self) -> str:
+        """Read the file's pages into the page cache and map them into this process (`GGUFFile.populate`)."""
+        addr = ctypes.c_void_p(np.frombuffer(self.buf, np.uint8).ctypes.data)
+        libc = ctypes.CDLL(None, use_errno=True)        # a CDLL call releases the GIL while it runs
+        for advice, name in ((MADV_POPULATE_READ, "populate"), (MADV_WILLNEED, "willneed")):
+            if libc.madvise(addr, ctypes.c_size_t(self.size), advice) == 0:
+                return name
+        return "none"
 
     def header_digest(self) -> bytes:
         """sha256 of (file size, header bytes up to the tensor data): what an artifact depends on."""
@@ -128,6 +145,15 @@ class GGUFFile:
     def size(self) -> int:
         """Bytes of every file of the model together."""
         return sum(s.size for s in self.shards)
+
+    def populate(self) -> str:
+        """Map every page of every shard into this process ahead of its first use, reading what the page cache does
+        not hold, as llama.cpp's loader does (src/llama-mmap.cpp: the file is mapped with MAP_POPULATE): the first
+        prefill that touches every routed expert then takes no page faults (0.3 s per 6.6 GB with the file cached,
+        seconds from disk). madvise(MADV_POPULATE_READ); where the kernel lacks it (before Linux 5.14),
+        MADV_WILLNEED (read-ahead only). Blocking for seconds on a large uncached file; the GIL is released.
+        Returns what was done: "populate", "willneed" or "none" (both refused; nothing is lost either way)."""
+        return weakest([s.populate() for s in self.shards])
 
     def identity(self) -> str:
         """Hex id of the model from its headers (every shard's size and header bytes, tensor data excluded): equal

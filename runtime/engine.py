@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from nextn.common.errors import NextnError
+from nextn.common.gguf import weakest
 from nextn.common.manifest import MAX_DRAFT
 
 from . import budget, state
@@ -99,6 +100,7 @@ class Engine:
         self._inbuf: dict[tuple, list] = {}
         self.load_info: dict[str, dict] = {}   # per load step: seconds (device-synchronized), bytes where it moves any
         self.log = log
+        self._populate = {"thread": None, "done": "skipped"}   # the mapped files' populate (`_start_populate`)
         self.budget = budget.check(self, self.n_ctx)   # before anything is allocated: fits, or one line saying what would
         if not staged:
             self.load_all()
@@ -149,7 +151,39 @@ class Engine:
         # Each entry point's weights as one ffi Array, built once: a call passes it as one argument (to_relax).
         self._weight_tuple = {name: tvm_ffi.convert([self._weights[w] for w in ep["weights"]])
                               for name, ep in self._entries.items()}
+        self._start_populate()
         return {"bytes": self.weight_bytes}
+
+    def _start_populate(self) -> None:
+        """CPU: the kernels read the weights in place from the mapped GGUF, so map all of it now, in a background
+        thread (GGUFFile.populate, as llama.cpp's MAP_POPULATE), instead of page-faulting mid-prefill on experts
+        never touched yet; skipped when the files do not fit in MemAvailable (they would only evict each other).
+        `wait_populated` joins it."""
+        import threading
+
+        if self.device.kind != "cpu":
+            return
+        files = self.files.files
+        if sum(f.size for f in files) > budget.available(self.device)[0]:
+            return
+
+        def run():
+            self._populate["done"] = weakest([f.populate() for f in files])
+
+        t = threading.Thread(target=run, name="nextn-populate", daemon=True)
+        self._populate = {"thread": t, "done": None}
+        t.start()
+
+    def wait_populated(self, timeout: float | None = None) -> str | None:
+        """Wait for the background populate (`_start_populate`) to finish; returns what it did ("populate",
+        "willneed", "none", or "skipped": not started), or None if it is still running after `timeout` seconds.
+        Benchmarks call it before timing, to measure what llama.cpp measures after its MAP_POPULATE load."""
+        t = self._populate["thread"]
+        if t is not None:
+            t.join(timeout)
+            if t.is_alive():
+                return None
+        return self._populate["done"]
 
     def _load_kv(self):
         self._alloc_states()

@@ -77,3 +77,30 @@ def test_the_budget_predicts_the_copies(q8_model, bf16_model, tmp_path):
     eng = rt.load(str(a16), ctx_size=256).engine
     assert any(t.data_offset % 32 for t in eng.files.main.tensors.values())
     assert copied_bytes(eng.files, eng._plan) == outside(eng) == eng.device.copied_weight_bytes > 0
+
+
+def _minor_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt + resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+
+
+def test_populate_maps_every_page_of_the_file():
+    """GGUFFile.populate (llama.cpp's MAP_POPULATE): afterwards reading one byte of every page of the map takes no
+    page fault; "willneed" (a kernel without MADV_POPULATE_READ) only starts read-ahead, so it promises nothing."""
+    from nextn.common.gguf import GGUFFile
+
+    f = GGUFFile(G4 / "tiny-glm4moe-Q8_0.gguf")
+    done = f.populate()
+    assert done in ("populate", "willneed")
+    if done == "populate":
+        m = np.frombuffer(f.shards[0].buf, np.uint8)
+        pages = m[::4096]                      # a strided view: no copy, so no new memory of its own to fault in
+        before = _minor_faults()
+        total = int(pages.sum(dtype=np.int64))
+        faults = _minor_faults() - before
+        assert faults < 16, (faults, m.nbytes // 4096, total)
+
+
+def test_the_cpu_engine_populates_its_mapped_files(q8_model):
+    assert q8_model.engine.wait_populated(timeout=60) in ("populate", "willneed")
