@@ -30,9 +30,9 @@ from .vec import PAIR_LANES, const, dot_pair, dot_u8s8, fma, fold_pairs, hsum, h
 @dataclass(frozen=True)
 class Knobs:
     """What `nextn tune` searches. width: vector bytes (32 AVX2, 64 AVX-512BW); tile_n: weight rows per work
-    item; row_group: activation rows sharing one decode of a weight row's blocks (the rows left over go in groups
-    of the powers of two below it); unroll: blocks per step (float path); prefetch_kb: KB ahead of the weight
-    bytes being read that each block prefetches (0: none; `_prefetch`). The defaults are the best measured
+    item; row_group: activation rows sharing one decode of a weight row's blocks (the rows left over go in smaller
+    groups, `_group_sizes`); unroll: blocks per step (float path); prefetch_kb: KB ahead of the weight bytes
+    being read that each block prefetches (0: none; `_prefetch`). The defaults are the best measured
     on GLM widths (row_group 8: 8 rows' accumulators and the decoded block fit the 32 zmm registers)."""
     width: int = 32
     tile_n: int = 16
@@ -298,8 +298,8 @@ def _rows(k, fmt, n, rows, outs):
 
 
 def _tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n):
-    """Weight tile nt against `count` activation rows: full groups of `group` rows, then the rest in groups of the
-    powers of two below it (`_group_sizes`). row_of(i) / out_of(i, n): activation row / output index of the i-th
+    """Weight tile nt against `count` activation rows: full groups of `group` rows, then the rest in smaller
+    groups (`_group_sizes`). row_of(i) / out_of(i, n): activation row / output index of the i-th
     row; wrow(n): the weight row."""
     def each_row(make):
         if k.acts == "q8" and _k_chunk(k, len(make())) < k.n_blocks:
@@ -362,9 +362,11 @@ def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
 
 
 def _group_sizes(group: int) -> list[int]:
-    """The group sizes a tile's rows go through: `group`, then the powers of two below it down to 1 (the rows
-    left over from the larger groups), so a verify of a few rows still shares each tile pass."""
-    return [group] + [1 << i for i in range(group.bit_length() - 1, -1, -1) if 1 << i < group]
+    """The group sizes a tile's rows go through: `group`, then the powers of two below it and 3, down to 1 (the
+    rows left over from the larger groups, greedily), so a verify of a few rows still shares each tile pass: 3
+    rows (2 drafts) as one group, not 2 + 1 (which decodes each weight block twice)."""
+    below = {1 << i for i in range(group.bit_length()) if 1 << i < group} | ({3} if group > 3 else set())
+    return [group] + sorted(below, reverse=True)
 
 
 @contextmanager
