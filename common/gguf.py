@@ -33,6 +33,7 @@ from .quant import FORMATS, by_ggml_type
 # they are widened to float32 at load; block-quantized types stay as their blocks (views, nothing repacked).
 FLOAT_TYPES = ("F32", "F16", "BF16")
 MADV_WILLNEED, MADV_POPULATE_READ = 3, 22     # <sys/mman.h> (MADV_POPULATE_READ: Linux >= 5.14)
+POPULATE_CHUNK = 32 << 20                       # bytes per madvise call (`_Shard.populate`)
 POPULATED = ("populate", "willneed", "none")   # what `GGUFFile.populate` did, best first
 
 
@@ -86,10 +87,16 @@ class _Shard:
 
     def populate(self) -> str:
         """Read the file's pages into the page cache and map them into this process (`GGUFFile.populate`)."""
-        addr = ctypes.c_void_p(np.frombuffer(self.buf, np.uint8).ctypes.data)
+        base = np.frombuffer(self.buf, np.uint8).ctypes.data
         libc = ctypes.CDLL(None, use_errno=True)        # a CDLL call releases the GIL while it runs
         for advice, name in ((MADV_POPULATE_READ, "populate"), (MADV_WILLNEED, "willneed")):
-            if libc.madvise(addr, ctypes.c_size_t(self.size), advice) == 0:
+            # in POPULATE_CHUNK pieces: each call holds the process's mmap lock, which an allocation meanwhile
+            # (the KV buffers, a prefill's workspace) waits for
+            for off in range(0, self.size, POPULATE_CHUNK):
+                n = min(POPULATE_CHUNK, self.size - off)
+                if libc.madvise(ctypes.c_void_p(base + off), ctypes.c_size_t(n), advice) != 0:
+                    break
+            else:
                 return name
         return "none"
 

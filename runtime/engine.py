@@ -168,6 +168,10 @@ class Engine:
             return
 
         def run():
+            try:       # the lowest CPU priority (this thread only): it must not slow the first prompt on few cores
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            except OSError:
+                pass
             self._populate["done"] = weakest([f.populate() for f in files])
 
         t = threading.Thread(target=run, name="nextn-populate", daemon=True)
