@@ -123,6 +123,67 @@ def read_bandwidth(nbytes=1 << 30, repeat=5) -> float:
     return nbytes / best / 1e9
 
 
+PROBE_UNROLL = 4     # 64-byte lines per step of the probe's loop
+
+
+def probe_kernel(shape, dtype, n_items: int, prefetch_kb: int):
+    """The read-bandwidth ceiling of a GEMV on this weight: a TVM kernel that reads (sums) every 64-byte line of
+    a weight argument of `shape` / `dtype` (the packed GGUF bytes the x86 kernel reads), its lines split over
+    `n_items` parallel work items in order (the GEMV's tiles of weight rows: the same threads, each a contiguous
+    stream), with the x86 kernels' software prefetch `prefetch_kb` ahead (compiler/lower/x86/loops._prefetch)
+    and no decode. `probe(w, out)`: out uint64 [n_items, 8] = per item the lane sums of the lines it read.
+    Returns (probe, bytes read: the whole 64-byte lines)."""
+    import tvm
+    from tvm import tirx
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.tirx.script import builder as T
+
+    from nextn.compiler.lower.x86 import loops
+    from nextn.compiler.target import make_target
+
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    lines = nbytes // 64
+    k = loops._Kern()
+    k.prefetch, k.row_bytes = prefetch_kb * 1024, 0
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("read_probe")
+            T.func_attr({"global_symbol": "read_probe", "tirx.noalias": True})
+            w = T.arg("w", T.buffer(shape, dtype, align=32))
+            out = T.arg("out", T.buffer((n_items, 8), "uint64"))
+            k.w8 = T.decl_buffer((nbytes,), "int8", data=w.data)
+            w64 = T.decl_buffer((lines * 8,), "uint64", data=w.data, align=32)
+            with T.parallel(0, n_items) as it:
+                acc = T.decl_buffer((8,), "uint64")
+                T.buffer_store(acc, tirx.Broadcast(tirx.const(0, "uint64"), 8), [tirx.Ramp(0, 1, 8)])
+                lo = T.Bind(tirx.Cast("int64", it) * lines // n_items)
+                hi = T.Bind((tirx.Cast("int64", it) + 1) * lines // n_items)
+                with T.serial(0, (hi - lo) // PROBE_UNROLL) as i:     # PROBE_UNROLL lines a step
+                    ln = T.Bind(lo + i * PROBE_UNROLL)
+                    loops._prefetch(k, 0, ln * 64, 64 * PROBE_UNROLL)
+                    v = w64[tirx.Ramp(ln * 8, 1, 8)]
+                    for u in range(1, PROBE_UNROLL):
+                        v = v + w64[tirx.Ramp((ln + u) * 8, 1, 8)]
+                    T.buffer_store(acc, acc[tirx.Ramp(0, 1, 8)] + v, [tirx.Ramp(0, 1, 8)])
+                with T.serial(lo + (hi - lo) // PROBE_UNROLL * PROBE_UNROLL, hi) as ln:
+                    loops._prefetch(k, 0, ln * 64, 64)
+                    T.buffer_store(acc, acc[tirx.Ramp(0, 1, 8)] + w64[tirx.Ramp(ln * 8, 1, 8)], [tirx.Ramp(0, 1, 8)])
+                T.buffer_store(out, acc[tirx.Ramp(0, 1, 8)], [it, tirx.Ramp(0, 1, 8)])
+    f = tvm.compile(tvm.IRModule({"read_probe": ib.get()}), target=make_target("llvm")).mod["read_probe"]
+    return f, lines * 64
+
+
+def numpy_read_bandwidth(threads: int) -> float:
+    """GB/s of bench/realwidth.py's reference (`threads` numpy sums over 512 MB), the figure its tables divide by."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from realwidth import stream_bandwidth
+
+    return stream_bandwidth(threads)["read_GBps"]
+
+
 def copy_bandwidth(dev, nbytes=1 << 30, repeat=10):
     """GB/s of a device-to-device copy, bytes read + written."""
     import tvm
@@ -139,16 +200,20 @@ def copy_bandwidth(dev, nbytes=1 << 30, repeat=10):
     return 2 * nbytes / best / 1e9
 
 
-def _stream_time(fn, weights, rest, repeat):
-    """Best seconds per call over `repeat` passes through the weight copies."""
+def _stream_times(calls: dict, weights, repeat) -> dict:
+    """{name: best seconds per call} of each (fn, rest) in `calls` called as fn(w, *rest) over the weight copies,
+    `repeat` rounds interleaved (one pass of each per round), so that a shared machine's slow moments fall on
+    all of them alike."""
     weights = [w for w in weights if not hasattr(w, "name")]    # (a mapped file's handle)
-    fn(weights[0], *rest)
-    best = float("inf")
+    for fn, rest in calls.values():
+        fn(weights[0], *rest)
+    best = dict.fromkeys(calls, float("inf"))
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        for w in weights:
-            fn(w, *rest)
-        best = min(best, (time.perf_counter() - t0) / len(weights))
+        for name, (fn, rest) in calls.items():
+            t0 = time.perf_counter()
+            for w in weights:
+                fn(w, *rest)
+            best[name] = min(best[name], (time.perf_counter() - t0) / len(weights))
     return best
 
 
@@ -172,6 +237,9 @@ def _mapped_copies(packed: np.ndarray, copies: int, folder: str):
     return out
 
 
+CHECK_ROWS = 2048
+
+
 def cpu_case(ttype, n, k, rows, args, rng):
     import gguf
     import tvm
@@ -187,37 +255,51 @@ def cpu_case(ttype, n, k, rows, args, rng):
         [tvm.runtime.tensor(fmt.pack(raw, (n, k))[0]) for _ in range(copies)]
     x = rng.standard_normal((rows, k)).astype(np.float32)
     y = tvm.runtime.empty((rows, n), "float32")
-    w_f = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[ttype]).astype(np.float64)
+    m = min(n, CHECK_ROWS)     # the error is checked on the first rows (the lm head's whole f64 matrix is 5 GB)
+    w_f = gguf.quants.dequantize(raw[:m], gguf.GGMLQuantizationType[ttype]).astype(np.float64)
     tgt = make_target("llvm")
     width = x86.vector_width(tgt)
     if width and args.width:
         width = min(width, args.width)
     quantized = fmt.kind in x86.INT_KINDS and not args.exact
     path = None
+    knobs = x86.Knobs(width=width or 32) if args.prefetch is None else \
+        x86.Knobs(width=width or 32, prefetch_kb=args.prefetch)
+    calls = {}
     if width and (fmt.kind in x86.FLOAT_KINDS or quantized):
         exact = not quantized
-        knobs = x86.Knobs(width=width) if args.prefetch is None else x86.Knobs(width=width, prefetch_kb=args.prefetch)
         fn = tvm.compile(tvm.IRModule({"main": x86.matmul(fmt.kind, n, k, rows, knobs, exact=exact)}),
                          target=tgt).mod["main"]
         row_format = x86.format_of(fmt.kind, exact).acts
         acts = [tvm.runtime.tensor(a) for a in x86.activation_rows(fmt.kind, x, exact)]
-        t = _stream_time(fn, weights, [*acts, y], args.repeat)
+        calls["x86"] = (fn, [*acts, y])
         path = f"x86 {row_format}" if quantized else "x86 float"
-        xf = activation.round_trip(x, row_format) if quantized else x.astype(np.float64)
-        err = float(np.abs(y.numpy() - xf @ w_f.T).max() / np.abs(xf @ w_f.T).max())
-    r = {"type": ttype, "n": n, "k": k, "rows": rows, "weight_bytes": raw.nbytes}
-    if path:
-        r.update(path=path, us=t * 1e6, gbs=raw.nbytes / t / 1e9, max_rel=err)
     if args.element or not path:
-        fn = build_element(fmt.kind, n, k, rows)
+        el = build_element(fmt.kind, n, k, rows)
         xt = tvm.runtime.tensor(x)
         tables = [tvm.runtime.tensor(a) for a in fmt.pack(raw, (n, k))[1:]]
-        te_t = _stream_time(lambda w, out: fn(xt, w, *tables, out), weights, [y], args.repeat)
-        want = x.astype(np.float64) @ w_f.T
-        r.update(element_us=te_t * 1e6, element_gbs=raw.nbytes / te_t / 1e9,
-                 element_max_rel=float(np.abs(y.numpy() - want).max() / np.abs(want).max()))
+        ye = tvm.runtime.empty((rows, n), "float32")
+        calls["element"] = (lambda w, out: el(xt, w, *tables, out), [ye])
+    # the ceiling on these very weight copies: the same bytes, tiles, threads and prefetch, no decode
+    n_items = -(-n // knobs.tile_n)
+    probe, nread = probe_kernel(weights[0].shape, str(weights[0].dtype), n_items, knobs.prefetch_kb)
+    calls["probe"] = (probe, [tvm.runtime.empty((n_items, 8), "uint64")])
+    best = _stream_times(calls, weights, args.repeat)
+
+    def rel_err(got, xf):
+        want = xf @ w_f.T
+        return float(np.abs(got.numpy()[:, :m] - want).max() / np.abs(want).max())
+
+    r = {"type": ttype, "n": n, "k": k, "rows": rows, "weight_bytes": raw.nbytes, "probe_gbs": nread / best["probe"] / 1e9}
+    if path:
+        xf = activation.round_trip(x, row_format) if quantized else x.astype(np.float64)
+        r.update(path=path, us=best["x86"] * 1e6, gbs=raw.nbytes / best["x86"] / 1e9, max_rel=rel_err(y, xf))
+    if "element" in calls:
+        r.update(element_us=best["element"] * 1e6, element_gbs=raw.nbytes / best["element"] / 1e9,
+                 element_max_rel=rel_err(ye, x.astype(np.float64)))
         if not path:
             r.update(path="element", us=r["element_us"], gbs=r["element_gbs"], max_rel=r["element_max_rel"])
+    r["of_probe"] = r["gbs"] / r["probe_gbs"]
     return r
 
 
@@ -240,18 +322,27 @@ def main():
                     help="weight copies in a memory-mapped file in DIR (page-cache pages) rather than allocated")
     ap.add_argument("--stream-mb", type=int, default=96, help="weight copies cycled per timing (MB)")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads of every kernel and of the numpy reference (TVM_NUM_THREADS; default: it, or all cores)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    import os
+
+    args.threads = args.threads or int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count())
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)      # before TVM's thread pool starts
     shapes = [(args.n, args.k)] if args.n else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rng = np.random.default_rng(0)
     if args.target != "llvm":
         return gpu_main(args, shapes, rng)
     import gguf
 
-    bw0 = read_bandwidth()
-    print(f"read bandwidth {bw0:.1f} GB/s; GB/s = GGUF weight bytes / time; rows = {args.rows}")
-    print(f"{'type':7} {'N x K':>13} {'path':10} {'us':>9} {'GB/s':>6} {'of read':>7} {'vs Q8_0':>7}  "
-          f"{'element GB/s':>12}  {'max rel':>8}")
+    bw0, np0 = read_bandwidth(), numpy_read_bandwidth(args.threads)
+    print(f"{args.threads} thread(s), rows = {args.rows}, load average {os.getloadavg()[0]:.2f}; read bandwidth: "
+          f"TVM sum of 1 GiB {bw0:.1f} GB/s, numpy sum of 512 MB (bench/realwidth.py) {np0:.1f} GB/s")
+    print("GB/s = GGUF weight bytes / time; probe = a read of the same weight copies with the same tiles, threads "
+          "and prefetch, no decode")
+    print(f"{'type':7} {'N x K':>13} {'path':10} {'us':>9} {'GB/s':>6} {'probe':>6} {'of probe':>8} {'of numpy':>8} "
+          f"{'vs Q8_0':>7}  {'element GB/s':>12}  {'max rel':>8}")
     results, q8 = [], {}
     types = args.types.split(",")
     for ttype in ["Q8_0"] + [t for t in types if t != "Q8_0"]:   # Q8_0 first: the "vs Q8_0" baseline per shape
@@ -267,16 +358,18 @@ def main():
                 continue
             results.append(r)
             el = f"{r['element_gbs']:12.2f}" if "element_gbs" in r else " " * 12
-            print(f"{ttype:7} {f'{n}x{k}':>13} {r['path']:10} {r['us']:9.0f} {r['gbs']:6.2f} {r['gbs'] / bw0:7.3f} "
-                  f"{r['vs_q8_0']:7.3f}  {el}  {r['max_rel']:8.1e}", flush=True)
-    bw1 = read_bandwidth()
-    bw = min(bw0, bw1)
+            print(f"{ttype:7} {f'{n}x{k}':>13} {r['path']:10} {r['us']:9.0f} {r['gbs']:6.2f} {r['probe_gbs']:6.2f} "
+                  f"{r['of_probe']:8.3f} {r['gbs'] / np0:8.3f} {r['vs_q8_0']:7.3f}  {el}  {r['max_rel']:8.1e}",
+                  flush=True)
+    bw1, np1 = read_bandwidth(), numpy_read_bandwidth(args.threads)
     for r in results:
-        r["of_read"] = r["gbs"] / bw
-    print(f"read bandwidth again {bw1:.1f} GB/s ('of read' above used the first; the JSON uses the smaller)")
+        r["of_read"], r["of_numpy"] = r["gbs"] / min(bw0, bw1), r["gbs"] / min(np0, np1)
+    print(f"again: TVM sum {bw1:.1f} GB/s, numpy {np1:.1f} GB/s, load average {os.getloadavg()[0]:.2f} ('of numpy' "
+          f"above used the first; the JSON's of_read / of_numpy use the smaller)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"target": "llvm", "rows": args.rows, "read_gbs": [bw0, bw1], "results": results}, f, indent=1)
+            json.dump({"target": "llvm", "rows": args.rows, "threads": args.threads, "read_gbs": [bw0, bw1],
+                       "numpy_read_gbs": [np0, np1], "loadavg": os.getloadavg(), "results": results}, f, indent=1)
 
 
 def gpu_main(args, shapes, rng):
