@@ -92,7 +92,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     from .lower.x86.emit import for_target
     from .tune.apply import x86_knobs
 
-    x86 = for_target(tgt, quantize_activations=not exact_matmul, knobs_for=x86_knobs(tuning_log, tgt))
+    x86 = for_target(tgt, quantize_activations=not exact_matmul, knobs_for=x86_knobs(tuning_log, tgt, log))
     mod = build_module(list(graphs.values()), kinds, STATIC, form=form, split_l=SPLIT_L, x86=x86)
     graph_entries = []
     if target == "cuda" and cuda_graph:

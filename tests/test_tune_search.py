@@ -1,4 +1,4 @@
-"""The x86 knob search on a fake clock: noise cannot pick a loser, a really faster knob set is kept; the schema 3 log
+"""The x86 knob search on a fake clock: noise cannot pick a loser, a really faster knob set is kept; the schema 4 log
 (per row count before / after, kept or default) round-trips, old logs still read, and compile applies the knobs."""
 import copy
 import dataclasses
@@ -121,7 +121,7 @@ class FakeBench:
         return self.clock(knobs, rows)
 
 
-KEY_RE = r"^x86\.matmul:q8_0:N256:K256:rows(1|T)$"
+KEY_RE = r"^x86\.matmul:q8_0/q8_0:N256:K256:rows(1|T)$"
 
 
 @pytest.fixture(scope="module")
@@ -136,10 +136,10 @@ def fake_log(tmp_path_factory):
 
 def test_the_log_records_before_after_and_round_trips(fake_log):
     d, book, msgs = fake_log
-    assert book["schema"] == 3 and tlog.read(str(d)) == book
+    assert book["schema"] == 4 and tlog.read(str(d)) == book
     recs = {r["key"]: r for r in book["x86_knobs"]}
-    assert set(recs) == {"x86.matmul:q8_0:N256:K256:rows1", "x86.matmul:q8_0:N256:K256:rowsT"}
-    one, many = recs["x86.matmul:q8_0:N256:K256:rows1"], recs["x86.matmul:q8_0:N256:K256:rowsT"]
+    assert set(recs) == {"x86.matmul:q8_0/q8_0:N256:K256:rows1", "x86.matmul:q8_0/q8_0:N256:K256:rowsT"}
+    one, many = recs["x86.matmul:q8_0/q8_0:N256:K256:rows1"], recs["x86.matmul:q8_0/q8_0:N256:K256:rowsT"]
     assert one["rows"] == [1] and many["rows"] == [2, 3, 4, 512]   # the tiny model's prefill calls it with T rows
     for r in (one, many):
         assert r["kept"] and r["knobs"]["tile_n"] == 32 and r["rounds"] == 3
@@ -148,7 +148,7 @@ def test_the_log_records_before_after_and_round_trips(fake_log):
         assert {k: v for k, v in r["knobs"].items() if dk[k] != v} == {"tile_n": 32}, r["knobs"]
         assert all(0.75 < t / dd < 0.85 for t, dd in zip(r["run_secs"], r["default_secs"]))
         assert all(1.15 < s < 1.35 for s in r["speedups"]) and 0 <= r["noise"] < 0.05
-    line = next(m for m in msgs if "x86.matmul:q8_0:N256:K256:rows1:" in m)
+    line = next(m for m in msgs if "x86.matmul:q8_0/q8_0:N256:K256:rows1:" in m)
     assert re.search(r"rows 1: default 0\.(099|100) ms, best 0\.0(79|80|81) ms \(x1\.\d+\)", line), line
     assert "kept {'tile_n': 32}" in line, line
     # resumable: nothing left to do
@@ -160,7 +160,7 @@ def test_the_log_records_before_after_and_round_trips(fake_log):
     # `tuning show` prints each kernel's before / after in ms and the ratio
     show = subprocess.run([sys.executable, "-m", "nextn.runtime.cli", "tuning", "show", str(d)], capture_output=True,
                           text=True)
-    assert show.returncode == 0 and "x86.matmul:q8_0:N256:K256:rowsT" in show.stdout
+    assert show.returncode == 0 and "x86.matmul:q8_0/q8_0:N256:K256:rowsT" in show.stdout
     m = re.search(r"rows 512: (\d+\.\d+) -> (\d+\.\d+) \(x(\d\.\d+)\)", show.stdout)
     assert m and 50 < float(m[1]) < 52 and 40 < float(m[2]) < 42 and 1.15 < float(m[3]) < 1.35, show.stdout
     assert "kept [" in show.stdout
@@ -195,10 +195,62 @@ def test_schema_2_logs_still_read(fake_log, tmp_path):
     p = tmp_path / "old.json"
     p.write_text(json.dumps(old))
     got = tlog.read(str(p))
-    assert got["schema"] == 3
+    assert got["schema"] == 4
     r = next(r for r in got["x86_knobs"] if r["key"].endswith("rows1"))
     assert r["kept"] and r["rows"] == [1] and r["noise"] is None and r["speedups"] == [pytest.approx(1.5)]
     assert next(r for r in got["x86_knobs"] if r["key"].endswith("rowsT"))["rows"] == [4]
+
+
+def test_old_records_apply_only_where_their_key_names_one_kernel(fake_log, tmp_path):
+    """Keys say which kernel they tune (KIND/ACTS, the activation row format). Keys of schema 3 logs did not:
+    the plain key of a Q8_0 kernel named the float kernel until Q8_0 moved to q8_0 rows and the integer one since,
+    so such a record is reported and not applied (its `unroll` is a float-path knob), while the schema 3 records
+    of kernels that did not change (Q4_K on q8 rows, F16, the `:exact` float kernel) still apply; retuning drops
+    the stale record."""
+    from nextn.compiler.target import make_target
+    from nextn.compiler.tune.apply import x86_knobs
+    from nextn.compiler.tune.run import tune_model
+
+    _d, book, _ = fake_log
+    tgt = make_target("llvm")
+    rec = next(r for r in book["x86_knobs"] if r["key"].endswith("rows1"))
+
+    def at(key, **knobs):
+        return dict(copy.deepcopy(rec), key=key, knobs={"width": W, **knobs})
+
+    old = dict(copy.deepcopy(book), schema=3, x86_knobs=[
+        at("x86.matmul:q8_0:N256:K256:rows1", unroll=1, tile_n=8),
+        at("x86.matmul:q8_0:N256:K256:rows1:exact", unroll=4),
+        at("x86.matmul:q4_k:N4096:K4096:rows1", tile_n=64),
+        at("x86.matmul_id:f16:N64:K256:rowsT:X4:used2:shared:w2", row_group=4)])
+    d = tmp_path / "old"
+    d.mkdir()
+    (d / "log.json").write_text(json.dumps(old))
+    msgs = []
+    knobs_for = x86_knobs(str(d), tgt, msgs.append)
+    assert knobs_for(SPEC) is None                                      # the integer Q8_0 kernel: its defaults
+    exact = knobs_for(x86.KernelSpec("matmul", "q8_0", 256, 256, 1, exact=True))
+    assert (exact.width, exact.unroll, exact.tile_n) == (W, 4, x86.Knobs().tile_n)
+    assert knobs_for(x86.KernelSpec("matmul", "q4_k", 4096, 4096, 1)).tile_n == 64
+    moe = x86.KernelSpec("matmul_id", "f16", 64, 256, None, X=4, n_used=2, shared_x=True, n_weights=2)
+    assert knobs_for(moe).row_group == 4
+    (line,) = msgs
+    assert line.startswith("tuning log: 1 x86 knob record(s) not applied") and \
+        line.count("x86.") == 1 and "x86.matmul:q8_0:N256:K256:rows1;" in line, line
+    keys = {r["key"] for r in tlog.read(str(d))["x86_knobs"]}
+    assert keys == {"x86.matmul:q8_0:N256:K256:rows1", "x86.matmul:q8_0/f32:N256:K256:rows1",
+                    "x86.matmul:q4_k/q8:N4096:K4096:rows1", "x86.matmul_id:f16/f32:N64:K256:rowsT:X4:used2:shared:w2"}
+    show = subprocess.run([sys.executable, "-m", "nextn.runtime.cli", "tuning", "show", str(d)], capture_output=True,
+                          text=True)
+    flagged = [ln for ln in show.stdout.splitlines() if "not applied" in ln]
+    assert show.returncode == 0 and len(flagged) == 1 and "x86.matmul:q8_0:N256:K256:rows1 " in flagged[0]
+    msgs = []
+    tune_model(str(MODEL), str(d), only=r"^x86\.matmul:q8_0/q8_0:N256:K256:rows1$", progress=False, log=msgs.append,
+               bench=FakeBench, rounds=3)
+    assert any(m.startswith("dropping 1 x86 knob record(s)") for m in msgs), msgs
+    again = tlog.read(str(d))
+    assert again["schema"] == 4 and tlog.not_applied(again, rec["target"]["key"]) == []
+    assert {r["key"] for r in again["x86_knobs"]} == keys - {"x86.matmul:q8_0:N256:K256:rows1"} | {SPEC.key}
 
 
 def test_bad_knob_records_get_one_line(fake_log, tmp_path):
@@ -215,7 +267,7 @@ def test_bad_knob_records_get_one_line(fake_log, tmp_path):
     cases["kept.json"] = (bad, "'kept' must be true or false")
     bad = copy.deepcopy(book)
     del bad["x86_knobs"][0]["noise"]
-    cases["schema.json"] = (bad, "(schema 3)")
+    cases["schema.json"] = (bad, "(schema 4)")
     for name, (data, want) in cases.items():
         p = tmp_path / name
         p.write_text(json.dumps(data))

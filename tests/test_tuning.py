@@ -50,7 +50,7 @@ def test_tune_writes_a_valid_resumable_log(tuned):
     assert "2 already in" in msgs[0] and "tuning 0" in msgs[0]
 
 
-X86_KEY = "x86.matmul:q8_0:N256:K256:rows1"   # the tiny model's one-row attention projections (Q8_0)
+X86_KEY = "x86.matmul:q8_0/q8_0:N256:K256:rows1"   # the tiny model's one-row attention projections (Q8_0)
 
 
 def test_tune_covers_the_x86_kernels(tmp_path):

@@ -269,5 +269,5 @@ def test_matmul_heads_routing_and_key():
     assert not low.handles(g.mul_mat(w, g.input("x4", (2, "T", 4, 96), "float32")), "q8_0")   # other ranks
     assert not low.handles(g.mul_mat(w, g.input("xq", ("T", 4, 96), "float32")), "q4_k")      # K not a 256 block
     spec = x86.KernelSpec("matmul_heads", "q4_k", 40, 512, None, X=3)
-    assert spec.key == "x86.matmul_heads:q4_k:N40:K512:rowsT:H3"
+    assert spec.key == "x86.matmul_heads:q4_k/q8:N40:K512:rowsT:H3"
     assert spec.weight_bytes() == 3 * 40 * 2 * 144

@@ -72,9 +72,10 @@ def schedule_with_log(tuning_log: str | None, target, default, log=print):
     return p, info
 
 
-def x86_knobs(tuning_log: str | None, target):
+def x86_knobs(tuning_log: str | None, target, log=None):
     """spec -> x86.Knobs from the log's kept knob records for `target` (None without one: the default knobs). A
-    record's missing knob fields (a log older than a knob) take the spec's default values."""
+    record's missing knob fields (a log older than a knob) take the spec's default values. Kept records whose
+    key names no kernel of this nextn (`log.not_applied`) are not applied, and `log` says so in one line."""
     if not tuning_log:
         return lambda spec: None
     import dataclasses
@@ -84,7 +85,12 @@ def x86_knobs(tuning_log: str | None, target):
     from . import log as tlog
     from .workloads import target_key
 
-    records = tlog.knob_records(tlog.read(tuning_log), target_key(target))
+    book, key = tlog.read(tuning_log), target_key(target)
+    records = tlog.knob_records(book, key)
+    stale = tlog.not_applied(book, key)
+    if stale and log is not None:
+        log(f"tuning log: {len(stale)} x86 knob record(s) not applied, {tlog.NOT_APPLIED}: {', '.join(stale[:3])}"
+            f"{', ...' if len(stale) > 3 else ''}; retune them (nextn tune)")
     width = x86.vector_width(target)
     return lambda spec: (dataclasses.replace(x86.default_knobs(spec, width), **records[spec.key])
                          if spec.key in records and width is not None else None)

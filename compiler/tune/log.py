@@ -1,10 +1,11 @@
 """The tuning log: a pure-data JSON file that users share.
 
-    {"format": "nextn-tuning-log", "schema": 3, "nextn_version": str, "tvm_version": str,
+    {"format": "nextn-tuning-log", "schema": 4, "nextn_version": str, "tvm_version": str,
      "records": [{"workload_hash": str (hex), "name": str, "workload": str (base64 of TVM's IR JSON),
                   "target": {"key": str, "kind": str, "mcpu"|"arch": str, "device_name": str, "json": str},
                   "trace": [...] (meta_schedule trace JSON), "args_info": [...], "run_secs": [float, ...]}],
-     "x86_knobs": [{"key": str (compiler/lower/x86 KernelSpec.key), "target": {...as above},
+     "x86_knobs": [{"key": str (compiler/lower/x86 KernelSpec.key: x86.OP:KIND/ACTS:N..:K..:rows..),
+                    "target": {...as above},
                     "knobs": {field: int | bool, ...} (x86.Knobs fields; a missing one takes the default's value),
                     "kept": bool, "rows": [int, ...], "default_secs": [float, ...], "run_secs": [float, ...],
                     "speedups": [float, ...], "noise": float | null, "rounds": int}]}
@@ -13,9 +14,11 @@
 kernels (compiler/tune/knobs.py): per row count in `rows`, the default's and these knobs' seconds per call and
 the speedup default / knobs (medians over `rounds` interleaved rounds, compiler/tune/decide.py), and the
 default's own relative noise. `kept` false: these knobs (the best challenger) did not beat the default by more
-than the noise, so the kernel keeps its default; the record says so and by how much. Schema 1 (no `x86_knobs`)
-and 2 (knob records of one timing each, all kept) logs still read, upgraded in memory (`noise` null: not
-measured). A log is data, never code: reading it parses JSON only, checks every field's type against this
+than the noise, so the kernel keeps its default; the record says so and by how much. Schema 1 (no `x86_knobs`),
+2 (knob records of one timing each, all kept) and 3 (kernel keys without the activation row format) logs still
+read, upgraded in memory (`noise` null: not measured; keys as `x86.legacy_key` gives them). A schema <= 3 record
+of a Q8_0 / IQ4_NL / MXFP4 kernel keeps its old key, which names no kernel of this nextn (`names_kernel`): it may
+have tuned the float kernel those kinds had before they moved to "q8_0" rows, so it is reported and not applied. A log is data, never code: reading it parses JSON only, checks every field's type against this
 schema, rejects unknown fields, checks that every trace instruction is a registered schedule primitive, and never
 unpickles or evaluates anything. Merge keeps the fastest record per (workload, target key) and per (x86 kernel
 key, target key) the kept one with the highest speedup.
@@ -29,8 +32,8 @@ import os
 from nextn.common.errors import NextnError
 
 FORMAT = "nextn-tuning-log"
-SCHEMA = 3
-READS = (1, 2, 3)
+SCHEMA = 4
+READS = (1, 2, 3, 4)
 LOG_FILE = "log.json"
 MAX_BYTES = 256 << 20
 _TOP = {"format", "schema", "nextn_version", "tvm_version", "records", "x86_knobs"}
@@ -185,19 +188,34 @@ def _positive(x) -> bool:
 
 
 def _upgrade(log: dict) -> dict:
-    """A validated schema 1 / 2 log in the current schema (in memory): schema 2 knob records were kept after one
-    timing each, at 1 row (rows1 kernels) or 4 (symbolic rows); their noise was not measured."""
+    """A validated schema 1 / 2 / 3 log in the current schema (in memory): schema 2 knob records were kept after
+    one timing each, at 1 row (rows1 kernels) or 4 (symbolic rows), their noise not measured; keys before schema 4
+    lack the kernel's activation row format: `x86.legacy_key` gives it, or the record keeps its old key (named no
+    one kernel: not applied, `names_kernel`)."""
     import re
+
+    from nextn.compiler.lower.x86 import legacy_key
 
     if log["schema"] >= SCHEMA:
         return log
     out = dict(log, schema=SCHEMA, x86_knobs=[])
     for r in log.get("x86_knobs", []):
-        m = re.search(r":rows(\d+)", r["key"])
-        d, t = min(r["default_secs"]), min(r["run_secs"])
-        out["x86_knobs"].append({**r, "kept": True, "rows": [int(m.group(1)) if m else 4], "default_secs": [d],
-                                 "run_secs": [t], "speedups": [d / t], "noise": None, "rounds": 1})
+        r = dict(r, key=legacy_key(r["key"]) or r["key"])
+        if log["schema"] < 3:
+            m = re.search(r":rows(\d+)", r["key"])
+            d, t = min(r["default_secs"]), min(r["run_secs"])
+            r.update(kept=True, rows=[int(m.group(1)) if m else 4], default_secs=[d], run_secs=[t],
+                     speedups=[d / t], noise=None, rounds=1)
+        out["x86_knobs"].append(r)
     return out
+
+
+def names_kernel(r: dict) -> bool:
+    """Whether x86 knob record `r` (of a read log) names a kernel of this nextn: its key has the activation row
+    format (`KernelSpec.key`); an older key that named different kernels over time does not."""
+    from nextn.compiler.lower.x86 import legacy_key
+
+    return legacy_key(r["key"]) == r["key"]
 
 
 def read(path: str, check_kinds: bool = True) -> dict:
@@ -265,9 +283,20 @@ def merge(logs: list[dict]) -> dict:
 
 
 def knob_records(log: dict, target_key: str) -> dict[str, dict]:
-    """{x86 kernel key: knobs} of the kept knob records of `target_key` (a record that kept the default is none)."""
+    """{x86 kernel key: knobs} of the kept knob records of `target_key` (a record that kept the default is none,
+    and so is one whose key names no kernel of this nextn: `not_applied`)."""
     return {r["key"]: r["knobs"] for r in _upgrade(log).get("x86_knobs", [])
-            if r["target"]["key"] == target_key and r["kept"]}
+            if r["target"]["key"] == target_key and r["kept"] and names_kernel(r)}
+
+
+def not_applied(log: dict, target_key: str) -> list[str]:
+    """Keys of the kept knob records of `target_key` that name no kernel of this nextn (`names_kernel`)."""
+    return [r["key"] for r in _upgrade(log).get("x86_knobs", [])
+            if r["target"]["key"] == target_key and r["kept"] and not names_kernel(r)]
+
+
+NOT_APPLIED = ("made before Q8_0 / IQ4_NL / MXFP4 moved to q8_0 activation rows, their keys do not say which kernel "
+               "they tuned (the float kernel, if older)")
 
 
 def for_target(log: dict, target_key: str) -> tuple[dict[str, dict], int]:

@@ -62,7 +62,7 @@ def activation_rows(kind: str, x, exact: bool = False) -> list:
 
 
 __all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "activation_rows",
-           "default_knobs", "format_of", "has_vnni", "matmul", "matmul_heads", "matmul_id", "quantize_rows",
+           "default_knobs", "format_of", "has_vnni", "legacy_key", "matmul", "matmul_heads", "matmul_id", "quantize_rows",
            "quantize_rows_q8_0", "vector_width", "weight_arg"]
 
 
@@ -95,19 +95,20 @@ class KernelSpec:
 
     @property
     def key(self) -> str:
+        """The kernel's name in tuning logs: `x86.OP:KIND/ACTS:N..:K..:rows1|T` (+ `:X..:used..:shared|slots:w..`
+        for matmul_id, `:H..` for matmul_heads). ACTS, the activation row format ("q8", "q8_0", "f32"), says which
+        of a kind's kernels it is, so knobs tuned on one kernel never reach another (`legacy_key`)."""
         r = "T" if self.rows is None else str(self.rows)
-        base = f"x86.{self.op}:{self.kind}:N{self.N}:K{self.K}:rows{r}"
+        base = f"x86.{self.op}:{self.kind}/{self.acts}:N{self.N}:K{self.K}:rows{r}"
         if self.op == "matmul_id":
             base += f":X{self.X}:used{self.n_used}:{'shared' if self.shared_x else 'slots'}:w{self.n_weights}"
         elif self.op == "matmul_heads":
             base += f":H{self.X}"
-        # the default build's kernel keeps the plain key; the float kernel of a kind with an integer one
-        # (Q8_0, IQ4_NL, MXFP4 under --exact-matmul) is told apart
-        return base + (":exact" if self.acts == "f32" and self.kind in INT_FORMATS else "")
+        return base
 
     @property
     def name(self) -> str:
-        return self.key.replace("x86.", "x86_").replace(":", "_").lower()
+        return self.key.replace("x86.", "x86_").replace(":", "_").replace("/", "_").lower()
 
     def build(self, knobs: Knobs, vnni: bool = False):
         """The PrimFunc with `knobs`; `vnni`: the target has VNNI at knobs.width (`has_vnni`)."""
@@ -125,6 +126,30 @@ class KernelSpec:
         for d in shape:
             n *= d
         return n * (1 if dtype == "uint8" else 4 if dtype == "float32" else 2) * self.n_weights
+
+
+# Kinds whose key without the row format (tuning logs of schema <= 3) named two kernels in turn: the float kernel
+# until Q8_0, IQ4_NL and MXFP4 moved to "q8_0" activation rows (commit feaeb2c), the integer kernel after.
+RETAGGED_KINDS = INT_KINDS & FLOAT_KINDS
+
+
+def legacy_key(key: str) -> str | None:
+    """The current key of a kernel key written without the activation row format (tuning logs of schema <= 3:
+    `x86.OP:KIND:N..:...`), or None where it names no one kernel: `...:exact` was the float kernel (KIND/f32);
+    a plain key of `RETAGGED_KINDS` meant the float kernel before feaeb2c and the integer one after, so its
+    knobs (the float path's `unroll`, say) may belong to another kernel; any other kind has had one kernel, its
+    key gets that kernel's row format. A key that has the row format is returned as it is."""
+    parts = key.split(":")
+    if len(parts) < 3 or not parts[0].startswith("x86."):
+        return None
+    kind = parts[1]
+    if "/" in kind:
+        return key
+    if parts[-1] == "exact":
+        return ":".join([parts[0], f"{kind}/f32", *parts[2:-1]]) if kind in RETAGGED_KINDS else None
+    if kind in RETAGGED_KINDS or kind not in KINDS:
+        return None
+    return ":".join([parts[0], f"{kind}/{format_of(kind).acts}", *parts[2:]])
 
 
 def default_knobs(spec: KernelSpec, width: int) -> Knobs:
