@@ -107,6 +107,13 @@ class _Shard:
         return h.digest()
 
 
+def _stat_keys(paths) -> tuple | None:
+    try:
+        return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in map(os.stat, paths))
+    except OSError:
+        return None
+
+
 class GGUFFile:
     """A GGUF model opened by its path — for a split GGUF the first shard's, and the other shards are found by
     name and checked (gguf_split.py). `fields`: the metadata (of the first shard); `tensors`: name → TensorInfo of
@@ -142,6 +149,25 @@ class GGUFFile:
             if want != len(self.tensors):
                 raise NextnError(f"{self.path}: '{gguf_split.KEY_TENSORS}' = {want!r}, but the {count} shards hold "
                                  f"{len(self.tensors)} tensors; a shard is from another split")
+
+    _opened: dict = {}       # `open`'s cache: path -> (the files' stat keys, GGUFFile), the last OPEN_CACHE paths
+    OPEN_CACHE = 4
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "GGUFFile":
+        """GGUFFile(path), parsed once per process while its files are unchanged (same inode, size, mtime): the
+        compile cache's key (`compiler/entry.py`) and the runtime's weights (`runtime/weights.py`) read the same
+        header, which takes 0.2 s for a 151552-token vocabulary."""
+        path = os.fspath(path)
+        hit = cls._opened.get(path)
+        if hit is not None and hit[0] == _stat_keys(hit[1].paths):
+            return hit[1]
+        f = cls(path)
+        cls._opened.pop(path, None)
+        cls._opened[path] = (_stat_keys(f.paths), f)
+        while len(cls._opened) > cls.OPEN_CACHE:
+            cls._opened.pop(next(iter(cls._opened)))
+        return f
 
     @property
     def paths(self) -> list[str]:

@@ -51,9 +51,9 @@ def cache_path(model: str, target: str, draft: str | None = None, arches=None, m
 
     from .gpu_build import parse_arches
 
-    key = GGUFFile(model).identity()[:16]
+    key = GGUFFile.open(model).identity()[:16]
     if draft:
-        key += "-" + GGUFFile(draft).identity()[:16]
+        key += "-" + GGUFFile.open(draft).identity()[:16]
     arch_list = parse_arches(target, arches)   # validates --arch (llvm takes none)
     target_key = f"{target}_{'+'.join(arch_list)}" if arch_list else target
     if mtp_dense_attention:   # a compile option changes the artifact: its own cache entry

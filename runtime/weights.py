@@ -27,10 +27,10 @@ class ArtifactFiles:
         if draft_path is not None and "draft" not in roles:
             raise NextnError(f"{draft_path}: {artifact.path} was compiled without an MTP draft GGUF; recompile with "
                              f"--model-draft to use it")
-        self.main = GGUFFile(model_path or artifact.model_path("model"))
+        self.main = GGUFFile.open(model_path or artifact.model_path("model"))
         self.draft = None
         if with_draft and "draft" in roles:
-            self.draft = GGUFFile(draft_path or artifact.model_path("draft"))
+            self.draft = GGUFFile.open(draft_path or artifact.model_path("draft"))
         for role, f in (("model", self.main), ("draft", self.draft)):
             if f is not None:
                 _check_same_model(roles[role], f)
