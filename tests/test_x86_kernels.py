@@ -62,7 +62,16 @@ def activations(kind: str, x: np.ndarray, exact: bool = False):
     acts = x86.activation_rows(kind, x, exact)
     if len(acts) == 1:
         return acts, x.astype(np.float64)
-    return acts, activation.dequantize_blocks(acts[0], acts[1])
+    q = acts[0]
+    layout = x86.act_layout(kind, exact)
+    if layout in ("q8_iq4xs", "q8_0_g8"):   # back to element order: q[..., IQ4XS_ORDER] per 256 is the layout
+        g = q.shape[-1] // 256
+        q = q.copy()
+        blocks = q[..., :256 * g].reshape(*q.shape[:-1], g, 256)
+        nat = np.empty_like(blocks)
+        nat[..., activation.IQ4XS_ORDER] = blocks
+        q[..., :256 * g] = nat.reshape(*q.shape[:-1], 256 * g)
+    return acts, activation.dequantize_blocks(q, acts[1])
 
 
 def build(func):
@@ -143,7 +152,9 @@ def test_int_row_groups_and_vnni(kind, width):
     """15 rows through a row group of 8 (then 4, 2, 1; N off the tile; K in chunks for the 8): against numpy,
     every row bitwise equal to its one-row call, and the same bits from a target without VNNI (no vpdpwssd /
     vpdpbusd)."""
-    N, K, R = 37, 256 * 17, 15                # K: 16 + 1 blocks for the group of 8 (loops._k_chunk)
+    # K: 16 + 1 blocks of 256 for the group of 8 (loops._k_chunk); for the 32-block kinds 3 blocks after the
+    # groups of 8 too (IQ4_NL / MXFP4: chunked groups, then single blocks)
+    N, K, R = 37, 256 * 17 + (96 if x86.format_of(kind).block == 32 else 0), 15
     w, wf = random_weight(kind, (), N, K)
     knobs = x86.Knobs(width=width, tile_n=8, row_group=8)
     x = RNG.standard_normal((R, K)).astype(np.float32)
@@ -215,6 +226,60 @@ def test_quantizer_matches_the_numpy_statement():
     fn(tvm.runtime.tensor(x), *got)
     for g, w in zip(got, activation.quantize(x)):
         assert np.array_equal(g.numpy(), w)
+
+
+def test_iq4xs_quantizer_matches_the_numpy_statement():
+    """IQ4_XS's rows ("q8_iq4xs"): the "q8" values in IQ4XS_ORDER and the lane offsets xc, against the kernel and
+    against a loop over the statement; each int32 lane of a block's four vectors holds one sub-block."""
+    K = 768
+    x = RNG.standard_normal((4, K)).astype(np.float32)
+    x[1, :256] = 0.0
+    x[2, 300] = 1e4
+    fn = build(x86.quantize_rows(K, row_format="q8_iq4xs"))
+    got = [tvm.runtime.empty(s, d) for s, d in [((4, K), "int8"), ((4, K // 256), "float32"), ((4, K // 16), "int32")]]
+    fn(tvm.runtime.tensor(x), *got)
+    want = activation.quantize_iq4xs(x)
+    for g, w in zip(got, want):
+        assert np.array_equal(g.numpy(), w)
+    q, d, _ = activation.quantize(x)
+    assert np.array_equal(want[1], d)
+    order = activation.IQ4XS_ORDER
+    for t in range(4):
+        for b in range(K // 256):
+            blk = q[t, 256 * b:256 * b + 256]
+            for p in range(256):
+                assert want[0][t, 256 * b + p] == blk[order[p]]
+            for lane in range(16):
+                pos = [64 * c + 4 * lane + e for c in range(4) for e in range(4)]
+                assert {int(order[p]) // 32 for p in pos} == {lane // 4 + 4 * (lane % 4 // 2)}
+                assert want[2][t, 16 * b + lane] == -128 * sum(int(blk[order[p]]) for p in pos)
+
+
+def test_q8_0_g8_quantizer_matches_the_numpy_statement():
+    """IQ4_NL / MXFP4's rows ("q8_0_g8"): full groups of 8 blocks in IQ4XS_ORDER with each lane's d and offset,
+    the blocks after them as "q8_0" has them; against the kernel and against a loop over the statement."""
+    K = 32 * 21                                                   # 2 groups of 8 blocks, then 5 blocks
+    x = RNG.standard_normal((3, K)).astype(np.float32)
+    x[1, 32:64] = 0.0
+    fn = build(x86.quantize_rows(K, row_format="q8_0_g8"))
+    got = [tvm.runtime.empty(s, d) for s, d in [((3, K), "int8"), ((3, K // 32), "float32"), ((3, 32), "float32"),
+                                                 ((3, 32), "int32")]]
+    fn(tvm.runtime.tensor(x), *got)
+    want = activation.quantize_q8_0_g8(x)
+    for g, w in zip(got, want):
+        assert np.array_equal(g.numpy(), w)
+    q, d = activation.quantize_q8_0(x)
+    order = activation.IQ4XS_ORDER
+    assert np.array_equal(want[1], d) and np.array_equal(want[0][:, 512:], q[:, 512:])
+    for t in range(3):
+        for g in range(2):
+            for p in range(256):
+                assert want[0][t, 256 * g + p] == q[t, 256 * g + order[p]]
+            for lane in range(16):
+                b = lane // 4 + 4 * (lane % 4 // 2)
+                pos = [256 * g + 64 * c + 4 * lane + e for c in range(4) for e in range(4)]
+                assert want[2][t, 16 * g + lane] == d[t, 8 * g + b]
+                assert want[3][t, 16 * g + lane] == -128 * sum(int(want[0][t, p]) for p in pos)
 
 
 def test_q8_0_quantizer_matches_the_numpy_statement():

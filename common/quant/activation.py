@@ -79,3 +79,50 @@ def round_trip(x: np.ndarray, row_format: str = "q8") -> np.ndarray:
         return dequantize_blocks(*quantize_q8_0(x))
     q, d, _ = quantize(x)
     return dequantize(q, d)
+
+
+def _iq4xs_order() -> np.ndarray:
+    """IQ4XS_ORDER[p] = the index in its block of 256 of the value at position p of a "q8_iq4xs" block. Position
+    p = 64c + 16i + 4m + e (four vectors c of 64 bytes, 128-bit lanes i, int32 lanes m, bytes e) holds value v of
+    sub-block s (element 32s + v) with s = i + 4 * (m // 2) and v = 16 * (c // 2) + 8 * (c % 2) + 4 * (m % 2) + e:
+    the order in which the CPU kernel's nibble unpacking leaves IQ4_XS's quants (qs[16s + j] holds values j and
+    16 + j), so each int32 lane of every vector of a block sees one sub-block (lane 4i + m: sub-block
+    i + 4 * (m // 2))."""
+    p = np.arange(256)
+    c, i, m, e = p // 64, p % 64 // 16, p % 16 // 4, p % 4
+    return (32 * (i + 4 * (m // 2)) + 16 * (c // 2) + 8 * (c % 2) + 4 * (m % 2) + e).astype(np.int64)
+
+
+IQ4XS_ORDER = _iq4xs_order()
+
+
+def quantize_iq4xs(x: np.ndarray):
+    """The "q8" row in the layout of the IQ4_XS kernels ("q8_iq4xs"): x f32 [..., K] -> (q int8 [..., K], d f32
+    [..., K/256], xc int32 [..., K/16]). q and d are `quantize`'s (the same values x' = d * q), q reordered in
+    each block of 256 by IQ4XS_ORDER; xc[16b + L] = -128 * (the sum of the 16 permuted q at positions
+    64c + 4L + e of block b): the offset that turns the kernel's unsigned quants (kvalues + 128) back into
+    signed ones, one int32 lane at a time."""
+    q, d, _xs = quantize(x)
+    *lead, k = q.shape
+    qp = q.reshape(*lead, k // BLOCK, BLOCK)[..., IQ4XS_ORDER]
+    lanes = qp.reshape(*lead, k // BLOCK, 4, 16, 4).astype(np.int32).sum((-3, -1))
+    return qp.reshape(*lead, k), d, np.ascontiguousarray((-128 * lanes).reshape(*lead, k // 16).astype(np.int32))
+
+
+def quantize_q8_0_g8(x: np.ndarray):
+    """The "q8_0" row in the layout of the IQ4_NL / MXFP4 kernels ("q8_0_g8"): x f32 [..., K] -> (q int8 [..., K],
+    d f32 [..., K/32], dl f32 [..., K/256*16], xc int32 [..., K/256*16]). q and d are `quantize_q8_0`'s; each full
+    group of 8 blocks (256 values) is reordered by IQ4XS_ORDER (block b of the group taking sub-block b's place),
+    the blocks after the last full group stay as they are. Per group, int32 lane L (of 16) sees block
+    L // 4 + 4 * (L % 4 // 2) only: dl is that block's d, xc = -128 x the sum of the lane's 16 q (as in
+    `quantize_iq4xs`)."""
+    q, d = quantize_q8_0(x)
+    *lead, k = q.shape
+    g = k // BLOCK
+    qg = q[..., :g * BLOCK].reshape(*lead, g, BLOCK)[..., IQ4XS_ORDER]
+    lanes = qg.reshape(*lead, g, 4, 16, 4).astype(np.int32).sum((-3, -1))
+    lane_block = np.array([lane // 4 + 4 * (lane % 4 // 2) for lane in range(16)])
+    dl = d[..., :8 * g].reshape(*lead, g, 8)[..., lane_block]
+    q = np.concatenate([qg.reshape(*lead, g * BLOCK), q[..., g * BLOCK:]], -1)
+    xc = (-128 * lanes).reshape(*lead, g * 16).astype(np.int32)
+    return q, d, np.ascontiguousarray(dl.reshape(*lead, g * 16)), np.ascontiguousarray(xc)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .batched import matmul_heads
 from .formats import FLOAT_FORMATS, INT_FORMATS, format_of
-from .loops import Knobs, act_args, matmul, matmul_id, weight_arg
+from .loops import Knobs, act_args, act_layout, matmul, matmul_id, weight_arg
 from .quantize import quantize_rows, quantize_rows_q8_0
 
 INT_KINDS = frozenset(INT_FORMATS)
@@ -55,13 +55,17 @@ def activation_rows(kind: str, x, exact: bool = False) -> list:
     """numpy: the activation arguments of a `kind` kernel for float32 rows x [T, K] (act_args order)."""
     from nextn.common.quant import activation
 
-    acts = format_of(kind, exact).acts
+    acts = act_layout(kind, exact)
+    if acts == "q8_iq4xs":
+        return list(activation.quantize_iq4xs(x))
+    if acts == "q8_0_g8":
+        return list(activation.quantize_q8_0_g8(x))
     if acts == "q8":
         return list(activation.quantize(x))
     return list(activation.quantize_q8_0(x)) if acts == "q8_0" else [x]
 
 
-__all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "activation_rows",
+__all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "act_layout", "activation_rows",
            "default_knobs", "format_of", "has_vnni", "legacy_key", "matmul", "matmul_heads", "matmul_id", "quantize_rows",
            "quantize_rows_q8_0", "vector_width", "weight_arg"]
 
@@ -92,6 +96,11 @@ class KernelSpec:
     def acts(self) -> str:
         """The activation row format: "q8", "q8_0" or "f32"."""
         return format_of(self.kind, self.exact).acts
+
+    @property
+    def layout(self) -> str:
+        """How the kernel takes its activation rows (`act_layout`): what the activation quantizer writes."""
+        return act_layout(self.kind, self.exact)
 
     @property
     def key(self) -> str:

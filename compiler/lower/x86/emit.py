@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tvm import relax, tirx
 
-from . import FLOAT_KINDS, INT_KINDS, KernelSpec, act_args, default_knobs, has_vnni, quantize_rows, quantize_rows_q8_0
+from . import FLOAT_KINDS, INT_KINDS, KernelSpec, act_args, default_knobs, has_vnni, quantize_rows
 from .formats import INT_FORMATS
 
 
@@ -91,16 +91,16 @@ class X86Lowering:
     def _acts(self, bb, spec, x2, rows):
         """The activation arguments of `spec`'s kernel: x itself (float path) or its quantized rows (memoized per
         input and row format)."""
-        acts, K = spec.acts, spec.K
+        acts, K = spec.layout, spec.K
         if acts == "f32":
             return [x2]
         key = (x2, K, acts)
         if key not in self._quantized:
             gv = self._gvs.get(f"quantize:{acts}:{K}:{rows}")
             if gv is None:
-                name = f"x86_quantize_{'q8_k' if acts == 'q8' else 'q8_0_'}{K}_rows{'t' if rows is None else rows}"
-                make = quantize_rows if acts == "q8" else quantize_rows_q8_0
-                gv = bb.add_func(make(K, rows, name=name).with_attr("op_pattern", 8), name)
+                tag = {"q8": "q8_k", "q8_iq4xs": "q8_iq4xs_", "q8_0": "q8_0_", "q8_0_g8": "q8_0_g8_"}[acts]
+                name = f"x86_quantize_{tag}{K}_rows{'t' if rows is None else rows}"
+                gv = bb.add_func(quantize_rows(K, rows, name=name, row_format=acts).with_attr("op_pattern", 8), name)
                 self._gvs[f"quantize:{acts}:{K}:{rows}"] = gv
             r = x2.ty.shape[0]
             args = act_args(spec.kind, rows, K, spec.exact)

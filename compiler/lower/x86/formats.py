@@ -5,6 +5,8 @@ Integer path (K-quants, IQ4_XS; blocks of 256): the activation row is int8 per 2
 (`nextn.common.quant.activation`); a block's quants are multiplied with it exactly, u8 x s8 -> i16 pairs
 (pmaddubsw) then i16 x sub-block scale -> i32 (pmaddwd), and its float factors (d, dmin) enter once per block
 through one FMA per term. The same idea as ggml-cpu's ggml_vec_dot_q4_K_q8_K (ggml-cpu/arch/x86/quants.c).
+IQ4_XS (signed quants) instead takes its rows in the order its nibbles unpack to and sums unsigned quants
+(kvalues + 128) with one vpdpbusd per 64 bytes, the sub-block scales per lane once per block (`IQ4XS`).
 
 Integer path for the 32-weight block formats (Q8_0, IQ4_NL, MXFP4: `BLOCK32_FORMATS`): the activation row is int8
 per 32 values ("q8_0" rows); a block's signed quants (int8, a byte shuffle of IQ4_NL's / MXFP4's table) give an
@@ -60,7 +62,6 @@ class IntFormat:
     taken once per block)."""
     block = 256
     acts = "q8"         # the activation row format (nextn.common.quant.activation)
-    signed = False      # signed quants: pmaddubsw needs the unsigned operand, so |w| and w's sign moves onto x
     n_terms = 1
 
     def term_lanes(self, width):
@@ -163,32 +164,62 @@ KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 
 
 class IQ4XS(IntFormat):
     """IQ4_XS (136 B): d f16 | scales_h u16 | scales_l[4] | qs[128]: w = d*(ls - 32)*kvalues[q] per 32 weights,
-    ls = 4 bits of scales_l | 2 bits of scales_h << 4; the table lookup is a byte shuffle (pshufb)."""
-    type_size = 136
-    signed = True
+    ls = 4 bits of scales_l | 2 bits of scales_h << 4; the table lookup is a byte shuffle (pshufb).
 
-    def setup(self, k, n, s):
+    Its activation rows are "q8" rows in the order the nibbles unpack to ("q8_iq4xs", activation.IQ4XS_ORDER):
+    a block is four vectors of 64 quants in which int32 lane L always holds sub-block L // 4 + 4 * (L % 4 // 2),
+    so a row's four products (`lane_quants`) accumulate in one int32 vector and the sub-block scales enter once
+    per block, as float factors per lane (`lane_factors`). With VNNI the quants are unsigned, kvalues + 128, for
+    one vpdpbusd per vector and row (no sign moved onto x); the row's xc starts the sum at -128 x its lane sums,
+    so the lanes are the exact signed sums either way (loops._lane_rows)."""
+    type_size = 136
+    layout = "q8_iq4xs"
+
+    def lane_factors(self, k, n, s):
+        """float32 x 16: d * (ls - 32) of each int32 lane's sub-block (exact: 11 x 6 significant bits)."""
         b = T.Bind(n * k.row_bytes + s * 136)
         sl = tirx.Broadcast(k.w32[b // 4 + 1], 8)
         sh = tirx.Broadcast(tirx.Cast("uint32", k.w16u[b // 2 + 1]), 8)
         lo = (sl >> tirx.Ramp(const(0, "uint32"), const(4, "uint32"), 8)) & const(15, "uint32", 8)
         hi = (sh >> tirx.Ramp(const(0, "uint32"), const(2, "uint32"), 8)) & const(3, "uint32", 8)
-        ls = tirx.Cast("int16x8", tirx.Cast("int32x8", lo | (hi << const(4, "uint32", 8))) - const(32, "int32", 8))
-        return {"sc": T.Bind(tirx.Shuffle([ls, ls], list(range(8)) * 2)), "d": T.Bind(_f16(k.w16, b // 2)),
-                "table": T.Bind(tirx.reinterpret(f"int8x{k.width}", byte_vector(list(KVALUES) * (k.width // 16))))}
+        ls = tirx.Cast("int32x8", lo | (hi << const(4, "uint32", 8))) - const(32, "int32", 8)
+        dls = tirx.Cast("float32x8", ls) * tirx.Broadcast(_f16(k.w16, b // 2), 8)
+        return tirx.Shuffle([dls, dls], LANE_BLOCK)
 
-    def chunks(self, k, st, n, s):
-        out = []
-        per = k.width // 32                    # sub-blocks of 32 per vector
-        for ib in range(0, 8, per):
-            v = k.w[n, ramp(s * 136 + 8 + 16 * ib, 16 * per)]
-            idx = _nibbles(v, per)
-            out.append((T.Bind(pshufb(st["table"], idx, k.width)), 32 * ib,
-                        T.Bind(_scales(st["sc"], list(range(ib, ib + per)), k.width))))
-        return out
+    def lane_quants(self, k, n, s, vnni):
+        """The block's four vectors of 64 quants in activation.IQ4XS_ORDER (`lane_vectors`)."""
+        raw = [T.Bind(k.w[n, ramp(s * 136 + 8 + 64 * h, 64)]) for h in range(2)]
+        return lane_vectors(raw, KVALUES, lambda idx: idx < _u8(8, 64), vnni, k.width)
 
-    def terms(self, k, st, t, s, sumi):
-        return [(st["d"], sumi)]
+
+LANE_BLOCK = [lane // 4 + 4 * (lane % 4 // 2) for lane in range(16)]   # the sub-block (block) of each int32 lane
+
+
+def lane_vectors(raw, table, negative, vnni, width):
+    """Four vectors of 64 quants in activation.IQ4XS_ORDER from two uint8 x 64 `raw` whose 128-bit lane i holds
+    the 16 nibble bytes of sub-block (block) 4h + i (byte j: value j low, 16 + j high): vector c takes 8 bytes of
+    lane i of each half (unpck{l,h}qdq), low nibbles for c < 2, then the table lookup (pshufb): u8 table + 128
+    (`vnni`), else (u8 |table|, `negative`(index): the lanes whose quant is negative)."""
+    nib = [[r & _u8(15, 64) for r in raw], [(r >> _u8(4, 64)) & _u8(15, 64) for r in raw]]
+    out = []
+    for c in range(4):
+        idx = T.Bind(tirx.Shuffle(nib[c // 2], [64 * (p % 16 // 8) + 16 * (p // 16) + 8 * (c % 2) + p % 8
+                                                 for p in range(64)]))
+        if vnni:
+            out.append(T.Bind(_lookup([v + 128 for v in table], idx, width)))
+        else:
+            out.append((T.Bind(_lookup([abs(v) for v in table], idx, width)), negative(idx)))
+    return out
+
+
+def _lookup(table, idx, width):
+    """uint8 x 64: table[idx] (16 entries, idx < 16) by pshufb, one per `width` bytes."""
+    parts = []
+    for h in range(0, 64, width):
+        part = idx if width == 64 else tirx.Shuffle([idx], list(range(h, h + width)))
+        parts.append(tirx.reinterpret(f"uint8x{width}", pshufb(
+            tirx.reinterpret(f"int8x{width}", byte_vector(list(table) * (width // 16))), part, width)))
+    return parts[0] if len(parts) == 1 else tirx.vectorcombine("uint8x64", *parts)
 
 
 class Block32:
@@ -224,8 +255,30 @@ class Q80Int(Block32):
 
 
 class IQ4NLInt(Block32):
-    """IQ4_NL (18 B): d f16 | qs[16]: q = kvalues[nibble], lo nibbles weights 0..15, hi nibbles 16..31."""
+    """IQ4_NL (18 B): d f16 | qs[16]: q = kvalues[nibble], lo nibbles weights 0..15, hi nibbles 16..31.
+
+    Its activation rows are "q8_0" rows with each full group of 8 blocks in IQ4_XS's order ("q8_0_g8"): the
+    group's 8 qs gathered as IQ4_XS's 8 sub-blocks (`group_quants`), so a row's sums take one vpdpbusd per
+    64 bytes and one FMA per group (loops._block32_rows); the blocks after the last full group go one at a time."""
     type_size, table, q_at = 18, KVALUES, 2
+    layout = "q8_0_g8"
+
+    def term_lanes(self, width):
+        return [16, 8]     # the groups' lane sums (at either width), the blocks after them
+
+    def group_quants(self, k, n, b0, vnni):
+        """The four vectors of 64 quants of blocks b0 .. b0 + 7 in activation.IQ4XS_ORDER (formats.lane_vectors)."""
+        raw = [T.Bind(tirx.vectorcombine("uint8x64", tirx.vectorcombine("uint8x32", *[
+                   k.w[n, ramp((b0 + 4 * h + i) * self.type_size + self.q_at, 16)] for i in (0, 1)]),
+                   tirx.vectorcombine("uint8x32", *[k.w[n, ramp((b0 + 4 * h + i) * self.type_size + self.q_at, 16)]
+                                                    for i in (2, 3)])))
+               for h in range(2)]
+        return lane_vectors(raw, self.table, lambda idx: self.negative(idx, 64), vnni, k.width)
+
+    def group_factors(self, k, n, b0):
+        """float32 x 16: d_w of each int32 lane's block."""
+        d = T.Bind(self.scales(k, n, b0, 8))
+        return tirx.Shuffle([d, d], LANE_BLOCK)
 
     def _idx(self, k, n, b0, p):
         qs = [k.w[n, ramp((b0 + i) * self.type_size + self.q_at, 16)] for i in range(p)]

@@ -69,11 +69,26 @@ def weight_arg(kind: str, lead: tuple, K: int) -> tuple[tuple, str]:
     return (*lead, K // fmt.block * fmt.type_size), "uint8"
 
 
+def act_layout(kind: str, exact: bool = False) -> str:
+    """How a `kind` kernel takes its activation rows: the row format (`acts`: "q8", "q8_0", "f32"), or a layout
+    of it ("q8_iq4xs": the "q8" values in IQ4_XS's order, formats.IQ4XS; "q8_0_g8": the "q8_0" values in groups
+    of 8 blocks in that order, formats.IQ4NLInt)."""
+    fmt = _format(kind, exact)
+    return getattr(fmt, "layout", fmt.acts)
+
+
 def act_args(kind: str, rows, K: int, exact: bool = False) -> list[tuple[str, tuple, str]]:
     """[(name, shape, dtype)] of a kernel's activation arguments: the "q8" row (int8 values, f32 scale per 256,
-    i16 sums per 16) for the super-block integer formats, the "q8_0" row (int8 values, f32 scale per 32) for the
-    32-block ones, the float32 row otherwise (`exact`: the float path where a kind has both)."""
-    acts = _format(kind, exact).acts
+    i16 sums per 16) for the super-block integer formats, in IQ4_XS's order with i32 lane offsets per 16 for
+    IQ4_XS, the "q8_0" row (int8 values, f32 scale per 32) for the 32-block ones (for IQ4_NL / MXFP4 in groups
+    of 8 blocks, with each lane's scale and offset per group), the float32 row otherwise (`exact`: the float path
+    where a kind has both)."""
+    acts = act_layout(kind, exact)
+    if acts == "q8_iq4xs":
+        return [("xq", (rows, K), "int8"), ("xd", (rows, K // 256), "float32"), ("xc", (rows, K // 16), "int32")]
+    if acts == "q8_0_g8":
+        return [("xq", (rows, K), "int8"), ("xd", (rows, K // 32), "float32"), ("xl", (rows, K // 256 * 16), "float32"),
+                ("xc", (rows, K // 256 * 16), "int32")]
     if acts == "q8":
         return [("xq", (rows, K), "int8"), ("xd", (rows, K // 256), "float32"), ("xs", (rows, K // 16), "int16")]
     if acts == "q8_0":
@@ -124,7 +139,7 @@ def _pairs(k, fmt) -> bool:
     """Rows two at a time through vec.dot_pair: VNNI at 64 bytes, unsigned quants of at most `q_max` (a sum of 4
     products with int8 activations below 2^15), and a block sum folded to 8 lanes."""
     q_max = getattr(fmt, "q_max", None)
-    return (k.vnni and k.width == 64 and not fmt.signed and q_max is not None and 4 * q_max * 127 < 1 << 15
+    return (k.vnni and k.width == 64 and q_max is not None and 4 * q_max * 127 < 1 << 15
             and _int_plan(fmt, k.width)[1][0] == 8)
 
 
@@ -133,9 +148,10 @@ def _int_rows(k, fmt, n, rows, accs, blocks=None):
     default), exact integer sums (`dot_u8s8`, or `dot_pair` for two rows at once: the same lanes), then one FMA
     per row: acc += (weight factors x the row's block scale) * the terms' int32 vectors side by side.
     accs: per row [(float32 buffer, lane offset)]."""
+    if hasattr(fmt, "lane_quants"):
+        return _lane_rows(k, fmt, n, rows, accs, blocks)
     lanes, folded = _int_plan(fmt, k.width)
     n_acc = sum(folded)
-    zero = const(0, "int8", k.width)
     n_pairs = len(rows) // 2 if _pairs(k, fmt) else 0
     with T.serial(*(blocks or (0, k.n_blocks))) as s:
         _prefetch(k, n, s * fmt.type_size, fmt.type_size)
@@ -143,13 +159,7 @@ def _int_rows(k, fmt, n, rows, accs, blocks=None):
         sums = [None for _ in rows]
         pair_sums = [None] * n_pairs
         for w, off, scv in fmt.chunks(k, st, n, s):
-            ws = w
-            if fmt.signed:
-                w = T.Bind(tirx.Select(ws < zero, zero - ws, ws))
-            xs = []
-            for t in rows:
-                x = k.xq[t, ramp(fmt.block * s + off, k.width)]
-                xs.append(tirx.Select(ws < zero, zero - x, x) if fmt.signed else x)
+            xs = [k.xq[t, ramp(fmt.block * s + off, k.width)] for t in rows]
             for p in range(n_pairs):
                 pair_sums[p] = dot_pair(pair_sums[p], w, xs[2 * p], xs[2 * p + 1], scv)
             for i in range(2 * n_pairs, len(rows)):
@@ -172,6 +182,48 @@ def _int_rows(k, fmt, n, rows, accs, blocks=None):
             fac = wfac * tirx.Broadcast(fmt.act_scale(k, t, s), n_acc)
             a, off = acc[0]
             T.buffer_store(a, fma(fac, fvec, a[ramp(off, n_acc)]), [ramp(off, n_acc)])
+
+
+LANE_ACC = 16   # int32 lanes of a block's sum in _lane_rows (at either width: the same bits from AVX2 and AVX-512)
+
+
+def _lane_rows(k, fmt, n, rows, accs, blocks=None):
+    """`_int_rows` for a format whose int32 lanes keep one sub-block across a block's vectors (formats.IQ4XS): per
+    block and row, 16 exact int32 lane sums over the four 64-byte vectors of quants (VNNI: one vpdpbusd each of
+    the unsigned quants, from the row's xc lane offsets; else |q| x (x with q's sign) by pmaddubsw + pmaddwd,
+    the same integers), converted once, then one FMA: acc += (weight factors per lane x the row's scale) * sums.
+    64 // width vectors per 64 bytes at 32-byte width."""
+    with T.serial(*(blocks or (0, k.n_blocks))) as s:
+        _prefetch(k, n, s * fmt.type_size, fmt.type_size)
+        wfac = T.Bind(fmt.lane_factors(k, n, s))
+        qs = fmt.lane_quants(k, n, s, k.vnni)
+        for t, acc in zip(rows, accs):
+            fac = wfac * tirx.Broadcast(k.xd[t, s], LANE_ACC)
+            a, off = acc[0]
+            T.buffer_store(a, fma(fac, _lane_sums(k, qs, t, 256 * s, LANE_ACC * s), a[ramp(off, LANE_ACC)]),
+                           [ramp(off, LANE_ACC)])
+
+
+def _lane_sums(k, qs, t, x_at, c_at):
+    """float32 x 16: the exact int32 lane sums of row t's 256 values from xq[t, x_at] with the four vectors of
+    quants `qs` (formats.lane_vectors): VNNI: from the row's lane offsets xc[t, c_at], one vpdpbusd per vector of
+    the unsigned quants; else |q| x (x with q's sign), pmaddubsw + pmaddwd; converted to float32 (exact: below
+    2^24)."""
+    parts = 64 // k.width
+    L = k.width // 4
+    zero = const(0, "int8", k.width)
+    sums = [k.xc[t, ramp(c_at + h * L, L)] if k.vnni else None for h in range(parts)]
+    for c, q in enumerate(qs):
+        for h in range(parts):
+            def part(v):
+                return v if parts == 1 else tirx.Shuffle([v], list(range(h * k.width, (h + 1) * k.width)))
+            x = k.xq[t, ramp(x_at + 64 * c + h * k.width, k.width)]
+            if k.vnni:
+                sums[h] = dot_u8s8(sums[h], part(q), x, k.width, None, True)
+            else:
+                aq, neg = q
+                sums[h] = dot_u8s8(sums[h], part(aq), tirx.Select(part(neg), zero - x, x), k.width)
+    return tirx.Cast(f"float32x{LANE_ACC}", _concat(sums))
 
 
 def _float_rows(k, fmt, n, rows, accs):
@@ -245,10 +297,44 @@ def _block32_rows(k, fmt, n, rows, accs):
             scv = tirx.Broadcast(dw * k.xd[t, b], 8)
             T.buffer_store(acc[1], fma(tirx.Cast("float32x8", isum), scv, acc[1][ramp(0, 8)]), [ramp(0, 8)])
 
+    if hasattr(fmt, "group_quants"):     # groups of 8 blocks in IQ4_XS's lane order ("q8_0_g8" rows)
+        _group_rows(k, fmt, n, rows, [[(acc[0], 0)] for acc in accs])
+        _single_rows(k, fmt, n, rows, [[(acc[1], 0)] for acc in accs])
+        return
     with T.serial(0, k.n_blocks // step) as g:
         step_at(g * step)
     with T.serial(k.n_blocks // step * step, k.n_blocks) as b:
         single(b)
+
+
+def _group_rows(k, fmt, n, rows, accs, groups=None):
+    """Weight row n's full groups of 8 blocks (of `groups`, a (first, end) range; all by default) against "q8_0_g8"
+    rows: per group and row the 16 exact lane sums (`_lane_sums`), then one FMA with the weight's d per lane x the
+    row's (xl). accs: per row [(float32 buffer, lane offset)]."""
+    with T.serial(*(groups or (0, k.n_blocks // 8))) as g:
+        _prefetch(k, n, 8 * g * fmt.type_size, 8 * fmt.type_size)
+        wfac = T.Bind(fmt.group_factors(k, n, 8 * g))
+        qs = fmt.group_quants(k, n, 8 * g, k.vnni)
+        for t, acc in zip(rows, accs):
+            a, off = acc[0]
+            fac = wfac * k.xl[t, ramp(LANE_ACC * g, LANE_ACC)]
+            T.buffer_store(a, fma(fac, _lane_sums(k, qs, t, 256 * g, LANE_ACC * g), a[ramp(off, LANE_ACC)]),
+                           [ramp(off, LANE_ACC)])
+
+
+def _single_rows(k, fmt, n, rows, accs):
+    """The blocks of weight row n after its last full group of 8, one at a time (32-byte vectors, |w| x (x with
+    w's sign)), each adding float(sum) * (d_w * d_x) to the row's 8-lane accumulator accs[row][0]."""
+    with T.serial(k.n_blocks // 8 * 8, k.n_blocks) as b:
+        w = T.Bind(fmt.quants(k, n, b, 1))
+        zero = const(0, "int8", 32)
+        aw = T.Bind(tirx.Select(w < zero, zero - w, w))
+        dw = T.Bind(fmt.scales(k, n, b, 1))
+        for t, acc in zip(rows, accs):
+            a, off = acc[0]
+            isum = dot_u8s8(None, aw, _sign(k.xq[t, ramp(32 * b, 32)], w, 32), 32)
+            scv = tirx.Broadcast(dw * k.xd[t, b], 8)
+            T.buffer_store(a, fma(tirx.Cast("float32x8", isum), scv, a[ramp(off, 8)]), [ramp(off, 8)])
 
 
 def _sign(x, w, width):
@@ -261,6 +347,8 @@ def _sign(x, w, width):
 
 
 def _lanes(k, fmt):
+    if hasattr(fmt, "lane_quants"):
+        return [LANE_ACC]
     if k.acts == "q8":
         return [sum(_int_plan(fmt, k.width)[1])]
     if k.acts == "q8_0":
@@ -302,7 +390,7 @@ def _tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n)
     groups (`_group_sizes`). row_of(i) / out_of(i, n): activation row / output index of the i-th
     row; wrow(n): the weight row."""
     def each_row(make):
-        if k.acts == "q8" and _k_chunk(k, len(make())) < k.n_blocks:
+        if _chunked(k, fmt) and _k_chunk(k, len(make())) < _chunk_units(k, fmt):
             return _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow)
         with T.serial(0, tile_n) as nn:
             with T.If(nt * tile_n + nn < N):
@@ -324,6 +412,16 @@ def _tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n)
 X_CHUNK_BYTES = 32 << 10    # int8 activation bytes of a row group that one pass over a tile's rows keeps in L1
 
 
+def _chunked(k, fmt) -> bool:
+    """Formats whose row groups go through K in chunks (`_int_tile_chunked`): the "q8" ones, the grouped "q8_0"."""
+    return k.acts == "q8" or hasattr(fmt, "group_quants")
+
+
+def _chunk_units(k, fmt) -> int:
+    """What `_k_chunk` counts in K: blocks of 256, or groups of 8 blocks of 32."""
+    return k.n_blocks // 8 if hasattr(fmt, "group_quants") else k.n_blocks
+
+
 def _k_chunk(k, size: int) -> int:
     """Blocks per pass of `size` activation rows over a tile's weight rows (`_int_tile_chunked`)."""
     return max(1, X_CHUNK_BYTES // (size * 256))
@@ -334,9 +432,11 @@ def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
     activations stay in L1 while every weight row of the tile reads them: accumulators for the whole tile,
     zeroed, then the chunks, then the lane sums. Each output still adds its blocks in order: the same bits."""
     idx = make()
+    grouped = hasattr(fmt, "group_quants")
     n_acc = _lanes(k, fmt)[0]
-    cb = _k_chunk(k, len(idx))
+    cb, units = _k_chunk(k, len(idx)), _chunk_units(k, fmt)
     acc = T.decl_buffer((tile_n * len(idx) * n_acc,), "float32")
+    acc1 = T.decl_buffer((tile_n * len(idx) * 8,), "float32") if grouped else None
 
     def per_row(body):
         with T.serial(0, tile_n) as nn:
@@ -347,16 +447,25 @@ def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
     def zero(nn, n):
         for r in range(len(idx)):
             T.buffer_store(acc, const(0.0, "float32", n_acc), [ramp((nn * len(idx) + r) * n_acc, n_acc)])
+            if grouped:
+                T.buffer_store(acc1, const(0.0, "float32", 8), [ramp((nn * len(idx) + r) * 8, 8)])
 
     per_row(zero)
-    with T.serial(0, -(-k.n_blocks // cb)) as c:
-        per_row(lambda nn, n: _int_rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
-                                        [[(acc, (nn * len(idx) + r) * n_acc)] for r in range(len(idx))],
-                                        (c * cb, tirx.min((c + 1) * cb, k.n_blocks))))
+    rows_fn = _group_rows if grouped else _int_rows
+    with T.serial(0, -(-units // cb)) as c:
+        per_row(lambda nn, n: rows_fn(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
+                                      [[(acc, (nn * len(idx) + r) * n_acc)] for r in range(len(idx))],
+                                      (c * cb, tirx.min((c + 1) * cb, units))))
+    if grouped:
+        per_row(lambda nn, n: _single_rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
+                                           [[(acc1, (nn * len(idx) + r) * 8)] for r in range(len(idx))]))
 
     def store(nn, n):
         for r, i in enumerate(idx):
-            T.buffer_store(k.y, hsum_pairwise(acc[ramp((nn * len(idx) + r) * n_acc, n_acc)], n_acc), out_of(i, n))
+            y = hsum_pairwise(acc[ramp((nn * len(idx) + r) * n_acc, n_acc)], n_acc)
+            if grouped:      # the same sum as _rows: groups, then the blocks after them
+                y = y + hsum_pairwise(acc1[ramp((nn * len(idx) + r) * 8, 8)], 8)
+            T.buffer_store(k.y, y, out_of(i, n))
 
     per_row(store)
 
