@@ -1,19 +1,26 @@
-"""GEMV / few-row GEMM speed per weight format at real widths, as a fraction of the machine's read bandwidth
-measured in the same run.
+"""GEMV / few-row GEMM speed per weight format at real widths, as a fraction of a read of the same bytes measured
+in the same run.
 
     python bench/quant_gemv.py [--types Q4_K,Q6_K] [--shapes 4096x4096,151552x4096 | --n N --k K] [--rows 1]
-                               [--exact] [--element] [--prefetch KB] [--width 32] [--mapped DIR] [--stream-mb 96] [--repeat 5] [--json out.json]
+                               [--exact] [--element] [--prefetch KB] [--width 32] [--mapped DIR] [--stream-mb 256]
+                               [--repeat 5] [--threads T] [--json out.json]
     python bench/quant_gemv.py --target cuda|rocm [--arch sm_90] ...        (GPU: the element-expression kernels)
 
 CPU (llvm): each format is timed with the kernel the compiler gives a model's matmul: the x86 kernels
 (compiler/lower/x86; K-quants and IQ4_XS on "q8" int8 activation rows, Q8_0 / IQ4_NL / MXFP4 on "q8_0" rows, the
-float path with --exact) where they apply, else the TE
-element-expression kernel. The weight is cycled through enough copies (--stream-mb) to come from memory, as in
-decoding a model far larger than the cache. GB/s = the weight's GGUF bytes / time; "of read" = that over the
-read bandwidth of a TVM kernel summing a 1 GiB buffer with the same threads (a STREAM-like read), measured before
-and after the formats (the smaller is used: the machine may be shared); "vs Q8_0" = GB/s over Q8_0's on the same
-shape in the same run (Q8_0 is timed first, also when --types leaves it out). --element also times the element
-kernel for comparison. --rows R times R activation rows (a verify of R-1 drafts).
+float path with --exact) where they apply, else the TE element-expression kernel. The weight is cycled through
+enough copies (--stream-mb, 8x this CPU's 32 MB L3) to come from memory, as in decoding a model far larger than the
+cache. GB/s = the weight's GGUF bytes / time (best round).
+
+The ceiling is a probe per case (`probe_kernel`): a TVM kernel that reads (sums) the very same weight copies, in
+the same work items (tiles of tile_n weight rows, each a contiguous stream) on the same threads with the same
+software prefetch (loops._prefetch, Knobs.prefetch_kb) and no decode; kernel and probe run in interleaved
+rounds, and "of probe" is the median over the rounds of the kernel's GB/s over the probe's in the same round.
+"of numpy" = GB/s over bench/realwidth.py's reference (`threads` numpy sums over 512 MB, which reads less than
+a prefetching kernel streams), for continuity with its tables; the header also prints a TVM sum of 1 GiB without
+prefetch. "vs Q8_0" = GB/s over Q8_0's on the same shape in the same run (Q8_0 is timed first, also when
+--types leaves it out). --element also times the element kernel for comparison. --rows R times R activation
+rows (a verify of R-1 drafts). --threads sets TVM_NUM_THREADS (default: it, or every core).
 On a GPU: the element kernels and the device's copy bandwidth (read + write), as before.
 """
 from __future__ import annotations
@@ -40,7 +47,7 @@ def random_raw(ttype, n, k, rng):
     import gguf
 
     if ttype in ("F16", "BF16"):
-        v = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+        v = rng.standard_normal((n, k), dtype=np.float32) * np.float32(0.05)   # float32: the lm head in f64 is 5 GB
         if ttype == "F16":
             return v.astype(np.float16).view(np.uint8)
         return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
@@ -201,20 +208,20 @@ def copy_bandwidth(dev, nbytes=1 << 30, repeat=10):
 
 
 def _stream_times(calls: dict, weights, repeat) -> dict:
-    """{name: best seconds per call} of each (fn, rest) in `calls` called as fn(w, *rest) over the weight copies,
-    `repeat` rounds interleaved (one pass of each per round), so that a shared machine's slow moments fall on
-    all of them alike."""
+    """{name: [seconds per call in each round]} of each (fn, rest) in `calls` called as fn(w, *rest) over the
+    weight copies, `repeat` rounds interleaved (one pass of each per round), so that a shared machine's slow
+    moments fall on all of them alike and each round's passes can be compared."""
     weights = [w for w in weights if not hasattr(w, "name")]    # (a mapped file's handle)
     for fn, rest in calls.values():
         fn(weights[0], *rest)
-    best = dict.fromkeys(calls, float("inf"))
+    out = {name: [] for name in calls}
     for _ in range(repeat):
         for name, (fn, rest) in calls.items():
             t0 = time.perf_counter()
             for w in weights:
                 fn(w, *rest)
-            best[name] = min(best[name], (time.perf_counter() - t0) / len(weights))
-    return best
+            out[name].append((time.perf_counter() - t0) / len(weights))
+    return out
 
 
 def _mapped_copies(packed: np.ndarray, copies: int, folder: str):
@@ -284,7 +291,8 @@ def cpu_case(ttype, n, k, rows, args, rng):
     n_items = -(-n // knobs.tile_n)
     probe, nread = probe_kernel(weights[0].shape, str(weights[0].dtype), n_items, knobs.prefetch_kb)
     calls["probe"] = (probe, [tvm.runtime.empty((n_items, 8), "uint64")])
-    best = _stream_times(calls, weights, args.repeat)
+    rounds = _stream_times(calls, weights, args.repeat)
+    best = {name: min(ts) for name, ts in rounds.items()}
 
     def rel_err(got, xf):
         want = xf @ w_f.T
@@ -299,7 +307,9 @@ def cpu_case(ttype, n, k, rows, args, rng):
                  element_max_rel=rel_err(ye, x.astype(np.float64)))
         if not path:
             r.update(path="element", us=r["element_us"], gbs=r["element_gbs"], max_rel=r["element_max_rel"])
-    r["of_probe"] = r["gbs"] / r["probe_gbs"]
+    # per round: the kernel's GB/s over the probe's right before or after it; the median of the rounds
+    main = rounds["x86" if path and path != "element" else "element"]
+    r["of_probe"] = float(np.median([raw.nbytes / nread * p / t for p, t in zip(rounds["probe"], main)]))
     return r
 
 
@@ -320,7 +330,7 @@ def main():
                     help="x86 kernels' vector bytes (default: the CPU's widest, x86.vector_width)")
     ap.add_argument("--mapped", default=None, metavar="DIR",
                     help="weight copies in a memory-mapped file in DIR (page-cache pages) rather than allocated")
-    ap.add_argument("--stream-mb", type=int, default=96, help="weight copies cycled per timing (MB)")
+    ap.add_argument("--stream-mb", type=int, default=256, help="weight copies cycled per timing (MB)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None,
                     help="threads of every kernel and of the numpy reference (TVM_NUM_THREADS; default: it, or all cores)")
