@@ -12,7 +12,8 @@ Integer path for the 32-weight block formats (Q8_0, IQ4_NL, MXFP4: `BLOCK32_FORM
 per 32 values ("q8_0" rows); a block's signed quants (int8, a byte shuffle of IQ4_NL's / MXFP4's table) give an
 exact int32 sum per block, |w| x (x with w's sign) by pmaddubsw then pmaddwd by 1, and each block adds
 float(sum) * (d_w * d_x) by one FMA (ggml-cpu's ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_iq4_nl_q8_0 /
-ggml_vec_dot_mxfp4_q8_0 on x86). `loops._block32_rows` runs them.
+ggml_vec_dot_mxfp4_q8_0 on x86). `loops._block32_rows` runs them. IQ4_NL and MXFP4 take each full group of 8
+blocks as IQ4_XS takes a block ("q8_0_g8" rows, `IQ4NLInt`); the blocks after the last group go one at a time.
 
 Float path (Q8_0, IQ4_NL, MXFP4 under --exact-matmul, and unquantized F16 / BF16 / F32; blocks of 32): each weight
 is dequantized exactly (d * q: at most 11 + 8 significant bits) and multiplied with the float32 activation by FMA.
