@@ -263,6 +263,7 @@ class IQ4NLInt(Block32):
     64 bytes and one FMA per group (loops._block32_rows); the blocks after the last full group go one at a time."""
     type_size, table, q_at = 18, KVALUES, 2
     layout = "q8_0_g8"
+    unit_bytes = 416    # a row's bytes per group (loops._k_chunk): 256 quants, 8 d, 16 lane d and 16 lane offsets
 
     def term_lanes(self, width):
         return [16, 8]     # the groups' lane sums (at either width), the blocks after them

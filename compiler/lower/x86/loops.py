@@ -56,6 +56,7 @@ def _new(kind: str, K: int, knobs: Knobs, vnni: bool = False, exact: bool = Fals
     k = _Kern()
     k.kind, k.width, k.unroll, k.vnni = kind, knobs.width, knobs.unroll, vnni
     k.acts, k.prefetch = fmt.acts, knobs.prefetch_kb * 1024
+    k.unit_bytes = getattr(fmt, "unit_bytes", 256)     # activation bytes per 256 values of a row (_k_chunk)
     k.n_blocks = K // fmt.block
     k.row_bytes = k.n_blocks * fmt.type_size
     return fmt, k
@@ -424,7 +425,7 @@ def _chunk_units(k, fmt) -> int:
 
 def _k_chunk(k, size: int) -> int:
     """Blocks per pass of `size` activation rows over a tile's weight rows (`_int_tile_chunked`)."""
-    return max(1, X_CHUNK_BYTES // (size * 256))
+    return max(1, X_CHUNK_BYTES // (size * k.unit_bytes))
 
 
 def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
