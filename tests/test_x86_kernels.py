@@ -149,7 +149,8 @@ VNNI_WIDTHS = [w for w in WIDTHS if x86.has_vnni(TARGET, w)]
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("kind", sorted(x86.INT_KINDS))
 def test_int_row_groups_and_vnni(kind, width):
-    """15 rows through a row group of 8 (then 4, 2, 1; N off the tile; K in chunks for the 8): against numpy,
+    """15 rows through a row group of 8 (then 4 and 3: rows in pairs and one alone on VNNI; N off the tile; K in
+    chunks for the 8): against numpy,
     every row bitwise equal to its one-row call, and the same bits from a target without VNNI (no vpdpwssd /
     vpdpbusd)."""
     # K: 16 + 1 blocks of 256 for the group of 8 (loops._k_chunk); for the 32-block kinds 3 blocks after the

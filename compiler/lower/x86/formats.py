@@ -25,7 +25,7 @@ from tvm.tirx.script import builder as T
 
 from nextn.compiler.quant.mxfp4 import E2M1X2, e8m0_half
 
-from .vec import byte_vector, const, madd, pshufb, ramp
+from .vec import byte_vector, const, pshufb, ramp
 
 
 def _u8(v, lanes=32):
@@ -55,30 +55,21 @@ def _nibbles(v, per):
 
 
 class IntFormat:
-    """A super-block format on the integer path ("q8" activation rows). `setup` binds what a (row, block) shares
-    across activation rows, `chunks` gives [(u8 or i8 quants x width, offset of their first activation in the
-    block, i16 scales or None, each constant over 16 bytes)], `terms` the [(float32 weight factor, int32 vector)]
-    of one activation row (the first: the block sum `sumi`, which loops._int_rows sums and converts itself): the
-    row adds act_scale * factor * vector to its float accumulator. The factors must not depend on the row (they are
-    taken once per block)."""
+    """A super-block format on the integer path ("q8" activation rows). The unsigned K-quants (loops._kquant_rows):
+    `setup` binds what a (row, block) shares across activation rows, `chunks` gives [(u8 quants x width, offset of
+    their first activation in the block, i16 scales, each constant over 16 bytes)], whose products weighted by
+    their scales make the block sum (factor d), and `xs_term` the block's term on the row's 16-value sums. The
+    factors must not depend on the row (they are taken once per block). IQ4_XS: its own lanes (loops._lane_rows)."""
     block = 256
     acts = "q8"         # the activation row format (nextn.common.quant.activation)
-    n_terms = 1
-
-    def term_lanes(self, width):
-        return [width // 4] + [8] * (self.n_terms - 1)
-
-    def act_scale(self, k, t, s):
-        """The float32 scale of activation row t's block s."""
-        return k.xd[t, s]
 
 
 class Q4K(IntFormat):
     """Q4_K (144 B): d f16 | dmin f16 | 12 B of 8 (6-bit scale, 6-bit min) | qs[128]: w = d*sc*q - dmin*m per
     32 weights; lo nibbles of qs[32j..32j+32) are sub-block 2j, hi nibbles 2j+1 (get_scale_min_k4)."""
     type_size, qs_at, qh_at = 144, 16, None
-    n_terms = 2
     q_max = 15          # the largest quant (loops._pairs)
+    xs_merged = False   # xs_term has a factor of its own
 
     def setup(self, k, n, s):
         b = T.Bind(n * k.row_bytes + s * self.type_size)
@@ -115,8 +106,10 @@ class Q4K(IntFormat):
                             T.Bind(_scales(st["sm"], [2 * j, 2 * j + 1], 64))))
         return out
 
-    def terms(self, k, st, t, s, sumi):
-        return [(st["d"], sumi), (-st["dmin"], madd(st["mins"], k.xs[t, ramp(16 * s, 16)], 32))]
+    def xs_term(self, st):
+        """(int16 x 16 weights of the row's 16-value sums `xs`, float factor or None): the block's
+        -dmin * sum_j m_j * (sum of sub-block j), a term with its own factor (loops._kquant_rows)."""
+        return st["mins"], -st["dmin"]
 
 
 class Q5K(Q4K):
@@ -129,8 +122,8 @@ class Q6K(IntFormat):
     """Q6_K (210 B): ql[128] | qh[64] | 16 int8 scales | d f16: w = d*sc*(q - 32) per 16 weights. The -32 is one
     correction per block: -32 d sum_g sc_g (sum of the 16 activations of g)."""
     type_size = 210
-    n_terms = 2
     q_max = 63
+    xs_merged = True
 
     def setup(self, k, n, s):
         b = T.Bind(n * k.row_bytes + s * 210)
@@ -156,8 +149,10 @@ class Q6K(IntFormat):
                                 T.Bind(_scales(st["sc"], [g + 4 * i + m for m in range(4)], 64))))
         return out
 
-    def terms(self, k, st, t, s, sumi):
-        return [(st["d"], sumi), (st["d"] * const(-32.0, "float32"), madd(st["sc"], k.xs[t, ramp(16 * s, 16)], 32))]
+    def xs_term(self, st):
+        """The -32 of every quant, -32 sum_g sc_g (sum of the 16 activations of g): an integer with the block sum's
+        factor d, so it joins the block sum before the conversion (None: no factor of its own). |32 sc| <= 4096."""
+        return T.Bind(st["sc"] * const(-32, "int16", 16)), None
 
 
 KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)   # kvalues_iq4nl

@@ -24,7 +24,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
 from .formats import Block32, format_of
-from .vec import PAIR_LANES, const, dot_pair, dot_u8s8, fma, fold_pairs, hsum, hsum_pairwise, ramp
+from .vec import PAIR_LANES, const, dot_pair, dot_u8s8, fma, fold_pairs, hsum, hsum_pairwise, madd, ramp
 
 
 @dataclass(frozen=True)
@@ -111,16 +111,6 @@ def _views(k, data, nbytes):
     k.w32f = T.decl_buffer((nbytes // 4,), "float32", data=data)
 
 
-def _int_plan(fmt, width: int) -> tuple[list[int], list[int]]:
-    """(lanes of each term's int32 vector, lanes it has in the row's one float accumulator): the first term (the
-    block's sum, width/4 lanes) is folded (`fold_pairs`, exact) until the terms fit width/4 lanes or it has 8."""
-    lanes = list(fmt.term_lanes(width))
-    out = list(lanes)
-    while sum(out) > width // 4 and out[0] > 8:
-        out[0] //= 2
-    return lanes, out
-
-
 def _concat(vs):
     return vs[0] if len(vs) == 1 else tirx.Shuffle(vs, list(range(sum(v.ty.dtype.lanes for v in vs))))
 def _prefetch(k, n, off, nbytes):
@@ -137,59 +127,106 @@ def _prefetch(k, n, off, nbytes):
 
 
 def _pairs(k, fmt) -> bool:
-    """Rows two at a time through vec.dot_pair: VNNI at 64 bytes, unsigned quants of at most `q_max` (a sum of 4
-    products with int8 activations below 2^15), and a block sum folded to 8 lanes."""
-    q_max = getattr(fmt, "q_max", None)
-    return (k.vnni and k.width == 64 and q_max is not None and 4 * q_max * 127 < 1 << 15
-            and _int_plan(fmt, k.width)[1][0] == 8)
+    """Rows two at a time through vec.dot_pair (`_kquant_rows`): VNNI at 64 bytes and quants of at most
+    `fmt.q_max` (a sum of 4 products with int8 activations below 2^15)."""
+    return k.vnni and k.width == 64 and 4 * fmt.q_max * 127 < 1 << 15
 
 
-def _int_rows(k, fmt, n, rows, accs, blocks=None):
-    """Weight row n against activation rows `rows`: per block (of `blocks`, a (first, end) range; all by
-    default), exact integer sums (`dot_u8s8`, or `dot_pair` for two rows at once: the same lanes), then one FMA
-    per row: acc += (weight factors x the row's block scale) * the terms' int32 vectors side by side.
-    accs: per row [(float32 buffer, lane offset)]."""
-    if hasattr(fmt, "lane_quants"):
-        return _lane_rows(k, fmt, n, rows, accs, blocks)
-    lanes, folded = _int_plan(fmt, k.width)
-    n_acc = sum(folded)
-    n_pairs = len(rows) // 2 if _pairs(k, fmt) else 0
+def _kquant(k, fmt) -> bool:
+    """The unsigned super-block formats on "q8" rows (Q4_K, Q5_K, Q6_K: `fmt.xs_term`) go through `_kquant_rows`."""
+    return k.acts == "q8" and hasattr(fmt, "xs_term")
+
+
+def _kquant_lanes(fmt) -> int:
+    """Float accumulator lanes per row of `_kquant_rows`: 8 (block sum and xs term in one integer) or 8 + 8."""
+    return 8 if fmt.xs_merged else 16
+
+
+def _kquant_paired(k, fmt, n_rows: int) -> int:
+    """How many of a group's rows `_kquant_rows` takes in pairs (the first ones)."""
+    return 2 * (n_rows // 2) if _pairs(k, fmt) else 0
+
+
+def _kquant_zero(k, fmt, acc, base, n_rows):
+    """Zeroed accumulators for `_kquant_rows`, stored as they are read (so they stay in registers)."""
+    n_l, paired = _kquant_lanes(fmt), _kquant_paired(k, fmt, n_rows)
+    units = [(r * n_l + 16 * j, 16) for r in range(0, paired, 2) for j in range(n_l // 8)]
+    for off, m in units + [(r * n_l, n_l) for r in range(paired, n_rows)]:
+        T.buffer_store(acc, const(0.0, "float32", m), [ramp(base + off, m)])
+
+
+def _kquant_rows(k, fmt, n, rows, acc, base, blocks=None):
+    """Weight row n against "q8" activation rows `rows` for the unsigned K-quants. Per block (of `blocks`, a
+    (first, end) range; all by default) and row: the block sum's 8 int32 lanes (`dot_u8s8` folded to 8, or
+    `dot_pair` for two rows at once: the same lanes) and the xs term's 8 (`fmt.xs_term`: weights of the row's
+    16-value sums, pmaddwd), then per lane one FMA of float(int) by (d x the row's scale): the xs term joins the
+    block sum's integers when it has no factor of its own (Q6_K's -32), else it has 8 lanes of its own with its
+    factor (Q4_K's -dmin). A pair keeps its two rows' lanes interleaved (vec.PAIR_LANES) in one 16-lane vector
+    per term, so a block costs it one conversion and one FMA per term, no shuffles; a row alone has the same
+    lanes in order, so its bits are the same. acc: float32 buffer, row r's `_kquant_lanes` lanes at
+    base + r * lanes (a pair's two rows side by side)."""
+    L = k.width // 4
+    n_l = _kquant_lanes(fmt)
+    n_pairs = _kquant_paired(k, fmt, len(rows)) // 2
     with T.serial(*(blocks or (0, k.n_blocks))) as s:
         _prefetch(k, n, s * fmt.type_size, fmt.type_size)
         st = fmt.setup(k, n, s)
         sums = [None for _ in rows]
-        pair_sums = [None] * n_pairs
         for w, off, scv in fmt.chunks(k, st, n, s):
             xs = [k.xq[t, ramp(fmt.block * s + off, k.width)] for t in rows]
             for p in range(n_pairs):
-                pair_sums[p] = dot_pair(pair_sums[p], w, xs[2 * p], xs[2 * p + 1], scv)
+                sums[2 * p] = dot_pair(sums[2 * p], w, xs[2 * p], xs[2 * p + 1], scv)
             for i in range(2 * n_pairs, len(rows)):
                 sums[i] = dot_u8s8(sums[i], w, xs[i], k.width, scv, k.vnni)
-        # the block sums as float32 (exact lane by lane, whichever way they were summed; a pair is converted once)
-        fsums = []
-        for i in range(len(rows)):
-            if i < 2 * n_pairs:
-                if i % 2 == 0:
-                    fpair = T.Bind(tirx.Cast("float32x16", pair_sums[i // 2]))
-                fsums.append(tirx.Shuffle([fpair], PAIR_LANES[i % 2]))
+        v16, f2 = fmt.xs_term(st)
+        d = st["d"]
+        xsum = [k.xs[t, ramp(16 * s, 16)] for t in rows]
+        if n_pairs:
+            # row a's 16-value sums 4c..4c+3, then row b's, per quadword c: pmaddwd puts row r's groups 2j, 2j+1
+            # in lane PAIR_LANES[r][j], as `madd` of one row puts them in lane j
+            inter = [4 * c + i + 16 * r for c in range(4) for r in range(2) for i in range(4)]
+            v32 = T.Bind(tirx.Shuffle([v16, v16], [4 * c + i for c in range(4) for _ in range(2) for i in range(4)]))
+        for p in range(n_pairs):
+            a, b = rows[2 * p], rows[2 * p + 1]
+            xt = madd(tirx.Shuffle([xsum[2 * p], xsum[2 * p + 1]], inter), v32, 64)
+            xdp = tirx.Shuffle([tirx.Broadcast(k.xd[a, s], 16), tirx.Broadcast(k.xd[b, s], 16)],
+                               [i if i % 4 < 2 else 16 + i for i in range(16)])
+            at = base + 2 * p * n_l
+            main = sums[2 * p] if f2 is not None else sums[2 * p] + xt
+            T.buffer_store(acc, fma(tirx.Broadcast(d, 16) * xdp, tirx.Cast("float32x16", main), acc[ramp(at, 16)]),
+                           [ramp(at, 16)])
+            if f2 is not None:
+                T.buffer_store(acc, fma(tirx.Broadcast(f2, 16) * xdp, tirx.Cast("float32x16", xt),
+                                        acc[ramp(at + 16, 16)]), [ramp(at + 16, 16)])
+        for i in range(2 * n_pairs, len(rows)):
+            main = fold_pairs(sums[i], L, 8)
+            xt = madd(v16, xsum[i], 32)
+            at = base + i * n_l
+            xd = tirx.Broadcast(k.xd[rows[i], s], n_l)
+            if f2 is None:
+                fac, iv = tirx.Broadcast(d, 8) * xd, main + xt
             else:
-                fsums.append(tirx.Cast(f"float32x{folded[0]}", fold_pairs(sums[i], lanes[0], folded[0])))
-        wfac = None
-        for t, acc, fsum in zip(rows, accs, fsums):
-            terms = fmt.terms(k, st, t, s, None)      # the first term's vector is the block sum, converted above
-            if wfac is None:     # the weight factors are the same for every row: bound once per block
-                wfac = T.Bind(_concat([tirx.Broadcast(f, m) for (f, _v), m in zip(terms, folded)]))
-            fvec = _concat([fsum] + [tirx.Cast(f"float32x{m}", v) for (_f, v), m in zip(terms[1:], folded[1:])])
-            fac = wfac * tirx.Broadcast(fmt.act_scale(k, t, s), n_acc)
-            a, off = acc[0]
-            T.buffer_store(a, fma(fac, fvec, a[ramp(off, n_acc)]), [ramp(off, n_acc)])
+                fac, iv = _concat([tirx.Broadcast(d, 8), tirx.Broadcast(f2, 8)]) * xd, _concat([main, xt])
+            T.buffer_store(acc, fma(fac, tirx.Cast(f"float32x{n_l}", iv), acc[ramp(at, n_l)]), [ramp(at, n_l)])
+
+
+def _kquant_out(k, fmt, acc, base, r, paired):
+    """Row r's result from `_kquant_rows`' accumulators: its lanes summed pairwise (taken from the pair's
+    interleaved vectors when `paired`)."""
+    n_l = _kquant_lanes(fmt)
+    if not paired:
+        return hsum_pairwise(acc[ramp(base + r * n_l, n_l)], n_l)
+    at, lanes = base + (r - r % 2) * n_l, PAIR_LANES[r % 2]
+    vs = [acc[ramp(at + 16 * j, 16)] for j in range(n_l // 8)]
+    return hsum_pairwise(tirx.Shuffle(vs, [16 * j + l for j in range(n_l // 8) for l in lanes]), n_l)
 
 
 LANE_ACC = 16   # int32 lanes of a block's sum in _lane_rows (at either width: the same bits from AVX2 and AVX-512)
 
 
 def _lane_rows(k, fmt, n, rows, accs, blocks=None):
-    """`_int_rows` for a format whose int32 lanes keep one sub-block across a block's vectors (formats.IQ4XS): per
+    """Weight row n against "q8" rows for a format whose int32 lanes keep one sub-block across a block's vectors
+    (formats.IQ4XS; accs: per row [(float32 buffer, lane offset)]): per
     block and row, 16 exact int32 lane sums over the four 64-byte vectors of quants (VNNI: one vpdpbusd each of
     the unsigned quants, from the row's xc lane offsets; else |q| x (x with q's sign) by pmaddubsw + pmaddwd,
     the same integers), converted once, then one FMA: acc += (weight factors per lane x the row's scale) * sums.
@@ -350,8 +387,8 @@ def _sign(x, w, width):
 def _lanes(k, fmt):
     if hasattr(fmt, "lane_quants"):
         return [LANE_ACC]
-    if k.acts == "q8":
-        return [sum(_int_plan(fmt, k.width)[1])]
+    if _kquant(k, fmt):
+        return [_kquant_lanes(fmt)]
     if k.acts == "q8_0":
         return fmt.term_lanes(k.width)
     return [k.width // 4] * (k.unroll * 32 // (k.width // 4))
@@ -360,6 +397,14 @@ def _lanes(k, fmt):
 def _rows(k, fmt, n, rows, outs):
     """Zeroed accumulators for each row, the block loop, then y = the sum of the accumulators' lanes (in lane
     order on the float path; pairwise on the integer path, whose one accumulator per row is 8 or 16 lanes)."""
+    if _kquant(k, fmt):
+        acc = T.decl_buffer((len(rows) * _kquant_lanes(fmt),), "float32")
+        _kquant_zero(k, fmt, acc, 0, len(rows))
+        _kquant_rows(k, fmt, n, rows, acc, 0)
+        paired = _kquant_paired(k, fmt, len(rows))
+        for r, out in enumerate(outs):
+            T.buffer_store(k.y, _kquant_out(k, fmt, acc, 0, r, r < paired), out)
+        return
     lanes = _lanes(k, fmt)
     accs = []
     for _ in rows:
@@ -373,8 +418,8 @@ def _rows(k, fmt, n, rows, outs):
             T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]) +
                            hsum_pairwise(acc[1][ramp(0, lanes[1])], lanes[1]), out)
         return
-    if k.acts == "q8":
-        _int_rows(k, fmt, n, rows, [[(acc[0], 0)] for acc in accs])
+    if k.acts == "q8":      # IQ4_XS (the K-quants are above)
+        _lane_rows(k, fmt, n, rows, [[(acc[0], 0)] for acc in accs])
         for acc, out in zip(accs, outs):
             T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]), out)
         return
@@ -451,19 +496,28 @@ def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
             if grouped:
                 T.buffer_store(acc1, const(0.0, "float32", 8), [ramp((nn * len(idx) + r) * 8, 8)])
 
-    per_row(zero)
-    rows_fn = _group_rows if grouped else _int_rows
+    kq = _kquant(k, fmt)
+    per_row((lambda nn, n: _kquant_zero(k, fmt, acc, nn * len(idx) * n_acc, len(idx))) if kq else zero)
+    rows_fn = _group_rows if grouped else _lane_rows
     with T.serial(0, -(-units // cb)) as c:
-        per_row(lambda nn, n: rows_fn(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
-                                      [[(acc, (nn * len(idx) + r) * n_acc)] for r in range(len(idx))],
-                                      (c * cb, tirx.min((c + 1) * cb, units))))
+        chunk = (c * cb, tirx.min((c + 1) * cb, units))
+        if kq:
+            per_row(lambda nn, n: _kquant_rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx], acc,
+                                               nn * len(idx) * n_acc, chunk))
+        else:
+            per_row(lambda nn, n: rows_fn(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
+                                          [[(acc, (nn * len(idx) + r) * n_acc)] for r in range(len(idx))], chunk))
+    paired = _kquant_paired(k, fmt, len(idx)) if kq else 0
     if grouped:
         per_row(lambda nn, n: _single_rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
                                            [[(acc1, (nn * len(idx) + r) * 8)] for r in range(len(idx))]))
 
     def store(nn, n):
         for r, i in enumerate(idx):
-            y = hsum_pairwise(acc[ramp((nn * len(idx) + r) * n_acc, n_acc)], n_acc)
+            if kq:
+                y = _kquant_out(k, fmt, acc, nn * len(idx) * n_acc, r, r < paired)
+            else:
+                y = hsum_pairwise(acc[ramp((nn * len(idx) + r) * n_acc, n_acc)], n_acc)
             if grouped:      # the same sum as _rows: groups, then the blocks after them
                 y = y + hsum_pairwise(acc1[ramp((nn * len(idx) + r) * 8, 8)], 8)
             T.buffer_store(k.y, y, out_of(i, n))
