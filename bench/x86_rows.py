@@ -1,0 +1,88 @@
+"""Per-kernel time of the x86 matmul kernels that a model's verify / prefill entries run (symbolic row count) at
+GLM-4.5-Air widths, for R activation rows: steady state (one untimed call, then the best of --repeat passes over
+enough weight copies to come from memory), with GMAC/s and the ratio to one row. Random weights (quant_gemv's
+random_raw); the routed gate + up experts give each row 8 distinct experts of 128, as distinct draft tokens route.
+
+    TVM_NUM_THREADS=1 python bench/x86_rows.py [--rows 1,2,3,4,8] [--cases lm_head,ffn_up,...] [--repeat 5]
+                                               [--tile N] [--group R]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from quant_gemv import random_raw
+
+CASES = {   # name: (GGUF type, op, N, K, experts)
+    "lm_head": ("Q6_K", "matmul", 151552, 4096, 0),
+    "ffn_up": ("Q4_K", "matmul", 10944, 4096, 0),
+    "attn_q": ("Q4_K", "matmul", 12288, 4096, 0),
+    "attn_o": ("Q4_K", "matmul", 4096, 12288, 0),
+    "exps_gate_up": ("Q4_K", "matmul_id", 1408, 4096, 128),
+    "ffn_down": ("Q8_0", "matmul", 4096, 10944, 0),
+}
+
+
+def main():
+    import tvm
+
+    from nextn.common.quant import by_ggml_type
+    from nextn.compiler.lower import x86
+    from nextn.compiler.target import make_target
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="1,2,3,4")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--stream-mb", type=int, default=160, help="weight copies cycled per timing (MB)")
+    ap.add_argument("--tile", type=int, default=None, help="Knobs.tile_n (default: the compiler's)")
+    ap.add_argument("--group", type=int, default=None, help="Knobs.row_group")
+    a = ap.parse_args()
+    tgt = make_target("llvm")
+    width = x86.vector_width(tgt)
+    vnni = x86.has_vnni(tgt, width)
+    kw = {k: v for k, v in (("tile_n", a.tile), ("row_group", a.group)) if v}
+    knobs = x86.Knobs(width=width, **kw)
+    rng = np.random.default_rng(0)
+    rows = [int(r) for r in a.rows.split(",")]
+    for name in a.cases.split(","):
+        ttype, op, N, K, X = CASES[name]
+        fmt = by_ggml_type(ttype)
+        if op == "matmul":
+            packed = fmt.pack(random_raw(ttype, N, K, rng), (N, K))[0]
+            f, n_w, macs = x86.matmul(fmt.kind, N, K, None, knobs, vnni=vnni), 1, N * K
+        else:
+            packed = fmt.pack(random_raw(ttype, X * N, K, rng), (X * N, K))[0].reshape(X, N, -1)
+            f, n_w, macs = x86.matmul_id(fmt.kind, X, N, K, 8, True, 2, None, knobs, vnni=vnni), 2, 16 * N * K
+        fn = tvm.compile(tvm.IRModule({"main": f}), target=tgt).mod["main"]
+        copies = max(1, -(-(a.stream_mb << 20) // packed.nbytes))
+        ws = [tvm.runtime.tensor(packed) for _ in range(copies * n_w)]
+        times = []
+        for R in rows:
+            x = rng.standard_normal((R, K)).astype(np.float32)
+            acts = [tvm.runtime.tensor(v) for v in x86.activation_rows(fmt.kind, x)]
+            if op == "matmul":
+                y = tvm.runtime.empty((R, N), "float32")
+                call = lambda i: fn(ws[i], *acts, y)   # noqa: E731
+            else:
+                ids = np.stack([rng.choice(X, 8, replace=False) for _ in range(R)]).astype(np.int32)
+                ids, ys = tvm.runtime.tensor(ids), [tvm.runtime.empty((R, 8, N), "float32") for _ in range(2)]
+                call = lambda i: fn(ws[2 * i], ws[2 * i + 1], *acts, ids, *ys)   # noqa: E731
+            call(0)
+            best = float("inf")
+            for _ in range(a.repeat):
+                t0 = time.perf_counter()
+                for i in range(copies):
+                    call(i)
+                best = min(best, (time.perf_counter() - t0) / copies)
+            times.append(best)
+        shape = f"{N}x{K}" + (f" X{X}" if X else "")
+        print(f"{name:12s} {ttype:5s} {shape:16s} " + "  ".join(
+            f"R{R}: {t * 1e3:8.3f} ms ({t / times[0]:.2f}x, {R * macs / t / 1e9:4.0f} GMAC/s)"
+            for R, t in zip(rows, times)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
