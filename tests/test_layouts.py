@@ -53,7 +53,7 @@ def _tensors_read(monkeypatch, load):
     from nextn.common.gguf import GGUFFile
 
     read, opened = [], []
-    orig_load, orig_init = GGUFFile.load, GGUFFile.__init__
+    orig_load, orig_init, orig_open = GGUFFile.load, GGUFFile.__init__, GGUFFile.open.__func__
 
     def counting_load(self, name, quantized=True):
         read.append(name)
@@ -63,8 +63,17 @@ def _tensors_read(monkeypatch, load):
         opened.append(os.path.basename(os.fspath(path)))
         orig_init(self, path)
 
+    def counting_open(cls, path):       # GGUFFile.open: a file parsed earlier in this process is not parsed again
+        name = os.path.basename(os.fspath(path))
+        n = len(opened)
+        f = orig_open(cls, path)
+        if len(opened) == n:
+            opened.append(name)
+        return f
+
     monkeypatch.setattr(GGUFFile, "load", counting_load)
     monkeypatch.setattr(GGUFFile, "__init__", counting_init)
+    monkeypatch.setattr(GGUFFile, "open", classmethod(counting_open))
     model = load()
     monkeypatch.undo()
     return model, read, opened
