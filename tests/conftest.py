@@ -45,6 +45,24 @@ def quantized_activations(engine) -> dict[str, str]:
             if b.get("activation")}
 
 
+def graphs_and_dequantized(model: Path):
+    """(the IR graphs with MTP, the weights dequantized by gguf-py) of `model`: the interpreter's side."""
+    from nextn.compiler.graphs import build_graphs
+    from nextn.compiler.loader.model_files import ModelFiles
+
+    mf = ModelFiles(model, load_mtp=True)
+    return build_graphs(mf, with_mtp=True), dequantized(mf)
+
+
+def exact_engine(compiled, name: str, model: Path):
+    """The --exact-matmul build of `model` (float activations, checked), loaded: what matches the interpreter."""
+    import nextn.runtime as rt
+
+    exact = rt.load(compiled(name, model, exact_matmul=True), ctx_size=4096)
+    assert not quantized_activations(exact.engine)
+    return exact.engine
+
+
 def zero_states(graphs, n_ctx: int, planes: int = 10) -> dict:
     """Interpreter state buffers for every state of `graphs` (a Graph or an iterable of them): context `n_ctx`
     cells, `planes` recurrent planes (ir/graph.py)."""

@@ -8,12 +8,9 @@ activation rows on the compiled model's KV rows (test_default_build_follows_the_
 import numpy as np
 import pytest
 
-from conftest import G4, check_mtp_vs_ir, check_trunk_vs_ir, dequantized, quantized_activations, reference
+from conftest import (G4, check_mtp_vs_ir, check_trunk_vs_ir, exact_engine, graphs_and_dequantized, quantized_activations,
+                      reference)
 
-import nextn.runtime as rt
-
-from nextn.compiler.graphs import build_graphs
-from nextn.compiler.loader.model_files import ModelFiles
 
 PROMPT = next(p for p in reference()["prompts"] if p["kind"] == "code-short")["prompt_ids"]
 
@@ -23,15 +20,12 @@ Q8 = G4 / "tiny-glm4moe-Q8_0.gguf"
 
 @pytest.fixture(scope="module")
 def graphs_and_weights():
-    mf = ModelFiles(Q8, load_mtp=True)
-    return build_graphs(mf, with_mtp=True), dequantized(mf)
+    return graphs_and_dequantized(Q8)
 
 
 @pytest.fixture(scope="module")
 def setup(compiled, graphs_and_weights):
-    exact = rt.load(compiled("q8-exact", Q8, exact_matmul=True), ctx_size=4096)
-    assert not quantized_activations(exact.engine)
-    return (exact.engine, *graphs_and_weights)
+    return (exact_engine(compiled, "q8-exact", Q8), *graphs_and_weights)
 
 
 def test_prefill_then_verify(setup):

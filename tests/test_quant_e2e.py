@@ -16,12 +16,10 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import (FIXTURES, G4, check_mtp_vs_ir, check_trunk_vs_ir, dequantized, quantized_activations, reference,
-                      reference_logits, zero_states)
+from conftest import (FIXTURES, G4, check_mtp_vs_ir, check_trunk_vs_ir, exact_engine, graphs_and_dequantized,
+                      quantized_activations, reference, reference_logits, zero_states)
 
 import nextn.runtime as rt
-from nextn.compiler.graphs import build_graphs
-from nextn.compiler.loader.model_files import ModelFiles
 
 Q4KM = G4 / "tiny-glm4moe-Q4_K_M.gguf"
 PROMPTS = {p["kind"]: p["prompt_ids"] for p in reference()["prompts"]}
@@ -45,16 +43,13 @@ def arch_model(request, compiled):
 
 @pytest.fixture(scope="module")
 def graphs_and_weights():
-    mf = ModelFiles(Q4KM, load_mtp=True)
-    return build_graphs(mf, with_mtp=True), dequantized(mf)
+    return graphs_and_dequantized(Q4KM)
 
 
 @pytest.fixture(scope="module")
 def setup(compiled, graphs_and_weights):
     """The --exact-matmul build (float activations), the graphs and the dequantized weights."""
-    exact = rt.load(compiled("q4km-exact", Q4KM, exact_matmul=True), ctx_size=4096)
-    assert not quantized_activations(exact.engine)
-    return (exact.engine, *graphs_and_weights)
+    return (exact_engine(compiled, "q4km-exact", Q4KM), *graphs_and_weights)
 
 
 def test_fixture_mixes_types(q4km_model):

@@ -215,13 +215,19 @@ def test_dot_u8s8_matches_numpy(width, vnni, scaled):
     assert np.array_equal(got.numpy(), want)
 
 
+def _quantizer_rows(K: int, block: int) -> np.ndarray:
+    """5 activation rows of K values with the quantizer's edge cases in their first `block` (one scale's values)."""
+    x = RNG.standard_normal((5, K)).astype(np.float32)
+    x[1, :block] = 0.0                                            # a block of zeros: d = 0, q = 0
+    x[2, 7] = 1e4                                                 # one large value in a block
+    b = np.abs(x[3, :block]).max()
+    x[3, :block] = np.round(x[3, :block] / b * 127 * 2) / 2 * b / 127   # many values at exact halves after scaling
+    return x
+
+
 def test_quantizer_matches_the_numpy_statement():
     K = 1024
-    x = RNG.standard_normal((5, K)).astype(np.float32)
-    x[1, :256] = 0.0                                              # a block of zeros: d = 0, q = 0
-    x[2, 7] = 1e4                                                 # one large value in a block
-    b = np.abs(x[3, :256]).max()
-    x[3, :256] = np.round(x[3, :256] / b * 127 * 2) / 2 * b / 127   # many values at exact halves after scaling
+    x = _quantizer_rows(K, 256)
     fn = build(x86.quantize_rows(K))
     got = [tvm.runtime.empty(s, d) for s, d in [((5, K), "int8"), ((5, K // 256), "float32"), ((5, K // 16), "int16")]]
     fn(tvm.runtime.tensor(x), *got)
@@ -285,11 +291,7 @@ def test_q8_0_g8_quantizer_matches_the_numpy_statement():
 
 def test_q8_0_quantizer_matches_the_numpy_statement():
     K = 32 * 13
-    x = RNG.standard_normal((5, K)).astype(np.float32)
-    x[1, :32] = 0.0                                               # a block of zeros: d = 0, q = 0
-    x[2, 7] = 1e4                                                 # one large value in a block
-    b = np.abs(x[3, :32]).max()
-    x[3, :32] = np.round(x[3, :32] / b * 127 * 2) / 2 * b / 127     # many values at exact halves after scaling
+    x = _quantizer_rows(K, 32)
     fn = build(x86.quantize_rows_q8_0(K))
     got = [tvm.runtime.empty(s, d) for s, d in [((5, K), "int8"), ((5, K // 32), "float32")]]
     fn(tvm.runtime.tensor(x), *got)
