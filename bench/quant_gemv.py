@@ -14,7 +14,7 @@ cache. GB/s = the weight's GGUF bytes / time (best round).
 
 The ceiling is a probe per case (`probe_kernel`): a TVM kernel that reads (sums) the very same weight copies, in
 the same work items (tiles of tile_n weight rows, each a contiguous stream) on the same threads with the same
-software prefetch (loops._prefetch, Knobs.prefetch_kb) and no decode; kernel and probe run in interleaved
+software prefetch (kernel.prefetch, Knobs.prefetch_kb) and no decode; kernel and probe run in interleaved
 rounds, and "of probe" is the median over the rounds of the kernel's GB/s over the probe's in the same round.
 "of numpy" = GB/s over bench/realwidth.py's reference (`threads` numpy sums over 512 MB, which reads less than
 a prefetching kernel streams), for continuity with its tables; the header also prints a TVM sum of 1 GiB without
@@ -137,7 +137,7 @@ def probe_kernel(shape, dtype, n_items: int, prefetch_kb: int):
     """The read-bandwidth ceiling of a GEMV on this weight: a TVM kernel that reads (sums) every 64-byte line of
     a weight argument of `shape` / `dtype` (the packed GGUF bytes the x86 kernel reads), its lines split over
     `n_items` parallel work items in order (the GEMV's tiles of weight rows: the same threads, each a contiguous
-    stream), with the x86 kernels' software prefetch `prefetch_kb` ahead (compiler/lower/x86/loops._prefetch)
+    stream), with the x86 kernels' software prefetch `prefetch_kb` ahead (compiler/lower/x86/kernel.prefetch)
     and no decode. `probe(w, out)`: out uint64 [n_items, 8] = per item the lane sums of the lines it read.
     Returns (probe, bytes read: the whole 64-byte lines)."""
     import tvm
@@ -145,12 +145,12 @@ def probe_kernel(shape, dtype, n_items: int, prefetch_kb: int):
     from tvm.script.ir_builder import IRBuilder
     from tvm.tirx.script import builder as T
 
-    from nextn.compiler.lower.x86 import loops
+    from nextn.compiler.lower.x86 import kernel
     from nextn.compiler.target import make_target
 
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     lines = nbytes // 64
-    k = loops._Kern()
+    k = kernel.Kern()
     k.prefetch, k.row_bytes = prefetch_kb * 1024, 0
     with IRBuilder() as ib:
         with T.prim_func():
@@ -167,13 +167,13 @@ def probe_kernel(shape, dtype, n_items: int, prefetch_kb: int):
                 hi = T.Bind((tirx.Cast("int64", it) + 1) * lines // n_items)
                 with T.serial(0, (hi - lo) // PROBE_UNROLL) as i:     # PROBE_UNROLL lines a step
                     ln = T.Bind(lo + i * PROBE_UNROLL)
-                    loops._prefetch(k, 0, ln * 64, 64 * PROBE_UNROLL)
+                    kernel.prefetch(k, 0, ln * 64, 64 * PROBE_UNROLL)
                     v = w64[tirx.Ramp(ln * 8, 1, 8)]
                     for u in range(1, PROBE_UNROLL):
                         v = v + w64[tirx.Ramp((ln + u) * 8, 1, 8)]
                     T.buffer_store(acc, acc[tirx.Ramp(0, 1, 8)] + v, [tirx.Ramp(0, 1, 8)])
                 with T.serial(lo + (hi - lo) // PROBE_UNROLL * PROBE_UNROLL, hi) as ln:
-                    loops._prefetch(k, 0, ln * 64, 64)
+                    kernel.prefetch(k, 0, ln * 64, 64)
                     T.buffer_store(acc, acc[tirx.Ramp(0, 1, 8)] + w64[tirx.Ramp(ln * 8, 1, 8)], [tirx.Ramp(0, 1, 8)])
                 T.buffer_store(out, acc[tirx.Ramp(0, 1, 8)], [it, tirx.Ramp(0, 1, 8)])
     f = tvm.compile(tvm.IRModule({"read_probe": ib.get()}), target=make_target("llvm")).mod["read_probe"]

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from .batched import matmul_heads
 from .formats import FLOAT_FORMATS, INT_FORMATS, format_of
-from .loops import Knobs, act_args, act_layout, matmul, matmul_id, weight_arg
+from .kernel import Knobs, act_args, act_layout, weight_arg
+from .matmul import matmul, matmul_id
 from .quantize import quantize_rows, quantize_rows_q8_0
 
 INT_KINDS = frozenset(INT_FORMATS)

@@ -3,7 +3,7 @@
     matmul_heads  y[t, h, n] = sum_k w[h, n, k] x[t, h, k]     (ggml mul_mat with a 3-D weight [H, N, K] and
                                                               x [T, H, K]: llama.cpp src/models/glm-dsa.cpp)
 
-The loop nest is `loops.py`'s `_tile`: a thread takes a work item (head h, tile of `tile_n` weight rows) and runs
+The loop nest is tiles.py's `tile`: a thread takes a work item (head h, tile of `tile_n` weight rows) and runs
 it against that head's T activation rows (row t * H + h of x flattened to [T * H, K]) in row groups, so each
 head's weight comes from memory once per call whatever T is (the TE element expression read it once per row), and
 a row gives the same bits alone (the decode step) or in a batch, as every x86 kernel.
@@ -12,24 +12,25 @@ from __future__ import annotations
 
 from tvm.tirx.script import builder as T
 
-from .loops import Knobs, _bind_acts, _kernel, _tile, _views
+from .kernel import Knobs, bind_acts, kernel, views
+from .tiles import tile
 
 
 def matmul_heads(kind: str, H: int, N: int, K: int, rows: int | None = None, knobs: Knobs = Knobs(),
                  name: str = "matmul_heads", vnni: bool = False, exact: bool = False):
     """y float32 [T, H, N] with y[t, h] = w[h] · x[t * H + h] for a weight w [H, N, K] of format `kind`.
     Arguments: w, act_args for T*H rows (x [T, H, K] flattened), y. `rows`: a static T, or None (symbolic);
-    `vnni`, `exact`: as `loops.matmul`."""
-    with _kernel(name, kind, (H, N), K, rows, knobs, vnni, exact) as (fmt, k, Tr, (w,)):
-        _bind_acts(k, kind, Tr * H, K)
+    `vnni`, `exact`: as `matmul.matmul`."""
+    with kernel(name, kind, (H, N), K, rows, knobs, vnni, exact) as (fmt, k, Tr, (w,)):
+        bind_acts(k, kind, Tr * H, K)
         y = T.arg("y", T.buffer((Tr, H, N), "float32", align=32))
         with T.sblock("root"):
             k.w = T.decl_buffer((H * N, k.row_bytes), "uint8", data=w.data, align=32)
-            _views(k, w.data, H * N * k.row_bytes)
+            views(k, w.data, H * N * k.row_bytes)
             k.y = T.decl_buffer((Tr * H, N), "float32", data=y.data, align=32)
             with T.parallel(0, H * k.n_tiles) as it:
                 h = T.Bind(it // k.n_tiles)
                 nt = T.Bind(it % k.n_tiles)
-                _tile(k, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i * H + h,
-                      lambda i, n: [i * H + h, n], wrow=lambda n: h * N + n)
+                tile(k, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i * H + h,
+                     lambda i, n: [i * H + h, n], wrow=lambda n: h * N + n)
     return k.func

@@ -1,5 +1,6 @@
-"""Per-format inner loops of the x86 matmul kernels (`loops.py` runs them): how one (weight row, block) is decoded
-straight from the GGUF block bytes (ggml/src/ggml-common.h block_*), and what each activation row adds.
+"""Per-format inner loops of the x86 matmul kernels (kquant.py, lanes.py and block32.py run them): how one (weight
+row, block) is decoded straight from the GGUF block bytes (ggml/src/ggml-common.h block_*), and what each
+activation row adds.
 
 Integer path (K-quants, IQ4_XS; blocks of 256): the activation row is int8 per 256 values
 (`nextn.common.quant.activation`); a block's quants are multiplied with it exactly, u8 x s8 -> i16 pairs
@@ -12,7 +13,7 @@ Integer path for the 32-weight block formats (Q8_0, IQ4_NL, MXFP4: `BLOCK32_FORM
 per 32 values ("q8_0" rows); a block's signed quants (int8, a byte shuffle of IQ4_NL's / MXFP4's table) give an
 exact int32 sum per block, |w| x (x with w's sign) by pmaddubsw then pmaddwd by 1, and each block adds
 float(sum) * (d_w * d_x) by one FMA (ggml-cpu's ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_iq4_nl_q8_0 /
-ggml_vec_dot_mxfp4_q8_0 on x86). `loops._block32_rows` runs them. IQ4_NL and MXFP4 take each full group of 8
+ggml_vec_dot_mxfp4_q8_0 on x86). `block32.block32_rows` runs them. IQ4_NL and MXFP4 take each full group of 8
 blocks as IQ4_XS takes a block ("q8_0_g8" rows, `IQ4NLInt`); the blocks after the last group go one at a time.
 
 Float path (Q8_0, IQ4_NL, MXFP4 under --exact-matmul, and unquantized F16 / BF16 / F32; blocks of 32): each weight
@@ -55,11 +56,11 @@ def _nibbles(v, per):
 
 
 class IntFormat:
-    """A super-block format on the integer path ("q8" activation rows). The unsigned K-quants (loops._kquant_rows):
+    """A super-block format on the integer path ("q8" activation rows). The unsigned K-quants (kquant.kquant_rows):
     `setup` binds what a (row, block) shares across activation rows, `chunks` gives [(u8 quants x width, offset of
     their first activation in the block, i16 scales, each constant over 16 bytes)], whose products weighted by
     their scales make the block sum (factor d), and `xs_term` the block's term on the row's 16-value sums. The
-    factors must not depend on the row (they are taken once per block). IQ4_XS: its own lanes (loops._lane_rows)."""
+    factors must not depend on the row (they are taken once per block). IQ4_XS: its own lanes (lanes.lane_rows)."""
     block = 256
     acts = "q8"         # the activation row format (nextn.common.quant.activation)
 
@@ -68,7 +69,7 @@ class Q4K(IntFormat):
     """Q4_K (144 B): d f16 | dmin f16 | 12 B of 8 (6-bit scale, 6-bit min) | qs[128]: w = d*sc*q - dmin*m per
     32 weights; lo nibbles of qs[32j..32j+32) are sub-block 2j, hi nibbles 2j+1 (get_scale_min_k4)."""
     type_size, qs_at, qh_at = 144, 16, None
-    q_max = 15          # the largest quant (loops._pairs)
+    q_max = 15          # the largest quant (kquant._pairs)
     xs_merged = False   # xs_term has a factor of its own
 
     def setup(self, k, n, s):
@@ -108,7 +109,7 @@ class Q4K(IntFormat):
 
     def xs_term(self, st):
         """(int16 x 16 weights of the row's 16-value sums `xs`, float factor or None): the block's
-        -dmin * sum_j m_j * (sum of sub-block j), a term with its own factor (loops._kquant_rows)."""
+        -dmin * sum_j m_j * (sum of sub-block j), a term with its own factor (kquant.kquant_rows)."""
         return st["mins"], -st["dmin"]
 
 
@@ -167,7 +168,7 @@ class IQ4XS(IntFormat):
     so a row's four products (`lane_quants`) accumulate in one int32 vector and the sub-block scales enter once
     per block, as float factors per lane (`lane_factors`). With VNNI the quants are unsigned, kvalues + 128, for
     one vpdpbusd per vector and row (no sign moved onto x); the row's xc starts the sum at -128 x its lane sums,
-    so the lanes are the exact signed sums either way (loops._lane_rows)."""
+    so the lanes are the exact signed sums either way (lanes.lane_rows)."""
     type_size = 136
     layout = "q8_iq4xs"
 
@@ -255,10 +256,10 @@ class IQ4NLInt(Block32):
 
     Its activation rows are "q8_0" rows with each full group of 8 blocks in IQ4_XS's order ("q8_0_g8"): the
     group's 8 qs gathered as IQ4_XS's 8 sub-blocks (`group_quants`), so a row's sums take one vpdpbusd per
-    64 bytes and one FMA per group (loops._block32_rows); the blocks after the last full group go one at a time."""
+    64 bytes and one FMA per group (block32.block32_rows); the blocks after the last full group go one at a time."""
     type_size, table, q_at = 18, KVALUES, 2
     layout = "q8_0_g8"
-    unit_bytes = 416    # a row's bytes per group (loops._k_chunk): 256 quants, 8 d, 16 lane d and 16 lane offsets
+    unit_bytes = 416    # a row's bytes per group (tiles._k_chunk): 256 quants, 8 d, 16 lane d and 16 lane offsets
 
     def term_lanes(self, width):
         return [16, 8]     # the groups' lane sums (at either width), the blocks after them

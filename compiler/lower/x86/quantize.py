@@ -52,7 +52,7 @@ def _store_offsets(xc, t, base, lane_sums):
 
 
 def quantize_rows(K: int, rows: int | None = None, name: str = "quantize_q8", row_format: str = "q8"):
-    """x float32 [T, K] -> the activation arguments of `row_format` (loops.act_args), per B values (B = 256 for
+    """x float32 [T, K] -> the activation arguments of `row_format` (kernel.act_args), per B values (B = 256 for
     "q8", 32 for "q8_0") d = amax / 127 and q = round-half-even(x * (127 / amax)) (q = 0 where amax = 0):
     "q8": xq int8 [T, K], xd float32 [T, K/256], xs int16 [T, K/16] (sums of q over 16);
     "q8_iq4xs": xq in IQ4XS_ORDER per 256, xd, xc int32 [T, K/16] (-128 x the sums over each int32 lane);

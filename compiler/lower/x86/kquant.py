@@ -1,0 +1,104 @@
+"""The unsigned K-quants (Q4_K, Q5_K, Q6_K) on "q8" activation rows: a weight row's blocks against a group of
+rows, one int->float conversion and one FMA per term, rows two at a time through VNNI where the quants allow."""
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.tirx.script import builder as T
+
+from .kernel import concat, prefetch
+from .vec import PAIR_LANES, const, dot_pair, dot_u8s8, fma, fold_pairs, hsum_pairwise, madd, ramp
+
+
+def _pairs(k, fmt) -> bool:
+    """Rows two at a time through vec.dot_pair (`kquant_rows`): VNNI at 64 bytes and quants of at most
+    `fmt.q_max` (a sum of 4 products with int8 activations below 2^15)."""
+    return k.vnni and k.width == 64 and 4 * fmt.q_max * 127 < 1 << 15
+
+
+def kquant(k, fmt) -> bool:
+    """The unsigned super-block formats on "q8" rows (Q4_K, Q5_K, Q6_K: `fmt.xs_term`) go through `kquant_rows`."""
+    return k.acts == "q8" and hasattr(fmt, "xs_term")
+
+
+def kquant_lanes(fmt) -> int:
+    """Float accumulator lanes per row of `kquant_rows`: 8 (block sum and xs term in one integer) or 8 + 8."""
+    return 8 if fmt.xs_merged else 16
+
+
+def kquant_paired(k, fmt, n_rows: int) -> int:
+    """How many of a group's rows `kquant_rows` takes in pairs (the first ones)."""
+    return 2 * (n_rows // 2) if _pairs(k, fmt) else 0
+
+
+def kquant_zero(k, fmt, acc, base, n_rows):
+    """Zeroed accumulators for `kquant_rows`, stored as they are read (so they stay in registers)."""
+    n_l, paired = kquant_lanes(fmt), kquant_paired(k, fmt, n_rows)
+    units = [(r * n_l + 16 * j, 16) for r in range(0, paired, 2) for j in range(n_l // 8)]
+    for off, m in units + [(r * n_l, n_l) for r in range(paired, n_rows)]:
+        T.buffer_store(acc, const(0.0, "float32", m), [ramp(base + off, m)])
+
+
+def kquant_rows(k, fmt, n, rows, acc, base, blocks=None):
+    """Weight row n against "q8" activation rows `rows` for the unsigned K-quants. Per block (of `blocks`, a
+    (first, end) range; all by default) and row: the block sum's 8 int32 lanes (`dot_u8s8` folded to 8, or
+    `dot_pair` for two rows at once: the same lanes) and the xs term's 8 (`fmt.xs_term`: weights of the row's
+    16-value sums, pmaddwd), then per lane one FMA of float(int) by (d x the row's scale): the xs term joins the
+    block sum's integers when it has no factor of its own (Q6_K's -32), else it has 8 lanes of its own with its
+    factor (Q4_K's -dmin). A pair keeps its two rows' lanes interleaved (vec.PAIR_LANES) in one 16-lane vector
+    per term, so a block costs it one conversion and one FMA per term, no shuffles; a row alone has the same
+    lanes in order, so its bits are the same. acc: float32 buffer, row r's `kquant_lanes` lanes at
+    base + r * lanes (a pair's two rows side by side)."""
+    L = k.width // 4
+    n_l = kquant_lanes(fmt)
+    n_pairs = kquant_paired(k, fmt, len(rows)) // 2
+    with T.serial(*(blocks or (0, k.n_blocks))) as s:
+        prefetch(k, n, s * fmt.type_size, fmt.type_size)
+        st = fmt.setup(k, n, s)
+        sums = [None for _ in rows]
+        for w, off, scv in fmt.chunks(k, st, n, s):
+            xs = [k.xq[t, ramp(fmt.block * s + off, k.width)] for t in rows]
+            for p in range(n_pairs):
+                sums[2 * p] = dot_pair(sums[2 * p], w, xs[2 * p], xs[2 * p + 1], scv)
+            for i in range(2 * n_pairs, len(rows)):
+                sums[i] = dot_u8s8(sums[i], w, xs[i], k.width, scv, k.vnni)
+        v16, f2 = fmt.xs_term(st)
+        d = st["d"]
+        xsum = [k.xs[t, ramp(16 * s, 16)] for t in rows]
+        if n_pairs:
+            # row a's 16-value sums 4c..4c+3, then row b's, per quadword c: pmaddwd puts row r's groups 2j, 2j+1
+            # in lane PAIR_LANES[r][j], as `madd` of one row puts them in lane j
+            inter = [4 * c + i + 16 * r for c in range(4) for r in range(2) for i in range(4)]
+            v32 = T.Bind(tirx.Shuffle([v16, v16], [4 * c + i for c in range(4) for _ in range(2) for i in range(4)]))
+        for p in range(n_pairs):
+            a, b = rows[2 * p], rows[2 * p + 1]
+            xt = madd(tirx.Shuffle([xsum[2 * p], xsum[2 * p + 1]], inter), v32, 64)
+            xdp = tirx.Shuffle([tirx.Broadcast(k.xd[a, s], 16), tirx.Broadcast(k.xd[b, s], 16)],
+                               [i if i % 4 < 2 else 16 + i for i in range(16)])
+            at = base + 2 * p * n_l
+            main = sums[2 * p] if f2 is not None else sums[2 * p] + xt
+            T.buffer_store(acc, fma(tirx.Broadcast(d, 16) * xdp, tirx.Cast("float32x16", main), acc[ramp(at, 16)]),
+                           [ramp(at, 16)])
+            if f2 is not None:
+                T.buffer_store(acc, fma(tirx.Broadcast(f2, 16) * xdp, tirx.Cast("float32x16", xt),
+                                        acc[ramp(at + 16, 16)]), [ramp(at + 16, 16)])
+        for i in range(2 * n_pairs, len(rows)):
+            main = fold_pairs(sums[i], L, 8)
+            xt = madd(v16, xsum[i], 32)
+            at = base + i * n_l
+            xd = tirx.Broadcast(k.xd[rows[i], s], n_l)
+            if f2 is None:
+                fac, iv = tirx.Broadcast(d, 8) * xd, main + xt
+            else:
+                fac, iv = concat([tirx.Broadcast(d, 8), tirx.Broadcast(f2, 8)]) * xd, concat([main, xt])
+            T.buffer_store(acc, fma(fac, tirx.Cast(f"float32x{n_l}", iv), acc[ramp(at, n_l)]), [ramp(at, n_l)])
+
+
+def kquant_out(k, fmt, acc, base, r, paired):
+    """Row r's result from `kquant_rows`' accumulators: its lanes summed pairwise (taken from the pair's
+    interleaved vectors when `paired`)."""
+    n_l = kquant_lanes(fmt)
+    if not paired:
+        return hsum_pairwise(acc[ramp(base + r * n_l, n_l)], n_l)
+    at, lanes = base + (r - r % 2) * n_l, PAIR_LANES[r % 2]
+    vs = [acc[ramp(at + 16 * j, 16)] for j in range(n_l // 8)]
+    return hsum_pairwise(tirx.Shuffle(vs, [16 * j + l for j in range(n_l // 8) for l in lanes]), n_l)

@@ -1,0 +1,92 @@
+"""Formats whose int32 lanes keep one sub-block across a block's vectors: IQ4_XS on "q8_iq4xs" rows, and the
+grouped 32-block formats (IQ4_NL, MXFP4) on "q8_0_g8" rows in groups of 8 blocks, the blocks after the last group
+one at a time. Per block (group) and row: 16 exact lane sums, converted once, one FMA."""
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.tirx.script import builder as T
+
+from .kernel import concat, prefetch
+from .vec import const, dot_u8s8, fma, ramp
+
+
+LANE_ACC = 16   # int32 lanes of a block's sum in lane_rows (at either width: the same bits from AVX2 and AVX-512)
+
+
+def lane_rows(k, fmt, n, rows, accs, blocks=None):
+    """Weight row n against "q8" rows for a format whose int32 lanes keep one sub-block across a block's vectors
+    (formats.IQ4XS; accs: per row [(float32 buffer, lane offset)]): per
+    block and row, 16 exact int32 lane sums over the four 64-byte vectors of quants (VNNI: one vpdpbusd each of
+    the unsigned quants, from the row's xc lane offsets; else |q| x (x with q's sign) by pmaddubsw + pmaddwd,
+    the same integers), converted once, then one FMA: acc += (weight factors per lane x the row's scale) * sums.
+    64 // width vectors per 64 bytes at 32-byte width."""
+    with T.serial(*(blocks or (0, k.n_blocks))) as s:
+        prefetch(k, n, s * fmt.type_size, fmt.type_size)
+        wfac = T.Bind(fmt.lane_factors(k, n, s))
+        qs = fmt.lane_quants(k, n, s, k.vnni)
+        for t, acc in zip(rows, accs):
+            fac = wfac * tirx.Broadcast(k.xd[t, s], LANE_ACC)
+            a, off = acc[0]
+            T.buffer_store(a, fma(fac, _lane_sums(k, qs, t, 256 * s, LANE_ACC * s), a[ramp(off, LANE_ACC)]),
+                           [ramp(off, LANE_ACC)])
+
+
+def _lane_sums(k, qs, t, x_at, c_at):
+    """float32 x 16: the exact int32 lane sums of row t's 256 values from xq[t, x_at] with the four vectors of
+    quants `qs` (formats.lane_vectors): VNNI: from the row's lane offsets xc[t, c_at], one vpdpbusd per vector of
+    the unsigned quants; else |q| x (x with q's sign), pmaddubsw + pmaddwd; converted to float32 (exact: below
+    2^24)."""
+    parts = 64 // k.width
+    L = k.width // 4
+    zero = const(0, "int8", k.width)
+    sums = [k.xc[t, ramp(c_at + h * L, L)] if k.vnni else None for h in range(parts)]
+    for c, q in enumerate(qs):
+        for h in range(parts):
+            def part(v):
+                return v if parts == 1 else tirx.Shuffle([v], list(range(h * k.width, (h + 1) * k.width)))
+            x = k.xq[t, ramp(x_at + 64 * c + h * k.width, k.width)]
+            if k.vnni:
+                sums[h] = dot_u8s8(sums[h], part(q), x, k.width, None, True)
+            else:
+                aq, neg = q
+                sums[h] = dot_u8s8(sums[h], part(aq), tirx.Select(part(neg), zero - x, x), k.width)
+    return tirx.Cast(f"float32x{LANE_ACC}", concat(sums))
+
+
+def group_rows(k, fmt, n, rows, accs, groups=None):
+    """Weight row n's full groups of 8 blocks (of `groups`, a (first, end) range; all by default) against "q8_0_g8"
+    rows: per group and row the 16 exact lane sums (`_lane_sums`), then one FMA with the weight's d per lane x the
+    row's (xl). accs: per row [(float32 buffer, lane offset)]."""
+    with T.serial(*(groups or (0, k.n_blocks // 8))) as g:
+        prefetch(k, n, 8 * g * fmt.type_size, 8 * fmt.type_size)
+        wfac = T.Bind(fmt.group_factors(k, n, 8 * g))
+        qs = fmt.group_quants(k, n, 8 * g, k.vnni)
+        for t, acc in zip(rows, accs):
+            a, off = acc[0]
+            fac = wfac * k.xl[t, ramp(LANE_ACC * g, LANE_ACC)]
+            T.buffer_store(a, fma(fac, _lane_sums(k, qs, t, 256 * g, LANE_ACC * g), a[ramp(off, LANE_ACC)]),
+                           [ramp(off, LANE_ACC)])
+
+
+def single_rows(k, fmt, n, rows, accs):
+    """The blocks of weight row n after its last full group of 8, one at a time (32-byte vectors, |w| x (x with
+    w's sign)), each adding float(sum) * (d_w * d_x) to the row's 8-lane accumulator accs[row][0]."""
+    with T.serial(k.n_blocks // 8 * 8, k.n_blocks) as b:
+        w = T.Bind(fmt.quants(k, n, b, 1))
+        zero = const(0, "int8", 32)
+        aw = T.Bind(tirx.Select(w < zero, zero - w, w))
+        dw = T.Bind(fmt.scales(k, n, b, 1))
+        for t, acc in zip(rows, accs):
+            a, off = acc[0]
+            isum = dot_u8s8(None, aw, sign(k.xq[t, ramp(32 * b, 32)], w, 32), 32)
+            scv = tirx.Broadcast(dw * k.xd[t, b], 8)
+            T.buffer_store(a, fma(tirx.Cast("float32x8", isum), scv, a[ramp(off, 8)]), [ramp(off, 8)])
+
+
+def sign(x, w, width):
+    """x where w > 0, -x where w < 0, 0 where w = 0 (vpsignb on AVX2; AVX-512 has none for zmm: a masked negate,
+    which LLVM makes of the select)."""
+    if width == 32:
+        return tirx.call_llvm_pure_intrin("int8x32", "llvm.x86.avx2.psign.b", x, w)
+    zero = const(0, "int8", width)
+    return tirx.Select(w < zero, zero - x, x)

@@ -1,0 +1,163 @@
+"""The loop nest of an x86 matmul kernel inside one work item: a tile of weight rows against the activation rows in
+groups (`tile`), a row group's accumulators and their sums (`_rows`), or for the integer formats K in chunks so a
+group's activations stay in L1 (`_int_tile_chunked`). The row loops themselves are per format (kquant.py,
+lanes.py, block32.py)."""
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.tirx.script import builder as T
+
+from .block32 import block32_rows, float_rows
+from .formats import Block32
+from .kquant import kquant, kquant_lanes, kquant_out, kquant_paired, kquant_rows, kquant_zero
+from .lanes import LANE_ACC, group_rows, lane_rows, single_rows
+from .vec import const, hsum, hsum_pairwise, ramp
+
+
+def acc_lanes(k, fmt):
+    if hasattr(fmt, "lane_quants"):
+        return [LANE_ACC]
+    if kquant(k, fmt):
+        return [kquant_lanes(fmt)]
+    if k.acts == "q8_0":
+        return fmt.term_lanes(k.width)
+    return [k.width // 4] * (k.unroll * 32 // (k.width // 4))
+
+
+def _rows(k, fmt, n, rows, outs):
+    """Zeroed accumulators for each row, the block loop, then y = the sum of the accumulators' lanes (in lane
+    order on the float path; pairwise on the integer path, whose one accumulator per row is 8 or 16 lanes)."""
+    if kquant(k, fmt):
+        acc = T.decl_buffer((len(rows) * kquant_lanes(fmt),), "float32")
+        kquant_zero(k, fmt, acc, 0, len(rows))
+        kquant_rows(k, fmt, n, rows, acc, 0)
+        paired = kquant_paired(k, fmt, len(rows))
+        for r, out in enumerate(outs):
+            T.buffer_store(k.y, kquant_out(k, fmt, acc, 0, r, r < paired), out)
+        return
+    lanes = acc_lanes(k, fmt)
+    accs = []
+    for _ in rows:
+        acc = [T.decl_buffer((n_l,), "float32") for n_l in lanes]
+        for a, n_l in zip(acc, lanes):
+            T.buffer_store(a, const(0.0, "float32", n_l), [ramp(0, n_l)])
+        accs.append(acc)
+    if isinstance(fmt, Block32):
+        block32_rows(k, fmt, n, rows, accs)
+        for acc, out in zip(accs, outs):
+            T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]) +
+                           hsum_pairwise(acc[1][ramp(0, lanes[1])], lanes[1]), out)
+        return
+    if k.acts == "q8":      # IQ4_XS (the K-quants are above)
+        lane_rows(k, fmt, n, rows, [[(acc[0], 0)] for acc in accs])
+        for acc, out in zip(accs, outs):
+            T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]), out)
+        return
+    float_rows(k, fmt, n, rows, accs)
+    for acc, out in zip(accs, outs):
+        total = hsum(acc[0][ramp(0, lanes[0])])
+        for a, n_l in zip(acc[1:], lanes[1:]):
+            total = total + hsum(a[ramp(0, n_l)])
+        T.buffer_store(k.y, total, out)
+
+
+def tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n):
+    """Weight tile nt against `count` activation rows: full groups of `group` rows, then the rest in smaller
+    groups (`group_sizes`). row_of(i) / out_of(i, n): activation row / output index of the i-th
+    row; wrow(n): the weight row."""
+    def each_row(make):
+        if _chunked(k, fmt) and _k_chunk(k, len(make())) < _chunk_units(k, fmt):
+            return _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow)
+        with T.serial(0, tile_n) as nn:
+            with T.If(nt * tile_n + nn < N):
+                with T.Then():
+                    n = T.Bind(nt * tile_n + nn)
+                    idx = make()
+                    _rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx], [out_of(i, n) for i in idx])
+
+    start = 0
+    for size in group_sizes(group):
+        n = (count - start) // size
+        if not isinstance(n, int):
+            n = T.Bind(n)
+        with T.serial(0, n) as g:
+            each_row(lambda: [start + g * size + r for r in range(size)])
+        start = start + n * size
+
+
+X_CHUNK_BYTES = 32 << 10    # int8 activation bytes of a row group that one pass over a tile's rows keeps in L1
+
+
+def _chunked(k, fmt) -> bool:
+    """Formats whose row groups go through K in chunks (`_int_tile_chunked`): the "q8" ones, the grouped "q8_0"."""
+    return k.acts == "q8" or hasattr(fmt, "group_quants")
+
+
+def _chunk_units(k, fmt) -> int:
+    """What `_k_chunk` counts in K: blocks of 256, or groups of 8 blocks of 32."""
+    return k.n_blocks // 8 if hasattr(fmt, "group_quants") else k.n_blocks
+
+
+def _k_chunk(k, size: int) -> int:
+    """Blocks per pass of `size` activation rows over a tile's weight rows (`_int_tile_chunked`)."""
+    return max(1, X_CHUNK_BYTES // (size * k.unit_bytes))
+
+
+def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
+    """A group of rows against the tile's weight rows, K in chunks of `_k_chunk` blocks (outer) so the group's
+    activations stay in L1 while every weight row of the tile reads them: accumulators for the whole tile,
+    zeroed, then the chunks, then the lane sums. Each output still adds its blocks in order: the same bits."""
+    idx = make()
+    grouped = hasattr(fmt, "group_quants")
+    n_acc = acc_lanes(k, fmt)[0]
+    cb, units = _k_chunk(k, len(idx)), _chunk_units(k, fmt)
+    acc = T.decl_buffer((tile_n * len(idx) * n_acc,), "float32")
+    acc1 = T.decl_buffer((tile_n * len(idx) * 8,), "float32") if grouped else None
+
+    def per_row(body):
+        with T.serial(0, tile_n) as nn:
+            with T.If(nt * tile_n + nn < N):
+                with T.Then():
+                    body(nn, T.Bind(nt * tile_n + nn))
+
+    def zero(nn, n):
+        for r in range(len(idx)):
+            T.buffer_store(acc, const(0.0, "float32", n_acc), [ramp((nn * len(idx) + r) * n_acc, n_acc)])
+            if grouped:
+                T.buffer_store(acc1, const(0.0, "float32", 8), [ramp((nn * len(idx) + r) * 8, 8)])
+
+    kq = kquant(k, fmt)
+    per_row((lambda nn, n: kquant_zero(k, fmt, acc, nn * len(idx) * n_acc, len(idx))) if kq else zero)
+    rows_fn = group_rows if grouped else lane_rows
+    with T.serial(0, -(-units // cb)) as c:
+        chunk = (c * cb, tirx.min((c + 1) * cb, units))
+        if kq:
+            per_row(lambda nn, n: kquant_rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx], acc,
+                                              nn * len(idx) * n_acc, chunk))
+        else:
+            per_row(lambda nn, n: rows_fn(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
+                                          [[(acc, (nn * len(idx) + r) * n_acc)] for r in range(len(idx))], chunk))
+    paired = kquant_paired(k, fmt, len(idx)) if kq else 0
+    if grouped:
+        per_row(lambda nn, n: single_rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
+                                          [[(acc1, (nn * len(idx) + r) * 8)] for r in range(len(idx))]))
+
+    def store(nn, n):
+        for r, i in enumerate(idx):
+            if kq:
+                y = kquant_out(k, fmt, acc, nn * len(idx) * n_acc, r, r < paired)
+            else:
+                y = hsum_pairwise(acc[ramp((nn * len(idx) + r) * n_acc, n_acc)], n_acc)
+            if grouped:      # the same sum as _rows: groups, then the blocks after them
+                y = y + hsum_pairwise(acc1[ramp((nn * len(idx) + r) * 8, 8)], 8)
+            T.buffer_store(k.y, y, out_of(i, n))
+
+    per_row(store)
+
+
+def group_sizes(group: int) -> list[int]:
+    """The group sizes a tile's rows go through: `group`, then the powers of two below it and 3, down to 1 (the
+    rows left over from the larger groups, greedily), so a verify of a few rows still shares each tile pass: 3
+    rows (2 drafts) as one group, not 2 + 1 (which decodes each weight block twice)."""
+    below = {1 << i for i in range(group.bit_length()) if 1 << i < group} | ({3} if group > 3 else set())
+    return [group] + sorted(below, reverse=True)
