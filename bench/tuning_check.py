@@ -2,7 +2,7 @@
 against the default knobs in a fresh process (not the `nextn tune` run that picked it), on the model's shapes.
 
     flock /work/realwidth/heavy.lock .venv/bin/python bench/tuning_check.py MODEL.gguf LOG [--rounds 7] [--json out.json]
-        [--decode 2 [-t 2]]
+        [--decode 4 [-t 2] [--no-control]]
 
 Per record: both kernels built once, then `--rounds` interleaved rounds (default, tuned, default) at each row count
 the record was tuned at (compiler/tune/decide.py), each timing the best of a few passes over enough weight copies
@@ -13,9 +13,12 @@ here), `kept` (within the noise) or `slower`; and the load average. `--all` also
 the default (their challenger, to see it still loses).
 
 `--decode R`: then the model end to end with and without the log: MODEL compiled twice (f16 KV; the untuned one from
-the compile cache, the tuned one into `--work`), then R alternating rounds (untuned, tuned, untuned, ...) of
-bench/realwidth.py's nextn round in a fresh process each (plain decode of 32 tokens, prefill of 512, verify of
-1-4 rows); the best of the rounds per artifact, and tuned / untuned.
+the compile cache, the tuned one into `--work`), then bench/realwidth.py's nextn round (plain decode of 32 tokens,
+prefill of 512, verify of 1-4 rows, one draft step) in a fresh process per arm and round: first one untimed round of
+every arm (page cache, libraries, CPU state), then R timed rounds whose order alternates (`arm_orders`: no arm always
+runs first; two arms go ABBA, three through all six orders in 6 rounds). Reported per metric: each arm's median over the rounds and tuned / untuned paired within each
+round, median (min–max). Unless `--no-control`, the untuned artifact runs a second time as a third arm ("untuned
+again"): its ratio to untuned is the A/A control, the spread an A/B of this machine shows with nothing changed.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ def main():
     ap.add_argument("--all", action="store_true", help="also the records that kept the default")
     ap.add_argument("--json", default=None)
     ap.add_argument("--decode", type=int, default=0, metavar="R", help="end-to-end rounds with and without the log")
+    ap.add_argument("--no-control", dest="control", action="store_false",
+                    help="--decode without the A/A arm (the untuned artifact run twice per round)")
     ap.add_argument("-t", "--threads", type=int, default=None, help="threads of the end-to-end rounds")
     ap.add_argument("--work", default=None, help="where the tuned artifact goes [default: LOG/../tuning-check-art]")
     args = ap.parse_args()
@@ -89,8 +94,43 @@ def main():
             json.dump(report, fh, indent=1)
 
 
+# -- end to end: fresh-process rounds of both artifacts, in balanced order ---------------------------------------------
+def arm_orders(arms, rounds: int) -> list[tuple]:
+    """The order the arms run in, per round: round r rotates `arms` by r // 2 and reverses it on odd r. Two arms give
+    A B, B A, B A, A B (ABBA: over every 2 rounds each arm runs first once, and a drift across a round's runs is
+    cancelled within 4); three arms give all 6 orders in 6 rounds, each arm first, middle and last twice."""
+    arms = list(arms)
+    out = []
+    for r in range(rounds):
+        k = (r // 2) % len(arms)
+        o = arms[k:] + arms[:k]
+        out.append(tuple(reversed(o) if r % 2 else o))
+    return out
+
+
+def paired_ratios(rounds: list[dict], arm: str, base: str) -> dict:
+    """Per metric, `arm` against `base` within each round (the two ran back to back): base ms / arm ms, or arm tok/s /
+    base tok/s (> 1: `arm` is faster), with the median over the rounds and its spread (min, max)."""
+    import statistics
+
+    out = {}
+    for k in rounds[0][base]:
+        per = [(r[arm][k] / r[base][k]) if k.endswith("tok_s") else (r[base][k] / r[arm][k]) for r in rounds]
+        out[k] = {"median": statistics.median(per), "min": min(per), "max": max(per), "rounds": per}
+    return out
+
+
+def worker_metrics(res: dict) -> dict:
+    """bench/realwidth.py's worker RESULT → flat {decode_tok_s, prefill_tok_s, verify_1_ms, ..., draft_ms}."""
+    return {"decode_tok_s": res["decode_tok_s"], "prefill_tok_s": res["prefill_tok_s"],
+            **{f"{k}_ms": v for k, v in res["ms"].items()}}
+
+
 def end_to_end(args) -> dict:
-    """Decode / prefill / verify of MODEL compiled without and with the log, alternating fresh-process rounds."""
+    """Decode / prefill / verify of MODEL compiled without and with the log (and, unless --no-control, the untuned
+    artifact as a third arm: the A/A noise floor), in fresh-process rounds of balanced order (`arm_orders`) after
+    one untimed round of each."""
+    import statistics
     import subprocess
     import sys
     import time
@@ -101,33 +141,47 @@ def end_to_end(args) -> dict:
     here = os.path.dirname(os.path.abspath(__file__))
     work = args.work or os.path.join(os.path.dirname(os.path.abspath(args.log.rstrip("/"))), "tuning-check-art")
     t = time.perf_counter()
-    arts = {"untuned": compiled_artifact(args.model, "llvm", cache_type_k="f16", cache_type_v="f16"),
+    untuned = compiled_artifact(args.model, "llvm", cache_type_k="f16", cache_type_v="f16")
+    arts = {"untuned": untuned,
             "tuned": compile_model(args.model, work, tuning_log=args.log, cache_type_k="f16", cache_type_v="f16",
                                    log=lambda *_: None)}
+    if args.control:
+        arts["untuned again"] = untuned
     print(f"compiled both in {time.perf_counter() - t:.0f} s", file=sys.stderr)
     threads = str(args.threads or (os.cpu_count() or 1))
     env = dict(os.environ, TVM_NUM_THREADS=threads, OMP_NUM_THREADS=threads)
-    best: dict = {k: {} for k in arts}
-    for _ in range(args.decode):
-        for name, art in arts.items():
-            r = subprocess.run([sys.executable, os.path.join(here, "realwidth.py"), "--worker", art, "-ctk", "f16",
-                                "-ctv", "f16"], capture_output=True, text=True, env=env)
-            line = next((x for x in reversed(r.stdout.splitlines()) if x.startswith("RESULT ")), None)
-            if r.returncode != 0 or line is None:
-                raise SystemExit(f"tuning_check: the {name} round failed: {r.stderr.strip()[-500:]}")
-            res = json.loads(line[len("RESULT "):])
-            b = best[name]
-            for k in ("decode_tok_s", "prefill_tok_s"):
-                b[k] = max(b.get(k, 0.0), res[k])
-            for k, v in res["ms"].items():
-                b[f"{k}_ms"] = min(b.get(f"{k}_ms", float("inf")), v)
-    print(f"\n| {os.path.basename(args.model)} ({args.decode} rounds, {threads} threads) | untuned | tuned | tuned / untuned |"
-          "\n|---|---|---|---|")
-    for k in best["untuned"]:
-        u, tt = best["untuned"][k], best["tuned"][k]
-        ratio = tt / u if k.endswith("tok_s") else u / tt   # > 1: the tuned artifact is faster
-        print(f"| {k.replace('_', ' ')} | {u:.2f} | {tt:.2f} | {ratio:.3f} |")
-    return {"artifacts": arts, "best": best, "threads": threads, "loadavg": os.getloadavg()[0]}
+
+    def one(name: str) -> dict:
+        r = subprocess.run([sys.executable, os.path.join(here, "realwidth.py"), "--worker", arts[name], "-ctk", "f16",
+                            "-ctv", "f16"], capture_output=True, text=True, env=env)
+        line = next((x for x in reversed(r.stdout.splitlines()) if x.startswith("RESULT ")), None)
+        if r.returncode != 0 or line is None:
+            raise SystemExit(f"tuning_check: the {name} round failed: {r.stderr.strip()[-500:]}")
+        return worker_metrics(json.loads(line[len("RESULT "):]))
+
+    orders = arm_orders(arts, args.decode)
+    for name in orders[0]:     # untimed: the page cache, the libraries and the CPU's state warm for every arm alike
+        one(name)
+    rounds = []
+    for order in orders:
+        rounds.append({name: one(name) for name in order})
+        print(f"round {len(rounds)}/{len(orders)} ({', '.join(order)}) done, load {os.getloadavg()[0]:.1f}",
+              file=sys.stderr)
+    med = {name: {k: statistics.median(r[name][k] for r in rounds) for k in rounds[0][name]} for name in arts}
+    ratio = paired_ratios(rounds, "tuned", "untuned")
+    control = paired_ratios(rounds, "untuned again", "untuned") if args.control else None
+    f = lambda x: f"{x['median']:.3f} ({x['min']:.3f}–{x['max']:.3f})"   # noqa: E731
+    print(f"\n{os.path.basename(args.model)}, {threads} threads, {args.decode} rounds after one untimed round per "
+          f"arm; orders {' | '.join(' '.join('U' if n == 'untuned' else 'T' if n == 'tuned' else 'C' for n in o) for o in orders)}"
+          f" (U untuned, T tuned, C untuned again); medians over the rounds, ratios paired within a round "
+          f"(> 1: faster than untuned), median (min–max)\n")
+    print("| metric | untuned | tuned | tuned / untuned |" + (" A/A: untuned again / untuned |" if control else "")
+          + "\n|---|---|---|---|" + ("---|" if control else ""))
+    for k in med["untuned"]:
+        print(f"| {k.replace('_', ' ')} | {med['untuned'][k]:.2f} | {med['tuned'][k]:.2f} | {f(ratio[k])} |"
+              + (f" {f(control[k])} |" if control else ""))
+    return {"artifacts": arts, "orders": orders, "rounds": rounds, "median": med, "tuned_vs_untuned": ratio,
+            "control_vs_untuned": control, "threads": threads, "loadavg": os.getloadavg()[0]}
 
 
 if __name__ == "__main__":
