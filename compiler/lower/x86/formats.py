@@ -44,6 +44,23 @@ def _scales(sc16, groups, width):
     return tirx.Shuffle([sc16, sc16], [g for g in groups for _ in range(per)])
 
 
+def _scales_u8(b16, groups, width):
+    """`_scales` of the zero-extended bytes of uint8 x 16 `b16`, as one byte shuffle with zeros (no widening
+    of each vector after it)."""
+    per = width // 2 // len(groups)
+    idx = [i for g in groups for _ in range(per) for i in (g, 16)]
+    return tirx.reinterpret(f"int16x{width // 2}", tirx.Shuffle([b16] + [_u8(0, 16)] * (width // 16 - 1), idx))
+
+
+def _shift_halves(v, a, b, left=False):
+    """uint8 x 64 v with the bytes of its low 32 shifted by a and of its high 32 by b, as 16-bit shifts (one
+    vpsrlvw / vpsllvw; AVX-512BW has no byte shifts): each byte also takes bits of its neighbour, which the
+    callers mask off."""
+    amounts = tirx.Shuffle([const(a, "uint16")] * 16 + [const(b, "uint16")] * 16, list(range(32)))
+    w = tirx.reinterpret("uint16x32", v)
+    return tirx.reinterpret("uint8x64", (w << amounts) if left else (w >> amounts))
+
+
 def _nibbles(v, per):
     """uint8 x 16*per bytes of `per` 4-bit blocks (byte l: element l low, 16 + l high) -> uint8 x 32*per indices in
     element order: one mask and one shift over all of v, then 16-byte lanes [lo_0, hi_0, lo_1, hi_1] (one
@@ -74,16 +91,17 @@ class Q4K(IntFormat):
 
     def setup(self, k, n, s):
         b = T.Bind(n * k.row_bytes + s * self.type_size)
-        u0, u1, u2 = (T.Bind(k.w32[b // 4 + i]) for i in (1, 2, 3))
-        m6, m4, m2 = (const(v, "uint32") for v in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
-        four, six = const(4, "uint32"), const(6, "uint32")
-        words = T.decl_buffer((4,), "uint32")       # bytes: 8 scales, then 8 mins
-        T.buffer_store(words, u0 & m6, [0])
-        T.buffer_store(words, (u2 & m4) | (((u0 >> six) & m2) << four), [1])
-        T.buffer_store(words, u1 & m6, [2])
-        T.buffer_store(words, ((u2 >> four) & m4) | (((u1 >> six) & m2) << four), [3])
-        sm = T.Bind(tirx.Cast("int16x16", tirx.reinterpret("uint8x16", words[ramp(0, 4)])))
-        return {"sm": sm, "d": T.Bind(_f16(k.w16, b // 2)), "dmin": T.Bind(_f16(k.w16, b // 2 + 1)),
+        # the 12 scale bytes as words u0 u1 u2 (after d, dmin) in one vector, the 4 words of
+        # get_scale_min_k4's bytes by lanes: [u0 & m6, (u2 & m4) | ((u0 >> 6) & m2) << 4, u1 & m6, ...]
+        hdr = T.Bind(k.w32[ramp(b // 4, 4)])          # d | dmin, u0, u1, u2
+        u32 = lambda *v: tirx.Shuffle([const(x, "uint32") for x in v], list(range(4)))   # noqa: E731
+        lo = (tirx.Shuffle([hdr], [1, 3, 2, 3]) >> u32(0, 0, 0, 4)) & u32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F)
+        hi = ((tirx.Shuffle([hdr], [0, 1, 0, 2]) >> u32(6, 6, 6, 6)) & u32(0, 0x03030303, 0, 0x03030303)) << u32(4, 4, 4, 4)
+        sb = T.Bind(tirx.reinterpret("uint8x16", lo | hi))
+        sm = T.Bind(tirx.Cast("int16x16", sb))
+        dd = T.Bind(tirx.Cast("float32x8", tirx.reinterpret("float16x8", hdr)))     # d, dmin: one conversion
+        d, dmin = T.Bind(tirx.Shuffle([dd], [0])), T.Bind(tirx.Shuffle([dd], [1]))
+        return {"sm": sm, "sb": sb, "d": d, "dmin": dmin,
                 "mins": T.Bind(tirx.Shuffle([sm], [8 + i // 2 for i in range(16)]))}   # min j over 2 x 16 sums
 
     def _quants(self, k, n, s, j):
@@ -95,16 +113,29 @@ class Q4K(IntFormat):
             hi = hi | (((qh >> _u8(2 * j + 1)) & _u8(1)) << _u8(4))
         return lo, hi
 
+    def _quants64(self, k, n, s, j):
+        """Sub-blocks 2j, 2j + 1 as one uint8 x 64 (width 64): the 32 bytes of qs read into both halves, the low
+        half keeping the lo nibbles and the high half the hi ones (`_shift_halves`, one mask; no insert of two
+        halves)."""
+        def both(at):
+            v = T.Bind(k.w[n, ramp(s * self.type_size + at, 32)])
+            return tirx.vectorcombine("uint8x64", v, v)
+
+        q = _shift_halves(both(self.qs_at + 32 * j), 0, 4) & _u8(15, 64)
+        if self.qh_at is not None:
+            q = q | ((_shift_halves(both(self.qh_at), 2 * j, 2 * j + 1) & _u8(1, 64)) << _u8(4, 64))
+        return q
+
     def chunks(self, k, st, n, s):
         out = []
         for j in range(4):
+            if k.width == 64:
+                out.append((T.Bind(self._quants64(k, n, s, j)), 64 * j,
+                            T.Bind(_scales_u8(st["sb"], [2 * j, 2 * j + 1], 64))))
+                continue
             lo, hi = self._quants(k, n, s, j)
-            if k.width == 32:
-                out.append((T.Bind(lo), 64 * j, T.Bind(_scales(st["sm"], [2 * j], 32))))
-                out.append((T.Bind(hi), 64 * j + 32, T.Bind(_scales(st["sm"], [2 * j + 1], 32))))
-            else:
-                out.append((T.Bind(tirx.vectorcombine("uint8x64", lo, hi)), 64 * j,
-                            T.Bind(_scales(st["sm"], [2 * j, 2 * j + 1], 64))))
+            out.append((T.Bind(lo), 64 * j, T.Bind(_scales(st["sm"], [2 * j], 32))))
+            out.append((T.Bind(hi), 64 * j + 32, T.Bind(_scales(st["sm"], [2 * j + 1], 32))))
         return out
 
     def xs_term(self, st):

@@ -38,7 +38,7 @@ def kquant_zero(k, fmt, acc, base, n_rows):
         T.buffer_store(acc, const(0.0, "float32", m), [ramp(base + off, m)])
 
 
-def kquant_rows(k, fmt, n, rows, acc, base, blocks=None):
+def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None):
     """Weight row n against "q8" activation rows `rows` for the unsigned K-quants. Per block (of `blocks`, a
     (first, end) range; all by default) and row: the block sum's 8 int32 lanes (`dot_u8s8` folded to 8, or
     `dot_pair` for two rows at once: the same lanes) and the xs term's 8 (`fmt.xs_term`: weights of the row's
@@ -47,7 +47,8 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None):
     factor (Q4_K's -dmin). A pair keeps its two rows' lanes interleaved (vec.PAIR_LANES) in one 16-lane vector
     per term, so a block costs it one conversion and one FMA per term, no shuffles; a row alone has the same
     lanes in order, so its bits are the same. acc: float32 buffer, row r's `kquant_lanes` lanes at
-    base + r * lanes (a pair's two rows side by side)."""
+    base + r * lanes (a pair's two rows side by side). `pair_terms`: the pairs' activation terms of every
+    block, computed once for all the weight rows of a tile (`kquant_pair_terms`; None: computed here)."""
     L = k.width // 4
     n_l = kquant_lanes(fmt)
     n_pairs = kquant_paired(k, fmt, len(rows)) // 2
@@ -65,15 +66,13 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None):
         d = st["d"]
         xsum = [k.xs[t, ramp(16 * s, 16)] for t in rows]
         if n_pairs:
-            # row a's 16-value sums 4c..4c+3, then row b's, per quadword c: pmaddwd puts row r's groups 2j, 2j+1
-            # in lane PAIR_LANES[r][j], as `madd` of one row puts them in lane j
-            inter = [4 * c + i + 16 * r for c in range(4) for r in range(2) for i in range(4)]
             v32 = T.Bind(tirx.Shuffle([v16, v16], [4 * c + i for c in range(4) for _ in range(2) for i in range(4)]))
         for p in range(n_pairs):
-            a, b = rows[2 * p], rows[2 * p + 1]
-            xt = madd(tirx.Shuffle([xsum[2 * p], xsum[2 * p + 1]], inter), v32, 64)
-            xdp = tirx.Shuffle([tirx.Broadcast(k.xd[a, s], 16), tirx.Broadcast(k.xd[b, s], 16)],
-                               [i if i % 4 < 2 else 16 + i for i in range(16)])
+            if pair_terms is None:
+                xsp, xdp = _pair_terms(k, rows[2 * p], rows[2 * p + 1], s)
+            else:
+                xsp, xdp = pair_terms.load(s, p)
+            xt = madd(xsp, v32, 64)
             at = base + 2 * p * n_l
             main = sums[2 * p] if f2 is not None else sums[2 * p] + xt
             T.buffer_store(acc, fma(tirx.Broadcast(d, 16) * xdp, tirx.Cast("float32x16", main), acc[ramp(at, 16)]),
@@ -91,6 +90,46 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None):
             else:
                 fac, iv = concat([tirx.Broadcast(d, 8), tirx.Broadcast(f2, 8)]) * xd, concat([main, xt])
             T.buffer_store(acc, fma(fac, tirx.Cast(f"float32x{n_l}", iv), acc[ramp(at, n_l)]), [ramp(at, n_l)])
+
+
+def _pair_terms(k, a, b, s):
+    """What rows a, b add to a pair's block s whatever the weight row: (i16 x 32: row a's 16-value sums 4c..4c+3,
+    then row b's, per quadword c, so that pmaddwd with the block's xs weights puts row r's groups 2j, 2j+1 in
+    lane PAIR_LANES[r][j], as `madd` of one row puts them in lane j; f32 x 16: each lane's row scale xd)."""
+    inter = [4 * c + i + 16 * r for c in range(4) for r in range(2) for i in range(4)]
+    xsp = tirx.Shuffle([k.xs[a, ramp(16 * s, 16)], k.xs[b, ramp(16 * s, 16)]], inter)
+    xdp = tirx.Shuffle([tirx.Broadcast(k.xd[a, s], 16), tirx.Broadcast(k.xd[b, s], 16)],
+                       [i if i % 4 < 2 else 16 + i for i in range(16)])
+    return xsp, xdp
+
+
+class PairTerms:
+    """`_pair_terms` of a group's pairs for every block, in a local buffer (block-major): shuffled once per
+    tile instead of once per weight row (the same values, loaded)."""
+
+    def __init__(self, k, n_pairs):
+        self.n_pairs = n_pairs
+        self.xsp = T.decl_buffer((k.n_blocks * n_pairs * 32,), "int16")
+        self.xdp = T.decl_buffer((k.n_blocks * n_pairs * 16,), "float32")
+
+    def load(self, s, p):
+        at = s * self.n_pairs + p
+        return self.xsp[ramp(at * 32, 32)], self.xdp[ramp(at * 16, 16)]
+
+
+def kquant_pair_terms(k, fmt, rows):
+    """The PairTerms of activation rows `rows` (a group) for `kquant_rows`, or None where it takes no pairs."""
+    n_pairs = kquant_paired(k, fmt, len(rows)) // 2
+    if not n_pairs:
+        return None
+    pt = PairTerms(k, n_pairs)
+    with T.serial(0, k.n_blocks) as s:
+        for p in range(n_pairs):
+            xsp, xdp = _pair_terms(k, rows[2 * p], rows[2 * p + 1], s)
+            at = s * n_pairs + p
+            T.buffer_store(pt.xsp, xsp, [ramp(at * 32, 32)])
+            T.buffer_store(pt.xdp, xdp, [ramp(at * 16, 16)])
+    return pt
 
 
 def kquant_out(k, fmt, acc, base, r, paired):

@@ -9,7 +9,7 @@ from tvm.tirx.script import builder as T
 
 from .block32 import block32_rows, float_rows
 from .formats import Block32
-from .kquant import kquant, kquant_lanes, kquant_out, kquant_paired, kquant_rows, kquant_zero
+from .kquant import kquant, kquant_lanes, kquant_out, kquant_pair_terms, kquant_paired, kquant_rows, kquant_zero
 from .lanes import LANE_ACC, group_rows, lane_rows, single_rows
 from .vec import const, hsum, hsum_pairwise, ramp
 
@@ -24,13 +24,13 @@ def acc_lanes(k, fmt):
     return [k.width // 4] * (k.unroll * 32 // (k.width // 4))
 
 
-def _rows(k, fmt, n, rows, outs):
+def _rows(k, fmt, n, rows, outs, pair_terms=None):
     """Zeroed accumulators for each row, the block loop, then y = the sum of the accumulators' lanes (in lane
     order on the float path; pairwise on the integer path, whose one accumulator per row is 8 or 16 lanes)."""
     if kquant(k, fmt):
         acc = T.decl_buffer((len(rows) * kquant_lanes(fmt),), "float32")
         kquant_zero(k, fmt, acc, 0, len(rows))
-        kquant_rows(k, fmt, n, rows, acc, 0)
+        kquant_rows(k, fmt, n, rows, acc, 0, pair_terms=pair_terms)
         paired = kquant_paired(k, fmt, len(rows))
         for r, out in enumerate(outs):
             T.buffer_store(k.y, kquant_out(k, fmt, acc, 0, r, r < paired), out)
@@ -68,12 +68,13 @@ def tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n):
     def each_row(make):
         if _chunked(k, fmt) and _k_chunk(k, len(make())) < _chunk_units(k, fmt):
             return _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow)
+        idx = make()
+        pt = kquant_pair_terms(k, fmt, [row_of(i) for i in idx]) if kquant(k, fmt) else None
         with T.serial(0, tile_n) as nn:
             with T.If(nt * tile_n + nn < N):
                 with T.Then():
                     n = T.Bind(nt * tile_n + nn)
-                    idx = make()
-                    _rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx], [out_of(i, n) for i in idx])
+                    _rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx], [out_of(i, n) for i in idx], pt)
 
     start = 0
     for size in group_sizes(group):
@@ -128,12 +129,13 @@ def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
 
     kq = kquant(k, fmt)
     per_row((lambda nn, n: kquant_zero(k, fmt, acc, nn * len(idx) * n_acc, len(idx))) if kq else zero)
+    pt = kquant_pair_terms(k, fmt, [row_of(i) for i in idx]) if kq else None
     rows_fn = group_rows if grouped else lane_rows
     with T.serial(0, -(-units // cb)) as c:
         chunk = (c * cb, tirx.min((c + 1) * cb, units))
         if kq:
             per_row(lambda nn, n: kquant_rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx], acc,
-                                              nn * len(idx) * n_acc, chunk))
+                                              nn * len(idx) * n_acc, chunk, pt))
         else:
             per_row(lambda nn, n: rows_fn(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
                                           [[(acc, (nn * len(idx) + r) * n_acc)] for r in range(len(idx))], chunk))
