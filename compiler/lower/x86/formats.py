@@ -162,6 +162,8 @@ class Q6K(IntFormat):
         return {"sc": T.Bind(tirx.Cast("int16x16", k.w8[ramp(b + 192, 16)])), "d": T.Bind(_f16(k.w16, b // 2 + 104))}
 
     def chunks(self, k, st, n, s):
+        if k.width == 64:
+            return self._chunks64(k, st, n, s)
         out = []
         for h in range(2):      # halves of 128 weights: ql[64h, 64h + 64), qh[32h, 32h + 32)
             ql0 = T.Bind(k.w[n, ramp(s * 210 + 64 * h, 32)])
@@ -172,13 +174,24 @@ class Q6K(IntFormat):
                  (ql0 >> _u8(4)) | (((qh >> _u8(4)) & _u8(3)) << _u8(4)),       # [64, 96)
                  (ql1 >> _u8(4)) | ((qh >> _u8(6)) << _u8(4))]                  # [96, 128)
             g = 8 * h
-            if k.width == 32:
-                for i in range(4):
-                    out.append((T.Bind(q[i]), 128 * h + 32 * i, T.Bind(_scales(st["sc"], [g + 2 * i, g + 2 * i + 1], 32))))
-            else:
-                for i in range(2):
-                    out.append((T.Bind(tirx.vectorcombine("uint8x64", q[2 * i], q[2 * i + 1])), 128 * h + 64 * i,
-                                T.Bind(_scales(st["sc"], [g + 4 * i + m for m in range(4)], 64))))
+            for i in range(4):
+                out.append((T.Bind(q[i]), 128 * h + 32 * i, T.Bind(_scales(st["sc"], [g + 2 * i, g + 2 * i + 1], 32))))
+        return out
+
+    def _chunks64(self, k, st, n, s):
+        """`chunks` at 64 bytes: per half h, weights 128h + [0, 64) are ql's lo nibbles | qh bits (0, 1) and (2, 3)
+        as bits 4, 5, weights 128h + [64, 128) ql's hi nibbles | qh bits (4, 5) and (6, 7), each as one vector:
+        ql's 64 bytes and qh's 32 in both halves (`_shift_halves`), no insert of two halves."""
+        out = []
+        for h in range(2):
+            ql = T.Bind(k.w[n, ramp(s * 210 + 64 * h, 64)])
+            qh = T.Bind(k.w[n, ramp(s * 210 + 128 + 32 * h, 32)])
+            qh2 = tirx.vectorcombine("uint8x64", qh, qh)
+            q01 = (ql & _u8(15, 64)) | (_shift_halves(qh2, 4, 2, left=True) & _u8(0x30, 64))
+            q23 = (_shift_halves(ql, 4, 4) & _u8(15, 64)) | (_shift_halves(qh2, 0, 2) & _u8(0x30, 64))
+            g = 8 * h
+            for i, q in enumerate((q01, q23)):
+                out.append((T.Bind(q), 128 * h + 64 * i, T.Bind(_scales(st["sc"], [g + 4 * i + m for m in range(4)], 64))))
         return out
 
     def xs_term(self, st):
