@@ -102,14 +102,15 @@ def concat(vs):
     return vs[0] if len(vs) == 1 else tirx.Shuffle(vs, list(range(sum(v.ty.dtype.lanes for v in vs))))
 
 
-def prefetch(k, n, off, nbytes):
-    """Software prefetch (prefetcht0) of the weight bytes `k.prefetch` ahead of row n's bytes [off, off + nbytes),
-    one per 64-byte line. The rows of a thread's tiles are one contiguous stream; with the hardware prefetcher
-    alone a one-row kernel read it at ~0.7 of the machine's read bandwidth (Zen 4, bench/quant_gemv.py), with
-    16 KB ahead at about the read bandwidth. Prefetches past the end of the weight do not fault."""
+def prefetch(k, n, off, nbytes, ahead=None):
+    """Software prefetch (prefetcht0) of the weight bytes `ahead` (default `k.prefetch`) ahead of row n's bytes
+    [off, off + nbytes), one per 64-byte line. The rows of a thread's tiles are one contiguous stream; with the
+    hardware prefetcher alone a one-row kernel read it at ~0.7 of the machine's read bandwidth (Zen 4,
+    bench/quant_gemv.py), with 16 KB ahead at about the read bandwidth. Prefetches past the end of the weight do
+    not fault."""
     if not k.prefetch:
         return
-    base = n * k.row_bytes + off + k.prefetch
+    base = n * k.row_bytes + off + (k.prefetch if ahead is None else ahead)
     for o in range(0, nbytes, 64):
         T.evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0", tirx.address_of(k.w8[base + o]),
                                          const(0, "int32"), const(3, "int32"), const(1, "int32")))

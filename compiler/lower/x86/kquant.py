@@ -38,7 +38,7 @@ def kquant_zero(k, fmt, acc, base, n_rows):
         T.buffer_store(acc, const(0.0, "float32", m), [ramp(base + off, m)])
 
 
-def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None):
+def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=None):
     """Weight row n against "q8" activation rows `rows` for the unsigned K-quants. Per block (of `blocks`, a
     (first, end) range; all by default) and row: the block sum's 8 int32 lanes (`dot_u8s8` folded to 8, or
     `dot_pair` for two rows at once: the same lanes) and the xs term's 8 (`fmt.xs_term`: weights of the row's
@@ -48,12 +48,13 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None):
     per term, so a block costs it one conversion and one FMA per term, no shuffles; a row alone has the same
     lanes in order, so its bits are the same. acc: float32 buffer, row r's `kquant_lanes` lanes at
     base + r * lanes (a pair's two rows side by side). `pair_terms`: the pairs' activation terms of every
-    block, computed once for all the weight rows of a tile (`kquant_pair_terms`; None: computed here)."""
+    block, computed once for all the weight rows of a tile (`kquant_pair_terms`; None: computed here). `ahead`:
+    the prefetch distance in bytes (kernel.prefetch)."""
     L = k.width // 4
     n_l = kquant_lanes(fmt)
     n_pairs = kquant_paired(k, fmt, len(rows)) // 2
     with T.serial(*(blocks or (0, k.n_blocks))) as s:
-        prefetch(k, n, s * fmt.type_size, fmt.type_size)
+        prefetch(k, n, s * fmt.type_size, fmt.type_size, ahead)
         st = fmt.setup(k, n, s)
         sums = [None for _ in rows]
         for w, off, scv in fmt.chunks(k, st, n, s):

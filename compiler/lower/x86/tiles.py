@@ -131,11 +131,14 @@ def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
     per_row((lambda nn, n: kquant_zero(k, fmt, acc, nn * len(idx) * n_acc, len(idx))) if kq else zero)
     pt = kquant_pair_terms(k, fmt, [row_of(i) for i in idx]) if kq else None
     rows_fn = group_rows if grouped else lane_rows
+    # a pass reads one chunk of each row: the K-quants prefetch the same chunk of a row as far ahead (whole rows),
+    # not the bytes right after (the rest of this row and the start of the next, which this pass does not read)
+    ahead = -(-k.prefetch // k.row_bytes) * k.row_bytes
     with T.serial(0, -(-units // cb)) as c:
         chunk = (c * cb, tirx.min((c + 1) * cb, units))
         if kq:
             per_row(lambda nn, n: kquant_rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx], acc,
-                                              nn * len(idx) * n_acc, chunk, pt))
+                                              nn * len(idx) * n_acc, chunk, pt, ahead))
         else:
             per_row(lambda nn, n: rows_fn(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
                                           [[(acc, (nn * len(idx) + r) * n_acc)] for r in range(len(idx))], chunk))
