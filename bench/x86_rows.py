@@ -4,7 +4,9 @@ enough weight copies to come from memory), with GMAC/s and the ratio to one row.
 random_raw); the routed gate + up experts give each row 8 distinct experts of 128, as distinct draft tokens route.
 
     TVM_NUM_THREADS=1 python bench/x86_rows.py [--rows 1,2,3,4,8] [--cases lm_head,ffn_up,...] [--repeat 5]
-                                               [--tile N] [--group R]
+                                               [--tile N] [--group R] [--w-rows W]
+
+"matmul_id_slots": the routed down experts (one activation row per (row, slot), one weight).
 """
 from __future__ import annotations
 
@@ -22,6 +24,13 @@ CASES = {   # name: (GGUF type, op, N, K, experts)
     "attn_o": ("Q4_K", "matmul", 4096, 12288, 0),
     "exps_gate_up": ("Q4_K", "matmul_id", 1408, 4096, 128),
     "ffn_down": ("Q8_0", "matmul", 4096, 10944, 0),
+    # glm45air-1-IQ4_XS.gguf (llama-quantize IQ4_XS: IQ4_NL where a row of 1408 does not fit 256-blocks)
+    "iq4xs_attn_q": ("IQ4_XS", "matmul", 12288, 4096, 0),
+    "iq4xs_attn_o": ("IQ4_XS", "matmul", 4096, 12288, 0),
+    "iq4xs_ffn_up": ("IQ4_XS", "matmul", 10944, 4096, 0),
+    "iq4xs_exps_gate_up": ("IQ4_XS", "matmul_id", 1408, 4096, 128),
+    "iq4nl_ffn_down": ("IQ4_NL", "matmul", 4096, 10944, 0),
+    "iq4nl_exps_down": ("IQ4_NL", "matmul_id_slots", 4096, 1408, 128),
 }
 
 
@@ -39,11 +48,12 @@ def main():
     ap.add_argument("--stream-mb", type=int, default=160, help="weight copies cycled per timing (MB)")
     ap.add_argument("--tile", type=int, default=None, help="Knobs.tile_n (default: the compiler's)")
     ap.add_argument("--group", type=int, default=None, help="Knobs.row_group")
+    ap.add_argument("--w-rows", type=int, default=None, help="Knobs.w_rows")
     a = ap.parse_args()
     tgt = make_target("llvm")
     width = x86.vector_width(tgt)
     vnni = x86.has_vnni(tgt, width)
-    kw = {k: v for k, v in (("tile_n", a.tile), ("row_group", a.group)) if v}
+    kw = {k: v for k, v in (("tile_n", a.tile), ("row_group", a.group), ("w_rows", a.w_rows)) if v}
     knobs = x86.Knobs(width=width, **kw)
     rng = np.random.default_rng(0)
     rows = [int(r) for r in a.rows.split(",")]
@@ -55,21 +65,24 @@ def main():
             f, n_w, macs = x86.matmul(fmt.kind, N, K, None, knobs, vnni=vnni), 1, N * K
         else:
             packed = fmt.pack(random_raw(ttype, X * N, K, rng), (X * N, K))[0].reshape(X, N, -1)
-            f, n_w, macs = x86.matmul_id(fmt.kind, X, N, K, 8, True, 2, None, knobs, vnni=vnni), 2, 16 * N * K
+            shared = op == "matmul_id"
+            n_w = 2 if shared else 1
+            f = x86.matmul_id(fmt.kind, X, N, K, 8, shared, n_w, None, knobs, vnni=vnni)
+            macs = 8 * n_w * N * K
         fn = tvm.compile(tvm.IRModule({"main": f}), target=tgt).mod["main"]
         copies = max(1, -(-(a.stream_mb << 20) // packed.nbytes))
         ws = [tvm.runtime.tensor(packed) for _ in range(copies * n_w)]
         times = []
         for R in rows:
-            x = rng.standard_normal((R, K)).astype(np.float32)
+            x = rng.standard_normal((R * (8 if op == "matmul_id_slots" else 1), K)).astype(np.float32)
             acts = [tvm.runtime.tensor(v) for v in x86.activation_rows(fmt.kind, x)]
             if op == "matmul":
                 y = tvm.runtime.empty((R, N), "float32")
                 call = lambda i: fn(ws[i], *acts, y)   # noqa: E731
             else:
                 ids = np.stack([rng.choice(X, 8, replace=False) for _ in range(R)]).astype(np.int32)
-                ids, ys = tvm.runtime.tensor(ids), [tvm.runtime.empty((R, 8, N), "float32") for _ in range(2)]
-                call = lambda i: fn(ws[2 * i], ws[2 * i + 1], *acts, ids, *ys)   # noqa: E731
+                ids, ys = tvm.runtime.tensor(ids), [tvm.runtime.empty((R, 8, N), "float32") for _ in range(n_w)]
+                call = lambda i: fn(*ws[n_w * i:n_w * (i + 1)], *acts, ids, *ys)   # noqa: E731
             call(0)
             best = float("inf")
             for _ in range(a.repeat):

@@ -172,6 +172,42 @@ def test_int_row_groups_and_vnni(kind, width):
     assert np.array_equal(y2.view(np.uint32), y.view(np.uint32))
 
 
+LANE_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).__class__.__name__ in ("IQ4XS", "IQ4NLInt", "MXFP4Int"))
+
+
+@pytest.mark.parametrize("w_rows,tile_n", [(2, 8), (4, 6)], ids=["w2-tile8", "w4-tile6"])
+@pytest.mark.parametrize("kind", LANE_KINDS)
+def test_weight_row_blocks(kind, w_rows, tile_n):
+    """Weight rows in register blocks (Knobs.w_rows; IQ4_XS and the grouped IQ4_NL / MXFP4): N = 37 off the tile
+    and the block (the last tile's rows one at a time; tile_n 6 leaves 2 rows a block of 4 does not cover), 15 rows
+    (groups of 8, 4, 3), K in chunks for the 8 and whole for the others, and a routed-experts kernel: against
+    numpy, and every row bitwise equal to the one-row kernel without blocks (the decode step's)."""
+    N, K, R = 37, 256 * 17 + (96 if x86.format_of(kind).block == 32 else 0), 15
+    w, wf = random_weight(kind, (), N, K)
+    vnni = x86.has_vnni(TARGET, WIDTH)
+    knobs = x86.Knobs(width=WIDTH, tile_n=tile_n, row_group=8, w_rows=w_rows)
+    x = RNG.standard_normal((R, K)).astype(np.float32)
+    acts, xf = activations(kind, x)
+    (y,) = run(build(x86.matmul(kind, N, K, knobs=knobs, vnni=vnni)), w, *acts, outs=[(R, N)])
+    assert rel(y, xf @ wf.T) < 1e-5
+    one = build(x86.matmul(kind, N, K, rows=1, knobs=x86.Knobs(width=WIDTH), vnni=vnni))
+    for t in range(R):
+        (y1,) = run(one, w, *[a[t:t + 1] for a in acts], outs=[(1, N)])
+        assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), t
+    X, U, T = 4, 2, 5
+    K = 512 if x86.format_of(kind).block == 256 else 416
+    we, wef = random_weight(kind, (X,), N, K)
+    ids = np.array([[0, 1], [1, 3], [3, 0], [1, 2], [0, 1]], np.int32)
+    acts, xf = activations(kind, RNG.standard_normal((T, K)).astype(np.float32))
+    fn = build(x86.matmul_id(kind, X, N, K, U, True, knobs=knobs, vnni=vnni))
+    (y,) = run(fn, we, *acts, ids, outs=[(T, U, N)])
+    assert rel(y, np.stack([[wef[ids[t, j]] @ xf[t] for j in range(U)] for t in range(T)])) < 1e-5
+    one = build(x86.matmul_id(kind, X, N, K, U, True, rows=1, knobs=x86.Knobs(width=WIDTH), vnni=vnni))
+    for t in range(T):
+        (y1,) = run(one, we, *[a[t:t + 1] for a in acts], ids[t:t + 1], outs=[(1, U, N)])
+        assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), t
+
+
 def _dot_kernel(width, scaled, vnni, n):
     from tvm.script.ir_builder import IRBuilder
     from tvm.tirx.script import builder as T

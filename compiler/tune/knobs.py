@@ -38,7 +38,7 @@ SCREEN_BLOCK = 4             # candidates between two default timings while scre
 def space(spec, width: int) -> dict:
     """{knob field: values searched} for `spec` on a CPU whose widest vectors are `width` bytes. A knob that
     cannot change the kernel is searched at its default only (row_group with one row; unroll on integer formats,
-    whose block loop does not read it)."""
+    whose block loop does not read it; w_rows on formats whose row functions take one weight row)."""
     from nextn.compiler.lower import x86
 
     default = x86.default_knobs(spec, width)
@@ -48,6 +48,7 @@ def space(spec, width: int) -> dict:
         "row_group": (default.row_group,) if spec.rows == 1 else (2, 4, 8),
         "unroll": tuple(u for u in (1, 2, 4) if spec.K // 32 >= u) if spec.acts == "f32"
         else (default.unroll,),
+        "w_rows": None if x86.takes_w_rows(spec) else (default.w_rows,),
     }
     out = {}
     for f in dataclasses.fields(x86.Knobs):

@@ -68,7 +68,7 @@ def activation_rows(kind: str, x, exact: bool = False) -> list:
 
 __all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "act_layout", "activation_rows",
            "default_knobs", "format_of", "has_vnni", "legacy_key", "matmul", "matmul_heads", "matmul_id", "quantize_rows",
-           "quantize_rows_q8_0", "vector_width", "weight_arg"]
+           "quantize_rows_q8_0", "takes_w_rows", "vector_width", "weight_arg"]
 
 
 from dataclasses import dataclass, field as _field   # noqa: E402
@@ -162,6 +162,17 @@ def legacy_key(key: str) -> str | None:
     return ":".join([parts[0], f"{kind}/{format_of(kind).acts}", *parts[2:]])
 
 
+def takes_w_rows(spec: KernelSpec) -> bool:
+    """Whether Knobs.w_rows changes `spec`'s kernel (lanes.multi_row: IQ4_XS, the grouped IQ4_NL / MXFP4)."""
+    from .lanes import multi_row
+
+    return multi_row(format_of(spec.kind, spec.exact))
+
+
 def default_knobs(spec: KernelSpec, width: int) -> Knobs:
-    """nextn's default schedule for `spec` (what a tuning log record must beat)."""
-    return Knobs(width=width)
+    """nextn's default schedule for `spec` (what a tuning log record must beat): w_rows 2 for the routed experts'
+    row-count kernels (prefill, verify) of the `takes_w_rows` formats at 64-byte width (an expert's few rows per
+    tile pass, each activation load serving two weight rows: 1.1-1.2x at 512 rows on GLM-4.5-Air's IQ4_XS / IQ4_NL
+    experts, bench/x86_rows.py), else 1 (no gain on the dense matmuls; the one-row decode kernels keep theirs)."""
+    two = spec.op == "matmul_id" and spec.rows is None and width == 64 and takes_w_rows(spec)
+    return Knobs(width=width, w_rows=2 if two else 1)

@@ -1,12 +1,12 @@
-"""32-weight blocks on "q8_0" activation rows (formats.Block32: Q8_0, and IQ4_NL / MXFP4 through lanes.py's
-groups), and the float path (float32 rows: 16-bit weights, --exact-matmul)."""
+"""32-weight blocks on "q8_0" activation rows (formats.Block32: Q8_0; IQ4_NL / MXFP4 go through lanes.py's groups,
+tiles._rows), and the float path (float32 rows: 16-bit weights, --exact-matmul)."""
 from __future__ import annotations
 
 from tvm import tirx
 from tvm.tirx.script import builder as T
 
 from .kernel import prefetch
-from .lanes import group_rows, sign, single_rows
+from .lanes import sign
 from .vec import const, dot_u8s8, fma, ramp
 
 
@@ -59,10 +59,6 @@ def block32_rows(k, fmt, n, rows, accs):
             scv = tirx.Broadcast(dw * k.xd[t, b], 8)
             T.buffer_store(acc[1], fma(tirx.Cast("float32x8", isum), scv, acc[1][ramp(0, 8)]), [ramp(0, 8)])
 
-    if hasattr(fmt, "group_quants"):     # groups of 8 blocks in IQ4_XS's lane order ("q8_0_g8" rows)
-        group_rows(k, fmt, n, rows, [[(acc[0], 0)] for acc in accs])
-        single_rows(k, fmt, n, rows, [[(acc[1], 0)] for acc in accs])
-        return
     with T.serial(0, k.n_blocks // step) as g:
         step_at(g * step)
     with T.serial(k.n_blocks // step * step, k.n_blocks) as b:

@@ -4,7 +4,7 @@ stream. The loop nest is tiles.py; the per-format row loops are kquant.py, lanes
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
@@ -19,13 +19,16 @@ class Knobs:
     """What `nextn tune` searches. width: vector bytes (32 AVX2, 64 AVX-512BW); tile_n: weight rows per work
     item; row_group: activation rows sharing one decode of a weight row's blocks (the rows left over go in smaller
     groups, `group_sizes`); unroll: blocks per step (float path); prefetch_kb: KB ahead of the weight bytes
-    being read that each block prefetches (0: none; `prefetch`). The defaults are the best measured
-    on GLM widths (row_group 8: 8 rows' accumulators and the decoded block fit the 32 zmm registers)."""
+    being read that each block prefetches (0: none; `prefetch`); w_rows: weight rows of a tile in one
+    register block, each activation vector load serving all of them (the row functions that take several,
+    tiles.w_rows; the others run one). The defaults are the best measured on GLM widths (row_group 8: 8 rows'
+    accumulators and the decoded block fit the 32 zmm registers)."""
     width: int = 32
     tile_n: int = 16
     row_group: int = 8
     unroll: int = 2
     prefetch_kb: int = 16
+    w_rows: int = field(default=1, metadata={"choices": (1, 2)})
 
 
 class Kern:
@@ -41,7 +44,7 @@ def _new(kind: str, K: int, knobs: Knobs, vnni: bool = False, exact: bool = Fals
     if K % fmt.block:
         raise ValueError(f"{kind}: K={K} is not a multiple of the block ({fmt.block})")
     k = Kern()
-    k.kind, k.width, k.unroll, k.vnni = kind, knobs.width, knobs.unroll, vnni
+    k.kind, k.width, k.unroll, k.vnni, k.w_rows = kind, knobs.width, knobs.unroll, vnni, knobs.w_rows
     k.acts, k.prefetch = fmt.acts, knobs.prefetch_kb * 1024
     k.unit_bytes = getattr(fmt, "unit_bytes", 256)     # activation bytes per 256 values of a row (_k_chunk)
     k.n_blocks = K // fmt.block

@@ -13,28 +13,52 @@ from .vec import const, dot_u8s8, fma, ramp
 LANE_ACC = 16   # int32 lanes of a block's sum in lane_rows (at either width: the same bits from AVX2 and AVX-512)
 
 
-def lane_rows(k, fmt, n, rows, accs, blocks=None):
-    """Weight row n against "q8" rows for a format whose int32 lanes keep one sub-block across a block's vectors
-    (formats.IQ4XS; accs: per row [(float32 buffer, lane offset)]): per
-    block and row, 16 exact int32 lane sums over the four 64-byte vectors of quants (VNNI: one vpdpbusd each of
-    the unsigned quants, from the row's xc lane offsets; else |q| x (x with q's sign) by pmaddubsw + pmaddwd,
-    the same integers), converted once, then one FMA: acc += (weight factors per lane x the row's scale) * sums.
-    64 // width vectors per 64 bytes at 32-byte width."""
+def multi_row(fmt) -> bool:
+    """Whether `fmt`'s row functions here take several weight rows at once (Knobs.w_rows, tiles.tile_rows)."""
+    return hasattr(fmt, "lane_quants") or hasattr(fmt, "group_quants")
+
+
+def lane_rows(k, fmt, ns, rows, accs, blocks=None):
+    """Weight rows `ns` (one, or a register block of Knobs.w_rows: tiles.py) against "q8" rows for a format whose
+    int32 lanes keep one sub-block across a block's vectors (formats.IQ4XS; accs[j][r]: the (float32 buffer, lane
+    offset) of weight row ns[j] and activation row rows[r]): per block, each weight row's quants and factors, then
+    per activation row its four 64-byte vectors loaded once for all the weight rows, and per (weight row,
+    activation row) 16 exact int32 lane sums (VNNI: one vpdpbusd per vector of the unsigned quants, from the
+    row's xc lane offsets; else |q| x (x with q's sign) by pmaddubsw + pmaddwd, the same integers), converted
+    once, then one FMA: acc += (weight factors per lane x the row's scale) * sums. Every (weight row, activation
+    row) runs that sequence whatever the block: the same bits for any w_rows and row count. 64 // width vectors
+    per 64 bytes at 32-byte width."""
     with T.serial(*(blocks or (0, k.n_blocks))) as s:
-        prefetch(k, n, s * fmt.type_size, fmt.type_size)
-        wfac = T.Bind(fmt.lane_factors(k, n, s))
-        qs = fmt.lane_quants(k, n, s, k.vnni)
-        for t, acc in zip(rows, accs):
-            fac = wfac * tirx.Broadcast(k.xd[t, s], LANE_ACC)
-            a, off = acc[0]
-            T.buffer_store(a, fma(fac, _lane_sums(k, qs, t, 256 * s, LANE_ACC * s), a[ramp(off, LANE_ACC)]),
+        ws = []
+        for n in ns:
+            prefetch(k, n, s * fmt.type_size, fmt.type_size)
+            ws.append((T.Bind(fmt.lane_factors(k, n, s)), fmt.lane_quants(k, n, s, k.vnni)))
+        _lane_fmas(k, ws, rows, accs, 256 * s, LANE_ACC * s, lambda t: tirx.Broadcast(k.xd[t, s], LANE_ACC))
+
+
+def _lane_fmas(k, ws, rows, accs, x_at, c_at, row_scale):
+    """acc[j][r] += (ws[j]'s factors x row_scale(t)) * the lane sums of ws[j]'s quants with row t = rows[r], the
+    row's vectors loaded once for every weight row (lane_rows, group_rows)."""
+    for r, t in enumerate(rows):
+        xs = _row_vectors(k, t, x_at, len(ws) > 1)
+        xsc = row_scale(t) if len(ws) == 1 else T.Bind(row_scale(t))
+        for (wfac, qs), acc in zip(ws, accs):
+            a, off = acc[r]
+            T.buffer_store(a, fma(wfac * xsc, _lane_sums(k, qs, xs, t, c_at), a[ramp(off, LANE_ACC)]),
                            [ramp(off, LANE_ACC)])
 
 
-def _lane_sums(k, qs, t, x_at, c_at):
-    """float32 x 16: the exact int32 lane sums of row t's 256 values from xq[t, x_at] with the four vectors of
-    quants `qs` (formats.lane_vectors): VNNI: from the row's lane offsets xc[t, c_at], one vpdpbusd per vector of
-    the unsigned quants; else |q| x (x with q's sign), pmaddubsw + pmaddwd; converted to float32 (exact: below
+def _row_vectors(k, t, x_at, shared):
+    """Row t's 256 activation values from xq[t, x_at], as the `width`-byte vectors `_lane_sums` takes (bound
+    once when `shared`, so a register block of weight rows reads them once)."""
+    xs = [k.xq[t, ramp(x_at + 64 * c + h * k.width, k.width)] for c in range(4) for h in range(64 // k.width)]
+    return [T.Bind(x) for x in xs] if shared else xs
+
+
+def _lane_sums(k, qs, xs, t, c_at):
+    """float32 x 16: the exact int32 lane sums of row t's 256 values `xs` (`_row_vectors`) with the four vectors
+    of quants `qs` (formats.lane_vectors): VNNI: from the row's lane offsets xc[t, c_at], one vpdpbusd per vector
+    of the unsigned quants; else |q| x (x with q's sign), pmaddubsw + pmaddwd; converted to float32 (exact: below
     2^24)."""
     parts = 64 // k.width
     L = k.width // 4
@@ -44,7 +68,7 @@ def _lane_sums(k, qs, t, x_at, c_at):
         for h in range(parts):
             def part(v):
                 return v if parts == 1 else tirx.Shuffle([v], list(range(h * k.width, (h + 1) * k.width)))
-            x = k.xq[t, ramp(x_at + 64 * c + h * k.width, k.width)]
+            x = xs[c * parts + h]
             if k.vnni:
                 sums[h] = dot_u8s8(sums[h], part(q), x, k.width, None, True)
             else:
@@ -53,34 +77,36 @@ def _lane_sums(k, qs, t, x_at, c_at):
     return tirx.Cast(f"float32x{LANE_ACC}", concat(sums))
 
 
-def group_rows(k, fmt, n, rows, accs, groups=None):
-    """Weight row n's full groups of 8 blocks (of `groups`, a (first, end) range; all by default) against "q8_0_g8"
-    rows: per group and row the 16 exact lane sums (`_lane_sums`), then one FMA with the weight's d per lane x the
-    row's (xl). accs: per row [(float32 buffer, lane offset)]."""
+def group_rows(k, fmt, ns, rows, accs, groups=None):
+    """Weight rows `ns`' full groups of 8 blocks (of `groups`, a (first, end) range; all by default) against
+    "q8_0_g8" rows: per group and (weight row, activation row) the 16 exact lane sums (`_lane_sums`, the
+    activation vectors loaded once for all of `ns`), then one FMA with the weight's d per lane x the row's (xl).
+    accs[j][r]: (float32 buffer, lane offset) of weight row ns[j] and activation row rows[r]."""
     with T.serial(*(groups or (0, k.n_blocks // 8))) as g:
-        prefetch(k, n, 8 * g * fmt.type_size, 8 * fmt.type_size)
-        wfac = T.Bind(fmt.group_factors(k, n, 8 * g))
-        qs = fmt.group_quants(k, n, 8 * g, k.vnni)
-        for t, acc in zip(rows, accs):
-            a, off = acc[0]
-            fac = wfac * k.xl[t, ramp(LANE_ACC * g, LANE_ACC)]
-            T.buffer_store(a, fma(fac, _lane_sums(k, qs, t, 256 * g, LANE_ACC * g), a[ramp(off, LANE_ACC)]),
-                           [ramp(off, LANE_ACC)])
+        ws = []
+        for n in ns:
+            prefetch(k, n, 8 * g * fmt.type_size, 8 * fmt.type_size)
+            ws.append((T.Bind(fmt.group_factors(k, n, 8 * g)), fmt.group_quants(k, n, 8 * g, k.vnni)))
+        _lane_fmas(k, ws, rows, accs, 256 * g, LANE_ACC * g, lambda t: k.xl[t, ramp(LANE_ACC * g, LANE_ACC)])
 
 
-def single_rows(k, fmt, n, rows, accs):
-    """The blocks of weight row n after its last full group of 8, one at a time (32-byte vectors, |w| x (x with
-    w's sign)), each adding float(sum) * (d_w * d_x) to the row's 8-lane accumulator accs[row][0]."""
+def single_rows(k, fmt, ns, rows, accs):
+    """The blocks of weight rows `ns` after their last full group of 8, one at a time (32-byte vectors, |w| x (x
+    with w's sign)), each adding float(sum) * (d_w * d_x) to the 8-lane accumulator accs[j][r] of weight row
+    ns[j] and activation row rows[r]."""
     with T.serial(k.n_blocks // 8 * 8, k.n_blocks) as b:
-        w = T.Bind(fmt.quants(k, n, b, 1))
         zero = const(0, "int8", 32)
-        aw = T.Bind(tirx.Select(w < zero, zero - w, w))
-        dw = T.Bind(fmt.scales(k, n, b, 1))
-        for t, acc in zip(rows, accs):
-            a, off = acc[0]
-            isum = dot_u8s8(None, aw, sign(k.xq[t, ramp(32 * b, 32)], w, 32), 32)
-            scv = tirx.Broadcast(dw * k.xd[t, b], 8)
-            T.buffer_store(a, fma(tirx.Cast("float32x8", isum), scv, a[ramp(off, 8)]), [ramp(off, 8)])
+        ws = []
+        for n in ns:
+            w = T.Bind(fmt.quants(k, n, b, 1))
+            ws.append((w, T.Bind(tirx.Select(w < zero, zero - w, w)), T.Bind(fmt.scales(k, n, b, 1))))
+        for r, t in enumerate(rows):
+            x = k.xq[t, ramp(32 * b, 32)] if len(ns) == 1 else T.Bind(k.xq[t, ramp(32 * b, 32)])
+            for (w, aw, dw), acc in zip(ws, accs):
+                a, off = acc[r]
+                isum = dot_u8s8(None, aw, sign(x, w, 32), 32)
+                scv = tirx.Broadcast(dw * k.xd[t, b], 8)
+                T.buffer_store(a, fma(tirx.Cast("float32x8", isum), scv, a[ramp(off, 8)]), [ramp(off, 8)])
 
 
 def sign(x, w, width):

@@ -10,7 +10,7 @@ from tvm.tirx.script import builder as T
 from .block32 import block32_rows, float_rows
 from .formats import Block32
 from .kquant import kquant, kquant_lanes, kquant_out, kquant_pair_terms, kquant_paired, kquant_rows, kquant_zero
-from .lanes import LANE_ACC, group_rows, lane_rows, single_rows
+from .lanes import LANE_ACC, group_rows, lane_rows, multi_row, single_rows
 from .vec import const, hsum, hsum_pairwise, ramp
 
 
@@ -24,10 +24,14 @@ def acc_lanes(k, fmt):
     return [k.width // 4] * (k.unroll * 32 // (k.width // 4))
 
 
-def _rows(k, fmt, n, rows, outs, pair_terms=None):
-    """Zeroed accumulators for each row, the block loop, then y = the sum of the accumulators' lanes (in lane
-    order on the float path; pairwise on the integer path, whose one accumulator per row is 8 or 16 lanes)."""
+def _rows(k, fmt, ns, rows, outs, pair_terms=None):
+    """Zeroed accumulators for each (weight row of `ns`, activation row), the block loop, then y = the sum of the
+    accumulators' lanes (in lane order on the float path; pairwise on the integer path, whose one accumulator per
+    row is 8 or 16 lanes). ns: one weight row, or a register block of them (`w_rows`); outs[j][r]: the output
+    index of weight row ns[j] and activation row rows[r]; pair_terms: the K-quants' per-tile activation terms
+    (`kquant_pair_terms`)."""
     if kquant(k, fmt):
+        (n,), (outs,) = ns, outs
         acc = T.decl_buffer((len(rows) * kquant_lanes(fmt),), "float32")
         kquant_zero(k, fmt, acc, 0, len(rows))
         kquant_rows(k, fmt, n, rows, acc, 0, pair_terms=pair_terms)
@@ -37,22 +41,32 @@ def _rows(k, fmt, n, rows, outs, pair_terms=None):
         return
     lanes = acc_lanes(k, fmt)
     accs = []
-    for _ in rows:
-        acc = [T.decl_buffer((n_l,), "float32") for n_l in lanes]
-        for a, n_l in zip(acc, lanes):
-            T.buffer_store(a, const(0.0, "float32", n_l), [ramp(0, n_l)])
-        accs.append(acc)
+    for _n in ns:
+        per = []
+        for _ in rows:
+            acc = [T.decl_buffer((n_l,), "float32") for n_l in lanes]
+            for a, n_l in zip(acc, lanes):
+                T.buffer_store(a, const(0.0, "float32", n_l), [ramp(0, n_l)])
+            per.append(acc)
+        accs.append(per)
     if isinstance(fmt, Block32):
-        block32_rows(k, fmt, n, rows, accs)
-        for acc, out in zip(accs, outs):
-            T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]) +
-                           hsum_pairwise(acc[1][ramp(0, lanes[1])], lanes[1]), out)
+        if hasattr(fmt, "group_quants"):     # groups of 8 blocks in IQ4_XS's lane order ("q8_0_g8" rows)
+            group_rows(k, fmt, ns, rows, [[(acc[0], 0) for acc in per] for per in accs])
+            single_rows(k, fmt, ns, rows, [[(acc[1], 0) for acc in per] for per in accs])
+        else:
+            block32_rows(k, fmt, ns[0], rows, accs[0])
+        for per, o in zip(accs, outs):
+            for acc, out in zip(per, o):
+                T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]) +
+                               hsum_pairwise(acc[1][ramp(0, lanes[1])], lanes[1]), out)
         return
     if k.acts == "q8":      # IQ4_XS (the K-quants are above)
-        lane_rows(k, fmt, n, rows, [[(acc[0], 0)] for acc in accs])
-        for acc, out in zip(accs, outs):
-            T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]), out)
+        lane_rows(k, fmt, ns, rows, [[(acc[0], 0) for acc in per] for per in accs])
+        for per, o in zip(accs, outs):
+            for acc, out in zip(per, o):
+                T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]), out)
         return
+    (n,), (accs,), (outs,) = ns, accs, outs
     float_rows(k, fmt, n, rows, accs)
     for acc, out in zip(accs, outs):
         total = hsum(acc[0][ramp(0, lanes[0])])
@@ -61,20 +75,54 @@ def _rows(k, fmt, n, rows, outs, pair_terms=None):
         T.buffer_store(k.y, total, out)
 
 
+def w_rows(k, fmt) -> int:
+    """Weight rows per register block (Knobs.w_rows) for the row functions that take several, each activation
+    vector load serving all of them (lanes.py: IQ4_XS, the grouped IQ4_NL / MXFP4); 1 for the others."""
+    return k.w_rows if multi_row(fmt) else 1
+
+
+def tile_rows(k, fmt, nt, tile_n, N, body, W=None):
+    """body(nns, ns) for weight tile nt's rows: nns their indices in the tile, ns = nt * tile_n + nns, in register
+    blocks of W (default `w_rows`) where all of a block's rows are < N, else (the matrix's last rows, a tile_n
+    that W does not divide) one at a time."""
+    W = w_rows(k, fmt) if W is None else W
+
+    def single(nn):
+        with T.If(nt * tile_n + nn < N):
+            with T.Then():
+                body([nn], [T.Bind(nt * tile_n + nn)])
+
+    if W == 1:
+        with T.serial(0, tile_n) as nn:
+            single(nn)
+        return
+    with T.serial(0, tile_n // W) as j:
+        with T.If(nt * tile_n + W * j + (W - 1) < N):
+            with T.Then():
+                n0 = T.Bind(nt * tile_n + W * j)
+                body([W * j + i for i in range(W)], [n0 + i for i in range(W)])
+            with T.Else():
+                with T.serial(0, W) as i:
+                    single(W * j + i)
+    if tile_n % W:
+        with T.serial(tile_n // W * W, tile_n) as nn:
+            single(nn)
+
+
 def tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n):
     """Weight tile nt against `count` activation rows: full groups of `group` rows, then the rest in smaller
-    groups (`group_sizes`). row_of(i) / out_of(i, n): activation row / output index of the i-th
-    row; wrow(n): the weight row."""
+    groups (`group_sizes`), the tile's weight rows in register blocks (`tile_rows`). row_of(i) / out_of(i, n):
+    activation row / output index of the i-th row; wrow(n): the weight row."""
     def each_row(make):
         if _chunked(k, fmt) and _k_chunk(k, len(make())) < _chunk_units(k, fmt):
             return _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow)
         idx = make()
         pt = kquant_pair_terms(k, fmt, [row_of(i) for i in idx]) if kquant(k, fmt) else None
-        with T.serial(0, tile_n) as nn:
-            with T.If(nt * tile_n + nn < N):
-                with T.Then():
-                    n = T.Bind(nt * tile_n + nn)
-                    _rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx], [out_of(i, n) for i in idx], pt)
+
+        def body(_nns, ns):
+            _rows(k, fmt, [T.Bind(wrow(n)) for n in ns], [row_of(i) for i in idx],
+                  [[out_of(i, n) for i in idx] for n in ns], pt)
+        tile_rows(k, fmt, nt, tile_n, N, body)
 
     start = 0
     for size in group_sizes(group):
@@ -116,10 +164,10 @@ def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
     acc1 = T.decl_buffer((tile_n * len(idx) * 8,), "float32") if grouped else None
 
     def per_row(body):
-        with T.serial(0, tile_n) as nn:
-            with T.If(nt * tile_n + nn < N):
-                with T.Then():
-                    body(nn, T.Bind(nt * tile_n + nn))
+        tile_rows(k, fmt, nt, tile_n, N, lambda nns, ns: body(nns[0], ns[0]), 1)
+
+    def per_block(body):     # body(nns, weight rows): a register block of the tile's rows (`tile_rows`)
+        tile_rows(k, fmt, nt, tile_n, N, lambda nns, ns: body(nns, [T.Bind(wrow(n)) for n in ns]))
 
     def zero(nn, n):
         for r in range(len(idx)):
@@ -140,12 +188,12 @@ def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
             per_row(lambda nn, n: kquant_rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx], acc,
                                               nn * len(idx) * n_acc, chunk, pt, ahead))
         else:
-            per_row(lambda nn, n: rows_fn(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
-                                          [[(acc, (nn * len(idx) + r) * n_acc)] for r in range(len(idx))], chunk))
+            per_block(lambda nns, ns: rows_fn(k, fmt, ns, [row_of(i) for i in idx], [
+                [(acc, (nn * len(idx) + r) * n_acc) for r in range(len(idx))] for nn in nns], chunk))
     paired = kquant_paired(k, fmt, len(idx)) if kq else 0
     if grouped:
-        per_row(lambda nn, n: single_rows(k, fmt, T.Bind(wrow(n)), [row_of(i) for i in idx],
-                                          [[(acc1, (nn * len(idx) + r) * 8)] for r in range(len(idx))]))
+        per_block(lambda nns, ns: single_rows(k, fmt, ns, [row_of(i) for i in idx], [
+            [(acc1, (nn * len(idx) + r) * 8) for r in range(len(idx))] for nn in nns]))
 
     def store(nn, n):
         for r, i in enumerate(idx):
