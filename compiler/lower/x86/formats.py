@@ -241,7 +241,10 @@ def lane_vectors(raw, table, negative, vnni, width):
     the 16 nibble bytes of sub-block (block) 4h + i (byte j: value j low, 16 + j high): vector c takes 8 bytes of
     lane i of each half (unpck{l,h}qdq), low nibbles for c < 2, then the table lookup (pshufb): u8 table + 128
     (`vnni`), else (u8 |table|, `negative`(index): the lanes whose quant is negative)."""
-    nib = [[r & _u8(15, 64) for r in raw], [(r >> _u8(4, 64)) & _u8(15, 64) for r in raw]]
+    # the high nibbles by a 16-bit shift (vpsrlw; the mask drops what the neighbour byte brings): a byte shift
+    # would be GFNI's vgf2p8affineqb, on the multiply pipes the vpdpbusd need
+    hi = [tirx.reinterpret("uint8x64", tirx.reinterpret("uint16x32", r) >> const(4, "uint16", 32)) for r in raw]
+    nib = [[r & _u8(15, 64) for r in raw], [h & _u8(15, 64) for h in hi]]
     out = []
     for c in range(4):
         idx = T.Bind(tirx.Shuffle(nib[c // 2], [64 * (p % 16 // 8) + 16 * (p // 16) + 8 * (c % 2) + p % 8
