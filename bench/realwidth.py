@@ -3,9 +3,11 @@
     python bench/realwidth.py [FILE ...] [--repeat 3] [-t THREADS] [-ctk f16 -ctv f16] [-o report.json]
     python bench/realwidth.py --table report.json          # the tables of a saved report again
 
-FILE: paths, or names in --dir (default $NEXTN_REALWIDTH or /work/realwidth); default: every file of
-`/work/lead/shared-resources.md` that exists there (glm45air-1, its IQ4_XS and Q8_0 variants, glm45air-3,
-glm52-1), smallest first. Run it under `flock /work/realwidth/heavy.lock` on a shared machine.
+FILE: paths, or names in --dir (default $NEXTN_REALWIDTH or /work/realwidth); default: every file of KNOWN that
+exists there (glm45air-1, its IQ4_XS and Q8_0 variants, glm45air-3, glm52-1), smallest first. They are made by
+`../shared/tools/synth_realwidth.py glm45air glm45air-1.gguf 1` (`... glm45air-3.gguf 3`, `glm52 glm52-1.gguf 1`)
+and the variants by the peer's `llama-quantize --allow-requantize glm45air-1.gguf glm45air-1-IQ4_XS.gguf IQ4_XS`
+(or Q8_0). Run it under `flock /work/realwidth/heavy.lock` on a shared machine.
 Prints two tables: speed (issue 12: decode vs tg, prefill vs pp, bandwidth, verify and draft per decode) and
 memory / first token (issue 11: peak RSS against file + KV bytes, `run -n 1` wall against `llama-completion -n 1`,
 decode vs tg).
