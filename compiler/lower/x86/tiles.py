@@ -53,8 +53,9 @@ def _rows(k, fmt, ns, rows, outs, pair_terms=None):
         if hasattr(fmt, "group_quants"):     # groups of 8 blocks in IQ4_XS's lane order ("q8_0_g8" rows)
             group_rows(k, fmt, ns, rows, [[(acc[0], 0) for acc in per] for per in accs])
             single_rows(k, fmt, ns, rows, [[(acc[1], 0) for acc in per] for per in accs])
-        else:
-            block32_rows(k, fmt, ns[0], rows, accs[0])
+        else:               # one weight row (w_rows: Q8_0's rows take one); unpacked so a block would fail here
+            (n,), (per,) = ns, accs
+            block32_rows(k, fmt, n, rows, per)
         for per, o in zip(accs, outs):
             for acc, out in zip(per, o):
                 T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]) +
