@@ -11,6 +11,7 @@
 #   NEXTN_PEER_DIR   cache folder (default ~/.cache/nextn-peer); binaries land in $NEXTN_PEER_DIR/bin
 #   NEXTN_PEER_JOBS  parallel compile jobs (default: all cores); the build runs under `nice`
 #   NEXTN_PEER_SDIST a local llama-cpp-python-0.3.36 sdist (.tar.gz) to use instead of `pip download`
+#   NEXTN_PEER_AMX   1: keep ggml's AMX kernels on a CPU that has AMX-INT8 (default: left out, see below)
 # A rebuild happens only when a tool is missing or the recorded build settings differ; `--rebuild` forces one.
 set -euo pipefail
 
@@ -31,6 +32,14 @@ CMAKE_FLAGS=(
     -DLLAMA_USE_PREBUILT_UI=OFF
     -DGGML_CUDA=OFF -DGGML_HIP=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF -DGGML_SYCL=OFF -DGGML_OPENCL=OFF
 )
+# ggml's AMX matmul (ggml-cpu/amx/mmq.cpp, compiled in by -march=native where the CPU has AMX-INT8) takes llama.cpp's
+# prompt batches on such a CPU; in this workplace's VMs it dies with SIGSEGV at its first ldtilecfg on a worker
+# thread (llama-bench -p 64 exits 139; tg does not use it), so it is left out unless NEXTN_PEER_AMX=1. Without it
+# the same build runs ggml's AVX-512 VNNI kernels. GCC lets an explicit -mno-amx-* win over -march=native.
+if [[ ${NEXTN_PEER_AMX:-0} != 1 ]] && grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+    NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    CMAKE_FLAGS+=("-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX")
+fi
 STAMP="llama-cpp-python==$VERSION ${CMAKE_FLAGS[*]}"
 
 say() { echo "peer_llamacpp: $*" >&2; }

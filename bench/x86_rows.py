@@ -24,6 +24,7 @@ CASES = {   # name: (GGUF type, op, N, K, experts)
     "attn_o": ("Q4_K", "matmul", 4096, 12288, 0),
     "exps_gate_up": ("Q4_K", "matmul_id", 1408, 4096, 128),
     "ffn_down": ("Q8_0", "matmul", 4096, 10944, 0),
+    "exps_down": ("Q8_0", "matmul_id_slots", 4096, 1408, 128),
     # glm45air-1-IQ4_XS.gguf (llama-quantize IQ4_XS: IQ4_NL where a row of 1408 does not fit 256-blocks)
     "iq4xs_attn_q": ("IQ4_XS", "matmul", 12288, 4096, 0),
     "iq4xs_attn_o": ("IQ4_XS", "matmul", 4096, 12288, 0),

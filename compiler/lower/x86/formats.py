@@ -290,12 +290,53 @@ class Block32:
 
 
 class Q80Int(Block32):
-    """Q8_0 (34 B): d f16 | qs int8[32]."""
+    """Q8_0 (34 B): d f16 | qs int8[32].
+
+    Each full group of 8 blocks goes as IQ4_NL's does ("q8_0_g8" rows: one vpdpbusd per 64 bytes and row, one FMA
+    per group), the quants moved into activation.IQ4XS_ORDER by qword permutes (`group_quants`): per block a
+    row's sum costs a sign, a product, a conversion and an FMA on the block-at-a-time path (block32_rows), which
+    at 512 rows ran Q8_0 at half IQ4_NL's rate (bench/x86_rows.py). The blocks after the last group go one at a
+    time (lanes.single_rows)."""
     type_size = 34
+    layout = "q8_0_g8"
+    unit_bytes = 416    # as IQ4NLInt's
+
+    def term_lanes(self, width):
+        return [16, 8]     # the groups' lane sums (at either width), the blocks after them
 
     def quants(self, k, n, b0, p):
         qs = [k.w8[ramp(n * k.row_bytes + (b0 + i) * 34 + 2, 32)] for i in range(p)]
         return qs[0] if p == 1 else tirx.vectorcombine(f"int8x{32 * p}", *qs)
+
+    def group_quants(self, k, n, b0, vnni):
+        """The four vectors of 64 quants of blocks b0 .. b0 + 7 in activation.IQ4XS_ORDER: vector c holds qword c
+        of every block, qword 2i + h of it from block 4h + i. Blocks i and 4 + i share one 64-byte vector (two
+        32-byte loads), two permutes of two such vectors give the low halves of two outputs, one more joins
+        halves. VNNI: q + 128 (u8; the row's xc takes the 128 back off), else (|q| as u8, q < 0)."""
+        u64 = lambda v: tirx.reinterpret("uint64x8", v)   # noqa: E731
+        pairs = [T.Bind(u64(tirx.vectorcombine("uint8x64", *[
+                     k.w[n, ramp((b0 + i + 4 * h) * 34 + 2, 32)] for h in (0, 1)]))) for i in range(4)]
+        # halves[j][c]: qwords (block i, qword c), (block 4 + i, qword c) for i = 2j, 2j + 1: output c's half j
+        halves = [[T.Bind(tirx.Shuffle(pairs[2 * j:2 * j + 2], [8 * i + 4 * h + c for c in (c2, c2 + 1)
+                                                                for i in (0, 1) for h in (0, 1)]))
+                   for c2 in (0, 2)] for j in (0, 1)]
+        out = []
+        for c in range(4):
+            lo, hi = halves[0][c // 2], halves[1][c // 2]
+            sel = [4 * (c % 2) + q for q in range(4)]
+            q = tirx.reinterpret("int8x64", tirx.Shuffle([lo, hi], sel + [8 + v for v in sel]))
+            if vnni:
+                out.append(T.Bind(tirx.reinterpret("uint8x64", q) ^ _u8(128, 64)))
+            else:
+                qb = T.Bind(q)
+                zero = const(0, "int8", 64)
+                out.append((T.Bind(tirx.reinterpret("uint8x64", tirx.Select(qb < zero, zero - qb, qb))), qb < zero))
+        return out
+
+    def group_factors(self, k, n, b0):
+        """float32 x 16: d_w of each int32 lane's block."""
+        d = T.Bind(self.scales(k, n, b0, 8))
+        return tirx.Shuffle([d, d], LANE_BLOCK)
 
 
 class IQ4NLInt(Block32):
