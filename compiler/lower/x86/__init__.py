@@ -163,7 +163,7 @@ def legacy_key(key: str) -> str | None:
 
 
 def takes_w_rows(spec: KernelSpec) -> bool:
-    """Whether Knobs.w_rows changes `spec`'s kernel (lanes.multi_row: IQ4_XS, the grouped IQ4_NL / MXFP4)."""
+    """Whether Knobs.w_rows changes `spec`'s kernel (lanes.multi_row: IQ4_XS, the grouped Q8_0 / IQ4_NL / MXFP4)."""
     from .lanes import multi_row
 
     return multi_row(format_of(spec.kind, spec.exact))

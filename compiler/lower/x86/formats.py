@@ -1,4 +1,4 @@
-"""Per-format inner loops of the x86 matmul kernels (kquant.py, lanes.py and block32.py run them): how one (weight
+"""Per-format inner loops of the x86 matmul kernels (kquant.py, lanes.py and floats.py run them): how one (weight
 row, block) is decoded straight from the GGUF block bytes (ggml/src/ggml-common.h block_*), and what each
 activation row adds.
 
@@ -13,8 +13,8 @@ Integer path for the 32-weight block formats (Q8_0, IQ4_NL, MXFP4: `BLOCK32_FORM
 per 32 values ("q8_0" rows); a block's signed quants (int8, a byte shuffle of IQ4_NL's / MXFP4's table) give an
 exact int32 sum per block, |w| x (x with w's sign) by pmaddubsw then pmaddwd by 1, and each block adds
 float(sum) * (d_w * d_x) by one FMA (ggml-cpu's ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_iq4_nl_q8_0 /
-ggml_vec_dot_mxfp4_q8_0 on x86). `block32.block32_rows` runs them. IQ4_NL and MXFP4 take each full group of 8
-blocks as IQ4_XS takes a block ("q8_0_g8" rows, `IQ4NLInt`); the blocks after the last group go one at a time.
+ggml_vec_dot_mxfp4_q8_0 on x86). Each full group of 8 blocks goes as IQ4_XS takes a block ("q8_0_g8" rows,
+`Block32`: one vpdpbusd per 64 bytes, one FMA per group); the blocks after the last group go one at a time.
 
 Float path (Q8_0, IQ4_NL, MXFP4 under --exact-matmul, and unquantized F16 / BF16 / F32; blocks of 32): each weight
 is dequantized exactly (d * q: at most 11 + 8 significant bits) and multiplied with the float32 activation by FMA.
@@ -267,15 +267,23 @@ def _lookup(table, idx, width):
 
 
 class Block32:
-    """A 32-weight block format on the integer path ("q8_0" activation rows): `quants` gives the 32 * p signed
-    quants (int8, element order) of blocks b0 .. b0 + p - 1, `scales` their float32 factors d_w (w = d_w * q;
-    a scalar for p = 1)."""
+    """A 32-weight block format on the integer path: each full group of 8 blocks against "q8_0_g8" activation
+    rows (lanes.group_rows: `group_quants`, the group's four vectors of 64 quants in activation.IQ4XS_ORDER, and
+    `group_factors`, d_w per int32 lane), the blocks after the last group one at a time (lanes.single_rows:
+    `quants`, the 32 * p signed quants (int8, element order) of blocks b0 .. b0 + p - 1, and `scales`, their
+    float32 factors d_w, w = d_w * q; a scalar for p = 1)."""
     block = 32
     acts = "q8_0"
-    UNROLL = 4          # vectors per step, one float accumulator each (FMA latency)
+    layout = "q8_0_g8"
+    unit_bytes = 416    # a row's bytes per group (tiles._k_chunk): 256 quants, 8 d, 16 lane d and 16 lane offsets
 
     def term_lanes(self, width):
-        return [width // 4, 8]   # the full steps' sum, the blocks after them one at a time
+        return [16, 8]     # the groups' lane sums (at either width), the blocks after them
+
+    def group_factors(self, k, n, b0):
+        """float32 x 16: d_w of each int32 lane's block."""
+        d = T.Bind(self.scales(k, n, b0, 8))
+        return tirx.Shuffle([d, d], LANE_BLOCK)
 
     def scales(self, k, n, b0, p):   # a float16 d_w at the start of each block (type_size even)
         base = (n * k.row_bytes + b0 * self.type_size) // 2
@@ -294,15 +302,9 @@ class Q80Int(Block32):
 
     Each full group of 8 blocks goes as IQ4_NL's does ("q8_0_g8" rows: one vpdpbusd per 64 bytes and row, one FMA
     per group), the quants moved into activation.IQ4XS_ORDER by qword permutes (`group_quants`): per block a
-    row's sum costs a sign, a product, a conversion and an FMA on the block-at-a-time path (block32_rows), which
-    at 512 rows ran Q8_0 at half IQ4_NL's rate (bench/x86_rows.py). The blocks after the last group go one at a
-    time (lanes.single_rows)."""
+    row's sum cost a sign, a product, a conversion and an FMA on the block-at-a-time path it took before, which
+    at 512 rows ran Q8_0 at half IQ4_NL's rate (bench/x86_rows.py)."""
     type_size = 34
-    layout = "q8_0_g8"
-    unit_bytes = 416    # as IQ4NLInt's
-
-    def term_lanes(self, width):
-        return [16, 8]     # the groups' lane sums (at either width), the blocks after them
 
     def quants(self, k, n, b0, p):
         qs = [k.w8[ramp(n * k.row_bytes + (b0 + i) * 34 + 2, 32)] for i in range(p)]
@@ -333,24 +335,14 @@ class Q80Int(Block32):
                 out.append((T.Bind(tirx.reinterpret("uint8x64", tirx.Select(qb < zero, zero - qb, qb))), qb < zero))
         return out
 
-    def group_factors(self, k, n, b0):
-        """float32 x 16: d_w of each int32 lane's block."""
-        d = T.Bind(self.scales(k, n, b0, 8))
-        return tirx.Shuffle([d, d], LANE_BLOCK)
-
 
 class IQ4NLInt(Block32):
     """IQ4_NL (18 B): d f16 | qs[16]: q = kvalues[nibble], lo nibbles weights 0..15, hi nibbles 16..31.
 
     Its activation rows are "q8_0" rows with each full group of 8 blocks in IQ4_XS's order ("q8_0_g8"): the
     group's 8 qs gathered as IQ4_XS's 8 sub-blocks (`group_quants`), so a row's sums take one vpdpbusd per
-    64 bytes and one FMA per group (block32.block32_rows); the blocks after the last full group go one at a time."""
+    64 bytes and one FMA per group (lanes.group_rows); the blocks after the last full group go one at a time."""
     type_size, table, q_at = 18, KVALUES, 2
-    layout = "q8_0_g8"
-    unit_bytes = 416    # a row's bytes per group (tiles._k_chunk): 256 quants, 8 d, 16 lane d and 16 lane offsets
-
-    def term_lanes(self, width):
-        return [16, 8]     # the groups' lane sums (at either width), the blocks after them
 
     def group_quants(self, k, n, b0, vnni):
         """The four vectors of 64 quants of blocks b0 .. b0 + 7 in activation.IQ4XS_ORDER (formats.lane_vectors)."""
@@ -360,11 +352,6 @@ class IQ4NLInt(Block32):
                                                     for i in (2, 3)])))
                for h in range(2)]
         return lane_vectors(raw, self.table, lambda idx: self.negative(idx, 64), vnni, k.width)
-
-    def group_factors(self, k, n, b0):
-        """float32 x 16: d_w of each int32 lane's block."""
-        d = T.Bind(self.scales(k, n, b0, 8))
-        return tirx.Shuffle([d, d], LANE_BLOCK)
 
     def _idx(self, k, n, b0, p):
         qs = [k.w[n, ramp((b0 + i) * self.type_size + self.q_at, 16)] for i in range(p)]

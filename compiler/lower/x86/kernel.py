@@ -1,6 +1,6 @@
 """The prologue every x86 matmul kernel shares: its knobs, the kernel being built (`Kern`), the argument shapes of
 a weight and of its activation rows, typed views of the weight bytes, and the software prefetch of the weight
-stream. The loop nest is tiles.py; the per-format row loops are kquant.py, lanes.py and block32.py."""
+stream. The loop nest is tiles.py; the per-format row loops are kquant.py, lanes.py and floats.py."""
 from __future__ import annotations
 
 from contextlib import contextmanager

@@ -1,5 +1,5 @@
 """Formats whose int32 lanes keep one sub-block across a block's vectors: IQ4_XS on "q8_iq4xs" rows, and the
-grouped 32-block formats (IQ4_NL, MXFP4) on "q8_0_g8" rows in groups of 8 blocks, the blocks after the last group
+grouped 32-block formats (Q8_0, IQ4_NL, MXFP4) on "q8_0_g8" rows in groups of 8 blocks, the blocks after the last group
 one at a time. Per block (group) and row: 16 exact lane sums, converted once, one FMA."""
 from __future__ import annotations
 

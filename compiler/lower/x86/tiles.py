@@ -1,13 +1,13 @@
 """The loop nest of an x86 matmul kernel inside one work item: a tile of weight rows against the activation rows in
 groups (`tile`), a row group's accumulators and their sums (`_rows`), or for the integer formats K in chunks so a
 group's activations stay in L1 (`_int_tile_chunked`). The row loops themselves are per format (kquant.py,
-lanes.py, block32.py)."""
+lanes.py, floats.py)."""
 from __future__ import annotations
 
 from tvm import tirx
 from tvm.tirx.script import builder as T
 
-from .block32 import block32_rows, float_rows
+from .floats import float_rows
 from .formats import Block32
 from .kquant import kquant, kquant_lanes, kquant_out, kquant_pair_terms, kquant_paired, kquant_rows, kquant_zero
 from .lanes import LANE_ACC, group_rows, lane_rows, multi_row, single_rows
@@ -49,13 +49,9 @@ def _rows(k, fmt, ns, rows, outs, pair_terms=None):
                 T.buffer_store(a, const(0.0, "float32", n_l), [ramp(0, n_l)])
             per.append(acc)
         accs.append(per)
-    if isinstance(fmt, Block32):
-        if hasattr(fmt, "group_quants"):     # groups of 8 blocks in IQ4_XS's lane order ("q8_0_g8" rows)
-            group_rows(k, fmt, ns, rows, [[(acc[0], 0) for acc in per] for per in accs])
-            single_rows(k, fmt, ns, rows, [[(acc[1], 0) for acc in per] for per in accs])
-        else:               # one weight row (w_rows: Q8_0's rows take one); unpacked so a block would fail here
-            (n,), (per,) = ns, accs
-            block32_rows(k, fmt, n, rows, per)
+    if isinstance(fmt, Block32):     # groups of 8 blocks in IQ4_XS's lane order ("q8_0_g8" rows), then single blocks
+        group_rows(k, fmt, ns, rows, [[(acc[0], 0) for acc in per] for per in accs])
+        single_rows(k, fmt, ns, rows, [[(acc[1], 0) for acc in per] for per in accs])
         for per, o in zip(accs, outs):
             for acc, out in zip(per, o):
                 T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]) +
@@ -78,7 +74,7 @@ def _rows(k, fmt, ns, rows, outs, pair_terms=None):
 
 def w_rows(k, fmt) -> int:
     """Weight rows per register block (Knobs.w_rows) for the row functions that take several, each activation
-    vector load serving all of them (lanes.py: IQ4_XS, the grouped IQ4_NL / MXFP4); 1 for the others."""
+    vector load serving all of them (lanes.py: IQ4_XS, the grouped Q8_0 / IQ4_NL / MXFP4); 1 for the others."""
     return k.w_rows if multi_row(fmt) else 1
 
 
