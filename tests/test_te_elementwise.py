@@ -67,3 +67,39 @@ def test_parallel_elementwise_stages_keep_the_bits(op):
     assert np.array_equal(plain.view(np.uint32), par.view(np.uint32))
     if op == "concat":
         assert np.array_equal(par, np.concatenate(args, axis=2))
+
+
+def test_elementwise_chain_is_one_pass_with_the_same_bits():
+    """The MoE combine as glm_base.graph.moe builds it (down * w, a view per top-k slot, the slot adds in order,
+    then the shared expert): each stage its consumer reads once is inlined (schedules/cpu.py
+    inline_elementwise_chain), so only the product read by all eight views keeps a buffer, and the result is
+    numpy's float32 sum in slot order, bit for bit, as the unscheduled kernel's is."""
+    T, K, E = 13, 8, 72
+    Tv = tirx.Var("T", "int64")
+    down = te.placeholder((Tv, K, E), "float32", name="down")
+    w = te.placeholder((Tv, K, 1), "float32", name="w")
+    sh = te.placeholder((Tv, E), "float32", name="shexp")
+    m = te.compute((Tv, K, E), lambda t, j, e: down[t, j, e] * w[t, j, 0], name="m")
+    def view(j):
+        return te.compute((Tv, E), lambda t, e: m[t, j, e], name=f"view{j}")
+
+    def add(a, b, name):
+        return te.compute((Tv, E), lambda t, e: a[t, e] + b[t, e], name=name)
+
+    out = view(0)
+    for j in range(1, K):
+        out = add(out, view(j), f"add{j}")
+    out = add(out, sh, "out")
+    f = te.create_prim_func([down, w, sh, out]).with_attr("global_symbol", "main")
+    sf = schedule_func(f)
+    assert f.script().count("sblock_alloc_buffer") == 2 * K and sf.script().count("sblock_alloc_buffer") == 1
+    args = [RNG.standard_normal((T, K, E)).astype(np.float32), RNG.random((T, K, 1)).astype(np.float32),
+            RNG.standard_normal((T, E)).astype(np.float32)]
+    prod = args[0] * args[1]
+    want = prod[:, 0]
+    for j in range(1, K):
+        want = want + prod[:, j]
+    want = want + args[2]
+    got = [_call(tvm.compile(tvm.IRModule({"main": g}), target=TARGET).mod["main"], args, (T, E)) for g in (f, sf)]
+    for g in got:
+        assert np.array_equal(g.view(np.uint32), want.view(np.uint32))
