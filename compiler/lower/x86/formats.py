@@ -26,7 +26,7 @@ from tvm.tirx.script import builder as T
 
 from nextn.compiler.quant.mxfp4 import E2M1X2, e8m0_half
 
-from .vec import byte_vector, const, pshufb, ramp
+from .vec import abs_i8, byte_vector, const, pshufb, ramp
 
 
 def _u8(v, lanes=32):
@@ -331,8 +331,7 @@ class Q80Int(Block32):
                 out.append(T.Bind(tirx.reinterpret("uint8x64", q) ^ _u8(128, 64)))
             else:
                 qb = T.Bind(q)
-                zero = const(0, "int8", 64)
-                out.append((T.Bind(tirx.reinterpret("uint8x64", tirx.Select(qb < zero, zero - qb, qb))), qb < zero))
+                out.append((T.Bind(tirx.reinterpret("uint8x64", abs_i8(qb, 64))), qb < const(0, "int8", 64)))
         return out
 
 
@@ -360,13 +359,6 @@ class IQ4NLInt(Block32):
     def quants(self, k, n, b0, p):
         return pshufb(tirx.reinterpret(f"int8x{32 * p}", byte_vector(list(self.table) * (2 * p))),
                       self._idx(k, n, b0, p), 32 * p)
-
-    def abs_quants(self, k, n, b0, p):
-        """(|q| as u8, the nibble indices): |table| by the shuffle, the sign from the index (`negative`), so no
-        abs and no sign extraction after it."""
-        idx = T.Bind(self._idx(k, n, b0, p))
-        table = byte_vector([abs(v) for v in self.table] * (2 * p))
-        return T.Bind(pshufb(table, idx, 32 * p)), idx
 
     def negative(self, idx, lanes):
         """Lanes whose quant is negative: kvalues_iq4nl is ascending, negative for the indices 0..7."""

@@ -7,7 +7,7 @@ from tvm import tirx
 from tvm.tirx.script import builder as T
 
 from .kernel import concat, prefetch
-from .vec import const, dot_u8s8, fma, ramp
+from .vec import abs_i8, const, dot_u8s8, fma, ramp
 
 
 LANE_ACC = 16   # int32 lanes of a block's sum in lane_rows (at either width: the same bits from AVX2 and AVX-512)
@@ -95,11 +95,10 @@ def single_rows(k, fmt, ns, rows, accs):
     with w's sign)), each adding float(sum) * (d_w * d_x) to the 8-lane accumulator accs[j][r] of weight row
     ns[j] and activation row rows[r]."""
     with T.serial(k.n_blocks // 8 * 8, k.n_blocks) as b:
-        zero = const(0, "int8", 32)
         ws = []
         for n in ns:
             w = T.Bind(fmt.quants(k, n, b, 1))
-            ws.append((w, T.Bind(tirx.Select(w < zero, zero - w, w)), T.Bind(fmt.scales(k, n, b, 1))))
+            ws.append((w, T.Bind(abs_i8(w, 32)), T.Bind(fmt.scales(k, n, b, 1))))
         for r, t in enumerate(rows):
             x = k.xq[t, ramp(32 * b, 32)] if len(ns) == 1 else T.Bind(k.xq[t, ramp(32 * b, 32)])
             for (w, aw, dw), acc in zip(ws, accs):

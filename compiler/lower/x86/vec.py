@@ -71,6 +71,12 @@ def fold_pairs(v, n_in: int, n_out: int):
     return v
 
 
+def abs_i8(w, lanes: int):
+    """|w| of an int8 x lanes vector, whose bits read as uint8 are the magnitude (-128 -> 128)."""
+    zero = const(0, "int8", lanes)
+    return tirx.Select(w < zero, zero - w, w)
+
+
 def pshufb(table, idx, width: int):
     """table[idx[i]] within each 16-byte lane (idx < 16): a 16-entry byte lookup."""
     return tirx.call_llvm_pure_intrin(f"int8x{width}", _PSHUFB[width], table, idx)
