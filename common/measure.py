@@ -37,6 +37,19 @@ def time_main(mod, args, dev, number: int = 20) -> float:
     return float(min(fe(*args).results))
 
 
+def cpu_flags() -> set[str] | None:
+    """The first CPU's `flags` of /proc/cpuinfo (what the kernel reports the CPU can run: a VM's masked features are
+    absent), or None where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return None
+
+
 def cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo), else what `platform` knows: recorded with each tuning record."""
     try:

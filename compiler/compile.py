@@ -20,7 +20,7 @@ from nextn.common.versions import nextn_version
 from . import reproducible
 from .graphs import SPLIT_L, STATIC, build_graphs, weight_kinds
 from .loader.model_files import ModelFiles
-from .target import GPU_TARGETS, TARGETS, make_target
+from .target import GPU_TARGETS, TARGETS, make_target, required_cpu_flags
 
 def _rel(path: str, base: str) -> str:
     path = os.path.abspath(path)
@@ -169,7 +169,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
         "tvm_version": tvm.__version__,
         "tvm_ffi_version": getattr(tvm_ffi, "__version__", "unknown"),
         "target": {"name": target, "kind": tgt.kind.name, "mcpu": str(tgt.attrs.get("mcpu", "")),
-                   "str": str(tgt), "arches": arch_list},
+                   "str": str(tgt), "arches": arch_list,
+                   "cpu_flags": required_cpu_flags(tgt) if tgt.kind.name == "llvm" else []},
         "host": platform.machine(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "model_files": model_files,

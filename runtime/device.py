@@ -21,6 +21,7 @@ import numpy as np
 from nextn.common import cuda
 from nextn.common.errors import NextnError
 from nextn.common.kv_types import itemsize
+from nextn.common.measure import cpu_flags
 
 # What TVM's CUDA plugin needs where it runs (said when it cannot be loaded).
 CUDA_NEEDS = "it needs libcudart.so.13 on LD_LIBRARY_PATH and an NVIDIA driver for CUDA 13 (R580 or newer)"
@@ -62,6 +63,11 @@ class Device:
         host = artifact.manifest.get("host")
         if host and host != platform.machine():   # its host code (and for llvm all of it) is for that machine
             raise NextnError(f"{artifact.path}: compiled for a {host} host, this machine is {platform.machine()}; "
+                             f"compile it again here")
+        need, have = artifact.manifest["target"].get("cpu_flags", []), cpu_flags()
+        missing = [f for f in need if have is not None and f not in have]
+        if tk == "llvm" and missing:     # its kernels would die with SIGILL (e.g. AVX-512 on a VM that masks it)
+            raise NextnError(f"{artifact.path}: compiled for a CPU with {', '.join(missing)}, which this one lacks; "
                              f"compile it again here")
         self.copied_weight_bytes = 0     # weight bytes that could not be used in place (see `weight`)
         if kind == "cpu":

@@ -91,6 +91,35 @@ def test_tampered_library_is_refused(compiled, tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr and "refusing to load" in r.stderr
 
 
+def test_host_target_has_only_what_the_cpu_reports():
+    """A VM may mask features its CPU model implies (a Zen 4 guest without AVX-512 is still mcpu znver4): the llvm
+    target keeps none that /proc/cpuinfo lacks, and the manifest's cpu_flags are all there."""
+    from tvm.target import codegen
+
+    from nextn.common.measure import cpu_flags
+    from nextn.compiler.target import MASKABLE, make_target, required_cpu_flags
+
+    flags, tgt = cpu_flags(), make_target("llvm")
+    assert flags is not None   # Linux, as CI
+    for feature, flag in MASKABLE.items():
+        assert not codegen.target_has_features(feature, tgt) or flag in flags, feature
+    need = required_cpu_flags(tgt)
+    assert set(need) <= flags and ("avx2" in need) == ("avx2" in flags)
+
+
+def test_artifact_for_a_missing_cpu_feature_is_refused(compiled, tmp_path):
+    import nextn.runtime as rt
+
+    art = tmp_path / "art"
+    shutil.copytree(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), art)
+    m = json.load(open(art / "manifest.json"))
+    assert m["target"]["cpu_flags"]
+    m["target"]["cpu_flags"].append("avx1024_imaginary")
+    json.dump(m, open(art / "manifest.json", "w"))
+    with pytest.raises(NextnError, match="compiled for a CPU with avx1024_imaginary, which this one lacks"):
+        rt.load(str(art))
+
+
 def test_model_file_must_match_manifest(compiled, tmp_path):
     import nextn.runtime as rt
 

@@ -141,8 +141,8 @@ def test_matmul_id(kind, exact, shared_x):
         assert np.array_equal(a1[0].view(np.uint32), y1[t].view(np.uint32))
 
 
-NO_VNNI = tvm.target.Target({**{k: str(v) for k, v in TARGET.export().items() if k in ("kind", "mcpu")},
-                              "mattr": ["-avx512vnni", "-avxvnni"]})
+NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": str(TARGET.attrs["mcpu"]),
+                              "mattr": [*map(str, TARGET.attrs.get("mattr", [])), "-avx512vnni", "-avxvnni"]})
 VNNI_WIDTHS = [w for w in WIDTHS if x86.has_vnni(TARGET, w)]
 
 

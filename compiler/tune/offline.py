@@ -30,7 +30,7 @@ def gen(model: str, out_dir: str, target: str = "cuda", arches=None, trials: int
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from nextn.compiler.target import make_target
+    from nextn.compiler.target import host_llvm, make_target
     from nextn.schedules import schedule_pass
 
     from .run import _to_py
@@ -39,8 +39,7 @@ def gen(model: str, out_dir: str, target: str = "cuda", arches=None, trials: int
     wls = select(model, tgt, draft, only, max_kernels)
     os.makedirs(out_dir, exist_ok=True)
     scope = _build_scope(target, arches)
-    ms_target = tgt if target != "llvm" else tvm.target.Target(
-        {"kind": "llvm", "mcpu": str(tgt.attrs["mcpu"]), "num-cores": os.cpu_count() or 1})
+    ms_target = tgt if target != "llvm" else tvm.target.Target(host_llvm(os.cpu_count() or 1))
     book = {"target": {"key": target_key(tgt), "kind": target, "str": str(tgt)}, "workloads": []}
     default = schedule_pass(tgt)
     for wi, w in enumerate(wls):

@@ -156,7 +156,7 @@ def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32,
     from tvm.target import Target
 
     from nextn.common.measure import cpu_name
-    from nextn.compiler.target import make_target
+    from nextn.compiler.target import host_llvm, make_target
     from nextn.schedules import schedule_pass
 
     # meta_schedule logs every search iteration at INFO; its per-task logs still go to files under the work dir
@@ -173,7 +173,7 @@ def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32,
     t_start = time.monotonic()
     tgt = make_target(target)
     key = target_key(tgt)
-    ms_target = Target({"kind": "llvm", "mcpu": str(tgt.attrs["mcpu"]), "num-cores": os.cpu_count() or 1})
+    ms_target = Target(host_llvm(os.cpu_count() or 1))
     path = os.path.join(out_dir, tlog.LOG_FILE)
     book = tlog.read(path) if os.path.exists(path) else tlog.empty_log()
     have, _others = tlog.for_target(book, key)

@@ -49,7 +49,8 @@ def is_tunable(func) -> bool:
 def target_key(target) -> str:
     kind = target.kind.name
     if kind == "llvm":
-        return f"llvm:{target.attrs.get('mcpu', 'generic')}"
+        off = "".join(str(a) for a in target.attrs.get("mattr", []) if str(a).startswith("-"))
+        return f"llvm:{target.attrs.get('mcpu', 'generic')}{off}"   # a VM's masked features: another ISA
     return f"{kind}:{target.attrs.get('arch', target.attrs.get('mcpu', ''))}"
 
 
