@@ -22,8 +22,9 @@ Per file, `--repeat` rounds; each round measures, back to back so that drift hit
   2. nextn in a fresh process (`nextn.runtime.load`, compiled and cached on the first round), timed once its
      background populate of the mapped GGUF is done (`Engine.wait_populated`; llama.cpp's load maps with
      MAP_POPULATE): plain decode tok/s (`Model.generate(spec_type="none")`, --n-gen decoded tokens after an 8-token
-     prompt), prefill tok/s (`Engine.prefill` of --n-prompt random tokens: one untimed call, then the best of 2, as
-     llama-bench times pp after its warm-up run), and the ms of `Engine.verify` over k+1 = 1..4 rows and of one
+     prompt), prefill tok/s (`Engine.prefill(last_only=True)` of --n-prompt random tokens, the last row's output
+     only, as llama-bench's pp and plain decoding: one untimed call, then the best of 2, as llama-bench times pp
+     after its warm-up run), and the ms of `Engine.verify` over k+1 = 1..4 rows and of one
      `Engine.mtp_draft` row at the position after that prompt, each the min of 3 round-robin calls
      (`runtime.depth.time_call`); the rows are distinct random tokens, so each row routes to its own experts as in
      real speculation (the depth calibration's repeated token would route every row to the same experts);
@@ -138,18 +139,16 @@ def machine() -> dict:
 
     mem = meminfo()
     return {"cpu": cpu_name(), "physical_cores": physical_cores(), "logical_cpus": os.cpu_count(),
-            "cpu_flags": cpu_flags(), "mem_total_GB": mem.get("MemTotal", 0) / GB, "loadavg": os.getloadavg(),
+            "cpu_flags": simd_flags(), "mem_total_GB": mem.get("MemTotal", 0) / GB, "loadavg": os.getloadavg(),
             "host": platform.node(), "nextn_commit": nextn_commit()}
 
 
-def cpu_flags() -> list[str]:
+def simd_flags() -> list[str]:
     """The SIMD flags that decide which kernels both engines can use (/proc/cpuinfo)."""
     want = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16")
-    try:
-        with open("/proc/cpuinfo") as f:
-            have = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        have = []
+    from nextn.common.measure import cpu_flags
+
+    have = cpu_flags() or set()
     return [x for x in want if x in have]
 
 
@@ -265,8 +264,10 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type
     out["decode_tok_s"] = n_gen / g.decode_s
     out["python_share"] = g.python_share
     toks = rng.integers(0, V, n_prompt).astype(np.int32)
-    eng.prefill(toks, 0)       # warm-up, as llama-bench's: first-call costs at this row count are not throughput
-    out["prefill_tok_s"] = n_prompt / time_call(lambda: eng.prefill(toks, 0), reps=2)
+    # Only the last row's output, as llama-bench's pp (llama_batch_get_one: one output row) and plain decoding's
+    # prefill. One untimed call first, as llama-bench's warm-up: first-call costs at this row count are not throughput.
+    eng.prefill(toks, 0, last_only=True)
+    out["prefill_tok_s"] = n_prompt / time_call(lambda: eng.prefill(toks, 0, last_only=True), reps=2)
     hidden, _lg, am = eng.prefill(toks[:8], 0)
     pos = 8
     rows = rng.integers(0, V, max(VERIFY_ROWS)).astype(np.int32)

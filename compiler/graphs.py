@@ -1,6 +1,7 @@
 """The IR graph of every entry point of a model (fixed names; the runtime never contains model-specific code):
 
-    prefill    trunk over the prompt rows; logits for `out_ids` rows only
+    prefill    trunk over the prompt rows; hidden for `hidden_ids` rows (the last layer's FFN runs on those only),
+               logits for `out_ids` rows of those
     verify     trunk over [id_last, d1..dk] (k+1 rows); logits and argmax for every row
     mtp_rows   NextN rows teacher-forced with trunk hidden states (prompt warm-up, after each verify)
     mtp_draft  NextN rows with logits for every row (`mtp_logits` uses T rows)

@@ -345,13 +345,21 @@ class Engine:
         self.commit(len(tokens))
         return out
 
-    def prefill(self, tokens, pos0: int = 0, on_hidden=None):
+    def prefill(self, tokens, pos0: int = 0, on_hidden=None, last_only: bool = False):
         """Trunk over `tokens` at positions pos0.. (chunked, each chunk committed). Returns (hidden [T, n_embd] f32
         post output_norm, logits [n_vocab] f32 of the last row, argmax of the last row). `on_hidden(h, p)`: called
         with each chunk's hidden rows (numpy [t, n_embd], first position p) as they come, and only the last row is
-        returned, so a long prompt holds one chunk of hidden states, not all of them."""
+        returned, so a long prompt holds one chunk of hidden states, not all of them.
+
+        `last_only`: only the last row's output is wanted (plain decoding; llama-bench's pp): each chunk's last trunk
+        layer runs its FFN on that row alone (`hidden_ids`, compiler/models/glm_base/graph.py), and hidden is that
+        row [1, n_embd] (on_hidden sees it per chunk). The last row's bits are the same either way."""
+        rows = self._hidden_rows(last_only)
+
         def chunk(t, p):
-            h, lg, am = self._committed("prefill", t, p, out_ids=np.array([len(t) - 1], np.int32))
+            ids = rows(len(t))
+            h, lg, am = self._committed("prefill", t, p, hidden_ids=ids,
+                                        out_ids=np.array([len(ids) - 1], np.int32))
             h = h.numpy()
             if on_hidden is None:
                 return h, lg, am
@@ -360,8 +368,18 @@ class Engine:
 
         outs = self._by_chunk(chunk, pos0, tokens)
         _h, lg, am = outs[-1]
-        hidden = outs[-1][0][-1:] if on_hidden is not None else np.concatenate([o[0] for o in outs])
+        if on_hidden is not None or last_only:
+            hidden = outs[-1][0][-1:]
+        else:
+            hidden = np.concatenate([o[0] for o in outs])
         return hidden, lg.numpy()[0], int(am.numpy()[0])
+
+    def _hidden_rows(self, last_only: bool):
+        """T -> prefill's `hidden_ids` [H] int32: the last row, or all T (an artifact compiled before hidden_ids
+        computes every row and ignores them)."""
+        if last_only and "hidden_ids" in self._inputs_of["prefill"]:
+            return lambda T: np.array([T - 1], np.int32)
+        return lambda T: np.arange(T, dtype=np.int32)
 
     def verify(self, tokens, pos0: int):
         """Trunk over k+1 rows [id_last, d1..dk] at pos0..: (hidden [k+1, E], logits [k+1, V], argmax [k+1]).
@@ -399,7 +417,8 @@ class Engine:
         ids = np.asarray(token_ids, np.int32)
 
         def chunk(t, p):
-            return self._committed("prefill", t, p, out_ids=np.arange(len(t), dtype=np.int32))[1].numpy()
+            every = np.arange(len(t), dtype=np.int32)
+            return self._committed("prefill", t, p, hidden_ids=every, out_ids=every)[1].numpy()
 
         return np.concatenate(self._by_chunk(chunk, 0, ids))
 

@@ -245,7 +245,7 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
                 drafter.flush()
         before[0] = h[-1:]
 
-    hidden, last_logits, last_argmax = engine.prefill(prompt, 0, on_hidden=warm_up)
+    hidden, last_logits, last_argmax = engine.prefill(prompt, 0, on_hidden=warm_up, last_only=not spec)
     id_last = last_argmax if chain.greedy else chain.sample(last_logits, rng.uniform(len(prompt), TARGET))
     pending_h, n_past = hidden[-1:], len(prompt)    # trunk hidden before id_last; the position id_last takes
     out: list[int] = []

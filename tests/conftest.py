@@ -84,11 +84,14 @@ def check_trunk_vs_ir(eng, graphs, w, ids, rows: int):
     def rs():   # recurrent states (glm5next): the engine's committed plane, which the call reads
         return {"rs_plane": np.array([eng.rs_plane], np.int32)} if "rs_plane" in graphs["prefill"].inputs else {}
 
+    h1, last1, am1 = eng.prefill(ids, 0, last_only=True)   # plain decoding's prefill: its last row, the same bits
     want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
+                                             "hidden_ids": np.arange(T, dtype=np.int32),
                                              "out_ids": np.array([T - 1], np.int32), **rs()}, w, st, n_kv=T)
     h, last, am = eng.prefill(ids, 0)
     assert rel_err(h, want["hidden"]) < 1e-5
     assert rel_err(last, want["logits"][0]) < 1e-5 and am == want["argmax"][0]
+    assert h1.shape == (1, h.shape[1]) and (h1 == h[-1:]).all() and (last1 == last).all() and am1 == am
     verify_rows = np.array([am, 17, 99, 5][:rows], np.int32)
     want = interpret.run(graphs["verify"], {"tokens": verify_rows, "pos": np.arange(T, T + rows, dtype=np.int32),
                                             **rs()}, w, st, n_kv=T + rows)

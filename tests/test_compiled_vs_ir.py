@@ -71,6 +71,7 @@ def test_default_build_follows_the_q8_0_activation_semantics(q8_model, graphs_an
         got = q8_model.logits(ids)
         st = {n: q8_model.engine.states[n].numpy() for n in graphs["prefill"].states}
         want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
+                                                 "hidden_ids": np.arange(T, dtype=np.int32),
                                                  "out_ids": np.arange(T, dtype=np.int32)}, w, st, n_kv=T,
                              keep_kv=True, quantized_activations=acts)["logits"]
         rows = np.abs(got - want).max(1) / np.abs(want).max(1)

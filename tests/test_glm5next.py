@@ -392,10 +392,14 @@ def test_greedy_and_speculative(g5n, kind, monkeypatch):
 
 
 def test_long_context_sparse(g5n, monkeypatch):
-    """2220 tokens (the indexer selects 24 of up to 555 pools per row): last logits, greedy, speculation."""
+    """2220 tokens (the indexer selects 24 of up to 555 pools per row): last logits (all rows and last row only),
+    greedy, speculation."""
     p = PROMPTS["long-context"]
-    _h, last, am = g5n.engine.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
+    h, last, am = g5n.engine.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
     assert rel_err(last, reference_logits(D)["long-context/last_logits"]) < REF_TOL and am == p["last_logits_argmax"]
+    # plain decoding's prefill (5 chunks, each one's last layer on its last row, base.hidden_ids): the same bits
+    h1, last1, am1 = g5n.engine.prefill(np.asarray(p["prompt_ids"], np.int32), 0, last_only=True)
+    assert (h1 == h[-1:]).all() and (last1 == last).all() and am1 == am
     check_greedy_and_speculative(g5n, p, monkeypatch)
 
 
@@ -509,7 +513,7 @@ def test_commit_checks(g5n):
     eng.prefill(ids, 0)
     with pytest.raises(NextnError, match="continue there"):
         eng.verify([1, 2], len(ids) + 3)
-    eng._run("prefill", [1, 2, 3], len(ids), out_ids=np.array([2], np.int32))
+    eng._run("prefill", [1, 2, 3], len(ids), hidden_ids=np.arange(3, dtype=np.int32), out_ids=np.array([2], np.int32))
     with pytest.raises(NextnError, match="kept the recurrent state after its last 1 row"):
         eng.commit(2)
     eng.commit(3)
@@ -572,7 +576,7 @@ def test_q8_compiled_vs_ir_every_entry_point(compiled):
     def close(got, want):
         assert rel_err(got, want) < 1e-5
 
-    want = ir("prefill", ids, 0, out_ids=np.array([T - 1], np.int32))
+    want = ir("prefill", ids, 0, hidden_ids=np.arange(T, dtype=np.int32), out_ids=np.array([T - 1], np.int32))
     h, last, am = eng.prefill(ids, 0)
     rs[0] = (rs[0] + 1) % eng.rs_planes
     close(h, want["hidden"]), close(last, want["logits"][0])

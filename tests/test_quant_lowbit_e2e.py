@@ -62,7 +62,8 @@ def interpreter_greedy(graphs, w, ids, n: int) -> list[int]:
     T = len(ids)
     st = zero_states(graphs["prefill"], T + n)
     o = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
-                                          "out_ids": np.array([T - 1], np.int32)}, w, st, n_kv=T)
+                                          "hidden_ids": np.array([T - 1], np.int32),
+                                          "out_ids": np.array([0], np.int32)}, w, st, n_kv=T)
     out = [int(o["argmax"][0])]
     while len(out) < n:
         p = T + len(out) - 1

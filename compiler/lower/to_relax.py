@@ -51,7 +51,7 @@ def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str],
     """Emit `graph` as a Relax function; `static` fixes symbols (e.g. {"T": 1} for the one-row decode step);
     `split_l`: attention split over L (flash-decoding) rather than fused; `x86`: an x86.emit.X86Lowering taking the
     matmuls it handles (CPU targets with AVX2)."""
-    sym = {d: tirx.Var(d, "int64") for d in ("T", "R", "L", "C", "P")}
+    sym = {d: tirx.Var(d, "int64") for d in ("T", "H", "R", "L", "C", "P")}
     for d, v in (static or {}).items():
         sym[d] = tirx.IntImm("int64", v)
 

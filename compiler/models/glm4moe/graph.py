@@ -11,7 +11,7 @@ import math
 
 from nextn.compiler.ir import Graph
 
-from ..glm_base.graph import dense_ffn, linear, moe, nextn_frame, nextn_head, norm, trunk_inputs, trunk_outputs
+from ..glm_base.graph import dense_ffn, hidden_ids, linear, moe, nextn_frame, nextn_head, norm, trunk_inputs, trunk_outputs
 from .config import Glm4MoeConfig, nextn_index
 
 
@@ -35,8 +35,11 @@ def attention(g: Graph, c: Glm4MoeConfig, il: int, x, pos, kc, vc):
     return linear(g, o, p + "attn_output", E)   # ggml forces F32 precision here; we are f32 throughout
 
 
-def block(g: Graph, c: Glm4MoeConfig, il: int, x, pos, kc, vc, is_moe: bool):
+def block(g: Graph, c: Glm4MoeConfig, il: int, x, pos, kc, vc, is_moe: bool, keep=None):
+    """One decoder layer; `keep` [H] int32: the rows that go on past attention (prefill's last layer: hidden_ids)."""
     r = g.add(attention(g, c, il, x, pos, kc, vc), x)
+    if keep is not None:
+        r = g.get_rows(r, keep)
     h2 = norm(g, r, f"blk.{il}.post_attention_norm.weight", c.rms_eps)
     ffn = moe(g, c, il, h2) if is_moe else dense_ffn(g, c, il, h2)
     return g.add(ffn, r)
@@ -48,13 +51,15 @@ def _kv_states(g: Graph, c: Glm4MoeConfig, prefix: str, il: int):
 
 
 def build_trunk(c: Glm4MoeConfig, has_tensor, all_rows: bool) -> Graph:
-    """Trunk forward over T rows. Outputs: `hidden` [T, n_embd] (post output_norm: the MTP seed
-    `t_h_nextn`), `logits` [R, n_vocab] and `argmax` [R] for rows `out_ids` (all rows if `all_rows`)."""
+    """Trunk forward over T rows. Outputs: `hidden` [H, n_embd] (post output_norm: the MTP seed `t_h_nextn`; the
+    `hidden_ids` rows, all T rows if `all_rows`), `logits` [R, n_vocab] and `argmax` [R] for rows `out_ids` of
+    those (all rows if `all_rows`)."""
     g = Graph("verify" if all_rows else "prefill")
     pos, x = trunk_inputs(g, c)
+    keep = hidden_ids(g, all_rows)
     for il in range(c.n_layer):
         kc, vc = _kv_states(g, c, "", il)
-        x = block(g, c, il, x, pos, kc, vc, il >= c.n_lead_dense)
+        x = block(g, c, il, x, pos, kc, vc, il >= c.n_lead_dense, keep if il == c.n_layer - 1 else None)
     trunk_outputs(g, c, has_tensor, x, all_rows)
     return g
 

@@ -183,8 +183,8 @@ def mla_states(g: Graph, c: Glm5NextConfig, prefix: str, il: int, indexer_: bool
 # -- entry points ------------------------------------------------------------------------------------------------
 def build_trunk(c: Glm5NextConfig, has_tensor, all_rows: bool) -> Graph:
     """Trunk forward over T rows. Inputs tokens, pos, rs_plane (the committed plane of the recurrent states).
-    Outputs: `hidden` [T, n_embd] (the streams' mean after output_norm: the MTP seed `t_h_nextn`), `logits` [R,
-    n_vocab] and `argmax` [R] for rows `out_ids` (all rows if `all_rows`). `all_rows` entries (verify, decode)
+    Outputs: `hidden` [H, n_embd] (the streams' mean after output_norm: the MTP seed `t_h_nextn`; the `hidden_ids`
+    rows, all T rows if `all_rows`), `logits` [R, n_vocab] and `argmax` [R] for rows `out_ids` of those. `all_rows` entries (verify, decode)
     run the KDA recurrence and keep the state after each row; prefill runs the chunked form."""
     g = Graph("verify" if all_rows else "prefill")
     tokens = g.input("tokens", ("T",), "int32")
@@ -196,7 +196,7 @@ def build_trunk(c: Glm5NextConfig, has_tensor, all_rows: bool) -> Graph:
     for _ in range(hc - 1):                                # hc_init: every stream starts as the embedding
         X = g.concat(X, e, axis=1)
     chunk = 0 if all_rows else kda_chunk(c)
-    mask = None
+    keep, mask = base.hidden_ids(g, all_rows), None
     for il, kind in enumerate(c.layer_kinds):
         u, post, comb = hc_pre(g, c, il, "attn", X)
         a = norm(g, u, f"blk.{il}.attn_norm.weight", c.rms_eps)
@@ -205,6 +205,9 @@ def build_trunk(c: Glm5NextConfig, has_tensor, all_rows: bool) -> Graph:
         else:
             y, mask = mla(g, c, il, a, pos, mla_states(g, c, "", il, bool(c.idx_full[il])), mask)
         X = hc_post(g, c, y, X, post, comb)
+        if keep is not None and il == len(c.layer_kinds) - 1:   # the rows asked for go on (base.hidden_ids)
+            X = g.get_rows(g.reshape(X, (T, hc * E)), keep)
+            X = g.reshape(X, (X.shape[0], hc, E))
         u, post, comb = hc_pre(g, c, il, "ffn", X)
         m = norm(g, u, f"blk.{il}.ffn_norm.weight", c.rms_eps)
         X = hc_post(g, c, moe(g, c, il, m) if il >= c.n_lead_dense else dense_ffn(g, c, il, m), X, post, comb)

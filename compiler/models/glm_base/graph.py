@@ -92,9 +92,18 @@ def trunk_inputs(g: Graph, c):
     return pos, g.get_rows(g.weight("token_embd.weight", (c.n_vocab, c.n_embd)), tokens)
 
 
+def hidden_ids(g: Graph, all_rows: bool):
+    """Prefill's input `hidden_ids` [H] int32 (ascending row indices into the call's T rows), else None: the rows
+    whose output the call returns. The last trunk layer runs its FFN on these rows only, and `hidden` / the head see
+    only them (llama.cpp's `inp_out_ids`: src/models/glm4-moe.cpp and glm-dsa.cpp `get_rows` at il == n_layer - 1).
+    Plain decoding asks for the last row; MTP warm-up asks for every row. Per row the same computation either way."""
+    return None if all_rows else g.input("hidden_ids", ("H",), "int32")
+
+
 def trunk_outputs(g: Graph, c, has_tensor, x, all_rows: bool) -> None:
-    """Output `hidden` [T, n_embd] = output_norm(x) (the MTP seed `t_h_nextn`), then the head over it: `output`,
-    or the tied `token_embd` when the GGUF has no `output.weight`."""
+    """Output `hidden` [H, n_embd] = output_norm(x) (the MTP seed `t_h_nextn`; H = T for all_rows entries, else the
+    `hidden_ids` rows x holds), then the head over it (its `out_ids` index these rows): `output`, or the tied
+    `token_embd` when the GGUF has no `output.weight`."""
     hN = norm(g, x, "output_norm.weight", c.rms_eps)
     g.output("hidden", hN)
     head(g, c, hN, "output.weight" if has_tensor("output.weight") else "token_embd.weight", all_rows)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from nextn.compiler.ir import Graph
 
 from ..glm_base.config import nextn_index
-from ..glm_base.graph import dense_ffn, linear, moe, nextn_frame, nextn_head, norm, trunk_inputs, trunk_outputs
+from ..glm_base.graph import dense_ffn, hidden_ids, linear, moe, nextn_frame, nextn_head, norm, trunk_inputs, trunk_outputs
 from .config import INDEXER_K_NORM_EPS, GlmDsaConfig
 
 # Both use NORM rope (adjacent pairs), as llama.cpp: the converter permutes the rope rows of the weights that
@@ -67,9 +67,12 @@ def attention(g: Graph, c: GlmDsaConfig, il: int, x, pos, kvc, ikc=None, mask=No
     return linear(g, g.reshape(o, (T, H * c.hd_v)), p + "attn_output", c.n_embd), mask
 
 
-def block(g: Graph, c: GlmDsaConfig, il: int, x, pos, kvc, ikc, mask, is_moe: bool):
+def block(g: Graph, c: GlmDsaConfig, il: int, x, pos, kvc, ikc, mask, is_moe: bool, keep=None):
+    """One decoder layer; `keep` [H] int32: the rows that go on past attention (prefill's last layer: hidden_ids)."""
     a, mask = attention(g, c, il, x, pos, kvc, ikc, mask)
     r = g.add(a, x)
+    if keep is not None:
+        r = g.get_rows(r, keep)
     h2 = norm(g, r, f"blk.{il}.ffn_norm.weight", c.rms_eps)
     ffn = moe(g, c, il, h2) if is_moe else dense_ffn(g, c, il, h2)
     return g.add(ffn, r), mask
@@ -85,15 +88,17 @@ def _ik_state(g: Graph, c: GlmDsaConfig, prefix: str, il: int):
 
 
 def build_trunk(c: GlmDsaConfig, has_tensor, all_rows: bool) -> Graph:
-    """Trunk forward over T rows. Outputs: `hidden` [T, n_embd] (post output_norm: the MTP seed
-    `t_h_nextn`), `logits` [R, n_vocab] and `argmax` [R] for rows `out_ids` (all rows if `all_rows`).
+    """Trunk forward over T rows. Outputs: `hidden` [H, n_embd] (post output_norm: the MTP seed `t_h_nextn`; the
+    `hidden_ids` rows, all T rows if `all_rows`), `logits` [R, n_vocab] and `argmax` [R] for rows `out_ids` of
+    those (all rows if `all_rows`).
     States: `kv.{il}` [C, 1, kv_lora+rope] per trunk layer, `ik.{il}` [C, 1, idx_hd] on full indexer layers."""
     g = Graph("verify" if all_rows else "prefill")
     pos, x = trunk_inputs(g, c)
-    mask = None
+    keep, mask = hidden_ids(g, all_rows), None
     for il in range(c.n_layer):
         ikc = _ik_state(g, c, "", il) if c.idx_full[il] else None
-        x, mask = block(g, c, il, x, pos, _kv_state(g, c, "", il), ikc, mask, il >= c.n_lead_dense)
+        x, mask = block(g, c, il, x, pos, _kv_state(g, c, "", il), ikc, mask, il >= c.n_lead_dense,
+                        keep if il == c.n_layer - 1 else None)
     trunk_outputs(g, c, has_tensor, x, all_rows)
     return g
 
