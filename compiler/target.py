@@ -42,14 +42,13 @@ def host_llvm(num_cores: int | None = None) -> dict:
     tgt = {"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()}
     flags = cpu_flags() if codegen.llvm_get_system_triple().startswith(("x86_64", "i686", "i386")) else None
     if flags is not None:
-        implied = Target(tgt)
-        off = [f"-{f}" for f, flag in MASKABLE.items() if flag not in flags and codegen.target_has_features(f, implied)]
+        implied = set(required_cpu_flags(Target(tgt)))
+        off = [f"-{f}" for f, flag in MASKABLE.items() if flag in implied and flag not in flags]
         if off:
             tgt["mattr"] = off
     if num_cores is not None:
         tgt["num-cores"] = num_cores
     return tgt
-
 
 
 def required_cpu_flags(tgt) -> list[str]:

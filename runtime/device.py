@@ -64,9 +64,9 @@ class Device:
         if host and host != platform.machine():   # its host code (and for llvm all of it) is for that machine
             raise NextnError(f"{artifact.path}: compiled for a {host} host, this machine is {platform.machine()}; "
                              f"compile it again here")
-        need, have = artifact.manifest["target"].get("cpu_flags", []), cpu_flags()
-        missing = [f for f in need if have is not None and f not in have]
-        if tk == "llvm" and missing:     # its kernels would die with SIGILL (e.g. AVX-512 on a VM that masks it)
+        have = cpu_flags() if tk == "llvm" else None
+        missing = [f for f in artifact.manifest["target"].get("cpu_flags", []) if have is not None and f not in have]
+        if missing:     # its kernels would die with SIGILL (e.g. AVX-512 on a VM that masks it)
             raise NextnError(f"{artifact.path}: compiled for a CPU with {', '.join(missing)}, which this one lacks; "
                              f"compile it again here")
         self.copied_weight_bytes = 0     # weight bytes that could not be used in place (see `weight`)

@@ -354,10 +354,11 @@ class Engine:
         `last_only`: only the last row's output is wanted (plain decoding; llama-bench's pp): each chunk's last trunk
         layer runs its FFN on that row alone (`hidden_ids`, compiler/models/glm_base/graph.py), and hidden is that
         row [1, n_embd] (on_hidden sees it per chunk). The last row's bits are the same either way."""
-        rows = self._hidden_rows(last_only)
+        # an artifact compiled before hidden_ids computes every row (and ignores the input)
+        last = last_only and "hidden_ids" in self._inputs_of["prefill"]
 
         def chunk(t, p):
-            ids = rows(len(t))
+            ids = np.array([len(t) - 1], np.int32) if last else np.arange(len(t), dtype=np.int32)
             h, lg, am = self._committed("prefill", t, p, hidden_ids=ids,
                                         out_ids=np.array([len(ids) - 1], np.int32))
             h = h.numpy()
@@ -373,13 +374,6 @@ class Engine:
         else:
             hidden = np.concatenate([o[0] for o in outs])
         return hidden, lg.numpy()[0], int(am.numpy()[0])
-
-    def _hidden_rows(self, last_only: bool):
-        """T -> prefill's `hidden_ids` [H] int32: the last row, or all T (an artifact compiled before hidden_ids
-        computes every row and ignores them)."""
-        if last_only and "hidden_ids" in self._inputs_of["prefill"]:
-            return lambda T: np.array([T - 1], np.int32)
-        return lambda T: np.arange(T, dtype=np.int32)
 
     def verify(self, tokens, pos0: int):
         """Trunk over k+1 rows [id_last, d1..dk] at pos0..: (hidden [k+1, E], logits [k+1, V], argmax [k+1]).

@@ -127,13 +127,15 @@ def test_compiled_vs_ir_on_the_same_cache(arch, kv, artifact):
 
     own = zero_states(graphs.values(), eng.n_ctx, eng.rs_planes)
     interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
-                                      "hidden_ids": np.arange(T, dtype=np.int32), "out_ids": np.array([T - 1], np.int32), **plane(graphs["prefill"])}, w, own, n_kv=T)
+                                      "hidden_ids": np.arange(T, dtype=np.int32),
+                                      "out_ids": np.array([T - 1], np.int32), **plane(graphs["prefill"])}, w, own, n_kv=T)
     rs = plane(graphs["prefill"])
     h, last, am = eng.prefill(ids, 0)
     st = decoded(eng)
     assert_rows_close(kv, st, own, T, eng.artifact.manifest["kv_cache"]["caches"])
     want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
-                                             "hidden_ids": np.arange(T, dtype=np.int32), "out_ids": np.array([T - 1], np.int32), **rs}, w, st, n_kv=T, keep_kv=True)
+                                             "hidden_ids": np.arange(T, dtype=np.int32),
+                                             "out_ids": np.array([T - 1], np.int32), **rs}, w, st, n_kv=T, keep_kv=True)
     assert rel_err(h, want["hidden"]) < 1e-5 and rel_err(last, want["logits"][0]) < 1e-5 and am == want["argmax"][0]
     rows = np.array([am, 17, 99], np.int32)
     rs = plane(graphs["verify"])

@@ -184,8 +184,9 @@ def mla_states(g: Graph, c: Glm5NextConfig, prefix: str, il: int, indexer_: bool
 def build_trunk(c: Glm5NextConfig, has_tensor, all_rows: bool) -> Graph:
     """Trunk forward over T rows. Inputs tokens, pos, rs_plane (the committed plane of the recurrent states).
     Outputs: `hidden` [H, n_embd] (the streams' mean after output_norm: the MTP seed `t_h_nextn`; the `hidden_ids`
-    rows, all T rows if `all_rows`), `logits` [R, n_vocab] and `argmax` [R] for rows `out_ids` of those. `all_rows` entries (verify, decode)
-    run the KDA recurrence and keep the state after each row; prefill runs the chunked form."""
+    rows, all T rows if `all_rows`), `logits` [R, n_vocab] and `argmax` [R] for rows `out_ids` of those. `all_rows`
+    entries (verify, decode) run the KDA recurrence and keep the state after each row; prefill runs the chunked
+    form."""
     g = Graph("verify" if all_rows else "prefill")
     tokens = g.input("tokens", ("T",), "int32")
     pos = g.input("pos", ("T",), "int32")
