@@ -4,13 +4,22 @@ enough weight copies to come from memory), with GMAC/s and the ratio to one row.
 random_raw); the routed gate + up experts give each row 8 distinct experts of 128, as distinct draft tokens route.
 
     TVM_NUM_THREADS=1 python bench/x86_rows.py [--rows 1,2,3,4,8] [--cases lm_head,ffn_up,...] [--repeat 5]
-                                               [--tile N] [--group R] [--w-rows W]
+                                               [--tile N] [--group R] [--w-rows W] [--against REV]
 
 "matmul_id_slots": the routed down experts (one activation row per (row, slot), one weight).
+
+--against REV: the same kernels as built by git revision REV's compiler/lower/x86 (imported from a copy in a
+temporary folder), timed in turn with this tree's in each pass, and the ratio REV / this tree. A noisy VM's speed
+drifts by 1.5x between runs minutes apart; in one interleaved run both kernels see the same drift.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -35,6 +44,20 @@ CASES = {   # name: (GGUF type, op, N, K, experts)
 }
 
 
+def x86_at(rev: str):
+    """The package compiler/lower/x86 as it is at git revision `rev` (copied to a temporary folder, imported as
+    x86_at_rev; its absolute imports are this tree's)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    git = ["git", "-C", root]
+    d = os.path.join(tempfile.mkdtemp(prefix="x86_rows_"), "x86_at_rev")
+    os.makedirs(d)
+    for f in subprocess.check_output(git + ["ls-tree", "--name-only", rev, "compiler/lower/x86/"], text=True).split():
+        with open(os.path.join(d, os.path.basename(f)), "w") as out:
+            out.write(subprocess.check_output(git + ["show", f"{rev}:{f}"], text=True))
+    sys.path.insert(0, os.path.dirname(d))
+    return importlib.import_module("x86_at_rev")
+
+
 def main():
     import tvm
 
@@ -50,51 +73,65 @@ def main():
     ap.add_argument("--tile", type=int, default=None, help="Knobs.tile_n (default: the compiler's)")
     ap.add_argument("--group", type=int, default=None, help="Knobs.row_group")
     ap.add_argument("--w-rows", type=int, default=None, help="Knobs.w_rows")
+    ap.add_argument("--against", metavar="REV", help="also time git revision REV's kernels, interleaved")
     a = ap.parse_args()
+    impls = [x86_at(a.against), x86] if a.against else [x86]
     tgt = make_target("llvm")
     width = x86.vector_width(tgt)
     vnni = x86.has_vnni(tgt, width)
     kw = {k: v for k, v in (("tile_n", a.tile), ("row_group", a.group), ("w_rows", a.w_rows)) if v}
-    knobs = x86.Knobs(width=width, **kw)
     rng = np.random.default_rng(0)
     rows = [int(r) for r in a.rows.split(",")]
     for name in a.cases.split(","):
         ttype, op, N, K, X = CASES[name]
         fmt = by_ggml_type(ttype)
+        fns = []
+        for m in impls:
+            knobs = m.Knobs(width=width, **kw)
+            if op == "matmul":
+                f = m.matmul(fmt.kind, N, K, None, knobs, vnni=vnni)
+            else:
+                f = m.matmul_id(fmt.kind, X, N, K, 8, op == "matmul_id", 2 if op == "matmul_id" else 1, None, knobs,
+                                vnni=vnni)
+            fns.append(tvm.compile(tvm.IRModule({"main": f}), target=tgt).mod["main"])
         if op == "matmul":
             packed = fmt.pack(random_raw(ttype, N, K, rng), (N, K))[0]
-            f, n_w, macs = x86.matmul(fmt.kind, N, K, None, knobs, vnni=vnni), 1, N * K
+            n_w, macs = 1, N * K
         else:
             packed = fmt.pack(random_raw(ttype, X * N, K, rng), (X * N, K))[0].reshape(X, N, -1)
-            shared = op == "matmul_id"
-            n_w = 2 if shared else 1
-            f = x86.matmul_id(fmt.kind, X, N, K, 8, shared, n_w, None, knobs, vnni=vnni)
+            n_w = 2 if op == "matmul_id" else 1
             macs = 8 * n_w * N * K
-        fn = tvm.compile(tvm.IRModule({"main": f}), target=tgt).mod["main"]
         copies = max(1, -(-(a.stream_mb << 20) // packed.nbytes))
         ws = [tvm.runtime.tensor(packed) for _ in range(copies * n_w)]
-        times = []
+        times = []     # [R][impl]
         for R in rows:
             x = rng.standard_normal((R * (8 if op == "matmul_id_slots" else 1), K)).astype(np.float32)
             acts = [tvm.runtime.tensor(v) for v in x86.activation_rows(fmt.kind, x)]
             if op == "matmul":
                 y = tvm.runtime.empty((R, N), "float32")
-                call = lambda i: fn(ws[i], *acts, y)   # noqa: E731
+                calls = [lambda i, fn=fn: fn(ws[i], *acts, y) for fn in fns]
             else:
                 ids = np.stack([rng.choice(X, 8, replace=False) for _ in range(R)]).astype(np.int32)
                 ids, ys = tvm.runtime.tensor(ids), [tvm.runtime.empty((R, 8, N), "float32") for _ in range(n_w)]
-                call = lambda i: fn(*ws[n_w * i:n_w * (i + 1)], *acts, ids, *ys)   # noqa: E731
-            call(0)
-            best = float("inf")
+                calls = [lambda i, fn=fn: fn(*ws[n_w * i:n_w * (i + 1)], *acts, ids, *ys) for fn in fns]
+            for call in calls:
+                call(0)
+            best = [float("inf")] * len(calls)
             for _ in range(a.repeat):
-                t0 = time.perf_counter()
-                for i in range(copies):
-                    call(i)
-                best = min(best, (time.perf_counter() - t0) / copies)
+                for j, call in enumerate(calls):     # in turn: both kernels see the machine's drift
+                    t0 = time.perf_counter()
+                    for i in range(copies):
+                        call(i)
+                    best[j] = min(best[j], (time.perf_counter() - t0) / copies)
             times.append(best)
         shape = f"{N}x{K}" + (f" X{X}" if X else "")
+        if a.against:
+            print(f"{name:12s} {ttype:5s} {shape:16s} " + "  ".join(
+                f"R{R}: {a.against} {t[0] * 1e3:7.3f} / this {t[1] * 1e3:7.3f} ms ({t[0] / t[1]:.2f}x)"
+                for R, t in zip(rows, times)), flush=True)
+            continue
         print(f"{name:12s} {ttype:5s} {shape:16s} " + "  ".join(
-            f"R{R}: {t * 1e3:8.3f} ms ({t / times[0]:.2f}x, {R * macs / t / 1e9:4.0f} GMAC/s)"
+            f"R{R}: {t[0] * 1e3:8.3f} ms ({t[0] / times[0][0]:.2f}x, {R * macs / t[0] / 1e9:4.0f} GMAC/s)"
             for R, t in zip(rows, times)), flush=True)
 
 

@@ -33,6 +33,16 @@ def _u8(v, lanes=32):
     return const(v, "uint8", lanes)
 
 
+def _shr(v, by):
+    """uint8 x 32 v >> by, `by` a Python int or an expression (a loop variable's: as a 16-bit shift by a
+    register, vpsrlw, where AVX2 has no byte shift; each byte also takes bits of its neighbour, which the
+    callers mask off)."""
+    if isinstance(by, int):
+        return v >> _u8(by)
+    w = tirx.reinterpret("uint16x16", v) >> tirx.Broadcast(tirx.Cast("uint16", by), 16)
+    return tirx.reinterpret("uint8x32", w)
+
+
 def _f16(buf16, index):
     return tirx.Cast("float32", buf16[index])
 
@@ -109,8 +119,8 @@ class Q4K(IntFormat):
         lo, hi = v & _u8(15), (v >> _u8(4)) & _u8(15)
         if self.qh_at is not None:     # Q5_K: bits 2j, 2j+1 of qh[l] are bit 4 of elements 64j + l, 64j + 32 + l
             qh = T.Bind(k.w[n, ramp(s * self.type_size + self.qh_at, 32)])
-            lo = lo | (((qh >> _u8(2 * j)) & _u8(1)) << _u8(4))
-            hi = hi | (((qh >> _u8(2 * j + 1)) & _u8(1)) << _u8(4))
+            lo = lo | ((_shr(qh, 2 * j) & _u8(1)) << _u8(4))
+            hi = hi | ((_shr(qh, 2 * j + 1) & _u8(1)) << _u8(4))
         return lo, hi
 
     def _quants64(self, k, n, s, j):
@@ -137,6 +147,19 @@ class Q4K(IntFormat):
             out.append((T.Bind(lo), 64 * j, T.Bind(_scales(st["sm"], [2 * j], 32))))
             out.append((T.Bind(hi), 64 * j + 32, T.Bind(_scales(st["sm"], [2 * j + 1], 32))))
         return out
+
+    n_steps = 4         # kquant._steps32: sub-blocks 2j, 2j + 1 per step
+
+    def step_setup(self, k, st):
+        """The block's scales in a local buffer, which `step_chunks` indexes by the loop variable."""
+        st["sbuf"] = T.decl_buffer((16,), "int16")
+        T.buffer_store(st["sbuf"], st["sm"], [ramp(0, 16)])
+
+    def step_chunks(self, k, st, n, s, j):
+        """The two chunks of `chunks` (32 bytes) that step j, a loop variable, takes: sub-blocks 2j, 2j + 1."""
+        lo, hi = self._quants(k, n, s, j)
+        return [(T.Bind(lo), 64 * j, T.Bind(tirx.Broadcast(st["sbuf"][2 * j], 16))),
+                (T.Bind(hi), 64 * j + 32, T.Bind(tirx.Broadcast(st["sbuf"][2 * j + 1], 16)))]
 
     def xs_term(self, st):
         """(int16 x 16 weights of the row's 16-value sums `xs`, float factor or None): the block's

@@ -20,9 +20,10 @@ def kquant(k, fmt) -> bool:
     return k.acts == "q8" and hasattr(fmt, "xs_term")
 
 
-def kquant_lanes(fmt) -> int:
-    """Float accumulator lanes per row of `kquant_rows`: 8 (block sum and xs term in one integer) or 8 + 8."""
-    return 8 if fmt.xs_merged else 16
+def kquant_lanes(k, fmt) -> int:
+    """Float accumulator lanes per row of `kquant_rows`: 8 (block sum and xs term in one integer, or at 32-byte
+    width in one vector of their lanes added pairwise: `_hadd`), else 8 + 8."""
+    return 8 if fmt.xs_merged or k.width == 32 else 16
 
 
 def kquant_paired(k, fmt, n_rows: int) -> int:
@@ -32,7 +33,7 @@ def kquant_paired(k, fmt, n_rows: int) -> int:
 
 def kquant_zero(k, fmt, acc, base, n_rows):
     """Zeroed accumulators for `kquant_rows`, stored as they are read (so they stay in registers)."""
-    n_l, paired = kquant_lanes(fmt), kquant_paired(k, fmt, n_rows)
+    n_l, paired = kquant_lanes(k, fmt), kquant_paired(k, fmt, n_rows)
     units = [(r * n_l + 16 * j, 16) for r in range(0, paired, 2) for j in range(n_l // 8)]
     for off, m in units + [(r * n_l, n_l) for r in range(paired, n_rows)]:
         T.buffer_store(acc, const(0.0, "float32", m), [ramp(base + off, m)])
@@ -46,23 +47,27 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=
     block sum's integers when it has no factor of its own (Q6_K's -32), else it has 8 lanes of its own with its
     factor (Q4_K's -dmin). A pair keeps its two rows' lanes interleaved (vec.PAIR_LANES) in one 16-lane vector
     per term, so a block costs it one conversion and one FMA per term, no shuffles; a row alone has the same
-    lanes in order, so its bits are the same. acc: float32 buffer, row r's `kquant_lanes` lanes at
+    lanes in order, so its bits are the same. At 32-byte width (AVX2) a group's block sums go through
+    `_steps32` and each row's end of block through `_rows32`. acc: float32 buffer, row r's `kquant_lanes` lanes at
     base + r * lanes (a pair's two rows side by side). `pair_terms`: the pairs' activation terms of every
     block, computed once for all the weight rows of a tile (`kquant_pair_terms`; None: computed here). `ahead`:
     the prefetch distance in bytes (kernel.prefetch)."""
     L = k.width // 4
-    n_l = kquant_lanes(fmt)
+    n_l = kquant_lanes(k, fmt)
     n_pairs = kquant_paired(k, fmt, len(rows)) // 2
     with T.serial(*(blocks or (0, k.n_blocks))) as s:
         prefetch(k, n, s * fmt.type_size, fmt.type_size, ahead)
         st = fmt.setup(k, n, s)
-        sums = [None for _ in rows]
-        for w, off, scv in fmt.chunks(k, st, n, s):
-            xs = [k.xq[t, ramp(fmt.block * s + off, k.width)] for t in rows]
-            for p in range(n_pairs):
-                sums[2 * p] = dot_pair(sums[2 * p], w, xs[2 * p], xs[2 * p + 1], scv)
-            for i in range(2 * n_pairs, len(rows)):
-                sums[i] = dot_u8s8(sums[i], w, xs[i], k.width, scv, k.vnni)
+        if k.width == 32 and len(rows) > 1 and hasattr(fmt, "step_chunks"):
+            sums = _steps32(k, fmt, st, n, s, rows)
+        else:
+            sums = [None for _ in rows]
+            for w, off, scv in fmt.chunks(k, st, n, s):
+                xs = [k.xq[t, ramp(fmt.block * s + off, k.width)] for t in rows]
+                for p in range(n_pairs):
+                    sums[2 * p] = dot_pair(sums[2 * p], w, xs[2 * p], xs[2 * p + 1], scv)
+                for i in range(2 * n_pairs, len(rows)):
+                    sums[i] = dot_u8s8(sums[i], w, xs[i], k.width, scv, k.vnni)
         v16, f2 = fmt.xs_term(st)
         d = st["d"]
         xsum = [k.xs[t, ramp(16 * s, 16)] for t in rows]
@@ -81,7 +86,9 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=
             if f2 is not None:
                 T.buffer_store(acc, fma(tirx.Broadcast(f2, 16) * xdp, tirx.Cast("float32x16", xt),
                                         acc[ramp(at + 16, 16)]), [ramp(at + 16, 16)])
-        for i in range(2 * n_pairs, len(rows)):
+        if k.width == 32:       # (no pairs: they take VNNI at 64 bytes)
+            _rows32(k, rows, sums, xsum, v16, d, f2, acc, base, s)
+        for i in range(2 * n_pairs, len(rows)) if k.width == 64 else ():
             main = fold_pairs(sums[i], L, 8)
             xt = madd(v16, xsum[i], 32)
             at = base + i * n_l
@@ -91,6 +98,48 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=
             else:
                 fac, iv = concat([tirx.Broadcast(d, 8), tirx.Broadcast(f2, 8)]) * xd, concat([main, xt])
             T.buffer_store(acc, fma(fac, tirx.Cast(f"float32x{n_l}", iv), acc[ramp(at, n_l)]), [ramp(at, n_l)])
+
+
+def _steps32(k, fmt, st, n, s, rows):
+    """Block s's int32 x 8 sums of several `rows` at 32-byte width (AVX2: 16 vector registers), as a loop over
+    the format's steps (`fmt.step_chunks`: two chunks each) with the rows' sums carried in registers: one step's
+    vectors live at a time, each used by every row. Unrolled, LLVM computed one row's block sum after the other
+    with the whole block's decoded vectors spilled and reloaded per row (1.2-1.4x slower at 4 and 8 rows,
+    bench/x86_rows.py). Integer sums: the same lanes as `chunks` in any order."""
+    buf = T.decl_buffer((len(rows) * 8,), "int32")
+    for i in range(len(rows)):
+        T.buffer_store(buf, const(0, "int32", 8), [ramp(8 * i, 8)])
+    fmt.step_setup(k, st)
+    # the trip count + 0 where LLVM cannot see it is 0 (a row's scale is never negative): a loop of known trip
+    # count it unrolls, and then evaluates each row's sums whole, every step's vectors live at once (spilled)
+    zero = tirx.Cast("int32", k.xd[rows[0], s] < const(0.0, "float32"))
+    with T.serial(0, fmt.n_steps + zero) as j:
+        for w, off, scv in fmt.step_chunks(k, st, n, s, j):
+            for i, t in enumerate(rows):
+                T.buffer_store(buf, dot_u8s8(buf[ramp(8 * i, 8)], w, k.xq[t, ramp(fmt.block * s + off, 32)], 32, scv,
+                                             k.vnni), [ramp(8 * i, 8)])
+    return [buf[ramp(8 * i, 8)] for i in range(len(rows))]
+
+
+def _rows32(k, rows, sums, xsum, v16, d, f2, acc, base, s):
+    """The end of a block for each row at 32-byte width (AVX2 has 16 vector registers: one 8-lane float
+    accumulator per row, and the fewest instructions per row): the xs term (pmaddwd), then with no factor of
+    its own added to the block sum, else both horizontally added pairwise into one vector (vphaddd: lanes 0, 1,
+    4, 5 the block sum's, 2, 3, 6, 7 the xs term's), one conversion, one FMA by the lanes' factors x the row's
+    scale."""
+    fac = tirx.Broadcast(d, 8) if f2 is None else T.Bind(tirx.Shuffle(
+        [tirx.Broadcast(d, 4), tirx.Broadcast(f2, 4)], [0, 1, 4, 5, 2, 3, 6, 7]))
+    for i, t in enumerate(rows):
+        xt = madd(v16, xsum[i], 32)
+        iv = sums[i] + xt if f2 is None else _hadd(sums[i], xt)
+        at = base + i * 8
+        T.buffer_store(acc, fma(fac * tirx.Broadcast(k.xd[t, s], 8), tirx.Cast("float32x8", iv), acc[ramp(at, 8)]),
+                       [ramp(at, 8)])
+
+
+def _hadd(a, b):
+    """int32 x 8 a, b added pairwise within each 128-bit half: [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, ...] (vphaddd)."""
+    return tirx.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.phadd.d", a, b)
 
 
 def _pair_terms(k, a, b, s):
@@ -136,7 +185,7 @@ def kquant_pair_terms(k, fmt, rows):
 def kquant_out(k, fmt, acc, base, r, paired):
     """Row r's result from `kquant_rows`' accumulators: its lanes summed pairwise (taken from the pair's
     interleaved vectors when `paired`)."""
-    n_l = kquant_lanes(fmt)
+    n_l = kquant_lanes(k, fmt)
     if not paired:
         return hsum_pairwise(acc[ramp(base + r * n_l, n_l)], n_l)
     at, lanes = base + (r - r % 2) * n_l, PAIR_LANES[r % 2]

@@ -18,7 +18,7 @@ def acc_lanes(k, fmt):
     if hasattr(fmt, "lane_quants"):
         return [LANE_ACC]
     if kquant(k, fmt):
-        return [kquant_lanes(fmt)]
+        return [kquant_lanes(k, fmt)]
     if k.acts == "q8_0":
         return fmt.term_lanes(k.width)
     return [k.width // 4] * (k.unroll * 32 // (k.width // 4))
@@ -32,7 +32,7 @@ def _rows(k, fmt, ns, rows, outs, pair_terms=None):
     (`kquant_pair_terms`)."""
     if kquant(k, fmt):
         (n,), (outs,) = ns, outs
-        acc = T.decl_buffer((len(rows) * kquant_lanes(fmt),), "float32")
+        acc = T.decl_buffer((len(rows) * kquant_lanes(k, fmt),), "float32")
         kquant_zero(k, fmt, acc, 0, len(rows))
         kquant_rows(k, fmt, n, rows, acc, 0, pair_terms=pair_terms)
         paired = kquant_paired(k, fmt, len(rows))
