@@ -239,14 +239,18 @@ class IQ4XS(IntFormat):
     type_size = 136
     layout = "q8_iq4xs"
 
-    def lane_factors(self, k, n, s):
-        """float32 x 16: d * (ls - 32) of each int32 lane's sub-block (exact: 11 x 6 significant bits)."""
+    def _ls(self, k, n, s):
+        """(byte offset of block s of row n, int32 x 8: ls - 32 of its sub-blocks)."""
         b = T.Bind(n * k.row_bytes + s * 136)
         sl = tirx.Broadcast(k.w32[b // 4 + 1], 8)
         sh = tirx.Broadcast(tirx.Cast("uint32", k.w16u[b // 2 + 1]), 8)
         lo = (sl >> tirx.Ramp(const(0, "uint32"), const(4, "uint32"), 8)) & const(15, "uint32", 8)
         hi = (sh >> tirx.Ramp(const(0, "uint32"), const(2, "uint32"), 8)) & const(3, "uint32", 8)
-        ls = tirx.Cast("int32x8", lo | (hi << const(4, "uint32", 8))) - const(32, "int32", 8)
+        return b, tirx.Cast("int32x8", lo | (hi << const(4, "uint32", 8))) - const(32, "int32", 8)
+
+    def lane_factors(self, k, n, s):
+        """float32 x 16: d * (ls - 32) of each int32 lane's sub-block (exact: 11 x 6 significant bits)."""
+        b, ls = self._ls(k, n, s)
         dls = tirx.Cast("float32x8", ls) * tirx.Broadcast(_f16(k.w16, b // 2), 8)
         return tirx.Shuffle([dls, dls], LANE_BLOCK)
 
@@ -255,15 +259,30 @@ class IQ4XS(IntFormat):
         raw = [T.Bind(k.w[n, ramp(s * 136 + 8 + 64 * h, 64)]) for h in range(2)]
         return lane_vectors(raw, KVALUES, lambda idx: idx < _u8(8, 64), vnni, k.width)
 
+    def signed_quants(self, k, n, s):
+        """The four vectors of `lane_quants` as (u8 |q|, q's bytes), for lanes.scaled_rows (vpsignb by q)."""
+        raw = [T.Bind(k.w[n, ramp(s * 136 + 8 + 64 * h, 64)]) for h in range(2)]
+        return lane_vectors(raw, KVALUES, None, False, k.width, signed=True)
+
+    def lane_scales(self, k, n, s):
+        """(float32 d, [int16 x 16] x 2): for lanes.scaled_rows, the block's d and for each 32-byte half of its
+        64-byte vectors the pmaddwd weights: ls - 32 of the sub-block of each int16 lane's int32 lane."""
+        b, ls = self._ls(k, n, s)
+        ls16 = T.Bind(tirx.Cast("int16x8", ls))
+        halves = [T.Bind(tirx.Shuffle([ls16, ls16], [LANE_BLOCK[8 * h + m // 2] for m in range(16)]))
+                  for h in range(2)]
+        return T.Bind(_f16(k.w16, b // 2)), halves
+
 
 LANE_BLOCK = [lane // 4 + 4 * (lane % 4 // 2) for lane in range(16)]   # the sub-block (block) of each int32 lane
 
 
-def lane_vectors(raw, table, negative, vnni, width):
+def lane_vectors(raw, table, negative, vnni, width, signed=False):
     """Four vectors of 64 quants in activation.IQ4XS_ORDER from two uint8 x 64 `raw` whose 128-bit lane i holds
     the 16 nibble bytes of sub-block (block) 4h + i (byte j: value j low, 16 + j high): vector c takes 8 bytes of
     lane i of each half (unpck{l,h}qdq), low nibbles for c < 2, then the table lookup (pshufb): u8 table + 128
-    (`vnni`), else (u8 |table|, `negative`(index): the lanes whose quant is negative)."""
+    (`vnni`), else (u8 |table|, `negative`(index): the lanes whose quant is negative), or with `signed`
+    (u8 |table|, the signed quants' bytes)."""
     # the high nibbles by a 16-bit shift (vpsrlw; the mask drops what the neighbour byte brings): a byte shift
     # would be GFNI's vgf2p8affineqb, on the multiply pipes the vpdpbusd need
     hi = [tirx.reinterpret("uint8x64", tirx.reinterpret("uint16x32", r) >> const(4, "uint16", 32)) for r in raw]
@@ -274,6 +293,9 @@ def lane_vectors(raw, table, negative, vnni, width):
                                                  for p in range(64)]))
         if vnni:
             out.append(T.Bind(_lookup([v + 128 for v in table], idx, width)))
+        elif signed:    # |q| by vpabsb, not a second table in a register
+            q = T.Bind(_lookup(table, idx, width))
+            out.append((tirx.reinterpret("uint8x64", abs_i8(tirx.reinterpret("int8x64", q), 64)), q))
         else:
             out.append((T.Bind(_lookup([abs(v) for v in table], idx, width)), negative(idx)))
     return out

@@ -18,6 +18,40 @@ def multi_row(fmt) -> bool:
     return hasattr(fmt, "lane_quants") or hasattr(fmt, "group_quants")
 
 
+def scaled(k, fmt) -> bool:
+    """Whether `lane_rows` takes `fmt` through `scaled_rows` (IQ4_XS at 32-byte width, VNNI or not: the same bits
+    from every AVX2 machine), with 8 float lanes per row (tiles.acc_lanes)."""
+    return k.width == 32 and hasattr(fmt, "lane_scales")
+
+
+def scaled_rows(k, fmt, ns, rows, accs, blocks=None):
+    """`lane_rows` at 32-byte width, as ggml's AVX2 ggml_vec_dot_iq4_xs_q8_K: per (weight row, activation row)
+    and 32 bytes, the weight's sign moved onto x (vpsignb), |q| x that (pmaddubsw: |pair| <= 2 x 127 x 127), the
+    sub-block scales ls - 32 as pmaddwd's weights (`fmt.lane_scales`; every lane of a 32-byte half keeps its
+    sub-block, LANE_BLOCK), all in one int32 x 8 (exact: below 2^23), then per block one conversion and one FMA
+    by d x the row's scale. About half the instructions per row of `_lane_sums`' select and float lanes
+    (16 registers: two float vectors per row spilled at 8 rows)."""
+    with T.serial(*(blocks or (0, k.n_blocks))) as s:
+        ws = []
+        for n in ns:
+            prefetch(k, n, s * fmt.type_size, fmt.type_size)
+            d, scs = fmt.lane_scales(k, n, s)
+            ws.append((d, scs, fmt.signed_quants(k, n, s)))
+        for r, t in enumerate(rows):
+            for (d, scs, qs), acc in zip(ws, accs):
+                total = None
+                for c, (aq, q) in enumerate(qs):
+                    for h in range(2):
+                        half = list(range(32 * h, 32 * h + 32))
+                        x = k.xq[t, ramp(256 * s + 64 * c + 32 * h, 32)]
+                        xs = sign(x, tirx.reinterpret("int8x32", tirx.Shuffle([q], half)), 32)
+                        v = dot_u8s8(None, tirx.Shuffle([aq], half), xs, 32, scs[h])
+                        total = v if total is None else total + v
+                a, off = acc[r]
+                T.buffer_store(a, fma(tirx.Broadcast(d * k.xd[t, s], 8), tirx.Cast("float32x8", total),
+                                      a[ramp(off, 8)]), [ramp(off, 8)])
+
+
 def lane_rows(k, fmt, ns, rows, accs, blocks=None):
     """Weight rows `ns` (one, or a register block of Knobs.w_rows: tiles.py) against "q8" rows for a format whose
     int32 lanes keep one sub-block across a block's vectors (formats.IQ4XS; accs[j][r]: the (float32 buffer, lane
@@ -27,7 +61,9 @@ def lane_rows(k, fmt, ns, rows, accs, blocks=None):
     row's xc lane offsets; else |q| x (x with q's sign) by pmaddubsw + pmaddwd, the same integers), converted
     once, then one FMA: acc += (weight factors per lane x the row's scale) * sums. Every (weight row, activation
     row) runs that sequence whatever the block: the same bits for any w_rows and row count. 64 // width vectors
-    per 64 bytes at 32-byte width."""
+    per 64 bytes at 32-byte width; IQ4_XS there goes through `scaled_rows`."""
+    if scaled(k, fmt):
+        return scaled_rows(k, fmt, ns, rows, accs, blocks)
     with T.serial(*(blocks or (0, k.n_blocks))) as s:
         ws = []
         for n in ns:

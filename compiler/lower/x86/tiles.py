@@ -10,13 +10,13 @@ from tvm.tirx.script import builder as T
 from .floats import float_rows
 from .formats import Block32
 from .kquant import kquant, kquant_lanes, kquant_out, kquant_pair_terms, kquant_paired, kquant_rows, kquant_zero
-from .lanes import LANE_ACC, group_rows, lane_rows, multi_row, single_rows
+from .lanes import LANE_ACC, group_rows, lane_rows, multi_row, scaled, single_rows
 from .vec import const, hsum, hsum_pairwise, ramp
 
 
 def acc_lanes(k, fmt):
     if hasattr(fmt, "lane_quants"):
-        return [LANE_ACC]
+        return [8 if scaled(k, fmt) else LANE_ACC]
     if kquant(k, fmt):
         return [kquant_lanes(k, fmt)]
     if k.acts == "q8_0":
