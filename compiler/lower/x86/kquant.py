@@ -88,16 +88,18 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=
                                         acc[ramp(at + 16, 16)]), [ramp(at + 16, 16)])
         if k.width == 32:       # (no pairs: they take VNNI at 64 bytes)
             _rows32(k, rows, sums, xsum, v16, d, f2, acc, base, s)
-        for i in range(2 * n_pairs, len(rows)) if k.width == 64 else ():
-            main = fold_pairs(sums[i], L, 8)
-            xt = madd(v16, xsum[i], 32)
-            at = base + i * n_l
-            xd = tirx.Broadcast(k.xd[rows[i], s], n_l)
-            if f2 is None:
-                fac, iv = tirx.Broadcast(d, 8) * xd, main + xt
-            else:
-                fac, iv = concat([tirx.Broadcast(d, 8), tirx.Broadcast(f2, 8)]) * xd, concat([main, xt])
-            T.buffer_store(acc, fma(fac, tirx.Cast(f"float32x{n_l}", iv), acc[ramp(at, n_l)]), [ramp(at, n_l)])
+        else:
+            for i in range(2 * n_pairs, len(rows)):
+                main = fold_pairs(sums[i], L, 8)
+                xt = madd(v16, xsum[i], 32)
+                at = base + i * n_l
+                xd = tirx.Broadcast(k.xd[rows[i], s], n_l)
+                if f2 is None:
+                    fac, iv = tirx.Broadcast(d, 8) * xd, main + xt
+                else:
+                    fac, iv = concat([tirx.Broadcast(d, 8), tirx.Broadcast(f2, 8)]) * xd, concat([main, xt])
+                T.buffer_store(acc, fma(fac, tirx.Cast(f"float32x{n_l}", iv), acc[ramp(at, n_l)]),
+                               [ramp(at, n_l)])
 
 
 def _steps32(k, fmt, st, n, s, rows):
