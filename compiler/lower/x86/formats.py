@@ -254,15 +254,17 @@ class IQ4XS(IntFormat):
         dls = tirx.Cast("float32x8", ls) * tirx.Broadcast(_f16(k.w16, b // 2), 8)
         return tirx.Shuffle([dls, dls], LANE_BLOCK)
 
+    def _raw(self, k, n, s):
+        """Block s's qs[128] of row n as two uint8 x 64 (the `raw` of `lane_vectors`)."""
+        return [T.Bind(k.w[n, ramp(s * 136 + 8 + 64 * h, 64)]) for h in range(2)]
+
     def lane_quants(self, k, n, s, vnni):
         """The block's four vectors of 64 quants in activation.IQ4XS_ORDER (`lane_vectors`)."""
-        raw = [T.Bind(k.w[n, ramp(s * 136 + 8 + 64 * h, 64)]) for h in range(2)]
-        return lane_vectors(raw, KVALUES, lambda idx: idx < _u8(8, 64), vnni, k.width)
+        return lane_vectors(self._raw(k, n, s), KVALUES, lambda idx: idx < _u8(8, 64), vnni, k.width)
 
     def signed_quants(self, k, n, s):
         """The four vectors of `lane_quants` as (u8 |q|, q's bytes), for lanes.scaled_rows (vpsignb by q)."""
-        raw = [T.Bind(k.w[n, ramp(s * 136 + 8 + 64 * h, 64)]) for h in range(2)]
-        return lane_vectors(raw, KVALUES, None, False, k.width, signed=True)
+        return lane_vectors(self._raw(k, n, s), KVALUES, None, False, k.width, signed=True)
 
     def lane_scales(self, k, n, s):
         """(float32 d, [int16 x 16] x 2): for lanes.scaled_rows, the block's d and for each 32-byte half of its

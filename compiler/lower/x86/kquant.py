@@ -106,8 +106,8 @@ def _steps32(k, fmt, st, n, s, rows):
     """Block s's int32 x 8 sums of several `rows` at 32-byte width (AVX2: 16 vector registers), as a loop over
     the format's steps (`fmt.step_chunks`: two chunks each) with the rows' sums carried in registers: one step's
     vectors live at a time, each used by every row. Unrolled, LLVM computed one row's block sum after the other
-    with the whole block's decoded vectors spilled and reloaded per row (1.2-1.4x slower at 4 and 8 rows,
-    bench/x86_rows.py). Integer sums: the same lanes as `chunks` in any order."""
+    with the whole block's decoded vectors spilled and reloaded per row (1.1-1.3x slower at 3-8 rows,
+    bench/x86_rows.py --against). Integer sums: the same lanes as `chunks` in any order."""
     buf = T.decl_buffer((len(rows) * 8,), "int32")
     for i in range(len(rows)):
         T.buffer_store(buf, const(0, "int32", 8), [ramp(8 * i, 8)])
