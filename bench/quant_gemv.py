@@ -133,12 +133,12 @@ def read_bandwidth(nbytes=1 << 30, repeat=5) -> float:
 PROBE_UNROLL = 4     # 64-byte lines per step of the probe's loop
 
 
-def probe_kernel(shape, dtype, n_items: int, prefetch_kb: int):
+def probe_kernel(shape, dtype, n_items: int, prefetch_kb: int, prefetch_level: int = 2):
     """The read-bandwidth ceiling of a GEMV on this weight: a TVM kernel that reads (sums) every 64-byte line of
     a weight argument of `shape` / `dtype` (the packed GGUF bytes the x86 kernel reads), its lines split over
     `n_items` parallel work items in order (the GEMV's tiles of weight rows: the same threads, each a contiguous
-    stream), with the x86 kernels' software prefetch `prefetch_kb` ahead (compiler/lower/x86/kernel.prefetch)
-    and no decode. `probe(w, out)`: out uint64 [n_items, 8] = per item the lane sums of the lines it read.
+    stream), with the x86 kernels' software prefetch `prefetch_kb` ahead into cache level `prefetch_level`
+    (compiler/lower/x86/kernel.prefetch) and no decode. `probe(w, out)`: out uint64 [n_items, 8] = per item the lane sums of the lines it read.
     Returns (probe, bytes read: the whole 64-byte lines)."""
     import tvm
     from tvm import tirx
@@ -151,7 +151,7 @@ def probe_kernel(shape, dtype, n_items: int, prefetch_kb: int):
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     lines = nbytes // 64
     k = kernel.Kern()
-    k.prefetch, k.row_bytes = prefetch_kb * 1024, 0
+    k.prefetch, k.prefetch_level, k.row_bytes = prefetch_kb * 1024, prefetch_level, 0
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("read_probe")
@@ -275,7 +275,8 @@ def cpu_case(ttype, n, k, rows, args, rng):
     calls = {}
     if width and (fmt.kind in x86.FLOAT_KINDS or quantized):
         exact = not quantized
-        fn = tvm.compile(tvm.IRModule({"main": x86.matmul(fmt.kind, n, k, rows, knobs, exact=exact)}),
+        fn = tvm.compile(tvm.IRModule({"main": x86.matmul(fmt.kind, n, k, rows, knobs, exact=exact,
+                                                          vnni=x86.has_vnni(tgt, knobs.width))}),
                          target=tgt).mod["main"]
         row_format = x86.format_of(fmt.kind, exact).acts
         acts = [tvm.runtime.tensor(a) for a in x86.activation_rows(fmt.kind, x, exact)]
@@ -289,7 +290,7 @@ def cpu_case(ttype, n, k, rows, args, rng):
         calls["element"] = (lambda w, out: el(xt, w, *tables, out), [ye])
     # the ceiling on these very weight copies: the same bytes, tiles, threads and prefetch, no decode
     n_items = -(-n // knobs.tile_n)
-    probe, nread = probe_kernel(weights[0].shape, str(weights[0].dtype), n_items, knobs.prefetch_kb)
+    probe, nread = probe_kernel(weights[0].shape, str(weights[0].dtype), n_items, knobs.prefetch_kb, knobs.prefetch_level)
     calls["probe"] = (probe, [tvm.runtime.empty((n_items, 8), "uint64")])
     rounds = _stream_times(calls, weights, args.repeat)
     best = {name: min(ts) for name, ts in rounds.items()}

@@ -4,7 +4,10 @@ enough weight copies to come from memory), with GMAC/s and the ratio to one row.
 random_raw); the routed gate + up experts give each row 8 distinct experts of 128, as distinct draft tokens route.
 
     TVM_NUM_THREADS=1 python bench/x86_rows.py [--rows 1,2,3,4,8] [--cases lm_head,ffn_up,...] [--repeat 5]
-                                               [--tile N] [--group R] [--w-rows W] [--against REV]
+                                               [--tile N] [--group R] [--w-rows W] [--prefetch-level L]
+                                               [--against REV]
+
+Knobs: each implementation's default for the kernel (`default_knobs`, as compile picks them), then the flags.
 
 "matmul_id_slots": the routed down experts (one activation row per (row, slot), one weight).
 
@@ -15,6 +18,7 @@ drifts by 1.5x between runs minutes apart; in one interleaved run both kernels s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import subprocess
@@ -73,21 +77,25 @@ def main():
     ap.add_argument("--tile", type=int, default=None, help="Knobs.tile_n (default: the compiler's)")
     ap.add_argument("--group", type=int, default=None, help="Knobs.row_group")
     ap.add_argument("--w-rows", type=int, default=None, help="Knobs.w_rows")
+    ap.add_argument("--prefetch-level", type=int, default=None, choices=(1, 2), help="Knobs.prefetch_level")
     ap.add_argument("--against", metavar="REV", help="also time git revision REV's kernels, interleaved")
     a = ap.parse_args()
     impls = [x86_at(a.against), x86] if a.against else [x86]
     tgt = make_target("llvm")
     width = x86.vector_width(tgt)
     vnni = x86.has_vnni(tgt, width)
-    kw = {k: v for k, v in (("tile_n", a.tile), ("row_group", a.group), ("w_rows", a.w_rows)) if v}
+    kw = {k: v for k, v in (("tile_n", a.tile), ("row_group", a.group), ("w_rows", a.w_rows),
+                            ("prefetch_level", a.prefetch_level)) if v}
     rng = np.random.default_rng(0)
     rows = [int(r) for r in a.rows.split(",")]
     for name in a.cases.split(","):
         ttype, op, N, K, X = CASES[name]
         fmt = by_ggml_type(ttype)
         fns = []
-        for m in impls:
-            knobs = m.Knobs(width=width, **kw)
+        for m in impls:     # each implementation's default knobs for the kernel (as compile picks), then the flags
+            spec = m.KernelSpec(op if op == "matmul" else "matmul_id", fmt.kind, N, K, None, X, 8 if X else 0,
+                                op != "matmul_id_slots", 2 if op == "matmul_id" else 1)
+            knobs = dataclasses.replace(m.default_knobs(spec, width), **kw)
             if op == "matmul":
                 f = m.matmul(fmt.kind, N, K, None, knobs, vnni=vnni)
             else:

@@ -375,3 +375,26 @@ def test_matmul_heads_routing_and_key():
     spec = x86.KernelSpec("matmul_heads", "q4_k", 40, 512, None, X=3)
     assert spec.key == "x86.matmul_heads:q4_k/q8:N40:K512:rowsT:H3"
     assert spec.weight_bytes() == 3 * 40 * 2 * 144
+
+
+def test_prefetch_level():
+    """Knobs.prefetch_level picks the prefetch instruction (1: prefetcht0 into L1, 2: prefetcht1 into L2) and
+    nothing else: the same bits either way; the default puts it in L2 except for the routed experts that take one
+    activation row per slot (x86.default_knobs)."""
+    N, K, R = 37, 416, 3
+    w, wf = random_weight("q8_0", (), N, K)
+    acts, xf = activations("q8_0", RNG.standard_normal((R, K)).astype(np.float32))
+    ys = {}
+    for level, insn in ((1, "prefetcht0"), (2, "prefetcht1")):
+        knobs = x86.Knobs(width=WIDTH, prefetch_level=level)
+        lib = tvm.compile(tvm.IRModule({"main": x86.matmul("q8_0", N, K, knobs=knobs)}), target=TARGET)
+        asm = lib.mod.inspect_source("asm")
+        other = "prefetcht1" if level == 1 else "prefetcht0"
+        assert insn in asm and other not in asm
+        (ys[level],) = run(lib.mod["main"], w, *acts, outs=[(R, N)])
+    assert rel(ys[2], xf @ wf.T) < 1e-5
+    assert np.array_equal(ys[1].view(np.uint32), ys[2].view(np.uint32))
+    spec = lambda shared: x86.KernelSpec("matmul_id", "q8_0", N, K, None, 4, 2, shared)   # noqa: E731
+    assert x86.default_knobs(spec(False), WIDTH).prefetch_level == 1
+    assert x86.default_knobs(spec(True), WIDTH).prefetch_level == 2
+    assert x86.default_knobs(x86.KernelSpec("matmul", "q4_k", N, 512), WIDTH).prefetch_level == 2

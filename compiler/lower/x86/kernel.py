@@ -21,14 +21,16 @@ class Knobs:
     groups, `group_sizes`); unroll: blocks per step (float path); prefetch_kb: KB ahead of the weight bytes
     being read that each block prefetches (0: none; `prefetch`); w_rows: weight rows of a tile in one
     register block, each activation vector load serving all of them (the row functions that take several,
-    tiles.w_rows; the others run one). The defaults are the best measured on GLM widths (row_group 8: 8 rows'
-    accumulators and the decoded block fit the 32 zmm registers)."""
+    tiles.w_rows; the others run one); prefetch_level: the cache level the prefetch fills, 1 (L1, prefetcht0)
+    or 2 (L2, prefetcht1: `prefetch` says why it is the default). The defaults are the best measured on GLM
+    widths (row_group 8: 8 rows' accumulators and the decoded block fit the 32 zmm registers)."""
     width: int = 32
     tile_n: int = 16
     row_group: int = 8
     unroll: int = 2
     prefetch_kb: int = 16
     w_rows: int = field(default=1, metadata={"choices": (1, 2)})
+    prefetch_level: int = field(default=2, metadata={"choices": (1, 2)})
 
 
 class Kern:
@@ -45,7 +47,7 @@ def _new(kind: str, K: int, knobs: Knobs, vnni: bool = False, exact: bool = Fals
         raise ValueError(f"{kind}: K={K} is not a multiple of the block ({fmt.block})")
     k = Kern()
     k.kind, k.width, k.unroll, k.vnni, k.w_rows = kind, knobs.width, knobs.unroll, vnni, knobs.w_rows
-    k.acts, k.prefetch = fmt.acts, knobs.prefetch_kb * 1024
+    k.acts, k.prefetch, k.prefetch_level = fmt.acts, knobs.prefetch_kb * 1024, knobs.prefetch_level
     k.unit_bytes = getattr(fmt, "unit_bytes", 256)     # activation bytes per 256 values of a row (_k_chunk)
     k.n_blocks = K // fmt.block
     k.row_bytes = k.n_blocks * fmt.type_size
@@ -105,18 +107,26 @@ def concat(vs):
     return vs[0] if len(vs) == 1 else tirx.Shuffle(vs, list(range(sum(v.ty.dtype.lanes for v in vs))))
 
 
+# LLVM's prefetch locality per Knobs.prefetch_level: 3 = prefetcht0 (into L1), 2 = prefetcht1 (into L2)
+PREFETCH_LOCALITY = {1: 3, 2: 2}
+
+
 def prefetch(k, n, off, nbytes, ahead=None):
-    """Software prefetch (prefetcht0) of the weight bytes `ahead` (default `k.prefetch`) ahead of row n's bytes
-    [off, off + nbytes), one per 64-byte line. The rows of a thread's tiles are one contiguous stream; with the
-    hardware prefetcher alone a one-row kernel read it at ~0.7 of the machine's read bandwidth (Zen 4,
-    bench/quant_gemv.py), with 16 KB ahead at about the read bandwidth. Prefetches past the end of the weight do
-    not fault."""
+    """Software prefetch of the weight bytes `ahead` (default `k.prefetch`) ahead of row n's bytes
+    [off, off + nbytes), one per 64-byte line, into the cache level `k.prefetch_level` (Knobs.prefetch_level).
+    The rows of a thread's tiles are one contiguous stream; with the hardware prefetcher alone a one-row kernel
+    read it at ~0.7 of the machine's read bandwidth (Zen 4, bench/quant_gemv.py), with 16 KB ahead at about the
+    read bandwidth. Into L2 by default: the weight is read once, and 16 KB of it brought into a 32 KB L1 evicts
+    the activation rows every weight row reads again (Zen 4 with AVX-512, bench/x86_rows.py against prefetcht0:
+    Q8_0 4096x10944 one row 1.2-1.7x, the Q6_K lm head at 4 rows 1.4-1.5x). Prefetches past the end of the
+    weight do not fault."""
     if not k.prefetch:
         return
     base = n * k.row_bytes + off + (k.prefetch if ahead is None else ahead)
+    locality = const(PREFETCH_LOCALITY[k.prefetch_level], "int32")
     for o in range(0, nbytes, 64):
         T.evaluate(tirx.call_llvm_intrin("void", "llvm.prefetch.p0", tirx.address_of(k.w8[base + o]),
-                                         const(0, "int32"), const(3, "int32"), const(1, "int32")))
+                                         const(0, "int32"), locality, const(1, "int32")))
 
 
 @contextmanager
