@@ -5,7 +5,7 @@ random_raw); the routed gate + up experts give each row 8 distinct experts of 12
 
     TVM_NUM_THREADS=1 python bench/x86_rows.py [--rows 1,2,3,4,8] [--cases lm_head,ffn_up,...] [--repeat 5]
                                                [--tile N] [--group R] [--w-rows W] [--prefetch-level L]
-                                               [--against REV]
+                                               [--width 32 --no-vnni] [--against REV]
 
 Knobs: each implementation's default for the kernel (`default_knobs`, as compile picks them), then the flags.
 
@@ -78,12 +78,15 @@ def main():
     ap.add_argument("--group", type=int, default=None, help="Knobs.row_group")
     ap.add_argument("--w-rows", type=int, default=None, help="Knobs.w_rows")
     ap.add_argument("--prefetch-level", type=int, default=None, choices=(1, 2), help="Knobs.prefetch_level")
+    ap.add_argument("--width", type=int, default=None, choices=(32, 64),
+                    help="vector bytes (default: this CPU's widest); 32 on an AVX-512 CPU stands in for AVX2")
+    ap.add_argument("--no-vnni", action="store_true", help="the kernels of a CPU without VNNI")
     ap.add_argument("--against", metavar="REV", help="also time git revision REV's kernels, interleaved")
     a = ap.parse_args()
     impls = [x86_at(a.against), x86] if a.against else [x86]
     tgt = make_target("llvm")
-    width = x86.vector_width(tgt)
-    vnni = x86.has_vnni(tgt, width)
+    width = min(x86.vector_width(tgt), a.width or 64)
+    vnni = x86.has_vnni(tgt, width) and not a.no_vnni
     kw = {k: v for k, v in (("tile_n", a.tile), ("row_group", a.group), ("w_rows", a.w_rows),
                             ("prefetch_level", a.prefetch_level)) if v}
     rng = np.random.default_rng(0)
