@@ -57,10 +57,27 @@ def dot_pair(acc, w, xa, xb, scales):
     fold_pairs(dot_u8s8(None, w, x, 64, scales)) for both rows in one vector, row r in lanes PAIR_LANES[r], plus acc.
     vpdpbusd per row (sums of 4 products, unscaled), vpackssdw of the two (exact while |sum of 4| < 2^15), then
     one pmaddwd (+ add: vpdpwssd) with `scales`, which must be constant over each 16 bytes (one 128-bit lane)."""
-    da, db = (dot_u8s8(None, w, x, 64, None, True) for x in (xa, xb))
+    return dot_packed(acc, (w, xa, scales), (w, xb, scales))
+
+
+def dot_packed(acc, a, b):
+    """Two 64-byte products (w u8, x s8, i16 scales constant over each 16 bytes) in one vector (VNNI), plus acc:
+    vpdpbusd each (sums of 4 products, unscaled), vpackssdw of the two (exact while |sum of 4| < 2^15), one
+    pmaddwd (+ add: vpdpwssd) with a's scales on a's lanes and b's on b's. i32 lanes 4L + m of 128-bit lane L:
+    m = 0, 1: a's bytes 16L..16L+8, 16L+8..16L+16 (weighted), m = 2, 3: b's (PAIR_LANES[0], [1]). Two rows
+    against one weight vector (`dot_pair`), or one row against two weight vectors (`fold_packed`)."""
+    (wa, xa, sa), (wb, xb, sb) = a, b
+    da, db = dot_u8s8(None, wa, xa, 64, None, True), dot_u8s8(None, wb, xb, 64, None, True)
     packed = tirx.call_llvm_pure_intrin("int16x32", "llvm.x86.avx512.packssdw.512", da, db)
+    scales = sa if sa is sb else tirx.Shuffle([sa, sb], [i if i % 8 < 4 else 32 + i for i in range(32)])
     v = madd(packed, scales, 64)
     return v if acc is None else acc + v
+
+
+def fold_packed(v):
+    """int32 x 8 from `dot_packed` sums of one row against chunk pairs (a, b): lane i = the bytes 8i..8i+8 of
+    every chunk, a's and b's added, the same integers as fold_pairs(dot_u8s8(...), 16, 8) over the chunks."""
+    return tirx.Shuffle([v], PAIR_LANES[0]) + tirx.Shuffle([v], PAIR_LANES[1])
 
 
 def fold_pairs(v, n_in: int, n_out: int):
