@@ -6,7 +6,8 @@ from tvm import tirx
 from tvm.tirx.script import builder as T
 
 from .kernel import concat, prefetch
-from .vec import PAIR_LANES, const, dot_packed, dot_pair, dot_u8s8, fma, fold_packed, fold_pairs, hsum_pairwise, madd, ramp
+from .vec import (PAIR_LANES, const, dot_packed, dot_pair, dot_u8s8, fma, fold_packed, fold_pairs, hsum_pairwise, madd,
+                  ramp)
 
 
 def _pairs(k, fmt) -> bool:
@@ -61,27 +62,23 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=
         if k.width == 32 and len(rows) > 1 and hasattr(fmt, "step_chunks"):
             sums = _steps32(k, fmt, st, n, s, rows)
         else:
-            sums = [None for _ in rows]
             chunks = fmt.chunks(k, st, n, s)
             # a row alone (the one-row decode kernel, a group of 1) takes the block's chunks two at a time where
             # VNNI pairs rows (vec.dot_packed: 6 multiplies for 4 chunks, not 8, half the scale vectors), folded
-            # to the same integer lanes; next to a pair it measured 0.85-0.97x (bench/x86_rows.py, 3 rows)
-            packed = _pairs(k, fmt) and len(chunks) % 2 == 0 and len(rows) == 1
-            for c in range(0, len(chunks), 2 if packed else 1):
-                for w, off, scv in chunks[c:c + 2 if packed else c + 1]:
-                    xs = [k.xq[t, ramp(fmt.block * s + off, k.width)] for t in rows]
-                    for p in range(n_pairs):
-                        sums[2 * p] = dot_pair(sums[2 * p], w, xs[2 * p], xs[2 * p + 1], scv)
-                    if not packed:
-                        for i in range(2 * n_pairs, len(rows)):
-                            sums[i] = dot_u8s8(sums[i], w, xs[i], k.width, scv, k.vnni)
-                if packed:
-                    (wa, oa, sa), (wb, ob, sb) = chunks[c:c + 2]
-                    for i in range(2 * n_pairs, len(rows)):
-                        x = lambda off: k.xq[rows[i], ramp(fmt.block * s + off, 64)]   # noqa: E731
-                        sums[i] = dot_packed(sums[i], (wa, x(oa), sa), (wb, x(ob), sb))
+            # to the same integer lanes; beside a pair it measured 0.85-0.97x (bench/x86_rows.py, 3 rows)
+            packed = _pairs(k, fmt) and len(rows) == 1 and len(chunks) % 2 == 0
+            sums = [None for _ in rows]
             if packed:
-                sums[2 * n_pairs:] = [fold_packed(v) for v in sums[2 * n_pairs:]]
+                x = lambda off: k.xq[rows[0], ramp(fmt.block * s + off, 64)]   # noqa: E731
+                for (wa, oa, sa), (wb, ob, sb) in zip(chunks[0::2], chunks[1::2]):
+                    sums[0] = dot_packed(sums[0], (wa, x(oa), sa), (wb, x(ob), sb))
+                sums[0] = fold_packed(sums[0])
+            for w, off, scv in chunks if not packed else ():
+                xs = [k.xq[t, ramp(fmt.block * s + off, k.width)] for t in rows]
+                for p in range(n_pairs):
+                    sums[2 * p] = dot_pair(sums[2 * p], w, xs[2 * p], xs[2 * p + 1], scv)
+                for i in range(2 * n_pairs, len(rows)):
+                    sums[i] = dot_u8s8(sums[i], w, xs[i], k.width, scv, k.vnni)
         v16, f2 = fmt.xs_term(st)
         d = st["d"]
         xsum = [k.xs[t, ramp(16 * s, 16)] for t in rows]
