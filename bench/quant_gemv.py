@@ -138,8 +138,8 @@ def probe_kernel(shape, dtype, n_items: int, prefetch_kb: int, prefetch_level: i
     a weight argument of `shape` / `dtype` (the packed GGUF bytes the x86 kernel reads), its lines split over
     `n_items` parallel work items in order (the GEMV's tiles of weight rows: the same threads, each a contiguous
     stream), with the x86 kernels' software prefetch `prefetch_kb` ahead into cache level `prefetch_level`
-    (compiler/lower/x86/kernel.prefetch) and no decode. `probe(w, out)`: out uint64 [n_items, 8] = per item the lane sums of the lines it read.
-    Returns (probe, bytes read: the whole 64-byte lines)."""
+    (compiler/lower/x86/kernel.prefetch) and no decode. `probe(w, out)`: out uint64 [n_items, 8] = per item the
+    lane sums of the lines it read. Returns (probe, bytes read: the whole 64-byte lines)."""
     import tvm
     from tvm import tirx
     from tvm.script.ir_builder import IRBuilder
@@ -290,7 +290,8 @@ def cpu_case(ttype, n, k, rows, args, rng):
         calls["element"] = (lambda w, out: el(xt, w, *tables, out), [ye])
     # the ceiling on these very weight copies: the same bytes, tiles, threads and prefetch, no decode
     n_items = -(-n // knobs.tile_n)
-    probe, nread = probe_kernel(weights[0].shape, str(weights[0].dtype), n_items, knobs.prefetch_kb, knobs.prefetch_level)
+    probe, nread = probe_kernel(weights[0].shape, str(weights[0].dtype), n_items, knobs.prefetch_kb,
+                                knobs.prefetch_level)
     calls["probe"] = (probe, [tvm.runtime.empty((n_items, 8), "uint64")])
     rounds = _stream_times(calls, weights, args.repeat)
     best = {name: min(ts) for name, ts in rounds.items()}

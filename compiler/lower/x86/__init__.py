@@ -175,8 +175,8 @@ def default_knobs(spec: KernelSpec, width: int) -> Knobs:
     tile pass, each activation load serving two weight rows: 1.1-1.2x at 512 rows on GLM-4.5-Air's IQ4_XS / IQ4_NL
     experts, bench/x86_rows.py), else 1 (no gain on the dense matmuls; the one-row decode kernels keep theirs).
     prefetch_level 1 (into L1) for the routed experts with one activation row per slot (the down projections:
-    a short row each, nothing for the prefetch to evict; 1.0-1.2x over L2 on GLM-4.5-Air's Q8_0 down experts,
-    Zen 4), else 2 (kernel.prefetch)."""
+    a short row each, nothing for the prefetch to evict; L2 measured 0.7-1.0x of L1 on GLM-4.5-Air's Q8_0 down
+    experts, Zen 4), else 2 (kernel.prefetch)."""
     two = spec.op == "matmul_id" and spec.rows is None and width == 64 and takes_w_rows(spec)
     slots = spec.op == "matmul_id" and not spec.shared_x
     return Knobs(width=width, w_rows=2 if two else 1, prefetch_level=1 if slots else 2)

@@ -73,12 +73,13 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=
                 for (wa, oa, sa), (wb, ob, sb) in zip(chunks[0::2], chunks[1::2]):
                     sums[0] = dot_packed(sums[0], (wa, x(oa), sa), (wb, x(ob), sb))
                 sums[0] = fold_packed(sums[0])
-            for w, off, scv in chunks if not packed else ():
-                xs = [k.xq[t, ramp(fmt.block * s + off, k.width)] for t in rows]
-                for p in range(n_pairs):
-                    sums[2 * p] = dot_pair(sums[2 * p], w, xs[2 * p], xs[2 * p + 1], scv)
-                for i in range(2 * n_pairs, len(rows)):
-                    sums[i] = dot_u8s8(sums[i], w, xs[i], k.width, scv, k.vnni)
+            else:
+                for w, off, scv in chunks:
+                    xs = [k.xq[t, ramp(fmt.block * s + off, k.width)] for t in rows]
+                    for p in range(n_pairs):
+                        sums[2 * p] = dot_pair(sums[2 * p], w, xs[2 * p], xs[2 * p + 1], scv)
+                    for i in range(2 * n_pairs, len(rows)):
+                        sums[i] = dot_u8s8(sums[i], w, xs[i], k.width, scv, k.vnni)
         v16, f2 = fmt.xs_term(st)
         d = st["d"]
         xsum = [k.xs[t, ramp(16 * s, 16)] for t in rows]
