@@ -4,10 +4,13 @@ enough weight copies to come from memory), with GMAC/s and the ratio to one row.
 random_raw); the routed gate + up experts give each row 8 distinct experts of 128, as distinct draft tokens route.
 
     TVM_NUM_THREADS=1 python bench/x86_rows.py [--rows 1,2,3,4,8] [--cases lm_head,ffn_up,...] [--repeat 5]
-                                               [--tile N] [--group R] [--w-rows W] [--prefetch-level L]
+                                               [--tile N] [--group R] [--w-rows W] [--prefetch-level L] [--prefetch-kb KB]
                                                [--width 32 --no-vnni] [--against REV]
 
 Knobs: each implementation's default for the kernel (`default_knobs`, as compile picks them), then the flags.
+
+The *_l3 cases (4096 x 4096, 9-18 MB) with `--stream-mb 1` stay in the 32 MB L3: the kernel's arithmetic rate
+per thread, which bounds a decode step where memory is faster (TVM_NUM_THREADS=1).
 
 "matmul_id_slots": the routed down experts (one activation row per (row, slot), one weight).
 
@@ -32,6 +35,12 @@ from quant_gemv import random_raw
 
 CASES = {   # name: (GGUF type, op, N, K, experts)
     "lm_head": ("Q6_K", "matmul", 151552, 4096, 0),
+    "q6k_l3": ("Q6_K", "matmul", 4096, 4096, 0),      # 13 MB: in L3 with --stream-mb 1 (the kernel's compute rate)
+    "q4k_l3": ("Q4_K", "matmul", 4096, 4096, 0),
+    "q5k_l3": ("Q5_K", "matmul", 4096, 4096, 0),
+    "q8_0_l3": ("Q8_0", "matmul", 4096, 4096, 0),
+    "iq4xs_l3": ("IQ4_XS", "matmul", 4096, 4096, 0),
+    "iq4nl_l3": ("IQ4_NL", "matmul", 4096, 4096, 0),
     "ffn_up": ("Q4_K", "matmul", 10944, 4096, 0),
     "attn_q": ("Q4_K", "matmul", 12288, 4096, 0),
     "attn_o": ("Q4_K", "matmul", 4096, 12288, 0),
@@ -78,6 +87,7 @@ def main():
     ap.add_argument("--group", type=int, default=None, help="Knobs.row_group")
     ap.add_argument("--w-rows", type=int, default=None, help="Knobs.w_rows")
     ap.add_argument("--prefetch-level", type=int, default=None, choices=(1, 2), help="Knobs.prefetch_level")
+    ap.add_argument("--prefetch-kb", type=int, default=None, help="Knobs.prefetch_kb (0: no prefetch)")
     ap.add_argument("--width", type=int, default=None, choices=(32, 64),
                     help="vector bytes (default: this CPU's widest); 32 on an AVX-512 CPU stands in for AVX2")
     ap.add_argument("--no-vnni", action="store_true", help="the kernels of a CPU without VNNI")
@@ -89,6 +99,8 @@ def main():
     vnni = x86.has_vnni(tgt, width) and not a.no_vnni
     kw = {k: v for k, v in (("tile_n", a.tile), ("row_group", a.group), ("w_rows", a.w_rows),
                             ("prefetch_level", a.prefetch_level)) if v}
+    if a.prefetch_kb is not None:
+        kw["prefetch_kb"] = a.prefetch_kb
     rng = np.random.default_rng(0)
     rows = [int(r) for r in a.rows.split(",")]
     for name in a.cases.split(","):
