@@ -47,11 +47,11 @@ def _default(spec=SPEC):
 def test_a_lucky_timing_is_rejected_and_a_faster_knob_set_kept():
     d = _default()
     lucky = dataclasses.replace(d, tile_n=64)            # looks 2x faster once, is as fast as the default
-    fast = lambda kb: kb.unroll == 1                     # noqa: E731  every set with unroll 1 is 15 % faster
+    fast = lambda kb: kb.tile_n == 32                    # noqa: E731  every set with tile_n 32 is 15 % faster
     clock = Clock(lambda kb, r: 1e-3 * (0.85 if fast(kb) else 1.0), lucky=[lucky])
-    spec = dataclasses.replace(SPEC, exact=True)         # the float kernel: unroll is its knob
+    spec = dataclasses.replace(SPEC, exact=True)         # the float kernel
     res = kn.search(spec, W, clock, [1], rounds=5)
-    assert res.outcome.kept and res.knobs.unroll == 1 and res.default == d
+    assert res.outcome.kept and res.knobs.tile_n == 32 and res.default == d
     assert 1.08 < res.outcome.speedup < 1.3 and res.outcome.noise > 0
     # the lucky set went to the final rounds (it screened best) and lost there
     assert clock.calls[(lucky, 1)] > 1
@@ -60,6 +60,8 @@ def test_a_lucky_timing_is_rejected_and_a_faster_knob_set_kept():
     # every knob of the space was screened: sum(values - 1) sets plus the default, none failed to build
     sp = kn.space(spec, W)
     assert res.tried == 1 + sum(len(v) - 1 for v in sp.values()) and res.failed == 0
+    # the knobs that change a row's bits stay at the default (x86.bit_knobs): the float path's width and unroll
+    assert sp["width"] == (d.width,) and sp["unroll"] == (d.unroll,) and len(sp["tile_n"]) > 1
 
 
 def test_noise_larger_than_the_gain_keeps_the_default():
@@ -211,22 +213,24 @@ def test_old_records_apply_only_where_their_key_names_one_kernel(fake_log, tmp_p
     """Keys say which kernel they tune (KIND/ACTS, the activation row format). Keys of schema 3 logs did not:
     the plain key of a Q8_0 kernel named the float kernel until Q8_0 moved to q8_0 rows and the integer one since,
     so such a record is reported and not applied (its `unroll` is a float-path knob), while the schema 3 records
-    of kernels that did not change (Q4_K on q8 rows, F16, the `:exact` float kernel) still apply; retuning drops
-    the stale record."""
+    of kernels that did not change (Q4_K on q8 rows, F16, the `:exact` float kernel) still apply, except for a
+    knob that changes the kernel's row bits (the float path's unroll: x86.bit_knobs), said in one line; retuning
+    drops the stale record."""
     from nextn.compiler.target import make_target
     from nextn.compiler.tune.apply import x86_knobs
     from nextn.compiler.tune.run import tune_model
 
     _d, book, _ = fake_log
     tgt = make_target("llvm")
+    width = x86.vector_width(tgt)      # this CPU's: a record's other width would not apply (x86.bit_knobs)
     rec = next(r for r in book["x86_knobs"] if r["key"].endswith("rows1"))
 
     def at(key, **knobs):
-        return dict(copy.deepcopy(rec), key=key, knobs={"width": W, **knobs})
+        return dict(copy.deepcopy(rec), key=key, knobs={"width": width, **knobs})
 
     old = dict(copy.deepcopy(book), schema=3, x86_knobs=[
         at("x86.matmul:q8_0:N256:K256:rows1", unroll=1, tile_n=8),
-        at("x86.matmul:q8_0:N256:K256:rows1:exact", unroll=4),
+        at("x86.matmul:q8_0:N256:K256:rows1:exact", unroll=4, tile_n=64),
         at("x86.matmul:q4_k:N4096:K4096:rows1", tile_n=64),
         at("x86.matmul_id:f16:N64:K256:rowsT:X4:used2:shared:w2", row_group=4)])
     d = tmp_path / "old"
@@ -236,13 +240,15 @@ def test_old_records_apply_only_where_their_key_names_one_kernel(fake_log, tmp_p
     knobs_for = x86_knobs(str(d), tgt, msgs.append)
     assert knobs_for(SPEC) is None                                      # the integer Q8_0 kernel: its defaults
     exact = knobs_for(x86.KernelSpec("matmul", "q8_0", 256, 256, 1, exact=True))
-    assert (exact.width, exact.unroll, exact.tile_n) == (W, 4, x86.Knobs().tile_n)
+    assert (exact.width, exact.unroll, exact.tile_n) == (width, x86.Knobs().unroll, 64)
     assert knobs_for(x86.KernelSpec("matmul", "q4_k", 4096, 4096, 1)).tile_n == 64
     moe = x86.KernelSpec("matmul_id", "f16", 64, 256, None, X=4, n_used=2, shared_x=True, n_weights=2)
     assert knobs_for(moe).row_group == 4
-    (line,) = msgs
+    line, bits = msgs
     assert line.startswith("tuning log: 1 x86 knob record(s) not applied") and \
         line.count("x86.") == 1 and "x86.matmul:q8_0:N256:K256:rows1;" in line, line
+    assert bits.startswith("tuning log: x86.matmul:q8_0/f32:N256:K256:rows1: unroll=4 not applied") and \
+        f"kept unroll={x86.Knobs().unroll}" in bits, bits
     keys = {r["key"] for r in tlog.read(str(d))["x86_knobs"]}
     assert keys == {"x86.matmul:q8_0:N256:K256:rows1", "x86.matmul:q8_0/f32:N256:K256:rows1",
                     "x86.matmul:q4_k/q8:N4096:K4096:rows1", "x86.matmul_id:f16/f32:N64:K256:rowsT:X4:used2:shared:w2"}

@@ -8,6 +8,8 @@ Q8_0 / IQ4_NL / MXFP4), which the quantizer kernels must reproduce bit for bit; 
 on their float path (--exact-matmul). K is chosen off the 32-block kernels' steps (13 blocks: full steps of 4 or 8
 blocks, then single blocks).
 """
+import dataclasses
+
 import gguf
 import numpy as np
 import pytest
@@ -139,6 +141,41 @@ def test_matmul_id(kind, exact, shared_x):
         a0, a1 = run(one, w0, w1, *[a[rows] for a in acts], ids[t:t + 1], outs=[(1, U, N)] * 2)
         assert np.array_equal(a0[0].view(np.uint32), y0[t].view(np.uint32))
         assert np.array_equal(a1[0].view(np.uint32), y1[t].view(np.uint32))
+
+
+@pytest.mark.parametrize("kind,exact", [("q4_k", False), ("q6_k", False), ("iq4_xs", False), ("q8_0", False),
+                                        ("q8_0", True), ("f16", True)],
+                         ids=["q4_k-int", "q6_k-int", "iq4_xs-int", "q8_0-int", "q8_0-float", "f16-float"])
+def test_every_tuned_knob_keeps_the_row_bits(kind, exact):
+    """`nextn tune` searches the decode (one-row) and verify (row-count) kernels of a weight apart, so no knob it
+    may set can change a row's bits (speculation stays lossless): every value of every knob of the search space
+    (compiler/tune/knobs.space, one knob at a time off the default), in both kernels, gives each row the default
+    one-row kernel's bits. The knobs that would (x86.bit_knobs: width, the float path's unroll) are not in it."""
+    from nextn.compiler.tune import knobs as kn
+
+    N, K, R = 37, k_of(kind, exact) + (256 if x86.format_of(kind, exact).block == 32 else 0), 5
+    w, _ = random_weight(kind, (), N, K)
+    x = RNG.standard_normal((R, K)).astype(np.float32)
+    acts, _ = activations(kind, x, exact)
+
+    def rows_of(spec, knobs):
+        fn = build(spec.build(knobs, x86.has_vnni(TARGET, knobs.width)))
+        if spec.rows is None:
+            return run(fn, w, *acts, outs=[(R, N)])[0]
+        return np.concatenate([run(fn, w, *[a[t:t + 1] for a in acts], outs=[(1, N)])[0] for t in range(R)])
+
+    one = x86.KernelSpec("matmul", kind, N, K, 1, exact=exact)
+    want = rows_of(one, x86.default_knobs(one, WIDTH)).view(np.uint32)
+    tried = 0
+    for spec in (one, x86.KernelSpec("matmul", kind, N, K, None, exact=exact)):
+        default = x86.default_knobs(spec, WIDTH)
+        for field, values in kn.space(spec, WIDTH).items():
+            for v in values:
+                if v != getattr(default, field) or spec.rows is None and field == "width":
+                    knobs = dataclasses.replace(default, **{field: v})
+                    assert np.array_equal(rows_of(spec, knobs).view(np.uint32), want), (spec.key, field, v)
+                    tried += 1
+    assert tried >= 5
 
 
 NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": str(TARGET.attrs["mcpu"]),

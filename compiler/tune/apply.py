@@ -74,7 +74,9 @@ def schedule_with_log(tuning_log: str | None, target, default, log=print):
 
 def x86_knobs(tuning_log: str | None, target, log=None):
     """spec -> x86.Knobs from the log's kept knob records for `target` (None without one: the default knobs). A
-    record's missing knob fields (a log older than a knob) take the spec's default values. Kept records whose
+    record's missing knob fields (a log older than a knob) take the spec's default values, and so do the knobs
+    that change a row's bits (`x86.bit_knobs`; a log made before they were fixed may set them: a weight's decode
+    and verify kernels must give equal rows, and `log` says how many records had one). Kept records whose
     key names no kernel of this nextn (`log.not_applied`) are not applied, and `log` says so in one line."""
     if not tuning_log:
         return lambda spec: None
@@ -92,5 +94,19 @@ def x86_knobs(tuning_log: str | None, target, log=None):
         log(f"tuning log: {len(stale)} x86 knob record(s) not applied, {tlog.NOT_APPLIED}: {', '.join(stale[:3])}"
             f"{', ...' if len(stale) > 3 else ''}; retune them (nextn tune)")
     width = x86.vector_width(target)
-    return lambda spec: (dataclasses.replace(x86.default_knobs(spec, width), **records[spec.key])
-                         if spec.key in records and width is not None else None)
+    told = set()
+
+    def knobs(spec):
+        if spec.key not in records or width is None:
+            return None
+        default = x86.default_knobs(spec, width)
+        rec = records[spec.key]
+        bits = {f for f in x86.bit_knobs(spec) if f in rec and rec[f] != getattr(default, f)}
+        if bits and log is not None and spec.key not in told:
+            told.add(spec.key)
+            log(f"tuning log: {spec.key}: {', '.join(f'{f}={rec[f]}' for f in sorted(bits))} not applied (it changes "
+                f"the kernel's row bits, which must equal the other row count's kernel's); kept "
+                f"{', '.join(f'{f}={getattr(default, f)}' for f in sorted(bits))}")
+        return dataclasses.replace(default, **{f: v for f, v in rec.items() if f not in bits})
+
+    return knobs

@@ -38,10 +38,13 @@ SCREEN_BLOCK = 4             # candidates between two default timings while scre
 def space(spec, width: int) -> dict:
     """{knob field: values searched} for `spec` on a CPU whose widest vectors are `width` bytes. A knob that
     cannot change the kernel is searched at its default only (row_group with one row; unroll on integer formats,
-    whose block loop does not read it; w_rows on formats whose row functions take one weight row)."""
+    whose block loop does not read it; w_rows on formats whose row functions take one weight row), and so is a
+    knob that changes the bits of a row (`x86.bit_knobs`: a weight's decode and verify kernels, tuned apart,
+    must give equal rows)."""
     from nextn.compiler.lower import x86
 
     default = x86.default_knobs(spec, width)
+    fixed = x86.bit_knobs(spec)
     known = {
         "width": sorted({32, width}),
         "tile_n": (8, 16, 32, 64),
@@ -53,7 +56,7 @@ def space(spec, width: int) -> dict:
     out = {}
     for f in dataclasses.fields(x86.Knobs):
         d = getattr(default, f.name)
-        vals = known.get(f.name) or tuple(f.metadata.get("choices", ())) or (d,)
+        vals = (d,) if f.name in fixed else known.get(f.name) or tuple(f.metadata.get("choices", ())) or (d,)
         out[f.name] = tuple(vals) if d in vals else (d, *vals)
     return out
 

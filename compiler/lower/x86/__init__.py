@@ -67,7 +67,7 @@ def activation_rows(kind: str, x, exact: bool = False) -> list:
 
 
 __all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "act_layout", "activation_rows",
-           "default_knobs", "format_of", "has_vnni", "legacy_key", "matmul", "matmul_heads", "matmul_id", "quantize_rows",
+           "bit_knobs", "default_knobs", "format_of", "has_vnni", "legacy_key", "matmul", "matmul_heads", "matmul_id", "quantize_rows",
            "quantize_rows_q8_0", "takes_w_rows", "vector_width", "weight_arg"]
 
 
@@ -167,6 +167,19 @@ def takes_w_rows(spec: KernelSpec) -> bool:
     from .lanes import multi_row
 
     return multi_row(format_of(spec.kind, spec.exact))
+
+
+def bit_knobs(spec: KernelSpec) -> tuple[str, ...]:
+    """The Knobs fields that change the bits of `spec`'s rows: `width` (the float lanes a row accumulates in:
+    8 at 32 bytes, 16 at 64 for the K-quants and IQ4_XS; the float path's vectors) except on the grouped 32-block
+    integer path (Q8_0, IQ4_NL, MXFP4: exact int32 lane sums at either width), and `unroll` on the float path
+    (blocks per accumulation step). A weight's one-row decode kernel and its row-count verify kernel must
+    give equal rows (lossless speculation), and they are tuned as two kernels, so these knobs stay at
+    `default_knobs`, the same for both (compiler/tune: not searched, not applied from a log). The other knobs
+    (tile_n, row_group, w_rows, prefetch) change only the order of memory reads (tests/test_x86_kernels.py)."""
+    fmt = format_of(spec.kind, spec.exact)
+    grouped = hasattr(fmt, "group_quants")
+    return (() if grouped else ("width",)) + (("unroll",) if fmt.acts == "f32" else ())
 
 
 def default_knobs(spec: KernelSpec, width: int) -> Knobs:
