@@ -111,7 +111,7 @@ def tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n):
     groups (`group_sizes`), the tile's weight rows in register blocks (`tile_rows`). row_of(i) / out_of(i, n):
     activation row / output index of the i-th row; wrow(n): the weight row."""
     def each_row(make):
-        if _chunked(k, fmt) and _k_chunk(k, len(make())) < _chunk_units(k, fmt):
+        if _chunked(k, fmt) and _fits(k, len(make())) < _chunk_units(k, fmt):
             return _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow)
         idx = make()
         pt = kquant_pair_terms(k, fmt, [row_of(i) for i in idx]) if kquant(k, fmt) else None
@@ -131,7 +131,12 @@ def tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n):
         start = start + n * size
 
 
-X_CHUNK_BYTES = 32 << 10    # int8 activation bytes of a row group that one pass over a tile's rows keeps in L1
+# A row group whose int8 activations fit X_FIT_BYTES (the 32 KB L1) reads K whole; a larger one goes through K in
+# chunks of X_CHUNK_BYTES, half of L1: chunks that filled all of it left no room for the weight lines streaming past
+# and the tile's accumulators (bench/x86_rows.py on Zen 4, 2 threads, K = 10944 / 12288: 3-8 rows 1.1-1.2x faster in
+# 16 KB chunks than in 32 KB ones; unchunked at 36-49 KB was slower still)
+X_CHUNK_BYTES = 16 << 10
+X_FIT_BYTES = 32 << 10
 
 
 def _chunked(k, fmt) -> bool:
@@ -142,6 +147,11 @@ def _chunked(k, fmt) -> bool:
 def _chunk_units(k, fmt) -> int:
     """What `_k_chunk` counts in K: blocks of 256, or groups of 8 blocks of 32."""
     return k.n_blocks // 8 if hasattr(fmt, "group_quants") else k.n_blocks
+
+
+def _fits(k, size: int) -> int:
+    """Blocks of `size` activation rows that fit X_FIT_BYTES: a group whose whole K fits goes unchunked."""
+    return max(1, X_FIT_BYTES // (size * k.unit_bytes))
 
 
 def _k_chunk(k, size: int) -> int:
