@@ -91,10 +91,12 @@ def main():
     ap.add_argument("--width", type=int, default=None, choices=(32, 64),
                     help="vector bytes (default: this CPU's widest); 32 on an AVX-512 CPU stands in for AVX2")
     ap.add_argument("--no-vnni", action="store_true", help="the kernels of a CPU without VNNI")
+    ap.add_argument("--mcpu", help="build for this LLVM CPU instead of the host (e.g. znver2: AVX2 only, what "
+                                   "an AVX2 machine's compile emits; it must run on this one)")
     ap.add_argument("--against", metavar="REV", help="also time git revision REV's kernels, interleaved")
     a = ap.parse_args()
     impls = [x86_at(a.against), x86] if a.against else [x86]
-    tgt = make_target("llvm")
+    tgt = tvm.target.Target({"kind": "llvm", "mcpu": a.mcpu}) if a.mcpu else make_target("llvm")
     width = min(x86.vector_width(tgt), a.width or 64)
     vnni = x86.has_vnni(tgt, width) and not a.no_vnni
     kw = {k: v for k, v in (("tile_n", a.tile), ("row_group", a.group), ("w_rows", a.w_rows),
