@@ -41,6 +41,9 @@ CASES = {   # name: (GGUF type, op, N, K, experts)
     "q8_0_l3": ("Q8_0", "matmul", 4096, 4096, 0),
     "iq4xs_l3": ("IQ4_XS", "matmul", 4096, 4096, 0),
     "iq4nl_l3": ("IQ4_NL", "matmul", 4096, 4096, 0),
+    "exps_down_l3": ("Q8_0", "matmul_id_slots", 1024, 1408, 8),  # 8 experts of 1024 x 1408: 12 MB, the L3 rate
+    "q8_0_k1408_l3": ("Q8_0", "matmul", 8192, 1408, 0),   # the down experts' row length, dense: 12 MB
+    "q8_0_k1408": ("Q8_0", "matmul", 32768, 1408, 0),     # as many bytes as 8 down experts, one weight
     "ffn_up": ("Q4_K", "matmul", 10944, 4096, 0),
     "attn_q": ("Q4_K", "matmul", 12288, 4096, 0),
     "attn_o": ("Q4_K", "matmul", 4096, 12288, 0),
