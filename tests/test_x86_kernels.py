@@ -416,8 +416,8 @@ def test_matmul_heads_routing_and_key():
 
 def test_prefetch_level():
     """Knobs.prefetch_level picks the prefetch instruction (1: prefetcht0 into L1, 2: prefetcht1 into L2) and
-    nothing else: the same bits either way; the default puts it in L2 except for the routed experts that take one
-    activation row per slot (x86.default_knobs)."""
+    nothing else: the same bits either way; the default puts it in L2, for the routed experts with one activation
+    row per slot too (x86.default_knobs)."""
     N, K, R = 37, 416, 3
     w, wf = random_weight("q8_0", (), N, K)
     acts, xf = activations("q8_0", RNG.standard_normal((R, K)).astype(np.float32))
@@ -432,6 +432,6 @@ def test_prefetch_level():
     assert rel(ys[2], xf @ wf.T) < 1e-5
     assert np.array_equal(ys[1].view(np.uint32), ys[2].view(np.uint32))
     spec = lambda shared: x86.KernelSpec("matmul_id", "q8_0", N, K, None, 4, 2, shared)   # noqa: E731
-    assert x86.default_knobs(spec(False), WIDTH).prefetch_level == 1
+    assert x86.default_knobs(spec(False), WIDTH).prefetch_level == 2
     assert x86.default_knobs(spec(True), WIDTH).prefetch_level == 2
     assert x86.default_knobs(x86.KernelSpec("matmul", "q4_k", N, 512), WIDTH).prefetch_level == 2
