@@ -4,8 +4,8 @@ enough weight copies to come from memory), with GMAC/s and the ratio to one row.
 random_raw); the routed gate + up experts give each row 8 distinct experts of 128, as distinct draft tokens route.
 
     TVM_NUM_THREADS=1 python bench/x86_rows.py [--rows 1,2,3,4,8] [--cases lm_head,ffn_up,...] [--repeat 5]
-                                               [--tile N] [--group R] [--w-rows W] [--prefetch-level L] [--prefetch-kb KB]
-                                               [--width 32 --no-vnni] [--against REV]
+                                               [--tile N] [--group R] [--w-rows W] [--prefetch-level L]
+                                               [--prefetch-kb KB] [--width 32 --no-vnni] [--mcpu CPU] [--against REV]
 
 Knobs: each implementation's default for the kernel (`default_knobs`, as compile picks them), then the flags.
 

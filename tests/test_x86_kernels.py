@@ -190,8 +190,8 @@ def test_int_row_groups_and_vnni(kind, width):
     chunks for the 8): against numpy,
     every row bitwise equal to its one-row call, and the same bits from a target without VNNI (no vpdpwssd /
     vpdpbusd)."""
-    # K: 17 blocks of 256, past L1 for the group of 8 (tiles: chunks of 8, 8, 1); for the 32-block kinds 3 blocks after the
-    # groups of 8 too (IQ4_NL / MXFP4: chunked groups, then single blocks)
+    # K: 17 blocks of 256, past L1 for the group of 8 (tiles: chunks of 8, 8, 1); for the 32-block kinds 3 blocks
+    # after the groups of 8 too (IQ4_NL / MXFP4: chunked groups, then single blocks)
     N, K, R = 37, 256 * 17 + (96 if x86.format_of(kind).block == 32 else 0), 15
     w, wf = random_weight(kind, (), N, K)
     knobs = x86.Knobs(width=width, tile_n=8, row_group=8)

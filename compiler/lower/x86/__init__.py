@@ -67,8 +67,8 @@ def activation_rows(kind: str, x, exact: bool = False) -> list:
 
 
 __all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "act_layout", "activation_rows",
-           "bit_knobs", "default_knobs", "format_of", "has_vnni", "legacy_key", "matmul", "matmul_heads", "matmul_id", "quantize_rows",
-           "quantize_rows_q8_0", "takes_w_rows", "vector_width", "weight_arg"]
+           "bit_knobs", "default_knobs", "format_of", "has_vnni", "legacy_key", "matmul", "matmul_heads", "matmul_id",
+           "quantize_rows", "quantize_rows_q8_0", "takes_w_rows", "vector_width", "weight_arg"]
 
 
 from dataclasses import dataclass, field as _field   # noqa: E402
@@ -187,8 +187,8 @@ def default_knobs(spec: KernelSpec, width: int) -> Knobs:
     row-count kernels (prefill, verify) of the `takes_w_rows` formats at 64-byte width (an expert's few rows per
     tile pass, each activation load serving two weight rows: 1.1-1.2x at 512 rows on GLM-4.5-Air's IQ4_XS / IQ4_NL
     experts, bench/x86_rows.py), else 1 (no gain on the dense matmuls; the one-row decode kernels keep theirs).
-    prefetch_level 2 (into L2, kernel.prefetch) for all, the routed down experts (one short activation row per
+    prefetch_level: Knobs' 2 (into L2, kernel.prefetch) for all, the routed down experts (one short activation row per
     slot) too: on GLM-4.5-Air's Q8_0 / IQ4_NL down experts L2 took 1.09-1.31x less time than L1 at 1-8 rows
     (Zen 4, 2 threads, bench/x86_rows.py --against, two interleaved runs)."""
     two = spec.op == "matmul_id" and spec.rows is None and width == 64 and takes_w_rows(spec)
-    return Knobs(width=width, w_rows=2 if two else 1, prefetch_level=2)
+    return Knobs(width=width, w_rows=2 if two else 1)

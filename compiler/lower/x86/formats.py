@@ -322,7 +322,7 @@ class Block32:
     block = 32
     acts = "q8_0"
     layout = "q8_0_g8"
-    unit_bytes = 416    # a row's bytes per group (tiles._k_chunk): 256 quants, 8 d, 16 lane d and 16 lane offsets
+    unit_bytes = 416    # a row's bytes per group (tiles._units_in): 256 quants, 8 d, 16 lane d and 16 lane offsets
 
     def term_lanes(self, width):
         return [16, 8]     # the groups' lane sums (at either width), the blocks after them

@@ -48,7 +48,7 @@ def _new(kind: str, K: int, knobs: Knobs, vnni: bool = False, exact: bool = Fals
     k = Kern()
     k.kind, k.width, k.unroll, k.vnni, k.w_rows = kind, knobs.width, knobs.unroll, vnni, knobs.w_rows
     k.acts, k.prefetch, k.prefetch_level = fmt.acts, knobs.prefetch_kb * 1024, knobs.prefetch_level
-    k.unit_bytes = getattr(fmt, "unit_bytes", 256)     # activation bytes per 256 values of a row (_k_chunk)
+    k.unit_bytes = getattr(fmt, "unit_bytes", 256)     # activation bytes per 256 values of a row (tiles._units_in)
     k.n_blocks = K // fmt.block
     k.row_bytes = k.n_blocks * fmt.type_size
     return fmt, k

@@ -111,7 +111,7 @@ def tile(k, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n):
     groups (`group_sizes`), the tile's weight rows in register blocks (`tile_rows`). row_of(i) / out_of(i, n):
     activation row / output index of the i-th row; wrow(n): the weight row."""
     def each_row(make):
-        if _chunked(k, fmt) and _fits(k, len(make())) < _chunk_units(k, fmt):
+        if _chunked(k, fmt) and _units_in(k, len(make()), X_FIT_BYTES) < _chunk_units(k, fmt):
             return _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow)
         idx = make()
         pt = kquant_pair_terms(k, fmt, [row_of(i) for i in idx]) if kquant(k, fmt) else None
@@ -145,28 +145,24 @@ def _chunked(k, fmt) -> bool:
 
 
 def _chunk_units(k, fmt) -> int:
-    """What `_k_chunk` counts in K: blocks of 256, or groups of 8 blocks of 32."""
+    """What `_units_in` counts in K: blocks of 256, or groups of 8 blocks of 32."""
     return k.n_blocks // 8 if hasattr(fmt, "group_quants") else k.n_blocks
 
 
-def _fits(k, size: int) -> int:
-    """Blocks of `size` activation rows that fit X_FIT_BYTES: a group whose whole K fits goes unchunked."""
-    return max(1, X_FIT_BYTES // (size * k.unit_bytes))
-
-
-def _k_chunk(k, size: int) -> int:
-    """Blocks per pass of `size` activation rows over a tile's weight rows (`_int_tile_chunked`)."""
-    return max(1, X_CHUNK_BYTES // (size * k.unit_bytes))
+def _units_in(k, size: int, nbytes: int) -> int:
+    """Units of K (`_chunk_units`) whose int8 activations of `size` rows fit `nbytes` (at least one): against
+    X_FIT_BYTES whether a group reads K whole, against X_CHUNK_BYTES the units per pass (`_int_tile_chunked`)."""
+    return max(1, nbytes // (size * k.unit_bytes))
 
 
 def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
-    """A group of rows against the tile's weight rows, K in chunks of `_k_chunk` blocks (outer) so the group's
+    """A group of rows against the tile's weight rows, K in chunks of `_units_in(.., X_CHUNK_BYTES)` units (outer) so the group's
     activations stay in L1 while every weight row of the tile reads them: accumulators for the whole tile,
     zeroed, then the chunks, then the lane sums. Each output still adds its blocks in order: the same bits."""
     idx = make()
     grouped = hasattr(fmt, "group_quants")
     n_acc = acc_lanes(k, fmt)[0]
-    cb, units = _k_chunk(k, len(idx)), _chunk_units(k, fmt)
+    cb, units = _units_in(k, len(idx), X_CHUNK_BYTES), _chunk_units(k, fmt)
     acc = T.decl_buffer((tile_n * len(idx) * n_acc,), "float32")
     acc1 = T.decl_buffer((tile_n * len(idx) * 8,), "float32") if grouped else None
 
