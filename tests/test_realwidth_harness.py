@@ -89,6 +89,14 @@ def test_summary_and_table():
     assert s["llama_bw_fraction"] == pytest.approx(8.0 / 25.0)
     assert s["verify_x_decode"] == pytest.approx({"2": 1.1, "3": 2.25, "4": 2.5})
     assert s["draft_x_decode"] == pytest.approx(0.5)
+    assert s["tg_ratio_rounds"] == pytest.approx([0.25, 0.25])
+    # per round, the two engines' speeds side by side: here 0.5 and 1.5, where the best of each gives 3.0 / 2.0
+    drift = {"name": "d.gguf", "bytes_per_token": {"gguf": {"total": 1e9}}, "rounds": [
+        {"nextn": _nextn(1.0, 1.0, ms1), "llama": {"status": "ok", "tg": 2.0, "pp": 1.0}},
+        {"nextn": _nextn(3.0, 1.0, ms1), "llama": {"status": "ok", "tg": 2.0, "pp": 1.0}},
+        {"nextn": {"status": "killed"}, "llama": {"status": "ok", "tg": 9.0, "pp": 1.0}}]}
+    sd = rw.summarize(drift)
+    assert sd["tg_ratio_rounds"] == pytest.approx([0.5, 1.5]) and sd["tg_ratio"] == pytest.approx(1.0 / 3.0)
 
     killed = {"name": "b.gguf", "size": 5e9, "bytes_per_token": {"gguf": {"total": 2e9}}, "rounds": [
         {"bandwidth": {"read_GBps": 22.0}, "nextn": {"status": "killed: anonymous memory 12.3 GB > budget 12.0 GB"},
@@ -120,6 +128,8 @@ def test_summary_and_table():
     row = dict(zip(head, [c.strip() for c in lines[2].strip("|").split("|")]))
     assert head[-4:] == ["tg nextn/llama", "pp nextn/llama", "nextn/read BW", "llama/read BW"]   # ratios last
     assert (row["tg nextn/llama"], row["llama GB/s"], row["verify 2/3/4 rows ÷ decode"]) == ("0.25", "8.0", "1.10 / 2.25 / 2.50")
+    assert row["tg nextn/llama per round: median (min–max)"] == "0.25 (0.25–0.25)"
+    assert rw._per_round([0.5, 1.5, 0.9]) == "0.90 (0.50–1.50)"
     row_b = dict(zip(head, [c.strip() for c in lines[3].strip("|").split("|")]))
     assert (row_b["nextn tg"], row_b["llama tg"], row_b["tg nextn/llama"]) == ("–", "4.00", "–")
     mem = lines.index(next(x for x in lines if x.startswith("| file | file GB")))
