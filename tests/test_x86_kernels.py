@@ -66,12 +66,14 @@ def activations(kind: str, x: np.ndarray, exact: bool = False):
         return acts, x.astype(np.float64)
     q = acts[0]
     layout = x86.act_layout(kind, exact)
-    if layout in ("q8_iq4xs", "q8_0_g8"):   # back to element order: q[..., IQ4XS_ORDER] per 256 is the layout
+    order = {"q8_iq4xs": activation.IQ4XS_ORDER, "q8_0_g8": activation.IQ4XS_ORDER,
+             "q8_q4k": activation.Q4K_ORDER}.get(layout)
+    if order is not None:   # back to element order: q[..., order] per 256 is the layout
         g = q.shape[-1] // 256
         q = q.copy()
         blocks = q[..., :256 * g].reshape(*q.shape[:-1], g, 256)
         nat = np.empty_like(blocks)
-        nat[..., activation.IQ4XS_ORDER] = blocks
+        nat[..., order] = blocks
         q[..., :256 * g] = nat.reshape(*q.shape[:-1], 256 * g)
     return acts, activation.dequantize_blocks(q, acts[1])
 
@@ -308,6 +310,15 @@ def test_quantizer_matches_the_numpy_statement():
         assert np.array_equal(g.numpy(), w)
 
 
+def _compiled_quantizer_gives(x, row_format, want):
+    """The compiled quantizer of `row_format` (x86.quantize_rows) on rows x gives the arrays `want` exactly."""
+    fn = build(x86.quantize_rows(x.shape[1], row_format=row_format))
+    got = [tvm.runtime.empty(w.shape, str(w.dtype)) for w in want]
+    fn(tvm.runtime.tensor(x), *got)
+    for g, w in zip(got, want):
+        assert np.array_equal(g.numpy(), w)
+
+
 def test_iq4xs_quantizer_matches_the_numpy_statement():
     """IQ4_XS's rows ("q8_iq4xs"): the "q8" values in IQ4XS_ORDER and the lane offsets xc, against the kernel and
     against a loop over the statement; each int32 lane of a block's four vectors holds one sub-block."""
@@ -315,12 +326,8 @@ def test_iq4xs_quantizer_matches_the_numpy_statement():
     x = RNG.standard_normal((4, K)).astype(np.float32)
     x[1, :256] = 0.0
     x[2, 300] = 1e4
-    fn = build(x86.quantize_rows(K, row_format="q8_iq4xs"))
-    got = [tvm.runtime.empty(s, d) for s, d in [((4, K), "int8"), ((4, K // 256), "float32"), ((4, K // 16), "int32")]]
-    fn(tvm.runtime.tensor(x), *got)
     want = activation.quantize_iq4xs(x)
-    for g, w in zip(got, want):
-        assert np.array_equal(g.numpy(), w)
+    _compiled_quantizer_gives(x, "q8_iq4xs", want)
     q, d, _ = activation.quantize(x)
     assert np.array_equal(want[1], d)
     order = activation.IQ4XS_ORDER
@@ -333,6 +340,23 @@ def test_iq4xs_quantizer_matches_the_numpy_statement():
                 pos = [64 * c + 4 * lane + e for c in range(4) for e in range(4)]
                 assert {int(order[p]) // 32 for p in pos} == {lane // 4 + 4 * (lane % 4 // 2)}
                 assert want[2][t, 16 * b + lane] == -128 * sum(int(blk[order[p]]) for p in pos)
+
+
+def test_q4k_quantizer_matches_the_numpy_statement():
+    """Q4_K / Q5_K's rows ("q8_q4k"): the "q8" values with each 128's sub-blocks of 32 in the order 0, 2, 1, 3 and
+    the sums over 16 in element order, against the kernel and against the statement written out by hand."""
+    K = 768
+    x = RNG.standard_normal((3, K)).astype(np.float32)
+    x[1, 256:512] = 0.0
+    want = activation.quantize_q4k(x)
+    _compiled_quantizer_gives(x, "q8_q4k", want)
+    q, d, xs = activation.quantize(x)
+    assert np.array_equal(want[1], d) and np.array_equal(want[2], xs)
+    for b in range(K // 256):
+        for h in range(2):
+            at = 256 * b + 128 * h
+            for r, sub in enumerate((0, 2, 1, 3)):
+                assert np.array_equal(want[0][:, at + 32 * r:at + 32 * r + 32], q[:, at + 32 * sub:at + 32 * sub + 32])
 
 
 def test_q8_0_g8_quantizer_matches_the_numpy_statement():

@@ -109,6 +109,28 @@ def quantize_iq4xs(x: np.ndarray):
     return qp.reshape(*lead, k), d, np.ascontiguousarray((-128 * lanes).reshape(*lead, k // 16).astype(np.int32))
 
 
+def _q4k_order() -> np.ndarray:
+    """Q4K_ORDER[p] = the index in its block of 256 of the value at position p of a "q8_q4k" block: per 128 values
+    the sub-blocks of 32 in the order 0, 2, 1, 3 (p = 128h + 32r + v holds element 128h + 32 * [0, 2, 1, 3][r] + v).
+    The order in which the CPU kernels unpack Q4_K / Q5_K quants 64 bytes at a time: qs[64h .. 64h + 64)'s low
+    nibbles are sub-blocks 4h and 4h + 2, its high nibbles 4h + 1 and 4h + 3 (ggml-common.h block_q4_K), so each
+    nibble vector meets 64 contiguous activation bytes."""
+    p = np.arange(256)
+    return (128 * (p // 128) + 32 * np.array([0, 2, 1, 3])[p % 128 // 32] + p % 32).astype(np.int64)
+
+
+Q4K_ORDER = _q4k_order()
+
+
+def quantize_q4k(x: np.ndarray):
+    """The "q8" row in the layout of the Q4_K / Q5_K kernels ("q8_q4k"): x f32 [..., K] -> (q int8 [..., K], d f32
+    [..., K/256], xs int16 [..., K/16]): `quantize`'s values, q reordered in each block of 256 by Q4K_ORDER, d and
+    the sums xs (over each 16 values in element order) as they are."""
+    q, d, xs = quantize(x)
+    *lead, k = q.shape
+    return q.reshape(*lead, k // BLOCK, BLOCK)[..., Q4K_ORDER].reshape(*lead, k), d, xs
+
+
 def quantize_q8_0_g8(x: np.ndarray):
     """The "q8_0" row in the layout of the IQ4_NL / MXFP4 kernels ("q8_0_g8"): x f32 [..., K] -> (q int8 [..., K],
     d f32 [..., K/32], dl f32 [..., K/256*16], xc int32 [..., K/256*16]). q and d are `quantize_q8_0`'s; each full

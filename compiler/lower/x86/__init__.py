@@ -61,6 +61,8 @@ def activation_rows(kind: str, x, exact: bool = False) -> list:
         return list(activation.quantize_iq4xs(x))
     if acts == "q8_0_g8":
         return list(activation.quantize_q8_0_g8(x))
+    if acts == "q8_q4k":
+        return list(activation.quantize_q4k(x))
     if acts == "q8":
         return list(activation.quantize(x))
     return list(activation.quantize_q8_0(x)) if acts == "q8_0" else [x]

@@ -98,7 +98,8 @@ class X86Lowering:
         if key not in self._quantized:
             gv = self._gvs.get(f"quantize:{acts}:{K}:{rows}")
             if gv is None:
-                tag = {"q8": "q8_k", "q8_iq4xs": "q8_iq4xs_", "q8_0": "q8_0_", "q8_0_g8": "q8_0_g8_"}[acts]
+                tag = {"q8": "q8_k", "q8_q4k": "q8_q4k_", "q8_iq4xs": "q8_iq4xs_", "q8_0": "q8_0_",
+                       "q8_0_g8": "q8_0_g8_"}[acts]
                 name = f"x86_quantize_{tag}{K}_rows{'t' if rows is None else rows}"
                 gv = bb.add_func(quantize_rows(K, rows, name=name, row_format=acts).with_attr("op_pattern", 8), name)
                 self._gvs[f"quantize:{acts}:{K}:{rows}"] = gv

@@ -92,10 +92,18 @@ class IntFormat:
     acts = "q8"         # the activation row format (nextn.common.quant.activation)
 
 
+def _at(j):
+    """The position in a "q8_q4k" block of sub-block 2j (j a Python int or a loop variable); 2j + 1's is 64 on
+    (activation.Q4K_ORDER: per 128 values the sub-blocks 0, 2, 1, 3)."""
+    return 128 * (j // 2) + 32 * (j % 2)
+
+
 class Q4K(IntFormat):
     """Q4_K (144 B): d f16 | dmin f16 | 12 B of 8 (6-bit scale, 6-bit min) | qs[128]: w = d*sc*q - dmin*m per
-    32 weights; lo nibbles of qs[32j..32j+32) are sub-block 2j, hi nibbles 2j+1 (get_scale_min_k4)."""
+    32 weights; lo nibbles of qs[32j..32j+32) are sub-block 2j, hi nibbles 2j+1 (get_scale_min_k4). Its
+    activation rows are "q8" rows in the order 64 bytes of qs unpack to ("q8_q4k", activation.Q4K_ORDER)."""
     type_size, qs_at, qh_at = 144, 16, None
+    layout = "q8_q4k"
     q_max = 15          # the largest quant (kquant._pairs)
     xs_merged = False   # xs_term has a factor of its own
 
@@ -123,29 +131,33 @@ class Q4K(IntFormat):
             hi = hi | ((_shr(qh, 2 * j + 1) & _u8(1)) << _u8(4))
         return lo, hi
 
-    def _quants64(self, k, n, s, j):
-        """Sub-blocks 2j, 2j + 1 as one uint8 x 64 (width 64): the 32 bytes of qs read into both halves, the low
-        half keeping the lo nibbles and the high half the hi ones (`_shift_halves`, one mask; no insert of two
-        halves)."""
-        def both(at):
-            v = T.Bind(k.w[n, ramp(s * self.type_size + at, 32)])
-            return tirx.vectorcombine("uint8x64", v, v)
-
-        q = _shift_halves(both(self.qs_at + 32 * j), 0, 4) & _u8(15, 64)
-        if self.qh_at is not None:
-            q = q | ((_shift_halves(both(self.qh_at), 2 * j, 2 * j + 1) & _u8(1, 64)) << _u8(4, 64))
-        return q
+    def _quants64(self, k, n, s, h):
+        """(lo, hi): the quants of qs[64h .. 64h + 64) as two uint8 x 64, lo its low nibbles (sub-blocks 4h, 4h + 2)
+        and hi its high ones (4h + 1, 4h + 3): the activation positions 128h and 128h + 64 of a "q8_q4k" row. One
+        64-byte load, a mask, a 16-bit shift and a mask; Q5_K's bit 4 from qh's 32 bytes in both halves
+        (`_shift_halves`)."""
+        raw = T.Bind(k.w[n, ramp(s * self.type_size + self.qs_at + 64 * h, 64)])
+        hi16 = tirx.reinterpret("uint16x32", raw) >> const(4, "uint16", 32)
+        lo, hi = raw & _u8(15, 64), tirx.reinterpret("uint8x64", hi16) & _u8(15, 64)
+        if self.qh_at is not None:     # bit b of qh[l]: bit 4 of element l of sub-block b
+            qh = T.Bind(k.w[n, ramp(s * self.type_size + self.qh_at, 32)])
+            qh2 = T.Bind(tirx.vectorcombine("uint8x64", qh, qh))
+            lo = lo | ((_shift_halves(qh2, 4 * h, 4 * h + 2) & _u8(1, 64)) << _u8(4, 64))
+            hi = hi | ((_shift_halves(qh2, 4 * h + 1, 4 * h + 3) & _u8(1, 64)) << _u8(4, 64))
+        return lo, hi
 
     def chunks(self, k, st, n, s):
         out = []
+        if k.width == 64:
+            for h in range(2):
+                lo, hi = self._quants64(k, n, s, h)
+                out.append((T.Bind(lo), 128 * h, T.Bind(_scales_u8(st["sb"], [4 * h, 4 * h + 2], 64))))
+                out.append((T.Bind(hi), 128 * h + 64, T.Bind(_scales_u8(st["sb"], [4 * h + 1, 4 * h + 3], 64))))
+            return out
         for j in range(4):
-            if k.width == 64:
-                out.append((T.Bind(self._quants64(k, n, s, j)), 64 * j,
-                            T.Bind(_scales_u8(st["sb"], [2 * j, 2 * j + 1], 64))))
-                continue
             lo, hi = self._quants(k, n, s, j)
-            out.append((T.Bind(lo), 64 * j, T.Bind(_scales(st["sm"], [2 * j], 32))))
-            out.append((T.Bind(hi), 64 * j + 32, T.Bind(_scales(st["sm"], [2 * j + 1], 32))))
+            out.append((T.Bind(lo), _at(j), T.Bind(_scales(st["sm"], [2 * j], 32))))
+            out.append((T.Bind(hi), _at(j) + 64, T.Bind(_scales(st["sm"], [2 * j + 1], 32))))
         return out
 
     n_steps = 4         # kquant._steps32: sub-blocks 2j, 2j + 1 per step
@@ -158,8 +170,8 @@ class Q4K(IntFormat):
     def step_chunks(self, k, st, n, s, j):
         """The two chunks of `chunks` (32 bytes) that step j, a loop variable, takes: sub-blocks 2j, 2j + 1."""
         lo, hi = self._quants(k, n, s, j)
-        return [(T.Bind(lo), 64 * j, T.Bind(tirx.Broadcast(st["sbuf"][2 * j], 16))),
-                (T.Bind(hi), 64 * j + 32, T.Bind(tirx.Broadcast(st["sbuf"][2 * j + 1], 16)))]
+        return [(T.Bind(lo), _at(j), T.Bind(tirx.Broadcast(st["sbuf"][2 * j], 16))),
+                (T.Bind(hi), _at(j) + 64, T.Bind(tirx.Broadcast(st["sbuf"][2 * j + 1], 16)))]
 
     def xs_term(self, st):
         """(int16 x 16 weights of the row's 16-value sums `xs`, float factor or None): the block's

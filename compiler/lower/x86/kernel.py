@@ -64,16 +64,16 @@ def weight_arg(kind: str, lead: tuple, K: int) -> tuple[tuple, str]:
 
 def act_layout(kind: str, exact: bool = False) -> str:
     """How a `kind` kernel takes its activation rows: the row format (`acts`: "q8", "q8_0", "f32"), or a layout
-    of it ("q8_iq4xs": the "q8" values in IQ4_XS's order, formats.IQ4XS; "q8_0_g8": the "q8_0" values in groups
-    of 8 blocks in that order, formats.IQ4NLInt)."""
+    of it ("q8_q4k": the "q8" values in Q4_K's nibble order, formats.Q4K; "q8_iq4xs": in IQ4_XS's order,
+    formats.IQ4XS; "q8_0_g8": the "q8_0" values in groups of 8 blocks in that order, formats.IQ4NLInt)."""
     fmt = _format(kind, exact)
     return getattr(fmt, "layout", fmt.acts)
 
 
 def act_args(kind: str, rows, K: int, exact: bool = False) -> list[tuple[str, tuple, str]]:
     """[(name, shape, dtype)] of a kernel's activation arguments: the "q8" row (int8 values, f32 scale per 256,
-    i16 sums per 16) for the super-block integer formats, in IQ4_XS's order with i32 lane offsets per 16 for
-    IQ4_XS, the "q8_0" row (int8 values, f32 scale per 32) for the 32-block ones (for IQ4_NL / MXFP4 in groups
+    i16 sums per 16) for the super-block integer formats (for Q4_K / Q5_K in their nibble order), in IQ4_XS's
+    order with i32 lane offsets per 16 for IQ4_XS, the "q8_0" row (int8 values, f32 scale per 32) for the 32-block ones (for IQ4_NL / MXFP4 in groups
     of 8 blocks, with each lane's scale and offset per group), the float32 row otherwise (`exact`: the float path
     where a kind has both)."""
     acts = act_layout(kind, exact)
@@ -82,7 +82,7 @@ def act_args(kind: str, rows, K: int, exact: bool = False) -> list[tuple[str, tu
     if acts == "q8_0_g8":
         return [("xq", (rows, K), "int8"), ("xd", (rows, K // 32), "float32"), ("xl", (rows, K // 256 * 16), "float32"),
                 ("xc", (rows, K // 256 * 16), "int32")]
-    if acts == "q8":
+    if acts in ("q8", "q8_q4k"):
         return [("xq", (rows, K), "int8"), ("xd", (rows, K // 256), "float32"), ("xs", (rows, K // 16), "int16")]
     if acts == "q8_0":
         return [("xq", (rows, K), "int8"), ("xd", (rows, K // 32), "float32")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.tirx.script import builder as T
 
-from .kernel import concat, prefetch
+from .kernel import prefetch
 from .vec import (PAIR_LANES, const, dot_packed, dot_pair, dot_u8s8, fma, fold_packed, fold_pairs, hsum_pairwise, madd,
                   ramp)
 
@@ -72,7 +72,6 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=
                 x = lambda off: k.xq[rows[0], ramp(fmt.block * s + off, 64)]   # noqa: E731
                 for (wa, oa, sa), (wb, ob, sb) in zip(chunks[0::2], chunks[1::2]):
                     sums[0] = dot_packed(sums[0], (wa, x(oa), sa), (wb, x(ob), sb))
-                sums[0] = fold_packed(sums[0])
             else:
                 for w, off, scv in chunks:
                     xs = [k.xq[t, ramp(fmt.block * s + off, k.width)] for t in rows]
@@ -102,16 +101,35 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=
             _rows32(k, rows, sums, xsum, v16, d, f2, acc, base, s)
         else:
             for i in range(2 * n_pairs, len(rows)):
-                main = sums[i] if packed else fold_pairs(sums[i], L, 8)
                 xt = madd(v16, xsum[i], 32)
                 at = base + i * n_l
                 xd = tirx.Broadcast(k.xd[rows[i], s], n_l)
                 if f2 is None:
+                    main = fold_packed(sums[i]) if packed else fold_pairs(sums[i], L, 8)
                     fac, iv = tirx.Broadcast(d, 8) * xd, main + xt
-                else:
-                    fac, iv = concat([tirx.Broadcast(d, 8), tirx.Broadcast(f2, 8)]) * xd, concat([main, xt])
+                else:   # the block sum's lanes and the xs term's side by side as a pair keeps two rows (SPLIT)
+                    fac = pair_lanes(tirx.Broadcast(d, 16), tirx.Broadcast(f2, 16)) * xd
+                    if packed:      # dot_packed's lanes m, m + 2 added in place (vpshufd, vpaddd), one shuffle
+                        p2 = sums[i] + tirx.Shuffle([sums[i]], [j - j % 4 + (j + 2) % 4 for j in range(16)])
+                        iv = tirx.Shuffle([p2, xt], [j if j in PAIR_LANES[0] else 16 + SPLIT_INV[j] - 8 for j in range(16)])
+                    else:
+                        iv = tirx.Shuffle([fold_pairs(sums[i], L, 8), xt], SPLIT_INV)
                 T.buffer_store(acc, fma(fac, tirx.Cast(f"float32x{n_l}", iv), acc[ramp(at, n_l)]),
                                [ramp(at, n_l)])
+
+
+# A row alone with kquant_lanes 16 (the block sum's 8 lanes and the xs term's 8 with a factor of its own, at 64
+# bytes) keeps them as a pair keeps its two rows: lane j of the block sum in PAIR_LANES[0][j], of the xs term in
+# PAIR_LANES[1][j] (then dot_packed's sums need no fold across 128-bit lanes); SPLIT_INV[p]: the lane of
+# concat([block sum, xs term]) at position p, SPLIT: the position of each such lane (kquant_out)
+SPLIT = PAIR_LANES[0] + PAIR_LANES[1]
+SPLIT_INV = [SPLIT.index(p) for p in range(16)]
+
+
+def pair_lanes(a, b):
+    """The 16-lane vector with a's lanes PAIR_LANES[0] and b's lanes PAIR_LANES[1] (a pair's two rows, or a row
+    alone's block sum and xs term: SPLIT)."""
+    return tirx.Shuffle([a, b], [p if p in PAIR_LANES[0] else 16 + p for p in range(16)])
 
 
 def _steps32(k, fmt, st, n, s, rows):
@@ -162,9 +180,7 @@ def _pair_terms(k, a, b, s):
     lane PAIR_LANES[r][j], as `madd` of one row puts them in lane j; f32 x 16: each lane's row scale xd)."""
     inter = [4 * c + i + 16 * r for c in range(4) for r in range(2) for i in range(4)]
     xsp = tirx.Shuffle([k.xs[a, ramp(16 * s, 16)], k.xs[b, ramp(16 * s, 16)]], inter)
-    xdp = tirx.Shuffle([tirx.Broadcast(k.xd[a, s], 16), tirx.Broadcast(k.xd[b, s], 16)],
-                       [i if i % 4 < 2 else 16 + i for i in range(16)])
-    return xsp, xdp
+    return xsp, pair_lanes(tirx.Broadcast(k.xd[a, s], 16), tirx.Broadcast(k.xd[b, s], 16))
 
 
 class PairTerms:
@@ -201,7 +217,8 @@ def kquant_out(k, fmt, acc, base, r, paired):
     interleaved vectors when `paired`)."""
     n_l = kquant_lanes(k, fmt)
     if not paired:
-        return hsum_pairwise(acc[ramp(base + r * n_l, n_l)], n_l)
+        v = acc[ramp(base + r * n_l, n_l)]
+        return hsum_pairwise(v if n_l == 8 else tirx.Shuffle([v], SPLIT), n_l)
     at, lanes = base + (r - r % 2) * n_l, PAIR_LANES[r % 2]
     vs = [acc[ramp(at + 16 * j, 16)] for j in range(n_l // 8)]
     return hsum_pairwise(tirx.Shuffle(vs, [16 * j + l for j in range(n_l // 8) for l in lanes]), n_l)

@@ -7,11 +7,12 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
-from nextn.common.quant.activation import IQ4XS_ORDER
+from nextn.common.quant.activation import IQ4XS_ORDER, Q4K_ORDER
 
 from .vec import const, ramp
 
 _WHERE = {int(e): p for p, e in enumerate(IQ4XS_ORDER)}     # value index in a block of 256 -> its position
+_WHERE_Q4K = {int(e): p for p, e in enumerate(Q4K_ORDER)}    # the same for a "q8_q4k" block
 
 
 def _block(x, t, off, B):
@@ -51,10 +52,17 @@ def _store_offsets(xc, t, base, lane_sums):
         T.buffer_store(xc, total * const(-128, "int32"), [t, base + lane])
 
 
+def _position(row_format, g):
+    """Where the 16 values 16g .. 16g + 16 of a block go in a row of `row_format` (16g, or by Q4K_ORDER, which
+    keeps runs of 32 together)."""
+    return _WHERE_Q4K[16 * g] if row_format == "q8_q4k" else 16 * g
+
+
 def quantize_rows(K: int, rows: int | None = None, name: str = "quantize_q8", row_format: str = "q8"):
     """x float32 [T, K] -> the activation arguments of `row_format` (kernel.act_args), per B values (B = 256 for
     "q8", 32 for "q8_0") d = amax / 127 and q = round-half-even(x * (127 / amax)) (q = 0 where amax = 0):
     "q8": xq int8 [T, K], xd float32 [T, K/256], xs int16 [T, K/16] (sums of q over 16);
+    "q8_q4k": the "q8" row with xq in Q4K_ORDER per 256 (xs as in "q8");
     "q8_iq4xs": xq in IQ4XS_ORDER per 256, xd, xc int32 [T, K/16] (-128 x the sums over each int32 lane);
     "q8_0": xq, xd float32 [T, K/32];
     "q8_0_g8": the "q8_0" row with each full group of 8 blocks in IQ4XS_ORDER (the blocks after them as they are),
@@ -70,7 +78,7 @@ def quantize_rows(K: int, rows: int | None = None, name: str = "quantize_q8", ro
             x = T.arg("x", T.buffer((Tr, K), "float32", align=32))
             xq = T.arg("xq", T.buffer((Tr, K), "int8", align=32))
             xd = T.arg("xd", T.buffer((Tr, K // B), "float32", align=32))
-            if row_format == "q8":
+            if row_format in ("q8", "q8_q4k"):
                 xs = T.arg("xs", T.buffer((Tr, K // 16), "int16", align=32))
             if row_format == "q8_iq4xs":
                 xc = T.arg("xc", T.buffer((Tr, K // 16), "int32", align=32))
@@ -102,8 +110,8 @@ def quantize_rows(K: int, rows: int | None = None, name: str = "quantize_q8", ro
                             _ordered(xq, t, B * s, 0, qs, lane_sums)
                             _store_offsets(xc, t, 16 * s, lane_sums)
                         for g, q in enumerate(qs if row_format != "q8_iq4xs" else []):
-                            T.buffer_store(xq, tirx.Cast("int8x16", q), [t, ramp(B * s + 16 * g, 16)])
-                            if row_format == "q8":
+                            T.buffer_store(xq, tirx.Cast("int8x16", q), [t, ramp(B * s + _position(row_format, g), 16)])
+                            if row_format in ("q8", "q8_q4k"):
                                 T.buffer_store(xs, tirx.Cast("int16", tirx.call_llvm_pure_intrin(
                                     "int32", "llvm.vector.reduce.add", q)), [t, (B // 16) * s + g])
     return ib.get()
