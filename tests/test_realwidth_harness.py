@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import G4
@@ -231,3 +232,22 @@ def test_peer_tool_says_how_to_build_when_absent(tmp_path, monkeypatch):
     assert peer.peer_version() is None
     (tmp_path / "bin" / ".stamp").write_text("llama-cpp-python==0.3.36 -DGGML_NATIVE=ON\n")
     assert peer.peer_version() == "llama-cpp-python==0.3.36 -DGGML_NATIVE=ON"
+
+
+def test_kernel_profile_times_each_kernel_of_a_step(q8_model):
+    """bench/kernel_profile.py: the VM instrument times the kernels of a verify step (the verify entry's row-count
+    matmuls among them), their sum stays within the step's total, and the step's output with the instrument on is
+    the output without it (the instrument only watches)."""
+    import kernel_profile
+
+    eng = q8_model.engine
+    eng.prefill([1, 2, 3, 4, 5, 6, 7, 8], 0)
+    before = eng.verify([9, 10, 11], 8)[1].numpy()
+    times = kernel_profile.profile(eng, lambda: eng.verify([9, 10, 11], 8), repeat=2)
+    total = times.pop("(step total)")
+    assert any(s.startswith("x86_matmul_") and "_rowst" in s for s in times)
+    assert 0 < sum(times.values()) <= total
+    during = []
+    assert np.array_equal(eng.verify([9, 10, 11], 8)[1].numpy(), before)
+    times = kernel_profile.profile(eng, lambda: during.append(eng.verify([9, 10, 11], 8)[1].numpy()), repeat=1)
+    assert all(np.array_equal(d, before) for d in during) and len(during) == 3

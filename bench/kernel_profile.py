@@ -1,0 +1,97 @@
+"""Where a decode step, a verify of T rows, a draft step and a prefill spend their time, per compiled kernel:
+the Relax VM's instrument (tvm.runtime.vm.VirtualMachine.set_instrument) times every call of every kernel of an
+entry point, steady state (two untimed calls first), the calls of one step summed per kernel symbol.
+
+    TVM_NUM_THREADS=2 python bench/kernel_profile.py F.gguf [--verify 1,4] [--prefill 512] [--draft]
+                                                      [--repeat 5] [--top 25] [--json out.json]
+
+One table: a column per step (ms per step, the best of --repeat steps for each kernel; the instrument's own cost,
+a Python call per kernel call, is in "(step total)" only), and the ratio of the last verify step to the first step (the last step where there is one verify): the kernels
+that make a verify of 4 rows cost more than one decode (issue 12) come first. Random token ids; the GGUF
+is compiled and cached as `nextn run` does (nextn.runtime.load).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+
+
+def profile(eng, call, repeat: int) -> dict:
+    """{kernel symbol: best ms per call of `call`} and "(step total)" (the whole call with the instrument on)."""
+    best: dict = defaultdict(lambda: float("inf"))
+    open_at: dict = {}
+
+    def instrument(_func, symbol, before, _ret, *_args):
+        if before:
+            open_at[symbol] = time.perf_counter()
+        else:
+            step[symbol] += time.perf_counter() - open_at.pop(symbol)
+        return 0    # VMInstrumentReturnKind.NO_OP
+
+    for _ in range(2):
+        call()
+    eng.vm.set_instrument(instrument)
+    try:
+        for _ in range(repeat):
+            step = defaultdict(float)
+            t = time.perf_counter()
+            call()
+            step["(step total)"] = time.perf_counter() - t
+            for k, v in step.items():
+                best[k] = min(best[k], v * 1e3)
+    finally:
+        eng.vm.set_instrument(None)   # the VM then calls no instrument
+    return dict(best)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("gguf")
+    p.add_argument("--verify", default="1,4", help="row counts of the verify steps (1: the decode entry)")
+    p.add_argument("--prefill", type=int, default=0, help="also a prefill of this many rows (last row's output)")
+    p.add_argument("--draft", action="store_true", help="also one draft step (mtp_draft, one row)")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    import nextn.runtime as rt
+
+    m = rt.load(a.gguf, ctx_size=a.ctx, log=lambda s: print(s, file=sys.stderr))
+    eng = m.engine
+    eng.wait_populated()
+    rng = np.random.default_rng(0)
+    V = int(eng.hparams["n_vocab"])
+    toks = rng.integers(0, V, max(a.prefill, 16)).astype(np.int32)
+    hidden, _lg, am = eng.prefill(toks[:8], 0)
+    steps = {f"verify {T}": (lambda T=T: eng.verify(toks[:T], 8)) for T in map(int, a.verify.split(","))}
+    if a.draft and eng.has_mtp:
+        steps["draft"] = lambda: eng.mtp_draft([am], hidden[-1:], 8)
+    if a.prefill:
+        steps[f"prefill {a.prefill}"] = lambda: eng.prefill(toks[:a.prefill], 0, last_only=True)
+    cols = {name: profile(eng, f, a.repeat) for name, f in steps.items()}
+    names = list(cols)
+    verifies = [n for n in names if n.startswith("verify")]
+    base, other = names[0], (verifies[-1] if len(verifies) > 1 else names[-1])
+    first, last = cols[base], cols[other]
+    syms = sorted({s for c in cols.values() for s in c}, key=lambda s: -(last.get(s, 0) - first.get(s, 0)))
+    syms = ["(step total)"] + [s for s in syms if s != "(step total)"]
+    print("| kernel | " + " | ".join(f"{n} ms" for n in names) + (f" | {other} ÷ {base}" if len(names) > 1 else "") + " |")
+    print("|---" * (len(names) + 1 + (len(names) > 1)) + "|")
+    for s in syms[:a.top + 1]:
+        vals = [c.get(s) for c in cols.values()]
+        ratio = (f" | {last[s] / first[s]:.2f}" if s in first and s in last and first[s] > 0 else " | –") \
+            if len(names) > 1 else ""
+        print(f"| {s} | " + " | ".join("–" if v is None else f"{v:.2f}" for v in vals) + ratio + " |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(cols, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
