@@ -5,7 +5,8 @@ entry point, steady state (two untimed calls first), the calls of one step summe
     TVM_NUM_THREADS=2 python bench/kernel_profile.py F.gguf [--verify 1,4] [--prefill 512] [--draft]
                                                       [--repeat 5] [--top 25] [--json out.json]
 
-One table: a column per step (ms per step, the best of --repeat steps for each kernel; the instrument's own cost,
+One table: a column per step (ms per step, the best of --repeat steps for each kernel, its calls in the step summed,
+with the count where it runs more than once: once per layer, say; the instrument's own cost,
 a Python call per kernel call, is in "(step total)" only), and the ratio of the last verify step to the first step (the last step where there is one verify): the kernels
 that make a verify of 4 rows cost more than one decode (issue 12) come first. Random token ids; the GGUF
 is compiled and cached as `nextn run` does (nextn.runtime.load).
@@ -21,16 +22,19 @@ from collections import defaultdict
 import numpy as np
 
 
-def profile(eng, call, repeat: int) -> dict:
-    """{kernel symbol: best ms per call of `call`} and "(step total)" (the whole call with the instrument on)."""
+def profile(eng, call, repeat: int, calls: dict | None = None) -> dict:
+    """{kernel symbol: best ms per call of `call`, its calls summed} and "(step total)" (the whole call with the
+    instrument on). `calls`: filled with {kernel symbol: calls per step} (a kernel runs once per layer, say)."""
     best: dict = defaultdict(lambda: float("inf"))
     open_at: dict = {}
+    count: dict = defaultdict(int)
 
     def instrument(_func, symbol, before, _ret, *_args):
         if before:
             open_at[symbol] = time.perf_counter()
         else:
             step[symbol] += time.perf_counter() - open_at.pop(symbol)
+            count[symbol] += 1
         return 0    # VMInstrumentReturnKind.NO_OP
 
     for _ in range(2):
@@ -46,7 +50,36 @@ def profile(eng, call, repeat: int) -> dict:
                 best[k] = min(best[k], v * 1e3)
     finally:
         eng.vm.set_instrument(None)   # the VM then calls no instrument
+    if calls is not None:
+        calls.update({k: v // repeat for k, v in count.items()})
     return dict(best)
+
+
+def routed_experts(eng, call) -> dict | None:
+    """How many experts one `call` reads per routed-expert kernel call: {"distinct": mean over the calls of the
+    distinct expert ids, "routed": rows x n_expert_used, "calls": the calls seen}; None with no routed experts.
+    The ids are the last int32 2-D argument, [T, n_used], of each call whose symbol names matmul_id (gate+up and down of each
+    MoE layer: one layer's pair counts twice, alike). A verify of k+1 rows reads each distinct expert once
+    (matmul_id), so its expert bytes follow "distinct", not "routed"."""
+    seen = []
+
+    def instrument(_func, symbol, before, _ret, *args):
+        if before and "matmul_id" in symbol:
+            ids = [a for a in args if getattr(a, "dtype", None) is not None and str(a.dtype) == "int32"
+                   and len(a.shape) == 2]
+            if ids:     # the last such: an integer-path kernel's activation lane offsets (xc) come before it
+                seen.append(ids[-1].numpy())
+        return 0
+
+    eng.vm.set_instrument(instrument)
+    try:
+        call()
+    finally:
+        eng.vm.set_instrument(None)
+    if not seen:
+        return None
+    return {"distinct": float(np.mean([len(np.unique(i)) for i in seen])), "routed": int(seen[0].size),
+            "calls": len(seen)}
 
 
 def main(argv=None):
@@ -74,7 +107,8 @@ def main(argv=None):
         steps["draft"] = lambda: eng.mtp_draft([am], hidden[-1:], 8)
     if a.prefill:
         steps[f"prefill {a.prefill}"] = lambda: eng.prefill(toks[:a.prefill], 0, last_only=True)
-    cols = {name: profile(eng, f, a.repeat) for name, f in steps.items()}
+    counts: dict = {}
+    cols = {name: profile(eng, f, a.repeat, counts.setdefault(name, {})) for name, f in steps.items()}
     names = list(cols)
     verifies = [n for n in names if n.startswith("verify")]
     base, other = names[0], (verifies[-1] if len(verifies) > 1 else names[-1])
@@ -87,10 +121,12 @@ def main(argv=None):
         vals = [c.get(s) for c in cols.values()]
         ratio = (f" | {last[s] / first[s]:.2f}" if s in first and s in last and first[s] > 0 else " | –") \
             if len(names) > 1 else ""
-        print(f"| {s} | " + " | ".join("–" if v is None else f"{v:.2f}" for v in vals) + ratio + " |")
+        n = [counts[name].get(s) for name in names]
+        print(f"| {s} | " + " | ".join("–" if v is None else f"{v:.2f}" + (f" ({c}×)" if c and c > 1 else "")
+                                        for v, c in zip(vals, n)) + ratio + " |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(cols, f, indent=1)
+            json.dump({"ms": cols, "calls": counts}, f, indent=1)
 
 
 if __name__ == "__main__":

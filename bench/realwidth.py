@@ -26,8 +26,11 @@ Per file, `--repeat` rounds; each round measures, back to back so that drift hit
      only, as llama-bench's pp and plain decoding: one untimed call, then the best of 2, as llama-bench times pp
      after its warm-up run), and the ms of `Engine.verify` over k+1 = 1..4 rows and of one
      `Engine.mtp_draft` row at the position after that prompt, each the min of 3 round-robin calls
-     (`runtime.depth.time_call`); the rows are distinct random tokens, so each row routes to its own experts as in
-     real speculation (the depth calibration's repeated token would route every row to the same experts);
+     (`runtime.depth.time_call`); the rows are distinct random tokens (the depth calibration's repeated token
+     would route every row to the same experts), yet a random-weight file can route distinct tokens alike: the
+     table's "experts of verify 4" column gives the distinct experts per MoE layer that the verify of 4 read
+     against the 4 x n_expert_used routed (bench/kernel_profile.routed_experts), since a verify's expert bytes
+     follow the distinct ones;
   3. `llama-bench -p N_PROMPT -n N_GEN -r 1 -t THREADS` (pp and tg, llama-bench's own warm-up).
 Best of the rounds counts (max tok/s, min ms). After the rounds, once per file: `nextn run FILE -n 1` and
 `llama-completion -m FILE -n 1 -no-cnv` (both -c 4096), each right after reading the whole file once (warm page
@@ -244,6 +247,8 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type
     from nextn.common.manifest import step_read_bytes
     from nextn.common.timing import time_call
 
+    from kernel_profile import routed_experts
+
     t = time.perf_counter()
     m = rt.load(path, ctx_size=ctx, log=lambda s: print(s, file=sys.stderr), cache_type_k=cache_type_k,
                 cache_type_v=cache_type_v)
@@ -279,6 +284,9 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type
         for k, f in calls.items():
             best[k] = min(best[k], time_call(f))
     out["ms"] = {k: v * 1e3 for k, v in best.items()}
+    # what the verify of the most rows read of the routed experts: random-weight files can route every row to the
+    # same experts, which a verify ratio alone would not show
+    out["verify_experts"] = routed_experts(eng, calls[f"verify_{max(VERIFY_ROWS)}"])
     return out
 
 
@@ -422,6 +430,7 @@ def summarize(entry: dict) -> dict:
     s["verify_x_decode"] = ({str(T): ms[f"verify_{T}"] / ms["verify_1"] for T in VERIFY_ROWS[1:]}   # JSON keys
                             if "verify_1" in ms else None)
     s["draft_x_decode"] = ms["draft"] / ms["verify_1"] if "draft" in ms else None
+    s["verify_experts"] = ok[0].get("verify_experts") if ok else None
     gg = entry["bytes_per_token"]["gguf"]["total"]
     plan = ok[0]["plan_bytes_per_token"]["total"] if ok else None
     s["bytes_per_token_gguf"], s["bytes_per_token_plan"] = gg, plan
@@ -476,11 +485,16 @@ def _per_round(ratios) -> str:
     return f"{float(np.median(ratios)):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
 
 
+def _experts(e) -> str:
+    return "–" if not e else f"{e['distinct']:.1f} / {e['routed']}"
+
+
 def format_table(report: dict) -> str:
     """Markdown: the speed table (one row per file, ratios last), the memory / first-token table (ratios last),
     a line on the machine and the settings, then any failures."""
     head = ["file", "MB/token GGUF / plan", "read GB/s", "nextn tg", "llama tg", "nextn pp", f"llama pp{report['n_prompt']}",
-            "nextn GB/s", "llama GB/s", "verify 2/3/4 rows ÷ decode", "draft ÷ decode",
+            "nextn GB/s", "llama GB/s", "verify 2/3/4 rows ÷ decode",
+            f"experts of verify {max(VERIFY_ROWS)}: distinct / routed", "draft ÷ decode",
             "tg nextn/llama per round: median (min–max)", "tg nextn/llama", "pp nextn/llama", "nextn/read BW",
             "llama/read BW"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -491,7 +505,8 @@ def format_table(report: dict) -> str:
         cells = [e["name"], f"{s['bytes_per_token_gguf'] / 1e6:.0f} / {_f(s['bytes_per_token_plan'] and s['bytes_per_token_plan'] / 1e6, '{:.0f}')}",
                  _f(s["read_GBps"], "{:.1f}"), _f(s["nextn_tg"]), _f(s["llama_tg"]), _f(s["nextn_pp"], "{:.1f}"),
                  _f(s["llama_pp"], "{:.1f}"), _f(s["nextn_GBps"], "{:.1f}"), _f(s["llama_GBps"], "{:.1f}"),
-                 " / ".join(_f(vx[str(T)]) for T in VERIFY_ROWS[1:]) if vx else "–", _f(s.get("draft_x_decode")),
+                 " / ".join(_f(vx[str(T)]) for T in VERIFY_ROWS[1:]) if vx else "–", _experts(s.get("verify_experts")),
+                 _f(s.get("draft_x_decode")),
                  _per_round(s.get("tg_ratio_rounds")), _f(s["tg_ratio"]), _f(s["pp_ratio"]), _f(s["nextn_bw_fraction"]),
                  _f(s["llama_bw_fraction"])]
         lines.append("| " + " | ".join(cells) + " |")

@@ -83,6 +83,7 @@ def test_summary_and_table():
     ok_file = {"name": "a.gguf", "bytes_per_token": {"gguf": {"total": 1e9}}, "rounds": [
         {"bandwidth": {"read_GBps": 20.0}, "nextn": _nextn(1.5, 10.0, ms2), "llama": {"status": "ok", "tg": 6.0, "pp": 40.0}},
         {"bandwidth": {"read_GBps": 25.0}, "nextn": _nextn(2.0, 8.0, ms1), "llama": {"status": "ok", "tg": 8.0, "pp": 35.0}}]}
+    ok_file["rounds"][0]["nextn"]["verify_experts"] = {"distinct": 12.5, "routed": 32, "calls": 2}
     s = rw.summarize(ok_file)
     assert (s["nextn_tg"], s["llama_tg"], s["nextn_pp"], s["llama_pp"], s["read_GBps"]) == (2.0, 8.0, 10.0, 40.0, 25.0)
     assert s["tg_ratio"] == pytest.approx(0.25) and s["pp_ratio"] == pytest.approx(0.25)
@@ -130,9 +131,11 @@ def test_summary_and_table():
     assert head[-4:] == ["tg nextn/llama", "pp nextn/llama", "nextn/read BW", "llama/read BW"]   # ratios last
     assert (row["tg nextn/llama"], row["llama GB/s"], row["verify 2/3/4 rows ÷ decode"]) == ("0.25", "8.0", "1.10 / 2.25 / 2.50")
     assert row["tg nextn/llama per round: median (min–max)"] == "0.25 (0.25–0.25)"
+    assert row["experts of verify 4: distinct / routed"] == "12.5 / 32"
     assert rw._per_round([0.5, 1.5, 0.9]) == "0.90 (0.50–1.50)"
     row_b = dict(zip(head, [c.strip() for c in lines[3].strip("|").split("|")]))
-    assert (row_b["nextn tg"], row_b["llama tg"], row_b["tg nextn/llama"]) == ("–", "4.00", "–")
+    assert (row_b["nextn tg"], row_b["llama tg"], row_b["tg nextn/llama"], row_b["experts of verify 4: distinct / routed"]) \
+        == ("–", "4.00", "–", "–")
     mem = lines.index(next(x for x in lines if x.startswith("| file | file GB")))
     head2 = [c.strip() for c in lines[mem].strip("|").split("|")]
     assert head2[-3:] == ["RSS ÷ (file+KV) nextn / llama", "wall nextn/llama", "tg nextn/llama"]   # ratios last
@@ -251,3 +254,19 @@ def test_kernel_profile_times_each_kernel_of_a_step(q8_model):
     assert np.array_equal(eng.verify([9, 10, 11], 8)[1].numpy(), before)
     times = kernel_profile.profile(eng, lambda: during.append(eng.verify([9, 10, 11], 8)[1].numpy()), repeat=1)
     assert all(np.array_equal(d, before) for d in during) and len(during) == 3
+
+
+def test_routed_experts_counts_what_a_verify_reads(q8_model):
+    """bench/kernel_profile.routed_experts on the tiny MoE fixture: per routed-expert kernel call of a verify of 3
+    rows, the rows x n_expert_used ids routed, two calls (gate+up, down) per MoE layer, and how many distinct
+    experts the ids name: at least one row's n_expert_used (a row's ids are distinct), at most all of them."""
+    import kernel_profile
+
+    eng = q8_model.engine
+    hp = eng.hparams
+    eng.prefill([1, 2, 3, 4, 5, 6, 7, 8], 0)
+    e = kernel_profile.routed_experts(eng, lambda: eng.verify([9, 10, 11], 8))
+    n_moe = int(hp["n_layer"]) - int(hp["n_lead_dense"])   # trunk layers (the NextN block is apart)
+    assert e["routed"] == 3 * int(hp["n_expert_used"]) and e["calls"] == 2 * n_moe
+    assert int(hp["n_expert_used"]) <= e["distinct"] <= e["routed"]
+
