@@ -5,11 +5,12 @@ entry point, steady state (two untimed calls first), the calls of one step summe
     TVM_NUM_THREADS=2 python bench/kernel_profile.py F.gguf [--verify 1,4] [--prefill 512] [--draft]
                                                       [--repeat 5] [--top 25] [--json out.json]
 
-One table: a column per step (ms per step, the best of --repeat steps for each kernel, its calls in the step summed,
-with the count where it runs more than once: once per layer, say; the instrument's own cost,
-a Python call per kernel call, is in "(step total)" only), and the ratio of the last verify step to the first step (the last step where there is one verify): the kernels
-that make a verify of 4 rows cost more than one decode (issue 12) come first. Random token ids; the GGUF
-is compiled and cached as `nextn run` does (nextn.runtime.load).
+One table: a column per step (ms per step, the best of --repeat steps for each kernel with its calls in the
+step summed, and the count where it runs more than once, once per layer say; the instrument's own cost, a
+Python call per kernel call, is in "(step total)" only), then the ratio of the last verify step to the first
+step (to the last step where there is one verify): the kernels that make a verify of 4 rows cost more than one
+decode (issue 12) come first. `routed_experts`: the distinct experts a step's routed-expert kernels read.
+Random token ids; the GGUF is compiled and cached as `nextn run` does (nextn.runtime.load).
 """
 from __future__ import annotations
 
@@ -58,9 +59,9 @@ def profile(eng, call, repeat: int, calls: dict | None = None) -> dict:
 def routed_experts(eng, call) -> dict | None:
     """How many experts one `call` reads per routed-expert kernel call: {"distinct": mean over the calls of the
     distinct expert ids, "routed": rows x n_expert_used, "calls": the calls seen}; None with no routed experts.
-    The ids are the last int32 2-D argument, [T, n_used], of each call whose symbol names matmul_id (gate+up and down of each
-    MoE layer: one layer's pair counts twice, alike). A verify of k+1 rows reads each distinct expert once
-    (matmul_id), so its expert bytes follow "distinct", not "routed"."""
+    The ids are the last int32 2-D argument, [T, n_used], of each call whose symbol names matmul_id (gate+up
+    and down of each MoE layer: one layer's pair counts twice, alike). A verify of k+1 rows reads each distinct
+    expert once (matmul_id), so its expert bytes follow "distinct", not "routed"."""
     seen = []
 
     def instrument(_func, symbol, before, _ret, *args):
@@ -115,7 +116,8 @@ def main(argv=None):
     first, last = cols[base], cols[other]
     syms = sorted({s for c in cols.values() for s in c}, key=lambda s: -(last.get(s, 0) - first.get(s, 0)))
     syms = ["(step total)"] + [s for s in syms if s != "(step total)"]
-    print("| kernel | " + " | ".join(f"{n} ms" for n in names) + (f" | {other} ÷ {base}" if len(names) > 1 else "") + " |")
+    ratio_head = f" | {other} ÷ {base}" if len(names) > 1 else ""
+    print("| kernel | " + " | ".join(f"{n} ms" for n in names) + ratio_head + " |")
     print("|---" * (len(names) + 1 + (len(names) > 1)) + "|")
     for s in syms[:a.top + 1]:
         vals = [c.get(s) for c in cols.values()]
