@@ -19,8 +19,20 @@ import json
 import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 
 import numpy as np
+
+
+@contextmanager
+def instrumented(eng, instrument):
+    """The Relax VM of `eng` calls instrument(func, symbol, before, ret, *args) around every call inside the
+    block (it returns 0: VMInstrumentReturnKind.NO_OP), and no instrument after it."""
+    eng.vm.set_instrument(instrument)
+    try:
+        yield
+    finally:
+        eng.vm.set_instrument(None)
 
 
 def profile(eng, call, repeat: int, calls: dict | None = None) -> dict:
@@ -36,12 +48,11 @@ def profile(eng, call, repeat: int, calls: dict | None = None) -> dict:
         else:
             step[symbol] += time.perf_counter() - open_at.pop(symbol)
             count[symbol] += 1
-        return 0    # VMInstrumentReturnKind.NO_OP
+        return 0
 
     for _ in range(2):
         call()
-    eng.vm.set_instrument(instrument)
-    try:
+    with instrumented(eng, instrument):
         for _ in range(repeat):
             step = defaultdict(float)
             t = time.perf_counter()
@@ -49,8 +60,6 @@ def profile(eng, call, repeat: int, calls: dict | None = None) -> dict:
             step["(step total)"] = time.perf_counter() - t
             for k, v in step.items():
                 best[k] = min(best[k], v * 1e3)
-    finally:
-        eng.vm.set_instrument(None)   # the VM then calls no instrument
     if calls is not None:
         calls.update({k: v // repeat for k, v in count.items()})
     return dict(best)
@@ -72,11 +81,8 @@ def routed_experts(eng, call) -> dict | None:
                 seen.append(ids[-1].numpy())
         return 0
 
-    eng.vm.set_instrument(instrument)
-    try:
+    with instrumented(eng, instrument):
         call()
-    finally:
-        eng.vm.set_instrument(None)
     if not seen:
         return None
     return {"distinct": float(np.mean([len(np.unique(i)) for i in seen])), "routed": int(seen[0].size),

@@ -505,8 +505,8 @@ def format_table(report: dict) -> str:
         cells = [e["name"], f"{s['bytes_per_token_gguf'] / 1e6:.0f} / {_f(s['bytes_per_token_plan'] and s['bytes_per_token_plan'] / 1e6, '{:.0f}')}",
                  _f(s["read_GBps"], "{:.1f}"), _f(s["nextn_tg"]), _f(s["llama_tg"]), _f(s["nextn_pp"], "{:.1f}"),
                  _f(s["llama_pp"], "{:.1f}"), _f(s["nextn_GBps"], "{:.1f}"), _f(s["llama_GBps"], "{:.1f}"),
-                 " / ".join(_f(vx[str(T)]) for T in VERIFY_ROWS[1:]) if vx else "–", _experts(s.get("verify_experts")),
-                 _f(s.get("draft_x_decode")),
+                 " / ".join(_f(vx[str(T)]) for T in VERIFY_ROWS[1:]) if vx else "–",
+                 _experts(s.get("verify_experts")), _f(s.get("draft_x_decode")),
                  _per_round(s.get("tg_ratio_rounds")), _f(s["tg_ratio"]), _f(s["pp_ratio"]), _f(s["nextn_bw_fraction"]),
                  _f(s["llama_bw_fraction"])]
         lines.append("| " + " | ".join(cells) + " |")

@@ -131,11 +131,11 @@ def test_summary_and_table():
     assert head[-4:] == ["tg nextn/llama", "pp nextn/llama", "nextn/read BW", "llama/read BW"]   # ratios last
     assert (row["tg nextn/llama"], row["llama GB/s"], row["verify 2/3/4 rows ÷ decode"]) == ("0.25", "8.0", "1.10 / 2.25 / 2.50")
     assert row["tg nextn/llama per round: median (min–max)"] == "0.25 (0.25–0.25)"
-    assert row["experts of verify 4: distinct / routed"] == "12.5 / 32"
+    experts = "experts of verify 4: distinct / routed"
+    assert row[experts] == "12.5 / 32"
     assert rw._per_round([0.5, 1.5, 0.9]) == "0.90 (0.50–1.50)"
     row_b = dict(zip(head, [c.strip() for c in lines[3].strip("|").split("|")]))
-    assert (row_b["nextn tg"], row_b["llama tg"], row_b["tg nextn/llama"], row_b["experts of verify 4: distinct / routed"]) \
-        == ("–", "4.00", "–", "–")
+    assert (row_b["nextn tg"], row_b["llama tg"], row_b["tg nextn/llama"], row_b[experts]) == ("–", "4.00", "–", "–")
     mem = lines.index(next(x for x in lines if x.startswith("| file | file GB")))
     head2 = [c.strip() for c in lines[mem].strip("|").split("|")]
     assert head2[-3:] == ["RSS ÷ (file+KV) nextn / llama", "wall nextn/llama", "tg nextn/llama"]   # ratios last

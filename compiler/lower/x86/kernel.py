@@ -73,9 +73,9 @@ def act_layout(kind: str, exact: bool = False) -> str:
 def act_args(kind: str, rows, K: int, exact: bool = False) -> list[tuple[str, tuple, str]]:
     """[(name, shape, dtype)] of a kernel's activation arguments: the "q8" row (int8 values, f32 scale per 256,
     i16 sums per 16) for the super-block integer formats (for Q4_K / Q5_K in their nibble order), in IQ4_XS's
-    order with i32 lane offsets per 16 for IQ4_XS, the "q8_0" row (int8 values, f32 scale per 32) for the 32-block ones (for IQ4_NL / MXFP4 in groups
-    of 8 blocks, with each lane's scale and offset per group), the float32 row otherwise (`exact`: the float path
-    where a kind has both)."""
+    order with i32 lane offsets per 16 for IQ4_XS, the "q8_0" row (int8 values, f32 scale per 32) for the
+    32-block ones (for IQ4_NL / MXFP4 in groups of 8 blocks, with each lane's scale and offset per group), the
+    float32 row otherwise (`exact`: the float path where a kind has both)."""
     acts = act_layout(kind, exact)
     if acts == "q8_iq4xs":
         return [("xq", (rows, K), "int8"), ("xd", (rows, K // 256), "float32"), ("xc", (rows, K // 16), "int32")]

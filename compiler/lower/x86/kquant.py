@@ -111,7 +111,8 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=
                     fac = pair_lanes(tirx.Broadcast(d, 16), tirx.Broadcast(f2, 16)) * xd
                     if packed:      # dot_packed's lanes m, m + 2 added in place (vpshufd, vpaddd), one shuffle
                         p2 = sums[i] + tirx.Shuffle([sums[i]], [j - j % 4 + (j + 2) % 4 for j in range(16)])
-                        iv = tirx.Shuffle([p2, xt], [j if j in PAIR_LANES[0] else 16 + SPLIT_INV[j] - 8 for j in range(16)])
+                        iv = tirx.Shuffle([p2, xt], [j if j in PAIR_LANES[0] else 16 + SPLIT_INV[j] - 8
+                                                     for j in range(16)])
                     else:
                         iv = tirx.Shuffle([fold_pairs(sums[i], L, 8), xt], SPLIT_INV)
                 T.buffer_store(acc, fma(fac, tirx.Cast(f"float32x{n_l}", iv), acc[ramp(at, n_l)]),

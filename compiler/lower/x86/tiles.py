@@ -157,8 +157,9 @@ def _units_in(k, size: int, nbytes: int) -> int:
 
 def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
     """A group of rows against the tile's weight rows, K in chunks of `_units_in(.., X_CHUNK_BYTES)` units (outer)
-    so the group's activations stay in L1 while every weight row of the tile reads them: accumulators for the whole tile,
-    zeroed, then the chunks, then the lane sums. Each output still adds its blocks in order: the same bits."""
+    so the group's activations stay in L1 while every weight row of the tile reads them: accumulators for the
+    whole tile, zeroed, then the chunks, then the lane sums. Each output still adds its blocks in order: the same
+    bits."""
     idx = make()
     grouped = hasattr(fmt, "group_quants")
     n_acc = acc_lanes(k, fmt)[0]
