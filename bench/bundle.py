@@ -42,7 +42,10 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.environ.get("NEXTN_FIXTURES") or os.path.join(os.path.dirname(ROOT), "shared", "fixtures")
 SYNTH = os.path.join(os.path.dirname(FIXTURES), "tools", "synth_realwidth.py")
-REALWIDTH_DIR = os.environ.get("NEXTN_REALWIDTH", "/work/realwidth")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from realwidth_files import realwidth_dir  # noqa: E402  (bench/realwidth_files.py makes the file)
+
+REALWIDTH_DIR = realwidth_dir()
 LIMIT_MB = 64                 # what one device run may carry: bundle + the repository's tracked files (MiB)
 
 # Import name -> distribution, for what the runtime imports beyond the standard library.

@@ -1,7 +1,8 @@
 """What one call of a compiled entry point costs beyond its kernels, at real width: the Python share of plain
 decode time, and the arguments each VM call passes.
 
-    flock /work/realwidth/heavy.lock .venv/bin/python bench/call_overhead.py /work/realwidth/glm45air-1.gguf
+    flock "$(python bench/realwidth_files.py --lock)" .venv/bin/python bench/call_overhead.py \
+        "$(python bench/realwidth_files.py glm45air-1 | cut -d= -f2)"
     ... [-n 32] [--repeat 3] [--layers 46] [--json out.json]
 
 Entry points take their states and weights as two tuples bound at load (compiler/lower/to_relax.py), so a decode

@@ -4,7 +4,7 @@ accounting (`nextn.compiler.compile.kv_plan` over the entry points' graphs, as `
 
     python bench/kv_bytes.py MODEL.gguf [--layers N] [--dense N] [--indexer file|glm52] [--ctx 32768] [--json out]
 
-The real-width GGUFs of /work/realwidth hold a few layers only; their widths (heads, head dims, MLA latent, indexer
+The real-width GGUFs (bench/realwidth_files.py) hold a few layers only; their widths (heads, head dims, MLA latent, indexer
 keys) are the real model's. `--layers` rebuilds the graphs for N trunk layers (GLM-4.5-Air 46, GLM-5.x 78), every
 extra layer shaped as the file's last trunk layer. glm-dsa: `--indexer file` extends the file's indexer types
 (the synthetic files: all full, GLM-5/5.1's rule below 1M context), `glm52` takes GLM-5.2's built-in pattern

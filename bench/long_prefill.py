@@ -13,7 +13,8 @@ under an address-space limit (`--mem-limit-gb`), so a kernel that would allocate
 cleanly instead of taking the machine down. `--tail N`: prompts longer than N run only their last N rows, at
 positions length-N.. over all `length` cells (the cells before hold what the cache holds: zeros), i.e. the last
 prefill chunks of such a prompt, which attend over the longest L; tok/s is then of those N rows (a real-width
-32K prefill takes too long on 2 cores). Real-width GGUFs: run under `flock /work/realwidth/heavy.lock`.
+32K prefill takes too long on 2 cores). Real-width GGUFs: run under the heavy lock
+(`flock "$(python bench/realwidth_files.py --lock)" ...`).
 """
 from __future__ import annotations
 

@@ -3,11 +3,11 @@
     python bench/realwidth.py [FILE ...] [--repeat 3] [-t THREADS] [-ctk f16 -ctv f16] [-o report.json]
     python bench/realwidth.py --table report.json          # the tables of a saved report again (summarized anew)
 
-FILE: paths, or names in --dir (default $NEXTN_REALWIDTH or /work/realwidth); default: every file of KNOWN that
-exists there (glm45air-1, its IQ4_XS and Q8_0 variants, glm45air-3, glm52-1), smallest first. They are made by
-`../shared/tools/synth_realwidth.py glm45air glm45air-1.gguf 1` (`... glm45air-3.gguf 3`, `glm52 glm52-1.gguf 1`)
-and the variants by the peer's `llama-quantize --allow-requantize glm45air-1.gguf glm45air-1-IQ4_XS.gguf IQ4_XS`
-(or Q8_0). Run it under `flock /work/realwidth/heavy.lock` on a shared machine.
+FILE: paths, or names in --dir (default bench/realwidth_files.py's folder: $NEXTN_REALWIDTH or
+~/.cache/nextn-realwidth); default: every file of KNOWN that exists there (glm45air-1, its IQ4_XS and Q8_0 variants,
+glm45air-3, glm52-1), smallest first. `python bench/realwidth_files.py` makes them (synth_realwidth.py, and the peer's
+llama-quantize for the variants). On a shared machine run it under the heavy-bench lock:
+`flock "$(python bench/realwidth_files.py --lock)" python bench/realwidth.py ...`.
 Prints two tables: speed (issue 12: decode vs tg, prefill vs pp, bandwidth, verify and draft per decode) and
 memory / first token (issue 11: peak RSS against file + KV bytes, `run -n 1` wall against `llama-completion -n 1`,
 decode vs tg).
@@ -69,8 +69,11 @@ from nextn.common.kv_types import DEFAULT as KV_DEFAULT
 from nextn.common.kv_types import NAMES as KV_TYPES   # llama.cpp's -ctk / -ctv values that nextn has
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_DIR = os.environ.get("NEXTN_REALWIDTH", "/work/realwidth")
-KNOWN = ["glm45air-1.gguf", "glm45air-1-IQ4_XS.gguf", "glm45air-1-Q8_0.gguf", "glm45air-3.gguf", "glm52-1.gguf"]
+sys.path.insert(0, HERE)
+from realwidth_files import SPEED, realwidth_dir  # noqa: E402
+
+DEFAULT_DIR = realwidth_dir()
+KNOWN = [f"{n}.gguf" for n in SPEED]
 VERIFY_ROWS = (1, 2, 3, 4)          # T = k+1 rows for k = 0 (one decode), 1, 2, 3
 PROMPT = "The quick brown fox jumps over the lazy dog, and then"
 GB = 1e9
@@ -668,7 +671,7 @@ def main(argv=None):
                 log(f"realwidth: {e}")
     files = resolve_files(a.files, a.dir)
     if not files:
-        raise SystemExit(f"realwidth: no real-width GGUF found in {a.dir} (see /work/lead/shared-resources.md)")
+        raise SystemExit(f"realwidth: no real-width GGUF found in {a.dir} (make them: python bench/realwidth_files.py)")
     report = {"machine": machine(), "threads": a.threads, "cache_type_k": a.cache_type_k,
               "cache_type_v": a.cache_type_v, "repeat": a.repeat, "n_gen": a.n_gen, "n_prompt": a.n_prompt,
               "ctx": a.ctx, "engines": sorted(a.engines), "argv": sys.argv[1:] if argv is None else list(argv),

@@ -1,8 +1,8 @@
 """Does a tuning log keep or improve each x86 kernel it touches? Each of its kept knob records for this CPU, re-timed
 against the default knobs in a fresh process (not the `nextn tune` run that picked it), on the model's shapes.
 
-    flock /work/realwidth/heavy.lock .venv/bin/python bench/tuning_check.py MODEL.gguf LOG [--rounds 7] [--json out.json]
-        [--decode 4 [-t 2] [--no-control]]
+    flock "$(python bench/realwidth_files.py --lock)" .venv/bin/python bench/tuning_check.py MODEL.gguf LOG \
+        [--rounds 7] [--json out.json] [--decode 4 [-t 2] [--no-control]]
 
 Per record: both kernels built once, then `--rounds` interleaved rounds (default, tuned, default) at each row count
 the record was tuned at (compiler/tune/decide.py), each timing the best of a few passes over enough weight copies
