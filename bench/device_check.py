@@ -210,23 +210,6 @@ def rel_err(got, want) -> float:
     return _rel_err(got, want)
 
 
-def copy_bandwidth(dev, nbytes: int, reps: int = 10) -> float:
-    """Device-to-device copy bandwidth in bytes/s, bytes read plus bytes written (2 × nbytes per copy), best of reps."""
-    import tvm
-
-    a = tvm.runtime.empty((nbytes,), "uint8", dev)
-    b = tvm.runtime.empty((nbytes,), "uint8", dev)
-    b.copyfrom(a)
-    dev.sync()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        b.copyfrom(a)
-        dev.sync()
-        best = min(best, time.perf_counter() - t)
-    return 2 * nbytes / best
-
-
 def step_bytes(manifest: dict, entry: str) -> int:
     """Weight bytes one row of `entry` must read (`nextn.common.manifest.step_read_bytes`)."""
     from nextn.common.manifest import step_read_bytes
@@ -579,6 +562,8 @@ class DeviceCheck:
         want = fixture_want(self.path(main["reference"]), ["code-module"])["code-module"]
         ids = want["prompt_ids"]
         n, reps = (16, 1) if self.a.quick else (self.a.n, 3)
+        from nextn.common.measure import copy_bandwidth
+
         bw = copy_bandwidth(eng.dev, (64 << 20) if eng.device.kind == "cpu" else (1 << 30))
         per_token = step_bytes(eng.artifact.manifest, "decode")
         floor_tps = bw / per_token
@@ -647,6 +632,8 @@ class DeviceCheck:
         res["load_s"] = time.perf_counter() - t0
         res["upload_GBps"] = eng.load_info["weights"]["bytes"] / eng.load_info["weights"]["s"] / GB
         man = eng.artifact.manifest
+        from nextn.common.measure import copy_bandwidth
+
         bw = copy_bandwidth(eng.dev, (256 << 20) if eng.device.kind == "cpu" else (1 << 30), reps=5)
         res["copy_GBps"] = bw / GB
         reps = 3 if self.a.quick else 20

@@ -191,22 +191,6 @@ def numpy_read_bandwidth(threads: int) -> float:
     return stream_bandwidth(threads)["read_GBps"]
 
 
-def copy_bandwidth(dev, nbytes=1 << 30, repeat=10):
-    """GB/s of a device-to-device copy, bytes read + written."""
-    import tvm
-
-    a = tvm.runtime.empty((nbytes // 4,), "float32", dev)
-    b = tvm.runtime.empty((nbytes // 4,), "float32", dev)
-    best = float("inf")
-    for _ in range(repeat):
-        dev.sync()
-        t0 = time.perf_counter()
-        b.copyfrom(a)
-        dev.sync()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * nbytes / best / 1e9
-
-
 def _stream_times(calls: dict, weights, repeat) -> dict:
     """{name: [seconds per call in each round]} of each (fn, rest) in `calls` called as fn(w, *rest) over the
     weight copies, `repeat` rounds interleaved (one pass of each per round), so that a shared machine's slow
@@ -392,7 +376,9 @@ def gpu_main(args, shapes, rng):
     dev = {"cuda": tvm.cuda, "rocm": tvm.rocm}[args.target]()
     if not dev.exist:
         raise SystemExit(f"no {args.target} device here: the GPU mode runs on the GPU machine")
-    copy_gbs = copy_bandwidth(dev)
+    from nextn.common.measure import copy_bandwidth
+
+    copy_gbs = copy_bandwidth(dev, 1 << 30) / 1e9
     print(f"{args.target} copy bandwidth {copy_gbs:.0f} GB/s; rows = {args.rows}")
     results = []
     for ttype in args.types.split(","):

@@ -67,6 +67,7 @@ import numpy as np
 
 from nextn.common.kv_types import DEFAULT as KV_DEFAULT
 from nextn.common.kv_types import NAMES as KV_TYPES   # llama.cpp's -ctk / -ctv values that nextn has
+from nextn.runtime.threads import physical_cores
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -111,12 +112,6 @@ def decode_bytes_from_gguf(info: dict) -> dict:
 
 
 # -- the machine -----------------------------------------------------------------------------------------------------
-def physical_cores() -> int:
-    import psutil
-
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-
-
 def stream_bandwidth(threads: int, read_mb: int = 512, copy_mb: int = 256, reps: int = 5) -> dict:
     """GB/s of a multi-threaded read (sum) and of a single-threaded copy (read + write bytes), best of `reps`."""
     from concurrent.futures import ThreadPoolExecutor

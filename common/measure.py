@@ -62,3 +62,24 @@ def cpu_name() -> str:
     import platform
 
     return platform.processor() or platform.machine()
+
+
+def copy_bandwidth(dev, nbytes: int, reps: int = 10) -> float:
+    """Copy bandwidth of device `dev` (a TVM device) in bytes/s: one `nbytes` buffer copied into another, bytes read
+    plus bytes written (2 × nbytes per copy), best of `reps` after one untimed copy. The HBM floor's denominator
+    (bench/device_check.py) and the GEMV benches' reference (bench/quant_gemv.py)."""
+    import time
+
+    import tvm
+
+    a = tvm.runtime.empty((nbytes,), "uint8", dev)
+    b = tvm.runtime.empty((nbytes,), "uint8", dev)
+    b.copyfrom(a)
+    dev.sync()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        b.copyfrom(a)
+        dev.sync()
+        best = min(best, time.perf_counter() - t)
+    return 2 * nbytes / best
