@@ -193,22 +193,71 @@ def _isolated_cache(tmp_path_factory):
     os.environ["NEXTN_CACHE"] = str(tmp_path_factory.mktemp("nextn-cache"))
 
 
+def artifact_cache_dir() -> Path | None:
+    """Where the suite keeps compiled test artifacts across runs: `$NEXTN_TEST_CACHE`, default
+    ~/.cache/nextn-test; an empty value (what .ci/run sets) compiles every artifact afresh into the session's
+    temporary folder."""
+    d = os.environ.get("NEXTN_TEST_CACHE")
+    if d == "":
+        return None
+    return Path(d or Path.home() / ".cache" / "nextn-test")
+
+
+def artifact_key(model: Path, draft: Path | None, kv: str, options: dict) -> str | None:
+    """The test cache's key of one compile: the model (and draft) files' path and header identity, the KV type, the
+    compile options and the compiler's fingerprint (its sources and TVM's version: a changed compiler never reuses
+    an artifact). None when an option names a file or folder (a tuning log, a dump folder), whose content the key
+    would not see: such compiles are never shared."""
+    import hashlib
+
+    from nextn.common.gguf import GGUFFile
+    from nextn.compiler.entry import compiler_fingerprint
+
+    if any(isinstance(v, (str, os.PathLike)) and os.path.exists(v) for v in options.values()):
+        return None
+    files = [(str(Path(f).resolve()), GGUFFile.open(str(f)).identity()) for f in (model, draft) if f]
+    blob = json.dumps([files, kv, sorted((k, repr(v)) for k, v in options.items()), compiler_fingerprint()])
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
 @pytest.fixture(scope="session")
 def compiled(tmp_path_factory):
-    """compiled(name, model, draft=None, kv="f32", **compile options) → artifact dir, compiled once per session;
-    `kv`: the KV cache type of both caches (f32 by default: the fixtures' references are float32 with no KV
-    rounding)."""
+    """compiled(name, model, draft=None, kv="f32", **compile options) → artifact dir, compiled once per session
+    and kept in `artifact_cache_dir()` across sessions under `artifact_key`; `kv`: the KV cache type of both caches
+    (f32 by default: the fixtures' references are float32 with no KV rounding). Every compile of the suite goes
+    through here."""
+    import shutil
+
+    from nextn.common.manifest import MANIFEST
     from nextn.compiler.compile import compile_model
 
     done: dict[str, str] = {}
+    root = artifact_cache_dir()
+
+    def build(out: str, model, draft, kv, options):
+        compile_model(str(model), out, draft=str(draft) if draft else None, log=lambda *_: None,
+                      cache_type_k=kv, cache_type_v=kv, **options)
 
     def get(name: str, model: Path, draft: Path | None = None, kv: str = "f32", **options) -> str:
-        if name not in done:
+        if name in done:
+            return done[name]
+        key = artifact_key(model, draft, kv, options) if root is not None else None
+        if key is None:
             out = str(tmp_path_factory.mktemp(f"art-{name}"))
-            compile_model(str(model), out, draft=str(draft) if draft else None, log=lambda *_: None,
-                          cache_type_k=kv, cache_type_v=kv, **options)
-            done[name] = out
-        return done[name]
+            build(out, model, draft, kv, options)
+        else:
+            out = str(root / key)
+            if not os.path.isfile(os.path.join(out, MANIFEST)):
+                root.mkdir(parents=True, exist_ok=True)
+                part = f"{out}.part-{os.getpid()}"   # two xdist workers may build one key: the first rename wins
+                shutil.rmtree(part, ignore_errors=True)
+                build(part, model, draft, kv, options)
+                try:
+                    os.rename(part, out)    # fails when another worker's complete artifact is there: use that one
+                except OSError:
+                    shutil.rmtree(part, ignore_errors=True)
+        done[name] = out
+        return out
 
     return get
 

@@ -534,14 +534,10 @@ def test_prefill_chunked_equals_verify_recurrent(g5n):
 
 
 @pytest.mark.slow
-def test_gpu_form_on_the_cpu(tmp_path, monkeypatch):
+def test_gpu_form_on_the_cpu(compiled, monkeypatch):
     """The GPU artifacts' arithmetic built for llvm (attention, index score and top-k as separate kernels; the KDA
     recurrence for prefill too): logits and speculation as the references."""
-    from nextn.compiler.compile import compile_model
-
-    out = str(tmp_path / "split")
-    compile_model(str(BF16), out, log=lambda *_: None, split_kernels=True, cache_type_k="f32", cache_type_v="f32")
-    m = rt.load(out, ctx_size=4096)
+    m = rt.load(compiled("g5n-bf16-split", BF16, split_kernels=True), ctx_size=4096)
     assert m.engine.artifact.manifest["entry_points"]["prefill"]["keeps_row_states"] is True
     p = PROMPTS["docs-heading"]
     npz = reference_logits(D)

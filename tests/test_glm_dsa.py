@@ -37,13 +37,8 @@ def dsa(compiled):
 
 
 @pytest.fixture(scope="module")
-def dsa_dense(tmp_path_factory):
-    from nextn.compiler.compile import compile_model
-
-    out = str(tmp_path_factory.mktemp("art-dsa-dense"))
-    compile_model(str(D / "tiny-glm-dsa-BF16.gguf"), out, log=lambda *_: None, mtp_dense_attention=True,
-                  cache_type_k="f32", cache_type_v="f32")
-    return rt.load(out, ctx_size=4096)
+def dsa_dense(compiled):
+    return rt.load(compiled("dsa-bf16-dense", D / "tiny-glm-dsa-BF16.gguf", mtp_dense_attention=True), ctx_size=4096)
 
 
 @pytest.fixture(scope="module")

@@ -70,16 +70,13 @@ def test_index_mask_store_by_position():
 
 
 @pytest.mark.parametrize("arch", sorted(CASES))
-def test_split_kernels_form(arch, tmp_path):
-    from nextn.compiler.compile import compile_model
+def test_split_kernels_form(arch, compiled):
     from nextn.compiler.graphs import build_graphs
     from nextn.compiler.loader.model_files import ModelFiles
 
     path = CASES[arch]
-    out = str(tmp_path / "art")
-    compile_model(str(path), out, log=lambda *_: None, split_kernels=True, cache_type_k="f32", cache_type_v="f32",
-                  exact_matmul=True)   # float activation rows: equal to the interpreter and the references
-    m = rt.load(out, ctx_size=512)
+    # float activation rows (exact_matmul): equal to the interpreter and the references
+    m = rt.load(compiled(f"{arch}-split-exact", path, split_kernels=True, exact_matmul=True), ctx_size=512)
     assert m.engine.artifact.manifest["kernel_form"] == "gpu-emulated"
     mf = ModelFiles(path, load_mtp=True)
     ref = reference(path.parent)
