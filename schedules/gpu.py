@@ -18,6 +18,7 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
+from .gpu_bound import unbound_accesses
 from .loops import static_extent
 
 _REPORT: dict[str, str] = {}
@@ -82,10 +83,29 @@ class _Hand:
         return self.fn(func, target)
 
 
-def _thread_bound(func: tirx.PrimFunc) -> bool:
-    """True if some loop of `func` is bound to threadIdx / blockIdx (dlight's schedules always bind)."""
-    text = func.script()
-    return "threadIdx." in text and "blockIdx." in text
+def _inline_unbound_producers(sch) -> None:
+    """Inline into their consumers the element-wise blocks a rule left outside every thread binding.
+
+    dlight's LowBatchGEMV pads the GEMV's vector input (`pad_einsum`: T rounded up to its bucket of 4) and inlines
+    that pad block only when it reads a function argument directly; when an element-wise producer was fused in
+    front (BF16 / F16 weights, whose matmul FuseOps fuses with the SwiGLU before it: `fused_swiglu_mul_mat3`),
+    the producer is inlined into the pad block *after* that test, so the pad block — the SwiGLU over all rows —
+    stayed at the root, unbound, and was compiled as host code (issue 33). Inlining it does what the rule meant:
+    each GEMV thread computes the SwiGLU of the inputs it loads (no T × K temporary, no extra launch)."""
+    try:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except Exception:   # no root block (a hand-written kernel): nothing to complete
+        return
+    for b in blocks:
+        loops = [sch.get(lp) for lp in sch.get_loops(b)]
+        if any(lp.kind == tirx.ForKind.THREAD_BINDING for lp in loops):
+            continue
+        if any(iv.iter_type != tirx.IterVar.DataPar for iv in sch.get(b).iter_vars):
+            continue
+        try:
+            sch.compute_inline(b)
+        except Exception:   # not inlinable: unbound_accesses then rejects the rule
+            continue
 
 
 def schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tuple[tirx.PrimFunc, str]:
@@ -100,9 +120,11 @@ def schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tuple[tirx.Pri
         if space is None:
             continue
         sch = space[0] if isinstance(space, (list, tuple)) else space
+        _inline_unbound_producers(sch)
         out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-        if not _thread_bound(out):
-            errors.append(f"{rule_name}: produced no thread binding")
+        unbound = unbound_accesses(out)
+        if unbound:   # host code touching device buffers (issue 33): never accept it, try the next rule
+            errors.append(f"{rule_name}: left {', '.join(unbound[:3])} outside GPU threads")
             continue
         problem = _lowering_problem(out)
         if problem:   # a rule can accept a function and still leave a schedule that does not lower: next rule

@@ -2,14 +2,22 @@
 
 Phases: legalize (reshape → TIR) → fuse (FuseOps/FuseTIR: elementwise producers into their consumers,
 e.g. rms_norm × weight, bias adds, swiglu into the down matmul's input) → schedule (`nextn.schedules`) →
-lower to the VM. Each phase's IR can be dumped (`nextn compile --dump-ir DIR`).
+lower to the VM → on CUDA / ROCm, verify that no PrimFunc of the device module computes on the host
+(`check_device_module`). Each phase's IR can be dumped (`nextn compile --dump-ir DIR`).
 """
 from __future__ import annotations
 
 import os
 
 import tvm
+import tvm_ffi
 from tvm import relax
+
+from nextn.common.errors import NextnError
+
+# A NextnError raised in one of our passes crosses TVM's FFI: registered, it arrives at the caller as itself (one
+# line on the CLI) instead of a RuntimeError with a traceback.
+tvm_ffi.error.register_error("NextnError", NextnError)
 
 
 def phases(target, schedule_pass, cuda_graph: bool = False):
@@ -35,7 +43,39 @@ def phases(target, schedule_pass, cuda_graph: bool = False):
             relax.transform.VMShapeLower(),
             relax.transform.AttachGlobalSymbol(),
         ]),
+        *([("verify_device", [VerifyDeviceModule(target)])] if target.kind.name in GPU_KINDS else []),
     ]
+
+
+GPU_KINDS = ("cuda", "rocm")
+
+
+def check_device_module(mod, target) -> None:
+    """Raise NextnError naming the first PrimFunc of `mod` (a GPU build's module before codegen) with a buffer
+    access outside every GPU thread binding: after SplitHostDevice that code would run on the host and read device
+    memory through device pointers (issue 33's BF16 segfault). TVM's own VerifyMemory runs too late to see it
+    (schedules/gpu_bound.py). Shape functions the VM runs on the host are exempt."""
+    from nextn.schedules.gpu_bound import host_compute
+
+    bad = host_compute(mod)
+    if bad:
+        name = sorted(bad)[0]
+        more = f"; {len(bad) - 1} more: {', '.join(sorted(bad)[1:4])}" if len(bad) > 1 else ""
+        raise NextnError(f"{target.kind.name} build: PrimFunc '{name}' would compute on the host "
+                         f"({', '.join(bad[name][:3])} outside any GPU thread binding){more}; "
+                         f"a schedule left it unbound, the build stops before codegen")
+
+
+@tvm.transform.module_pass(opt_level=0, name="nextn.VerifyDeviceModule")
+class VerifyDeviceModule:
+    """`check_device_module` as a pass (the last phase of a CUDA / ROCm pipeline); the module is unchanged."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def transform_module(self, mod, _ctx):
+        check_device_module(mod, self.target)
+        return mod
 
 
 def make_pipeline(target, schedule_pass, dump_dir: str | None = None, cuda_graph: bool = False):
