@@ -64,3 +64,66 @@ def host_compute(mod) -> dict[str, list[str]]:
             if bad:
                 out[gv.name_hint] = bad
     return out
+
+
+def launches(func: tirx.PrimFunc) -> list[dict]:
+    """The kernel launches of a scheduled GPU PrimFunc: per outermost thread-bound region (one kernel after
+    SplitHostDevice), {"grid": [x, y, z], "block": [x, y, z]} with each extent as its expression's text ("1" where
+    unbound; a dynamic one names T, L, ...). Read from `T.thread_binding` loops and `T.launch_thread` attributes; a
+    tag bound twice in one region (sibling loop nests) keeps its largest extent."""
+    from tvm_ffi import WalkResult, structural_walk
+
+    out = []
+
+    def extents(region) -> dict:
+        tags: dict[str, list] = {}
+
+        def visit(node):
+            if isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
+                tags.setdefault(node.node.thread_tag, []).append(node.value)
+            elif isinstance(node, tirx.For) and node.kind == tirx.ForKind.THREAD_BINDING:
+                tags.setdefault(node.thread_binding.thread_tag, []).append(node.extent)
+            return WalkResult.ADVANCE
+
+        structural_walk(region, [(tirx.AttrStmt, visit), (tirx.For, visit)], order="pre")
+        return tags
+
+    def region(node):
+        if not _binds_threads(node) or (isinstance(node, tirx.AttrStmt) and node.attr_key != "thread_extent"):
+            return WalkResult.ADVANCE
+        tags = extents(node)
+
+        def dim(tag):
+            vals = tags.get(tag)
+            if not vals:
+                return "1"
+            consts = [int(v) for v in vals if isinstance(v, tirx.IntImm)]
+            return str(max(consts)) if len(consts) == len(vals) else extent_text(vals[0])
+
+        out.append({"grid": [dim(f"blockIdx.{a}") for a in "xyz"], "block": [dim(f"threadIdx.{a}") for a in "xyz"]})
+        return WalkResult.SKIP
+
+    structural_walk(func.body, [(tirx.AttrStmt, region), (tirx.For, region)], order="pre")
+    return out
+
+
+def extent_text(e) -> str:
+    """A launch extent as a reader writes it: `(T + 3) // 4`, not the printer's `(T_1 + T.int64(3)) // T.int64(4)`."""
+    import re
+
+    text = re.sub(r"T\.int(?:64|32)\((-?\d+)\)", r"\1", str(e))
+    text = re.sub(r"T\.(min|max)\(", r"\1(", text)
+    for v in tirx.analysis.undefined_vars(e):
+        text = re.sub(rf"\b{re.escape(str(v))}\b", v.name, text)
+    return text
+
+
+def extent_at(text: str, value: int = 1):
+    """The value of an `extent_text` with every symbol (T, L, ...) set to `value` (T = 1: a decode step), or None."""
+    import re
+
+    names = {n: value for n in re.findall(r"\b[A-Za-z_]\w*\b", text) if n not in ("min", "max")}
+    try:
+        return int(eval(text, {"__builtins__": {}, "min": min, "max": max}, names))   # noqa: S307 (our own text)
+    except Exception:   # not a plain arithmetic expression: no number
+        return None

@@ -122,9 +122,47 @@ def test_glm4moe_bf16_gpu_module_has_no_host_compute():
         for name, passes in phases(tgt, ScheduleGPU(tgt)):
             mod = tvm.transform.Sequential(passes)(mod)
             names.append(name)
+            if name == "schedule":
+                scheduled = mod
     assert names[-1] == "verify_device" and host_compute(mod) == {}
     rep = last_report()
     assert rep["fused_swiglu_mul_mat3"] == rep["fused_swiglu2_mul_mat"] == "LowBatchGEMV"
+    check_kernel_report(scheduled, rep, mf)
+
+
+def check_kernel_report(mod, rules, mf):
+    """The compile report of every kernel: its rule, a launch shape with numbers at T = 1, and weight bytes; the
+    LM head's (`output.weight`, BF16 [8192, 256]) equal to the tensor's size in the GGUF."""
+    from nextn.compiler.schedule_report import kernel_report
+
+    rep = kernel_report(mod, rules)
+    assert set(rep) == set(rules)
+    for name, r in rep.items():
+        assert r["rule"] == rules[name] and r["launches"], name
+        assert all(isinstance(ln["blocks_at_1"], int) and ln["blocks_at_1"] > 0 and 0 < ln["threads"] <= 1024
+                   for ln in r["launches"]), (name, r)
+    n_head = int(mf.main.tensors["output.weight"].n_bytes)   # the GGUF's tensor table (gguf-py)
+    assert n_head == 8192 * 256 * 2
+    heads = [k for k, r in rep.items() if r["weight_bytes"] == n_head]
+    assert heads and all(r["weight_bytes"] <= n_head for r in rep.values())
+
+
+def test_launch_shape_of_a_known_kernel():
+    """half_bound's launch as written: 2 blocks of 32 threads; an unbound kernel has none."""
+    from nextn.compiler.schedule_report import shape_text
+    from nextn.schedules.gpu_bound import extent_at, launches
+
+    ls = launches(all_bound)
+    assert [ln["grid"] for ln in ls] == [["1", "1", "1"], ["2", "1", "1"]]
+    assert [ln["block"] for ln in ls] == [["64", "1", "1"], ["32", "1", "1"]]
+    assert shape_text(ls[1]) == "grid 2 × block 32"
+    assert launches(half_bound) == [{"grid": ["2", "1", "1"], "block": ["32", "1", "1"]}]   # the host loop: none
+    from nextn.schedules.gpu import schedule_func
+
+    out, _rule = schedule_func(swiglu_mul_mat, _cuda(), "s")
+    (ln,) = launches(out)   # LowBatchGEMV: rows in blocks of 4 along blockIdx.y
+    assert ln["grid"][1] == "(n + 3) // 4" and extent_at(ln["grid"][1]) == 1
+    assert extent_at(ln["grid"][1], 9) == 3
 
 
 FIXTURE_FILES = [f"tiny-{m}/tiny-{m}-{q}.gguf" for m in ("glm4moe", "glm-dsa", "glm5next")

@@ -50,6 +50,18 @@ def phases(target, schedule_pass, cuda_graph: bool = False):
 GPU_KINDS = ("cuda", "rocm")
 
 
+def _write_kernel_report(mod, dump_dir: str) -> None:
+    """DIR/kernel_report.json: per PrimFunc its schedule rule, launch shape and weight bytes
+    (compiler/schedule_report.py `kernel_report`; the rule table alone is DIR/schedule_report.json)."""
+    import json
+
+    from nextn.compiler.schedule_report import kernel_report
+    from nextn.schedules.gpu import last_report
+
+    with open(os.path.join(dump_dir, "kernel_report.json"), "w") as f:
+        json.dump(kernel_report(mod, last_report()), f, indent=1, sort_keys=True)
+
+
 def check_device_module(mod, target) -> None:
     """Raise NextnError naming the first PrimFunc of `mod` (a GPU build's module before codegen) with a buffer
     access outside every GPU thread binding: after SplitHostDevice that code would run on the host and read device
@@ -88,6 +100,8 @@ def make_pipeline(target, schedule_pass, dump_dir: str | None = None, cuda_graph
                     os.makedirs(dump_dir, exist_ok=True)
                     with open(os.path.join(dump_dir, f"{i + 1}_{name}.py"), "w") as f:
                         f.write(mod.script())
+                    if name == "schedule" and target.kind.name in GPU_KINDS:
+                        _write_kernel_report(mod, dump_dir)
         return mod
 
     return _pipeline
