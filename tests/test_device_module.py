@@ -55,7 +55,8 @@ def swiglu_mul_mat(var_g: T.handle, var_u: T.handle, W: T.Buffer((T.int64(64), T
             v0, v1, vk = T.axis.remap("SSR", [i0, i1, k])
             with T.init():
                 Out[v0, v1] = T.float32(0)
-            Out[v0, v1] = Out[v0, v1] + S[v0, vk] * T.reinterpret("float32", T.Cast("uint32", W[v1, vk]) << T.uint32(16))
+            Out[v0, v1] = Out[v0, v1] + S[v0, vk] * T.reinterpret(   # BF16 bits -> float32
+                "float32", T.Cast("uint32", W[v1, vk]) << T.uint32(16))
 
 
 def _cuda():
