@@ -40,6 +40,12 @@ N_MAX = (1, 2, 3)
 BUCKET_PROMPT = 250          # decode from cell 250 over the 256-cell bucket boundary
 BUCKET_STEPS = 12
 LOGIT_TOL = 1e-4             # the fixtures' tolerance: max |Δ| / max |ref| per row
+# Quantized models against their float-activation CPU run (`--exact-matmul` llvm artifact, recorded by bench/bundle.py):
+# the same computation, float32, only the summation order (and the GPU's exp) differ. bench/exact_tolerance.py
+# measures that spread on this CPU as the exact-matmul artifact against the numpy IR interpreter on gguf-py-dequantized
+# weights: at most 6.1e-7 over the bundle's quantized models and their prompts (docs/gpu.md); 1e-5 leaves a factor 16,
+# and stays 350x below what int8-quantized activations change (3.6e-3 to 9.2e-2 here; 3.6e-3 to 2.4e-2 on the H200).
+GPU_TOL = 1e-5
 SPEED_CONFIGS = [("off", "none", 1), ("n_max=1", "draft-mtp", 1), ("n_max=2", "draft-mtp", 2),
                  ("n_max=3", "draft-mtp", 3), ("auto", "draft-mtp", "auto")]
 # The stages each stage needs (a reference stage opens its own engine: it needs the plugin only).
@@ -257,27 +263,38 @@ def expect_want(path: str, kinds) -> dict:
     return {k: dict(v, last_logits=npz[f"{k}/last_logits"]) for k, v in data.items() if not kinds or k in kinds}
 
 
-def model_outputs(m, prompts: dict, rows: bool) -> dict:
+def model_outputs(m, prompts: dict, rows: bool, margins: bool = False) -> dict:
     """Per prompt kind: last-row logits and argmax, the greedy continuation, greedy speculation at n_max 1..3
     ((rounds, drafted, accepted) and whether its tokens equal plain decoding); with `rows`, every row's trunk
-    logits, hidden and NextN logits for the full-row kinds. glm-dsa drafts recompute the NextN index at every step
-    (the references' rule); a second n_max 3 run with the shared index must give the same tokens."""
+    logits, hidden and NextN logits for the full-row kinds; with `margins`, the smallest top-2 gap of the greedy
+    run (`greedy_margin`) and of each speculative run (`spec_margin`). glm-dsa drafts recompute the NextN index at
+    every step (the references' rule); a second n_max 3 run with the shared index must give the same tokens."""
+    from contextlib import nullcontext
+
     eng = m.engine
     shared = "mtp_draft_shared" in eng._fn
     out = {}
+
+    def gaps():
+        return ArgmaxMargins(eng) if margins else nullcontext()
+
     for kind, p in prompts.items():
         ids = p["prompt_ids"]
         _h, last, am = eng.prefill(np.asarray(ids, np.int32), 0)
-        plain = m.generate(ids, p["n_predict"], spec_type="none", ignore_eos=True)
+        with gaps() as g:
+            plain = m.generate(ids, p["n_predict"], spec_type="none", ignore_eos=True)
         o = {"last_logits": np.asarray(last), "argmax": int(am), "greedy_ids": list(plain.ids), "spec": {},
-             "spec_equal": {}}
+             "spec_equal": {}, "margins": {"greedy_margin": g.min if margins else None, "spec_margin": {}}}
         if m.has_mtp:
             eng.share_mtp_index = False
             try:
                 for k in N_MAX:
-                    r = m.generate(ids, p["n_predict"], spec_type="draft-mtp", n_max=k, ignore_eos=True)
+                    with gaps() as g:
+                        r = m.generate(ids, p["n_predict"], spec_type="draft-mtp", n_max=k, ignore_eos=True)
                     o["spec"][str(k)] = [r.stats.rounds, r.stats.drafted, r.stats.accepted]
                     o["spec_equal"][str(k)] = r.ids == plain.ids
+                    if margins:
+                        o["margins"]["spec_margin"][str(k)] = g.min
             finally:
                 eng.share_mtp_index = True
             if shared:
@@ -291,45 +308,95 @@ def model_outputs(m, prompts: dict, rows: bool) -> dict:
     return out
 
 
-def compare(got: dict, want: dict, exact_acceptance: bool) -> list[dict]:
-    """One line per check: logits within LOGIT_TOL, argmax, greedy ids, spec ≡ plain, acceptance counts."""
+def compare(got: dict, want: dict, exact_acceptance: bool, tol: float = LOGIT_TOL) -> list[dict]:
+    """One line per check: logits within `tol`, argmax, greedy ids, spec ≡ plain, acceptance counts.
+
+    Expectations recorded with margins (`record_expectations`) tell a bug from a near-tie: when every logit of a
+    run stays within tol · max|logit| of the expectation, an argmax can only change where the expectation's top-2
+    gap was at most 2 · tol · max|logit|. A greedy-id or acceptance-count difference on a run whose smallest gap
+    exceeds that is a failure; on a run that had such a near-tie it is reported (`undecided`), not failed."""
     checks = []
 
-    def check(what, ok, detail=""):
-        checks.append({"check": what, "ok": bool(ok), "detail": detail})
+    def check(what, ok, detail="", margin=None):
+        c = {"check": what, "ok": bool(ok), "detail": detail}
+        if not ok and margin is not None and margin <= 2 * tol:
+            c.update(ok=True, undecided=True, detail=f"{detail}; near-tie: the expectation's smallest top-2 gap "
+                                                     f"{margin:.1e} <= 2 x tol, so an argmax may differ")
+        checks.append(c)
 
     for kind, w in want.items():
         g = got[kind]
         e = rel_err(g["last_logits"], w["last_logits"])
-        check(f"{kind} last logits", e < LOGIT_TOL and g["argmax"] == w["argmax"],
-              f"rel_err {e:.2e}, argmax {g['argmax']} (want {w['argmax']})")
+        check(f"{kind} last logits", e < tol and g["argmax"] == w["argmax"],
+              f"rel_err {e:.2e}, argmax {g['argmax']} (want {w['argmax']})", w.get("last_margin"))
         for f, arr in (w.get("rows") or {}).items():
             if f in g.get("rows", {}):
                 e = rel_err(g["rows"][f], arr)
-                check(f"{kind} {f}", e < LOGIT_TOL, f"rel_err {e:.2e}")
+                check(f"{kind} {f}", e < tol, f"rel_err {e:.2e}")
         same = g["greedy_ids"] == w["greedy_ids"]
         first = next((i for i, (a, b) in enumerate(zip(g["greedy_ids"], w["greedy_ids"])) if a != b), None)
-        check(f"{kind} greedy ids", same, "" if same else f"first difference at token {first}")
+        check(f"{kind} greedy ids", same, "" if same else f"first difference at token {first}", w.get("greedy_margin"))
         for k, eq in g["spec_equal"].items():
             check(f"{kind} spec n_max={k} == spec off", eq)
         if exact_acceptance:
             for k, counts in g["spec"].items():
                 if k in w["spec"]:
                     check(f"{kind} n_max={k} (rounds, drafted, accepted)", list(counts) == list(w["spec"][k]),
-                          f"{counts} (want {w['spec'][k]})")
+                          f"{counts} (want {w['spec'][k]})", (w.get("spec_margin") or {}).get(k))
     return checks
 
 
+def top2_gap(logits) -> float:
+    """Smallest (top-1 − top-2) / max|logit| over the rows of `logits` ([rows, V] or [V]): how close an argmax came
+    to another token (the measure of nextn.common.compare.rel_err)."""
+    lg = np.atleast_2d(np.asarray(logits, np.float32))
+    top = np.sort(lg, axis=1)[:, -2:]
+    return float(((top[:, 1] - top[:, 0]) / np.abs(lg).max(axis=1)).min())
+
+
+class ArgmaxMargins:
+    """Within the block, the smallest top-2 gap of every argmax engine `eng` computes (prefill's last row, verify /
+    decode rows, NextN draft rows), read from the logits each entry point returns."""
+    TAKES = ("prefill", "verify", "decode", "mtp_draft", "draft", "mtp_draft_shared")
+
+    def __init__(self, eng):
+        self.eng, self.min = eng, float("inf")
+
+    def __enter__(self):
+        run = self.run = self.eng._run
+
+        def wrapped(name, *a, **k):
+            out = run(name, *a, **k)
+            if name in self.TAKES:
+                self.min = min(self.min, top2_gap(out[1].numpy()))
+            return out
+
+        self.eng._run = wrapped
+        return self
+
+    def __exit__(self, *_exc):
+        self.eng._run = self.run
+
+
 def record_expectations(m, ref_dir: str, path: str, kinds=None) -> None:
-    """Write PATH.json + PATH.npz: this model's outputs on the fixture prompts (run here, on the CPU), the
-    expectation a GPU run of the same GGUF is compared with."""
+    """Write PATH.json + PATH.npz: this model's outputs on the fixture prompts (run here, on the CPU; bench/bundle.py
+    runs the `--exact-matmul` artifact, the computation the CUDA kernels implement), the expectation a GPU run of the
+    same GGUF is compared with, with the smallest top-2 gap of the prefill, of the greedy run and of each greedy
+    speculative run (`compare` tells near-ties from bugs with them)."""
     prompts = fixture_want(ref_dir, kinds)
-    got = model_outputs(m, prompts, rows=False)
+    got = model_outputs(m, prompts, rows=False, margins=True)
     np.savez_compressed(path + ".npz", **{f"{k}/last_logits": v["last_logits"] for k, v in got.items()})
     keep = {k: {"prompt_ids": prompts[k]["prompt_ids"], "n_predict": prompts[k]["n_predict"],
-                "argmax": v["argmax"], "greedy_ids": v["greedy_ids"], "spec": v["spec"]} for k, v in got.items()}
+                "argmax": v["argmax"], "greedy_ids": v["greedy_ids"], "spec": v["spec"],
+                "last_margin": top2_gap(v["last_logits"]), **v["margins"]} for k, v in got.items()}
     with open(path + ".json", "w") as f:
         json.dump(keep, f)
+
+
+def tolerance(check: dict) -> float:
+    """The logits tolerance of a plan's check: its `tol` (bench/bundle.py writes GPU_TOL for the float-activation
+    CPU expectations), else the fixtures' LOGIT_TOL."""
+    return float(check.get("tol", LOGIT_TOL))
 
 
 # -- the check -------------------------------------------------------------------------------------------------------
@@ -477,7 +544,7 @@ class DeviceCheck:
         from nextn.runtime.api import Model
 
         eng = self.engines["main"]
-        want = fixture_want(self.path(main["reference"]), ["code-short"])["code-short"]
+        want = self.want_of(main, ["code-short"])["code-short"]
         ids = np.asarray(want["prompt_ids"], np.int32)
         eng.prefill(ids, 0)                                   # first call: launches, allocator warm-up
         t0 = time.perf_counter()
@@ -488,7 +555,7 @@ class DeviceCheck:
         # reported, not asserted: the reference stage judges the numbers; the stages after this one need a prefill
         # that runs, not one that matches
         return {"tokens": len(ids), "ms": s * 1e3, "rel_err": e, "argmax": am,
-                "matches_reference": bool(e < LOGIT_TOL and am == want["argmax"])}
+                "matches_reference": bool(e < tolerance(main) and am == want["argmax"])}
 
     def s_decode_graphs(self, main) -> dict:
         """Greedy decode from cell BUCKET_PROMPT for BUCKET_STEPS steps with the no-graph artifact, then with the
@@ -542,18 +609,26 @@ class DeviceCheck:
             eng = self.open_engine(c, self.a.ctx)
             eng.load_all()
             m = Model(eng)
-        ref_dir = self.path(c["reference"])
-        expect = self.path(c.get("expect"))
-        want = expect_want(expect, self.kinds) if expect else fixture_want(ref_dir, self.kinds)
+        want = self.want_of(c, self.kinds)
         got = model_outputs(m, want, rows=True)
-        checks = compare(got, want, exact_acceptance=True)
+        tol = tolerance(c)
+        checks = compare(got, want, exact_acceptance=True, tol=tol)
         self.ctx.results.setdefault("references", {})[c["name"]] = checks
         bad = [x for x in checks if not x["ok"]]
         for x in bad[:10]:
             print(f"    FAIL {x['check']} {x['detail']}", flush=True)
+        undecided = [x for x in checks if x.get("undecided")]
+        for x in undecided[:5]:
+            print(f"    near-tie {x['check']} {x['detail']}", flush=True)
         if bad:
             raise AssertionError(f"{len(bad)} of {len(checks)} checks differ (first: {bad[0]['check']} {bad[0]['detail']})")
-        return {"checks": len(checks), "prompts": len(want), "against": "cpu run" if expect else "fixture reference"}
+        return {"checks": len(checks), "prompts": len(want), "tol": tol, "undecided": len(undecided),
+                "against": c.get("against") or ("cpu run" if c.get("expect") else "fixture reference")}
+
+    def want_of(self, c: dict, kinds) -> dict:
+        """What check `c` must reproduce: its recorded CPU expectations, else the fixture's references."""
+        expect = self.path(c.get("expect"))
+        return expect_want(expect, kinds) if expect else fixture_want(self.path(c["reference"]), kinds)
 
     def s_speed(self, main) -> dict:
         """Decode tok/s per config on the main model: best of R runs; fraction of the copy-bandwidth floor."""

@@ -348,3 +348,82 @@ def test_realwidth_generates_its_gguf_and_checks_the_bytes(bundle, tmp_path):
             assert st["result"]["generate_s"] > 0 and st["result"]["decode_of_floor"] > 0
         else:
             assert "sha256" in st["error"] and "is not the 0000000000000000" in st["error"]
+
+
+def test_gpu_expectations_are_the_float_activation_run_with_margins(compiled):
+    """Quantized models on a GPU are judged against their `--exact-matmul` CPU run (float activations, as the CUDA
+    kernels): that run reproduces itself at GPU_TOL, the numpy interpreter on gguf-py-dequantized weights (another
+    summation order) lies within GPU_TOL of it, and the default build (int8 activation rows, what the first H200 run
+    was compared with) is a different computation the check calls red."""
+    import nextn.runtime as rt
+    from conftest import graphs_and_dequantized
+    from nextn.compiler.ir import interpret
+
+    q8 = G4 / "tiny-glm4moe-Q8_0.gguf"
+    exact = rt.load(compiled("q8-exact", q8, exact_matmul=True), ctx_size=4096)
+    q8act = rt.load(compiled("q8", q8), ctx_size=4096)
+    want = device_check.fixture_want(str(G4), ["code-short"])
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        device_check.record_expectations(exact, str(G4), f"{d}/expect", kinds=["code-short"])
+        want = device_check.expect_want(f"{d}/expect", None)
+    w = want["code-short"]
+    assert set(w["spec_margin"]) == {"1", "2", "3"}
+    assert 0 < w["greedy_margin"] <= w["last_margin"] and all(0 < m <= 1 for m in w["spec_margin"].values())
+    tol = device_check.GPU_TOL
+    same = device_check.compare(device_check.model_outputs(exact, want, rows=False), want, True, tol=tol)
+    assert len(same) == 8 and all(c["ok"] and not c.get("undecided") for c in same)
+    # the interpreter (numpy's order) against the recorded logits: well inside the tolerance
+    graphs, weights = graphs_and_dequantized(q8)
+    ids = np.asarray(w["prompt_ids"], np.int32)
+    T = len(ids)
+    from conftest import zero_states
+
+    out = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
+                                            "hidden_ids": np.arange(T, dtype=np.int32),
+                                            "out_ids": np.array([T - 1], np.int32)},
+                        weights, zero_states(graphs["prefill"], T), n_kv=T)
+    assert device_check.rel_err(out["logits"][0], w["last_logits"]) < tol / 5
+    # int8 activations: another computation, red at GPU_TOL (3.7e-3 here, as on the H200)
+    red = device_check.compare(device_check.model_outputs(q8act, want, rows=False), want, True, tol=tol)
+    logits = next(c for c in red if c["check"] == "code-short last logits")
+    assert not logits["ok"] and float(logits["detail"].split()[1].rstrip(",")) > 100 * tol
+
+
+def test_near_tie_is_reported_not_failed():
+    """A greedy-id or acceptance difference fails when the expectation's smallest top-2 gap exceeds 2 x tol (then
+    no deviation within tol can move an argmax), and is reported as undecided when it does not."""
+    v = np.zeros(8, np.float32)
+    v[:3] = [10.0, 9.99995, 1.0]                        # top-2 gap 5e-5 / 10 = 5e-6
+    assert abs(device_check.top2_gap(v) - 5e-6) < 1e-7
+    want = {"p": {"last_logits": v, "argmax": 0, "greedy_ids": [1, 2, 3], "spec": {"1": [3, 3, 2]},
+                  "last_margin": 5e-6, "greedy_margin": 1e-3, "spec_margin": {"1": 5e-6}}}
+    got = {"p": {"last_logits": v + 1e-6, "argmax": 0, "greedy_ids": [1, 2, 4], "spec": {"1": [3, 3, 1]},
+                 "spec_equal": {"1": True}}}
+    res = {c["check"]: c for c in device_check.compare(got, want, True, tol=1e-5)}
+    assert res["p last logits"]["ok"]
+    assert not res["p greedy ids"]["ok"]                           # gap 1e-3 > 2e-5: a real difference
+    counts = res["p n_max=1 (rounds, drafted, accepted)"]
+    assert counts["ok"] and counts["undecided"] and "near-tie" in counts["detail"]
+    # without margins (the fixtures' own references) every difference fails
+    for k in ("last_margin", "greedy_margin", "spec_margin"):
+        del want["p"][k]
+    assert [c["ok"] for c in device_check.compare(got, want, True, tol=1e-5)] == [True, False, True, False]
+
+
+def test_bundle_plans_quantized_checks_at_the_gpu_tolerance(compiled, tmp_path, monkeypatch):
+    """A quantized check's plan entry points at expectations recorded from the --exact-matmul artifact
+    (refs/expect-exact-NAME) and carries its tolerance; the device check reads it."""
+    recorded = []
+    monkeypatch.setattr(bundle_builder, "record_cpu_expectations",
+                        lambda src, fixture, path, art=None: recorded.append((path, art)) or
+                        open(path + ".json", "w").write("{}"))
+    exact = compiled("q8-exact", G4 / "tiny-glm4moe-Q8_0.gguf", exact_matmul=True)
+    plan = bundle_builder.build(str(tmp_path / "b"), host="here", device="cpu", checks=["glm4moe-Q8_0"],
+                                realwidth=None, prebuilt={"glm4moe-Q8_0": exact}, copy_models=False,
+                                exact={"glm4moe-Q8_0": exact})
+    c = plan["checks"][0]
+    assert c["expect"] == "refs/expect-exact-glm4moe-Q8_0" and c["tol"] == device_check.GPU_TOL
+    assert recorded == [(str(tmp_path / "b" / c["expect"]), exact)]
+    assert device_check.tolerance(c) == device_check.GPU_TOL and device_check.tolerance({}) == device_check.LOGIT_TOL

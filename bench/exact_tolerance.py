@@ -1,0 +1,80 @@
+"""How far two float32 computations of the same quantized model lie apart when only their summation order differs:
+the measurement behind the device check's GPU tolerance (bench/device_check.py GPU_TOL).
+
+    python bench/exact_tolerance.py [--models glm4moe-Q8_0,...] [--kinds code-short,...]
+
+For each quantized model of the bundle's checks (bench/bundle.py CHECKS), the `--exact-matmul` llvm artifact (float
+activation rows, what the CUDA kernels compute; bench/bundle.py `cpu_artifact`, the one the bundle records from) against the numpy IR
+interpreter on gguf-py-dequantized weights (nextn.compiler.ir.interpret, numpy's BLAS order): last-row logits of the
+prompt's prefill, max |Δ| / max |want| (nextn.common.compare.rel_err). For scale, the default llvm artifact, whose
+K-quant / Q8_0 matmuls take int8-quantized activation rows (the computation the old expectations recorded), against
+the same interpreter. Prints one line per prompt and the worst per model.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bundle import CHECKS, FIXTURES, cpu_artifact  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(n for n, c in CHECKS.items() if c[2] == "cpu"))
+    ap.add_argument("--kinds", default="", help="prompt kinds (default: all but long-context)")
+    a = ap.parse_args(argv)
+
+    import nextn.runtime as rt
+    from nextn.common.compare import rel_err
+    from nextn.compiler.graphs import build_graphs
+    from nextn.compiler.ir import interpret
+    from nextn.compiler.ir.graph import resolve_shape
+    from nextn.compiler.loader.model_files import ModelFiles
+
+    for name in a.models.split(","):
+        fixture, gguf, _how = CHECKS[name]
+        path = os.path.join(FIXTURES, fixture, gguf)
+        exact = rt.load(cpu_artifact(path, exact=True), ctx_size=4096)
+        q8act = rt.load(cpu_artifact(path, exact=False), ctx_size=4096)
+        mf = ModelFiles(path, load_mtp=True)
+        graph = build_graphs(mf, with_mtp=True)["prefill"]
+        cache: dict = {}
+
+        def w(n):
+            if n not in cache:
+                cache[n] = mf.load(n, quantized=False).arrays[0]
+            return cache[n]
+
+        prompts = json.load(open(os.path.join(FIXTURES, fixture, "reference.json")))["prompts"]
+        kinds = [k for k in a.kinds.split(",") if k] or [p["kind"] for p in prompts if p["kind"] != "long-context"]
+        worst = {"exact": 0.0, "q8act": 0.0}
+        for p in prompts:
+            if p["kind"] not in kinds:
+                continue
+            ids = np.asarray(p["prompt_ids"], np.int32)
+            T = len(ids)
+            st = {n: np.zeros(resolve_shape(s.shape, {"C": T, "P": 2}), np.float32) for n, s in graph.states.items()}
+            inputs = {"tokens": ids, "pos": np.arange(T, dtype=np.int32), "hidden_ids": np.arange(T, dtype=np.int32),
+                      "out_ids": np.array([T - 1], np.int32)}
+            if "rs_plane" in graph.inputs:
+                inputs["rs_plane"] = np.array([0], np.int32)
+            want = interpret.run(graph, inputs, w, st, n_kv=T)["logits"][0]
+            e = {"exact": rel_err(exact.engine.prefill(ids, 0)[1], want),
+                 "q8act": rel_err(q8act.engine.prefill(ids, 0)[1], want)}
+            for k in worst:
+                worst[k] = max(worst[k], e[k])
+            print(f"{name:16s} {p['kind']:14s} T={T:4d}  exact-matmul {e['exact']:.2e}  int8 activations "
+                  f"{e['q8act']:.2e}", flush=True)
+        print(f"{name}: worst exact-matmul vs interpreter {worst['exact']:.2e}; int8-activation build vs interpreter "
+              f"{worst['q8act']:.2e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
