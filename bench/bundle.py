@@ -43,7 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.environ.get("NEXTN_FIXTURES") or os.path.join(os.path.dirname(ROOT), "shared", "fixtures")
 SYNTH = os.path.join(os.path.dirname(FIXTURES), "tools", "synth_realwidth.py")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from realwidth_files import realwidth_dir  # noqa: E402  (bench/realwidth_files.py makes the file)
+from realwidth_files import FILES as REALWIDTH_FILES, realwidth_dir  # noqa: E402  (bench/realwidth_files.py makes them)
 
 REALWIDTH_DIR = realwidth_dir()
 LIMIT_MB = 64                 # what one device run may carry: bundle + the repository's tracked files (MiB)
@@ -74,6 +74,9 @@ CHECKS = {
 }
 IN_REPO = {"tiny-glm4moe/tiny-glm4moe-Q8_0.gguf": "artifacts/tiny-glm4moe-Q8_0.gguf"}   # same bytes, tracked
 REALWIDTH = {"glm45air-1": ("glm45air", 1)}
+# The predictable real-width files (synth_realwidth.py --mtp-mix 0.1; bench/realwidth_files.py names): device check
+# stages `realwidth NAME` time their steps against the HBM floor and speculation against plain decoding.
+REALWIDTH_SPEC = ("glm45air-1-a0.1", "glm45air-4-a0.1")
 
 
 def log(msg: str) -> None:
@@ -254,12 +257,15 @@ def record_cpu_expectations(gguf: str, fixture: str, path: str, artifact: str | 
 # -- the bundle ------------------------------------------------------------------------------------------------------
 def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",), checks=tuple(CHECKS),
           realwidth: str | None = "glm45air-1", prebuilt: dict | None = None, copy_models: bool = True,
-          cache: str | None = None, reuse: str | None = None, exact: dict | None = None) -> dict:
+          cache: str | None = None, reuse: str | None = None, exact: dict | None = None,
+          realwidth_spec=()) -> dict:
     """Write the bundle directory `out`; returns its bundle.json. `prebuilt` {check name (+ "-nograph"), or the
     real-width name: artifact dir} skips compiling those; `reuse`: an earlier bundle whose artifacts and CPU
     expectations are taken as they are (built by the same compiler: nothing checks that); `copy_models` False
     references the fixture GGUFs where they are (CI); `exact` {check name: `--exact-matmul` llvm artifact dir}: the
-    artifact a quantized check's expectations are recorded from (default: `cpu_artifact`, compiled and cached)."""
+    artifact a quantized check's expectations are recorded from (default: `cpu_artifact`, compiled and cached);
+    `realwidth_spec`: names of REALWIDTH_FILES (the predictable ones, REALWIDTH_SPEC) for the `realwidth NAME` stages,
+    or dicts {"name", "model", "artifact"} (CI: a tiny stand-in)."""
     from nextn.common.paths import cache_dir
 
     cache = cache or cache_dir()
@@ -326,6 +332,13 @@ def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",),
         plan["realwidth"] = {"name": realwidth["name"], "model": realwidth["model"], "artifact": "art/realwidth"}
     elif realwidth:
         plan["realwidth"] = realwidth_slice(out, realwidth, target, arches, prebuilt)
+    plan["realwidth_spec"] = []
+    for rw in realwidth_spec or ():
+        if isinstance(rw, dict):
+            shutil.copytree(rw["artifact"], os.path.join(out, "art", f"spec-{rw['name']}"))
+            plan["realwidth_spec"].append(dict(rw, artifact=f"art/spec-{rw['name']}"))
+        else:
+            plan["realwidth_spec"].append(realwidth_slice(out, rw, target, arches, prebuilt))
     shutil.copy2(os.path.join(ROOT, "bench", "bundle_run.py"), os.path.join(out, "run.py"))
     shutil.copy2(os.path.join(ROOT, "bench", "device_check.py"), os.path.join(out, "device_check.py"))
     with open(os.path.join(out, "bundle.json"), "w") as f:
@@ -346,8 +359,20 @@ def place_link(out: str, rel: str, repo_rel: str, src: str) -> str:
 
 
 def realwidth_slice(out: str, name: str, target: str, arches, prebuilt: dict) -> dict:
-    """The real-width GGUF's recipe (generated on the GPU host), its sha256 and size, and its artifact."""
-    preset, n_moe = REALWIDTH[name]
+    """The real-width GGUF's recipe (generated on the GPU host: synth_realwidth.py PRESET OUT ARGS...), its sha256
+    and size, and its artifact. `name`: REALWIDTH or a synthesized file of bench/realwidth_files.py (made here first
+    when missing: 4-10 GB, run under the heavy-bench lock)."""
+    if name in REALWIDTH:
+        preset, n_moe = REALWIDTH[name]
+        args = [str(n_moe)]
+    else:
+        from realwidth_files import make
+
+        kind, (preset, *args) = REALWIDTH_FILES[name]
+        if kind != "synth":
+            raise SystemExit(f"bundle: {name} is not a synth_realwidth.py file (it cannot be generated on the GPU host)")
+        n_moe = int(args[0])
+        make(name, log)
     gguf = os.path.join(REALWIDTH_DIR, f"{name}.gguf")
     art = os.path.join(out, "art", f"{name}-{target}")
     if name in prebuilt:
@@ -362,7 +387,7 @@ def realwidth_slice(out: str, name: str, target: str, arches, prebuilt: dict) ->
     tpl = "tiny-glm4moe/tiny-glm4moe-Q8_0.gguf"
     if not os.path.lexists(os.path.join(out, "models", tpl)):
         place_link(out, f"models/{tpl}", IN_REPO[tpl], os.path.join(FIXTURES, tpl))
-    return {"name": name, "preset": preset, "n_moe": n_moe, "file": f"{name}.gguf", "size": mf["size"],
+    return {"name": name, "preset": preset, "n_moe": n_moe, "args": args, "file": f"{name}.gguf", "size": mf["size"],
             "sha256": sha256(gguf), "artifact": os.path.relpath(art, out), "synth": "tools/synth_realwidth.py",
             "fixtures": "models"}
 
@@ -408,6 +433,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="sm_90", help="CUDA arch(s) of the artifacts (comma list)")
     ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma list of {', '.join(CHECKS)}")
     ap.add_argument("--realwidth", default="glm45air-1", help="real-width slice (glm45air-1) or none")
+    ap.add_argument("--realwidth-spec", default=",".join(REALWIDTH_SPEC),
+                    help="predictable real-width files for the speculation stages (comma list) or none")
     ap.add_argument("--no-tar", action="store_true", help="leave the directory only")
     ap.add_argument("--reuse", default=None, help="take the artifacts and CPU expectations of this earlier bundle "
                                                   "(e.g. the output directory itself) instead of compiling again")
@@ -418,7 +445,8 @@ def main(argv=None) -> int:
     if bad:
         raise SystemExit(f"bundle: unknown check(s) {', '.join(bad)}; expected {', '.join(CHECKS)}")
     rw = None if a.realwidth == "none" else a.realwidth
-    build(a.out, a.host, a.device, a.arch.split(","), checks, rw, reuse=a.reuse)
+    spec = [] if a.realwidth_spec == "none" else [n for n in a.realwidth_spec.split(",") if n]
+    build(a.out, a.host, a.device, a.arch.split(","), checks, rw, reuse=a.reuse, realwidth_spec=spec)
     raw = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(a.out) for f in fs
               if not os.path.islink(os.path.join(d, f)))
     log(f"bundle: {a.out} {raw / 2**20:.1f} MiB unpacked")

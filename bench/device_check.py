@@ -54,8 +54,12 @@ NEEDS = {"open": ["plugin"], "load_module": ["open"], "vm_init": ["load_module"]
          "speed": ["prefill"], "realwidth": ["plugin"]}
 
 
+SPEC_PROMPT = "Hello"        # the predictable real-width files' prompt (issue 33's H200 table used it)
+SPEC_VERIFY_ROWS = (2, 3, 4)  # verify of k+1 rows for n_max k = 1..3
+
+
 def needs(stage: str) -> list[str]:
-    return ["plugin"] if stage.startswith("reference ") else NEEDS.get(stage, [])
+    return ["plugin"] if stage.startswith(("reference ", "realwidth ")) else NEEDS.get(stage, [])
 
 
 # -- CUDA through ctypes: versions, errors, memory (the runtime library TVM's plugin uses) ------------------------
@@ -418,7 +422,8 @@ class DeviceCheck:
                 "decode_graphs", "entry_timings"]
         refs = [f"reference {c['name']}" for c in self.plan["checks"] if c.get("role") != "nograph"]
         tail = ["speed"] + (["realwidth"] if self.plan.get("realwidth") else [])
-        return main + refs + tail
+        spec = [f"realwidth {rw['name']}" for rw in self.plan.get("realwidth_spec", [])]
+        return main + refs + tail + spec
 
     def run(self) -> int:
         names = self.stages()
@@ -440,6 +445,9 @@ class DeviceCheck:
             if name.startswith("reference "):
                 c = next(c for c in self.plan["checks"] if f"reference {c['name']}" == name)
                 fn = lambda c=c: self.reference(c)   # noqa: E731
+            elif name.startswith("realwidth "):
+                rw = next(r for r in self.plan["realwidth_spec"] if f"realwidth {r['name']}" == name)
+                fn = lambda rw=rw: self.realwidth_spec(rw)   # noqa: E731
             else:
                 fn = lambda f=getattr(self, "s_" + name): f(main)   # noqa: E731
             self.ctx.stage(name, fn, needs=needs(name))
@@ -668,11 +676,88 @@ class DeviceCheck:
 
     # -- real width ----------------------------------------------------------------------------------------------
     def s_realwidth(self, _main) -> dict:
+        eng, res = self.realwidth_engine(self.plan["realwidth"])
+        man = eng.artifact.manifest
+        from nextn.common.measure import copy_bandwidth
+
+        bw = copy_bandwidth(eng.dev, (256 << 20) if eng.device.kind == "cpu" else (1 << 30), reps=5)
+        res["copy_GBps"] = bw / GB
+        reps = 3 if self.a.quick else 20
+        rows = entry_timings(eng, reps, prompt=64, k=3)
+        for r in rows:
+            if r["entry"] in ("decode", "verify", "draft"):
+                b = step_bytes(man, r["entry"])
+                r["floor_ms"] = b / bw * 1e3
+                r["of_floor"] = r["floor_ms"] / r["median_ms"]
+                r["weight_bytes"] = b
+        self.ctx.results["realwidth"] = res | {"rows": rows}
+        for r in rows:
+            fl = f"  floor {r['floor_ms']:.3f} ms = {r['of_floor']:.3f} of it" if "floor_ms" in r else ""
+            print(f"    {r['entry']:18s} rows {r['rows']:4d}  {r['median_ms']:9.3f} ms{fl}", flush=True)
+        return res | {r["entry"] + "_of_floor": r["of_floor"] for r in rows if "of_floor" in r}
+
+    def realwidth_spec(self, rw: dict) -> dict:
+        """A predictable real-width file (synth_realwidth.py --mtp-mix: the NextN head agrees with the trunk often
+        enough for speculation to pay where the kernels allow it): decode, verify of 2 / 3 / 4 rows and a draft step
+        as fractions of the HBM floor (weight bytes the step reads ÷ copy bandwidth, and in decodes), then greedy
+        decode tok/s of spec off, n_max 1..3 and auto with their acceptance, best of R (tokens equal to spec off)."""
+        from nextn.common.measure import copy_bandwidth
+        from nextn.runtime.api import Model
+
+        eng, res = self.realwidth_engine(rw)
+        man = eng.artifact.manifest
+        bw = copy_bandwidth(eng.dev, (256 << 20) if eng.device.kind == "cpu" else (1 << 30), reps=5)
+        res["copy_GBps"] = bw / GB
+        reps = 3 if self.a.quick else 20
+        V = int(eng.hparams["n_vocab"])
+        ids = np.arange(7, 7 + 64, dtype=np.int32) % V
+        h, _last, tok = eng.prefill(ids, 0)
+        steps = [("decode", 1, lambda: eng.verify(np.array([tok], np.int32), 64))]
+        steps += [("verify", k1, lambda k1=k1: eng.verify(np.array([tok] * k1, np.int32), 64)) for k1 in SPEC_VERIFY_ROWS]
+        if eng.has_mtp:
+            steps.append(("draft", 1, lambda: eng.mtp_draft(np.array([tok], np.int32), h[-1:], 64)))
+        rows = []
+        for entry, n_rows, call in steps:
+            r = timed_entry(eng, entry, call, reps) | {"rows": n_rows}
+            r["floor_ms"] = step_bytes(man, entry) / bw * 1e3
+            r["of_floor"] = r["floor_ms"] / r["median_ms"]
+            rows.append(r)
+        decode_ms = rows[0]["median_ms"]
+        for r in rows:
+            r["decodes"] = r["median_ms"] / decode_ms
+            print(f"    {r['entry']:8s} rows {r['rows']}  {r['median_ms']:9.3f} ms  = {r['decodes']:.2f} decodes, "
+                  f"{r['of_floor']:.3f} of the floor ({r['floor_ms']:.3f} ms)", flush=True)
+        m = Model(eng)
+        n, best_of = (16, 1) if self.a.quick else (rw.get("n_predict", 128), 2)
+        speed, plain = [], None
+        for label, spec, k in SPEED_CONFIGS:
+            if spec != "none" and not m.has_mtp:
+                continue
+            m.generate(SPEC_PROMPT, 8, spec_type=spec, n_max=k, ignore_eos=True)   # warm-up (and auto calibration)
+            best = max((m.generate(SPEC_PROMPT, n, spec_type=spec, n_max=k, ignore_eos=True) for _ in range(best_of)),
+                       key=lambda r: r.tokens_per_s)
+            plain = plain or best
+            speed.append({"config": label, "tok_s": best.tokens_per_s, "x_off": best.tokens_per_s / plain.tokens_per_s,
+                          "acceptance": best.stats.acceptance if spec != "none" else None,
+                          "same_as_off": best.ids == plain.ids})
+            a = speed[-1]["acceptance"]
+            print(f"    {label:8s} {best.tokens_per_s:9.1f} tok/s  {speed[-1]['x_off']:.2f}x off"
+                  f"{'' if a is None else f'  acceptance {a:.2f}'}", flush=True)
+        self.ctx.results.setdefault("realwidth_spec", {})[rw["name"]] = res | {"rows": rows, "speed": speed, "n": n,
+                                                                               "best_of": best_of}
+        if not all(x["same_as_off"] for x in speed):
+            raise AssertionError("a speculative config produced other tokens than spec off: "
+                                 + ", ".join(x["config"] for x in speed if not x["same_as_off"]))
+        return res | {f"{r['entry']}{r['rows'] if r['entry'] == 'verify' else ''}_of_floor": r["of_floor"]
+                      for r in rows} | {f"{x['config']}_x_off": x["x_off"] for x in speed[1:]}
+
+    def realwidth_engine(self, rw: dict):
+        """(a loaded engine, facts) of a real-width plan slice: its GGUF generated here when the slice has a
+        recipe (`synth` + `args`), checked against the sha256 the artifact was compiled from, or the given model."""
         from nextn.common.hashing import sha256_file   # the generated bytes must be the artifact's
         from nextn.runtime.artifact import load_artifact
         from nextn.runtime.engine import Engine
 
-        rw = self.plan["realwidth"]
         res = {}
         if rw.get("synth"):    # generate the GGUF here (deterministic: the bytes the artifact was compiled from)
             d = self.a.realwidth_dir
@@ -685,7 +770,8 @@ class DeviceCheck:
                 # the generator runs in a child interpreter: give it the gguf and numpy this one imports (the bundle's)
                 paths = {os.path.dirname(os.path.dirname(m.__file__)) for m in (gguf, np)}
                 env = dict(os.environ, FIXTURES=self.path(rw["fixtures"]), PYTHONPATH=os.pathsep.join(sorted(paths)))
-                r = subprocess.run([sys.executable, self.path(rw["synth"]), rw["preset"], path + ".tmp", str(rw["n_moe"])],
+                args = rw.get("args") or [str(rw["n_moe"])]   # N MoE layers [--mtp-mix ALPHA]
+                r = subprocess.run([sys.executable, self.path(rw["synth"]), rw["preset"], path + ".tmp", *args],
                                    env=env, capture_output=True, text=True)
                 if r.returncode != 0:
                     raise RuntimeError(f"synth_realwidth.py failed: {(r.stderr or r.stdout).strip()[-400:]}")
@@ -706,24 +792,7 @@ class DeviceCheck:
         eng.load_all()
         res["load_s"] = time.perf_counter() - t0
         res["upload_GBps"] = eng.load_info["weights"]["bytes"] / eng.load_info["weights"]["s"] / GB
-        man = eng.artifact.manifest
-        from nextn.common.measure import copy_bandwidth
-
-        bw = copy_bandwidth(eng.dev, (256 << 20) if eng.device.kind == "cpu" else (1 << 30), reps=5)
-        res["copy_GBps"] = bw / GB
-        reps = 3 if self.a.quick else 20
-        rows = entry_timings(eng, reps, prompt=64, k=3)
-        for r in rows:
-            if r["entry"] in ("decode", "verify", "draft"):
-                b = step_bytes(man, r["entry"])
-                r["floor_ms"] = b / bw * 1e3
-                r["of_floor"] = r["floor_ms"] / r["median_ms"]
-                r["weight_bytes"] = b
-        self.ctx.results["realwidth"] = res | {"rows": rows}
-        for r in rows:
-            fl = f"  floor {r['floor_ms']:.3f} ms = {r['of_floor']:.3f} of it" if "floor_ms" in r else ""
-            print(f"    {r['entry']:18s} rows {r['rows']:4d}  {r['median_ms']:9.3f} ms{fl}", flush=True)
-        return res | {r["entry"] + "_of_floor": r["of_floor"] for r in rows if "of_floor" in r}
+        return eng, res
 
     # -- the table -----------------------------------------------------------------------------------------------
     def print_table(self):

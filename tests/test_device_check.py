@@ -427,3 +427,29 @@ def test_bundle_plans_quantized_checks_at_the_gpu_tolerance(compiled, tmp_path, 
     assert c["expect"] == "refs/expect-exact-glm4moe-Q8_0" and c["tol"] == device_check.GPU_TOL
     assert recorded == [(str(tmp_path / "b" / c["expect"]), exact)]
     assert device_check.tolerance(c) == device_check.GPU_TOL and device_check.tolerance({}) == device_check.LOGIT_TOL
+
+
+def test_predictable_realwidth_stage_reports_floor_fractions_and_speculation(bundle, tmp_path):
+    """The `realwidth NAME` stage of a predictable real-width file (here a tiny stand-in: the Q8_0 fixture): decode,
+    verify of 2 / 3 / 4 rows and a draft step as fractions of the copy-bandwidth floor and in decodes, then spec off,
+    n_max 1..3 and auto tok/s with acceptance, every config's tokens equal to spec off."""
+    b, _plan = bundle
+
+    def edit(p):
+        p["realwidth_spec"] = [{"name": "tiny", "model": str(G4 / "tiny-glm4moe-Q8_0.gguf"),
+                                "artifact": p["realwidth"]["artifact"]}]
+
+    d = with_plan(b, tmp_path, edit)
+    out = tmp_path / "out"
+    r = run_bundle(d, "device-check", "--device", "cpu", "--quick", "--only", "realwidth tiny", "--out", str(out))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    res = json.loads((out / "device_check.json").read_text())
+    assert [s["stage"] for s in res["stages"]] == ["plugin", "realwidth tiny"]
+    rep = res["realwidth_spec"]["tiny"]
+    assert [(x["entry"], x["rows"]) for x in rep["rows"]] == [("decode", 1), ("verify", 2), ("verify", 3),
+                                                              ("verify", 4), ("draft", 1)]
+    assert all(x["of_floor"] > 0 and x["floor_ms"] > 0 for x in rep["rows"]) and rep["rows"][0]["decodes"] == 1
+    assert [x["config"] for x in rep["speed"]] == ["off", "n_max=1", "n_max=2", "n_max=3", "auto"]
+    assert all(x["same_as_off"] and x["tok_s"] > 0 for x in rep["speed"])
+    assert all(0 <= x["acceptance"] <= 1 for x in rep["speed"][1:])
+    assert "realwidth tiny" in r.stdout and "acceptance" in r.stdout
