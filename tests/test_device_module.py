@@ -134,7 +134,7 @@ def test_glm4moe_bf16_gpu_module_has_no_host_compute():
 def check_kernel_report(mod, rules, mf):
     """The compile report of every kernel: its rule, a launch shape with numbers at T = 1, and weight bytes; the
     LM head's (`output.weight`, BF16 [8192, 256]) equal to the tensor's size in the GGUF."""
-    from nextn.compiler.schedule_report import kernel_report
+    from nextn.compiler.kernel_report import kernel_report
 
     rep = kernel_report(mod, rules)
     assert set(rep) == set(rules)
@@ -150,7 +150,7 @@ def check_kernel_report(mod, rules, mf):
 
 def test_launch_shape_of_a_known_kernel():
     """half_bound's launch as written: 2 blocks of 32 threads; an unbound kernel has none."""
-    from nextn.compiler.schedule_report import shape_text
+    from nextn.compiler.kernel_report import shape_text
     from nextn.schedules.gpu_bound import extent_at, launches
 
     ls = launches(all_bound)

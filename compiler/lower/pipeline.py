@@ -52,10 +52,10 @@ GPU_KINDS = ("cuda", "rocm")
 
 def _write_kernel_report(mod, dump_dir: str) -> None:
     """DIR/kernel_report.json: per PrimFunc its schedule rule, launch shape and weight bytes
-    (compiler/schedule_report.py `kernel_report`; the rule table alone is DIR/schedule_report.json)."""
+    (compiler/kernel_report.py; the rule table alone is DIR/schedule_report.json)."""
     import json
 
-    from nextn.compiler.schedule_report import kernel_report
+    from nextn.compiler.kernel_report import kernel_report
     from nextn.schedules.gpu import last_report
 
     with open(os.path.join(dump_dir, "kernel_report.json"), "w") as f:
