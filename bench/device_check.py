@@ -650,18 +650,9 @@ class DeviceCheck:
         bw = copy_bandwidth(eng.dev, (64 << 20) if eng.device.kind == "cpu" else (1 << 30))
         per_token = step_bytes(eng.artifact.manifest, "decode")
         floor_tps = bw / per_token
-        rows, plain = [], None
-        for label, spec, k in SPEED_CONFIGS:
-            if spec != "none" and not m.has_mtp:
-                continue
-            m.generate(ids, 8, spec_type=spec, n_max=k, ignore_eos=True)            # warm-up (and auto calibration)
-            best = max((m.generate(ids, n, spec_type=spec, n_max=k, ignore_eos=True) for _ in range(reps)),
-                       key=lambda r: r.tokens_per_s)
-            plain = plain or best
-            rows.append({"config": label, "tok_s": best.tokens_per_s, "of_floor": best.tokens_per_s / floor_tps,
-                         "acceptance": best.stats.acceptance if spec != "none" else None,
-                         "mean_len": best.stats.mean_len if spec != "none" else None,
-                         "same_as_off": best.ids == plain.ids, "vm_s": best.vm_s})
+        rows = speed_configs(m, ids, n, reps)
+        for r in rows:
+            r["of_floor"] = r["tok_s"] / floor_tps
         off = rows[0]["tok_s"]
         spec_rows = [r for r in rows[1:]]
         res = {"prompt": "code-module", "n": n, "best_of": reps, "copy_GBps": bw / GB, "bytes_per_token": per_token,
@@ -729,19 +720,11 @@ class DeviceCheck:
                   f"{r['of_floor']:.3f} of the floor ({r['floor_ms']:.3f} ms)", flush=True)
         m = Model(eng)
         n, best_of = (16, 1) if self.a.quick else (rw.get("n_predict", 128), 2)
-        speed, plain = [], None
-        for label, spec, k in SPEED_CONFIGS:
-            if spec != "none" and not m.has_mtp:
-                continue
-            m.generate(SPEC_PROMPT, 8, spec_type=spec, n_max=k, ignore_eos=True)   # warm-up (and auto calibration)
-            best = max((m.generate(SPEC_PROMPT, n, spec_type=spec, n_max=k, ignore_eos=True) for _ in range(best_of)),
-                       key=lambda r: r.tokens_per_s)
-            plain = plain or best
-            speed.append({"config": label, "tok_s": best.tokens_per_s, "x_off": best.tokens_per_s / plain.tokens_per_s,
-                          "acceptance": best.stats.acceptance if spec != "none" else None,
-                          "same_as_off": best.ids == plain.ids})
-            a = speed[-1]["acceptance"]
-            print(f"    {label:8s} {best.tokens_per_s:9.1f} tok/s  {speed[-1]['x_off']:.2f}x off"
+        speed = speed_configs(m, SPEC_PROMPT, n, best_of)
+        for x in speed:
+            x["x_off"] = x["tok_s"] / speed[0]["tok_s"]
+            a = x["acceptance"]
+            print(f"    {x['config']:8s} {x['tok_s']:9.1f} tok/s  {x['x_off']:.2f}x off"
                   f"{'' if a is None else f'  acceptance {a:.2f}'}", flush=True)
         self.ctx.results.setdefault("realwidth_spec", {})[rw["name"]] = res | {"rows": rows, "speed": speed, "n": n,
                                                                                "best_of": best_of}
@@ -828,6 +811,24 @@ class DeviceCheck:
                           f"{row['floor_ms']:8.3f} ms  {row['of_floor']:.3f} of the floor (weight bytes / copy bandwidth)")
         bad = [s["stage"] for s in r["stages"] if s["status"] != "ok"]
         print(f"\n{len(r['stages']) - len(bad)}/{len(r['stages'])} stages ok" + (f"; not ok: {', '.join(bad)}" if bad else ""))
+
+
+def speed_configs(m, prompt, n: int, reps: int) -> list[dict]:
+    """Greedy decode of `n` tokens after `prompt` (text or ids) per SPEED_CONFIGS (spec off first), best of `reps`
+    after a warm-up (which also calibrates auto): tok/s, acceptance, mean length, whether the tokens equal off's."""
+    rows, plain = [], None
+    for label, spec, k in SPEED_CONFIGS:
+        if spec != "none" and not m.has_mtp:
+            continue
+        m.generate(prompt, 8, spec_type=spec, n_max=k, ignore_eos=True)
+        best = max((m.generate(prompt, n, spec_type=spec, n_max=k, ignore_eos=True) for _ in range(reps)),
+                   key=lambda r: r.tokens_per_s)
+        plain = plain or best
+        rows.append({"config": label, "tok_s": best.tokens_per_s,
+                     "acceptance": best.stats.acceptance if spec != "none" else None,
+                     "mean_len": best.stats.mean_len if spec != "none" else None,
+                     "same_as_off": best.ids == plain.ids, "vm_s": best.vm_s})
+    return rows
 
 
 def entry_timings(eng, reps: int, prompt: int = 64, k: int = 3) -> list[dict]:
