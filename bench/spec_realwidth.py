@@ -17,15 +17,16 @@ bench/realwidth.py's, imported.
 
 Per file, `--repeat` rounds, each back to back so that drift hits every configuration alike:
   1. nextn in a fresh process (`nextn.runtime.load`, compiled and cached on the first use), after its populate:
-     one short warm-up generation per configuration, then plain, n_max 1..3 and auto, each `Model.generate` of
-     -n tokens after rw.PROMPT, greedy, ignore EOS (what `nextn run --json` reports: tok/s, acceptance, per-position
-     acceptance, `entry_s` = seconds inside each compiled entry point); each speculative run's tokens are checked
-     against plain's (`same_as_plain`). Then, on the file's own greedy chain (prompt + plain's tokens, so the rows
-     route as real drafts do), the ms of a verify of T = 1..4 rows, of one draft step (`mtp_draft`, 1 row) and of
-     a draft step 0 carrying one gap row (2 rows), min of REPS = 5 round-robin calls; a verify of T copies of one
-     token (what `runtime.depth.calibrate` times for `auto`); the distinct experts each verify reads per MoE layer
-     (bench/kernel_profile.routed_experts); and, unless --no-kernels, the per-kernel ms of a decode and of the
-     verify of 2 and of 4 rows (bench/kernel_profile.profile, best of REPS) in the first round;
+     one short warm-up generation per configuration, then --inner times (the fastest counts) plain, n_max 1..3 and
+     auto, each `Model.generate` of -n tokens after rw.PROMPT, greedy, ignore EOS (what `nextn run --json`
+     reports: tok/s, acceptance, per-position acceptance, `entry_s` = seconds inside each compiled entry point);
+     each speculative run's tokens are checked against plain's (`same_as_plain`). Then, on the file's own greedy
+     chain (prompt + plain's tokens, so the rows route as real drafts do), the ms of a verify of T = 1..4 rows, of
+     one draft step (`mtp_draft`, 1 row) and of a draft step 0 carrying one gap row (2 rows), min of REPS = 5
+     round-robin calls; a verify of T copies of one token (what `runtime.depth.calibrate` times for `auto`); the
+     distinct experts each verify reads per MoE layer (bench/kernel_profile.routed_experts); and, unless
+     --no-kernels, the per-kernel ms of a decode and of the verify of 2 and of 4 rows
+     (bench/kernel_profile.profile, best of REPS) in the first round;
   2. llama.cpp: `llama-completion -n N --temp 0 --ignore-eos` (plain: its `eval time` line), then
      `llama-speculative-simple --spec-type draft-mtp --spec-draft-n-max k --temp 0 --ignore-eos -lv 4` for each k
      (its `decoded N tokens in S seconds`, `n_drafted`, `n_accept`, and the trace-level `#acc rate/pos`); same
@@ -172,9 +173,11 @@ def cell(r) -> dict:
             "spec_draft_n_max": j["spec_draft_n_max"], "threads": j["threads"]}
 
 
-def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: str | list = rw.PROMPT) -> dict:
+def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: str | list = rw.PROMPT,
+                  inner: int = 1) -> dict:
     """One nextn round on a loaded `Model` (module doc, step 1): {"runs": {label: cell}, "ms": {...},
-    "verify_experts": {T: routed_experts}, "kernels": {...} or None}. `prompt`: text or token ids."""
+    "verify_experts": {T: routed_experts}, "kernels": {...} or None}. `prompt`: text or token ids; `inner`:
+    generations per configuration, interleaved (the fastest counts; every one is checked against plain)."""
     from nextn.common.timing import time_call
 
     from kernel_profile import profile, routed_experts
@@ -184,11 +187,15 @@ def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: 
     cfgs = configs(n_max)
     for _label, spec_type, k in cfgs:        # warm-up: each entry's first calls, auto's calibration
         m.generate(ids, 4, spec_type=spec_type, n_max=k, ignore_eos=True)
-    runs = {}
-    for label, spec_type, k in cfgs:
-        runs[label] = cell(m.generate(ids, n_gen, spec_type=spec_type, n_max=k, ignore_eos=True))
-    for c in runs.values():
-        c["same_as_plain"] = c["tokens"] == runs["plain"]["tokens"]
+    runs, same = {}, {}
+    for _ in range(inner):
+        for label, spec_type, k in cfgs:
+            c = cell(m.generate(ids, n_gen, spec_type=spec_type, n_max=k, ignore_eos=True))
+            same[label] = same.get(label, True) and c["tokens"] == (runs.get("plain") or c)["tokens"]
+            if label not in runs or c["tok_s"] > runs[label]["tok_s"]:
+                runs[label] = c
+    for label, c in runs.items():
+        c["same_as_plain"] = same[label]
     # on the greedy chain: the rows a verify sees when its drafts are the chain's next tokens
     chain = np.asarray(ids + runs["plain"]["tokens"], np.int32)
     P = len(ids) + 1
@@ -225,7 +232,7 @@ def worker(path: str, a) -> dict:
                 cache_type_v=a.cache_type_v)
     load_s = time.perf_counter() - t
     m.engine.wait_populated()
-    res = nextn_measure(m, a.n_gen, a.n_max, kernels=a.kernels)
+    res = nextn_measure(m, a.n_gen, a.n_max, kernels=a.kernels, inner=a.inner)
     res.update(load_s=load_s, has_mtp=m.engine.has_mtp, kv_cache=m.engine.kv_cache,
                threads_env=os.environ.get("TVM_NUM_THREADS"))
     return res
@@ -234,7 +241,8 @@ def worker(path: str, a) -> dict:
 def nextn_round(path, a, log, kernels: bool) -> dict:
     env = dict(os.environ, TVM_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", path, "-n", str(a.n_gen), "-c", str(a.ctx),
-           "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "--n-max", ",".join(map(str, a.n_max))]
+           "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "--n-max", ",".join(map(str, a.n_max)),
+           "--inner", str(a.inner)]
     cmd += [] if kernels else ["--no-kernels"]
     res = rw.run_watched(cmd, a.mem_budget_gb * GB, env=env, log=log)
     mem = {"peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"], "wall_s": res["wall_s"]}
@@ -617,6 +625,8 @@ def main(argv=None):
     ap.add_argument("-ctk", "--cache-type-k", default=KV_DEFAULT, choices=KV_TYPES)
     ap.add_argument("-ctv", "--cache-type-v", default=KV_DEFAULT, choices=KV_TYPES)
     ap.add_argument("--n-max", default="1,2,3", help="the fixed draft depths, comma list [default: 1,2,3]")
+    ap.add_argument("--inner", type=int, default=2, choices=range(1, 100), metavar="N",
+                    help="nextn generations per configuration in a round, interleaved (fastest counts) [default: 2]")
     ap.add_argument("--engines", default="nextn,llama", help="comma list: nextn, llama")
     ap.add_argument("--no-kernels", dest="kernels", action="store_false",
                     help="skip the per-kernel profile of the decode and the verifies")
