@@ -121,16 +121,6 @@ def draft_bytes(info: dict) -> float:
 
 
 # -- kernels ---------------------------------------------------------------------------------------------------------
-def kernel_key(symbol: str) -> str:
-    """A kernel's name with what differs between the decode and the verify entries taken out: the row-count suffix
-    of the x86 matmuls (`_rows1` / `_rowst`) and the numbers Relax appends to fused ops (fused_rms_norm3_mul4 ->
-    fused_rms_norm_mul); the shape fields of matmul and attention kernels (n4096, k4096, h8_2, ...) are kept."""
-    s = re.sub(r"_rows(1|t)(?=_|$)", "_rows", symbol)
-    if s.startswith(("x86_matmul", "flash_attn", "set_rows", "vm.")) or s.startswith("("):
-        return s
-    return "_".join(re.sub(r"(?<=[a-z])\d+$", "", part) for part in s.split("_"))
-
-
 def kernel_byte_ratio(key: str, expert_ratio: float) -> float:
     """The bytes a verify's kernel reads ÷ the decode's (module doc): routed-expert matmuls `expert_ratio`
     (distinct experts ÷ n_expert_used), everything else 1."""
@@ -138,18 +128,12 @@ def kernel_byte_ratio(key: str, expert_ratio: float) -> float:
 
 
 def kernel_excess(dec: dict, ver: dict, expert_ratio: float, calls: dict | None = None) -> list[dict]:
-    """Per kernel family (`kernel_key`): decode ms, verify ms, their ratio, the byte ratio, and the excess
-    ms = verify − byte ratio × decode; sorted by excess, largest first. `dec`, `ver`: kernel_profile.profile
-    outputs (symbol -> ms); `calls`: the verify's calls per symbol (profile's `calls`)."""
-    def fold(d):
-        out: dict = {}
-        for s, v in d.items():
-            out[kernel_key(s)] = out.get(kernel_key(s), 0.0) + v
-        return out
-    a, b = fold(dec), fold(ver)
-    n = {}
-    for s, c in (calls or {}).items():
-        n[kernel_key(s)] = n.get(kernel_key(s), 0) + c
+    """Per kernel family (kernel_profile.kernel_key): decode ms, verify ms, their ratio, the byte ratio, and the
+    excess ms = verify − byte ratio × decode; sorted by excess, largest first. `dec`, `ver`:
+    kernel_profile.profile outputs (symbol -> ms); `calls`: the verify's calls per symbol (profile's `calls`)."""
+    from kernel_profile import by_family
+
+    (a, _), (b, n) = by_family(dec), by_family(ver, calls)
     rows = []
     for k in sorted(set(a) | set(b)):
         d, v = a.get(k, 0.0), b.get(k, 0.0)

@@ -16,6 +16,7 @@ import pytest
 from conftest import G4
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import kernel_profile  # noqa: E402
 import realwidth as rw  # noqa: E402
 import spec_realwidth as sr  # noqa: E402
 
@@ -99,12 +100,15 @@ def test_verify_and_draft_bytes():
 
 
 def test_kernel_names_and_excess():
-    assert sr.kernel_key("x86_matmul_q4_k_f32_n4096_k4096_rows1") == "x86_matmul_q4_k_f32_n4096_k4096_rows"
-    assert sr.kernel_key("x86_matmul_q4_k_f32_n4096_k4096_rowst") == "x86_matmul_q4_k_f32_n4096_k4096_rows"
-    assert (sr.kernel_key("x86_matmul_id_q4_k_f32_n1408_k4096_rowst_x128_used8_slots_w1")
+    key = kernel_profile.kernel_key
+    assert key("x86_matmul_q4_k_f32_n4096_k4096_rows1") == key("x86_matmul_q4_k_f32_n4096_k4096_rowst") == \
+        "x86_matmul_q4_k_f32_n4096_k4096_rows"
+    assert (key("x86_matmul_id_q4_k_f32_n1408_k4096_rowst_x128_used8_slots_w1")
             == "x86_matmul_id_q4_k_f32_n1408_k4096_rows_x128_used8_slots_w1")
-    assert sr.kernel_key("fused_rms_norm3_mul4") == sr.kernel_key("fused_rms_norm_mul") == "fused_rms_norm_mul"
-    assert sr.kernel_key("flash_attn_partial_cpu_h8_2_d32_32_f32_f32") == "flash_attn_partial_cpu_h8_2_d32_32_f32_f32"
+    assert key("fused_rms_norm3_mul4") == key("fused_rms_norm_mul") == "fused_rms_norm_mul"
+    assert key("flash_attn_partial_cpu_h8_2_d32_32_f32_f32") == "flash_attn_partial_cpu_h8_2_d32_32_f32_f32"
+    assert kernel_profile.by_family({"add1": 1.0, "add2": 2.0, "mul": 0.5}, {"add1": 3, "add2": 1}) == (
+        {"add": 3.0, "mul": 0.5}, {"add": 4})
     dec = {"x86_matmul_id_q_rows1": 10.0, "x86_matmul_q_rows1": 4.0, "add3": 0.5, "(step total)": 16.0}
     ver = {"x86_matmul_id_q_rowst": 25.0, "x86_matmul_q_rowst": 5.0, "add": 0.25, "add1": 0.5, "(step total)": 33.0}
     rows = {r["kernel"]: r for r in sr.kernel_excess(dec, ver, expert_ratio=1.5, calls={"add": 2, "add1": 3})}
@@ -248,8 +252,8 @@ def test_a_run_with_a_fake_peer(tmp_path, monkeypatch, capsys):
     assert s["llama"]["n_max=2"]["per_pos"] == [0.5, 0.5] and s["llama"]["n_max=2"]["acceptance"] == 0.5
     assert s["ratio"]["n_max=1"]["llama_own_plain"] == pytest.approx(8.5 / 7.5)
     table = capsys.readouterr().out
-    assert "| tiny-glm4moe-Q8_0.gguf | n_max=2 | – | – | – | – | 9.00 | 0.500 (10/20) | 0.50/0.50 | – | – / 1.20 |" \
-        in table
+    row = "| tiny-glm4moe-Q8_0.gguf | n_max=2 | – | – | – | – | 9.00 | 0.500 (10/20) | 0.50/0.50 | – | – / 1.20 |"
+    assert row in table
 
 
 @pytest.mark.slow
@@ -279,7 +283,7 @@ def test_one_nextn_round_on_the_tiny_fixture(q8_model):
     k = res["kernels"]["ms"]
 
     def matmuls(d):
-        return {sr.kernel_key(s) for s in d if "matmul" in s}
+        return {kernel_profile.kernel_key(s) for s in d if "matmul" in s}
     assert matmuls(k["1"]) == matmuls(k["2"]) == matmuls(k["4"]) and len(matmuls(k["1"])) >= 3
     entry = {"name": "tiny", "arch": "glm4moe", "n_layer": 4, "rounds": [{"nextn": {"status": "ok", **res},
                                                                           "llama": {}}],
