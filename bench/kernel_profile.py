@@ -10,12 +10,15 @@ step summed, and the count where it runs more than once, once per layer say; the
 Python call per kernel call, is in "(step total)" only), then the ratio of the last verify step to the first
 step (to the last step where there is one verify): the kernels that make a verify of 4 rows cost more than one
 decode (issue 12) come first. `routed_experts`: the distinct experts a step's routed-expert kernels read.
-Random token ids; the GGUF is compiled and cached as `nextn run` does (nextn.runtime.load).
+Kernels are shown by family (`kernel_key`: the one-row entries' `_rows1` matmuls and the verify's `_rowst` ones
+are one family, the numbers Relax appends to fused ops dropped), their calls summed, so a decode and a verify
+compare kernel by kernel. Random token ids; the GGUF is compiled and cached as `nextn run` does (nextn.runtime.load).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections import defaultdict
@@ -63,6 +66,27 @@ def profile(eng, call, repeat: int, calls: dict | None = None) -> dict:
     if calls is not None:
         calls.update({k: v // repeat for k, v in count.items()})
     return dict(best)
+
+
+def kernel_key(symbol: str) -> str:
+    """A kernel's family: its symbol without what differs between the decode and the verify entries, the row-count
+    suffix of the x86 matmuls (`_rows1` / `_rowst`) and the numbers Relax appends to fused ops
+    (fused_rms_norm3_mul4 -> fused_rms_norm_mul); the shape fields of matmul and attention kernels (n4096, k4096,
+    h8_2, ...) are kept. The decode's and a verify's kernels are compared family by family."""
+    s = re.sub(r"_rows(1|t)(?=_|$)", "_rows", symbol)
+    if s.startswith(("x86_matmul", "flash_attn", "set_rows", "vm.", "(")):
+        return s
+    return "_".join(re.sub(r"(?<=[a-z])\d+$", "", part) for part in s.split("_"))
+
+
+def by_family(ms: dict, calls: dict | None = None) -> tuple[dict, dict]:
+    """`profile`'s {symbol: ms} (and {symbol: calls}) summed per `kernel_key` family."""
+    out, n = defaultdict(float), defaultdict(int)
+    for s, v in ms.items():
+        out[kernel_key(s)] += v
+    for s, c in (calls or {}).items():
+        n[kernel_key(s)] += c
+    return dict(out), dict(n)
 
 
 def routed_experts(eng, call) -> dict | None:
@@ -116,6 +140,8 @@ def main(argv=None):
         steps[f"prefill {a.prefill}"] = lambda: eng.prefill(toks[:a.prefill], 0, last_only=True)
     counts: dict = {}
     cols = {name: profile(eng, f, a.repeat, counts.setdefault(name, {})) for name, f in steps.items()}
+    for name in cols:       # the decode's `_rows1` kernels against the verify's `_rowst` ones: by family
+        cols[name], counts[name] = by_family(cols[name], counts[name])
     names = list(cols)
     verifies = [n for n in names if n.startswith("verify")]
     base, other = names[0], (verifies[-1] if len(verifies) > 1 else names[-1])

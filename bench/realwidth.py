@@ -230,7 +230,8 @@ def run_watched(cmd, budget_bytes: float, env=None, timeout: float = 3600.0, log
             "killed": killed}
 
 
-def _failure(res: dict) -> str:
+def failure(res: dict) -> str:
+    """One line on why a `run_watched` process failed: the kill reason, or its exit status and last stderr line."""
     if res["killed"]:
         return f"killed: {res['killed']}"
     tail = [x for x in res["stderr"].strip().splitlines() if x.strip()][-1:] or ["(no output)"]
@@ -296,7 +297,7 @@ def nextn_round(path, a, log) -> dict:
     mem = {"peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"], "wall_s": res["wall_s"]}
     line = next((x for x in reversed(res["stdout"].splitlines()) if x.startswith("RESULT ")), None)
     if res["rc"] != 0 or line is None:
-        return {"status": _failure(res), **mem}
+        return {"status": failure(res), **mem}
     return {"status": "ok", **json.loads(line[len("RESULT "):]), **mem}
 
 
@@ -344,7 +345,7 @@ def llama_round(path, a, tools, log) -> dict:
     parsed = parse_llama_bench(res["stdout"]) if res["rc"] == 0 else {}
     mem = {"peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"], "wall_s": res["wall_s"]}
     if "tg" not in parsed or "pp" not in parsed:
-        return {"status": _failure(res), **mem}
+        return {"status": failure(res), **mem}
     return {"status": "ok", **parsed, **mem}
 
 
@@ -394,7 +395,7 @@ def first_token(path, a, tools, log, skip_nextn=None, kv_nextn=None) -> dict:
         warm_s = warm_page_cache(path)
         log(f"  first token: {name} (page cache warmed in {warm_s:.1f} s)")
         res = run_watched(cmd, a.mem_budget_gb * GB, env=e, log=log)
-        r = out[name] = {"status": "ok" if res["rc"] == 0 and not res["killed"] else _failure(res), "cmd": cmd,
+        r = out[name] = {"status": "ok" if res["rc"] == 0 and not res["killed"] else failure(res), "cmd": cmd,
                          "wall_s": res["wall_s"], "peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"],
                          "warm_s": warm_s}
         if name == "llama":
@@ -473,7 +474,8 @@ def summarize_first_token(entry: dict) -> dict:
     return s
 
 
-def _f(x, fmt="{:.2f}"):
+def fmt_num(x, fmt="{:.2f}"):
+    """A table cell: x formatted, or an en dash for None."""
     return "–" if x is None else fmt.format(x)
 
 
@@ -500,13 +502,15 @@ def format_table(report: dict) -> str:
     for e in report["files"]:
         s = e["summary"]
         vx = s.get("verify_x_decode")
-        cells = [e["name"], f"{s['bytes_per_token_gguf'] / 1e6:.0f} / {_f(s['bytes_per_token_plan'] and s['bytes_per_token_plan'] / 1e6, '{:.0f}')}",
-                 _f(s["read_GBps"], "{:.1f}"), _f(s["nextn_tg"]), _f(s["llama_tg"]), _f(s["nextn_pp"], "{:.1f}"),
-                 _f(s["llama_pp"], "{:.1f}"), _f(s["nextn_GBps"], "{:.1f}"), _f(s["llama_GBps"], "{:.1f}"),
-                 " / ".join(_f(vx[str(T)]) for T in VERIFY_ROWS[1:]) if vx else "–",
-                 _experts(s.get("verify_experts")), _f(s.get("draft_x_decode")),
-                 _per_round(s.get("tg_ratio_rounds")), _f(s["tg_ratio"]), _f(s["pp_ratio"]), _f(s["nextn_bw_fraction"]),
-                 _f(s["llama_bw_fraction"])]
+        plan_mb = s["bytes_per_token_plan"] and s["bytes_per_token_plan"] / 1e6
+        cells = [e["name"], f"{s['bytes_per_token_gguf'] / 1e6:.0f} / {fmt_num(plan_mb, '{:.0f}')}",
+                 fmt_num(s["read_GBps"], "{:.1f}"), fmt_num(s["nextn_tg"]), fmt_num(s["llama_tg"]),
+                 fmt_num(s["nextn_pp"], "{:.1f}"), fmt_num(s["llama_pp"], "{:.1f}"), fmt_num(s["nextn_GBps"], "{:.1f}"),
+                 fmt_num(s["llama_GBps"], "{:.1f}"),
+                 " / ".join(fmt_num(vx[str(T)]) for T in VERIFY_ROWS[1:]) if vx else "–",
+                 _experts(s.get("verify_experts")), fmt_num(s.get("draft_x_decode")),
+                 _per_round(s.get("tg_ratio_rounds")), fmt_num(s["tg_ratio"]), fmt_num(s["pp_ratio"]),
+                 fmt_num(s["nextn_bw_fraction"]), fmt_num(s["llama_bw_fraction"])]
         lines.append("| " + " | ".join(cells) + " |")
         if e.get("skipped"):
             notes.append(f"- {e['name']}: skipped: {e['skipped']}")
@@ -520,13 +524,13 @@ def format_table(report: dict) -> str:
                   "RSS ÷ (file+KV) nextn / llama | wall nextn/llama | tg nextn/llama |", "|" + "---|" * 13]
         for e in report["files"]:
             s = e["summary"]
-            kv = " / ".join(_f(s[f"{x}_kv_bytes"] and s[f"{x}_kv_bytes"] / GB) for x in ("nextn", "llama"))
+            kv = " / ".join(fmt_num(s[f"{x}_kv_bytes"] and s[f"{x}_kv_bytes"] / GB) for x in ("nextn", "llama"))
             types = " / ".join(s[f"{x}_kv_types"] or "–" for x in ("nextn", "llama"))
-            cells = [e["name"], _f(e.get("size") and e["size"] / GB), kv, types,
-                     _f(s["nextn_rss"] and s["nextn_rss"] / GB), _f(s["llama_rss"] and s["llama_rss"] / GB),
-                     _f(s["nextn_ft_s"], "{:.1f}"), _f(s["llama_ft_s"], "{:.1f}"), _f(s["nextn_tg"]), _f(s["llama_tg"]),
-                     f"{_f(s['nextn_rss_x_file_kv'])} / {_f(s['llama_rss_x_file_kv'])}", _f(s["ft_ratio"]),
-                     _f(s["tg_ratio"])]
+            cells = [e["name"], fmt_num(e.get("size") and e["size"] / GB), kv, types,
+                     fmt_num(s["nextn_rss"] and s["nextn_rss"] / GB), fmt_num(s["llama_rss"] and s["llama_rss"] / GB),
+                     fmt_num(s["nextn_ft_s"], "{:.1f}"), fmt_num(s["llama_ft_s"], "{:.1f}"), fmt_num(s["nextn_tg"]),
+                     fmt_num(s["llama_tg"]), f"{fmt_num(s['nextn_rss_x_file_kv'])} / {fmt_num(s['llama_rss_x_file_kv'])}",
+                     fmt_num(s["ft_ratio"]), fmt_num(s["tg_ratio"])]
             lines.append("| " + " | ".join(cells) + " |")
             for eng, r in (e.get("first_token") or {}).items():
                 if r.get("status") != "ok" and not r["status"].startswith("not run"):
@@ -548,14 +552,17 @@ def over_budget(entry: dict) -> str | None:
 
 
 # -- the run --------------------------------------------------------------------------------------------------------
-def resolve_files(names, directory) -> list[str]:
+def resolve_files(names, directory, known=None) -> list[str]:
+    """The GGUF paths to measure, smallest first: `names` (paths, or names in `directory`, .gguf optional;
+    SystemExit naming a missing one), or else the files of `known` (default KNOWN) that exist in `directory`."""
     if not names:
-        cands = [os.path.join(directory, n) for n in KNOWN]
+        cands = [os.path.join(directory, n) for n in (KNOWN if known is None else known)]
         paths = [p for p in cands if os.path.isfile(p)]
     else:
         paths = []
         for n in names:
-            p = n if os.path.exists(n) else os.path.join(directory, n)
+            p = next((c for c in (n, os.path.join(directory, n), os.path.join(directory, f"{n}.gguf"))
+                      if os.path.isfile(c)), n)
             if not os.path.isfile(p):
                 raise SystemExit(f"realwidth: {n}: no such file (looked in . and {directory})")
             paths.append(p)
@@ -654,7 +661,7 @@ def main(argv=None):
     a.engines = set(a.engines.split(","))
     log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
     sys.path.insert(0, HERE)
-    from peer import PeerMissing, peer_tool, peer_version
+    from peer import PeerMissing, peer_tool
 
     tools = {}
     if "llama" in a.engines:
@@ -667,31 +674,51 @@ def main(argv=None):
     files = resolve_files(a.files, a.dir)
     if not files:
         raise SystemExit(f"realwidth: no real-width GGUF found in {a.dir} (make them: python bench/realwidth_files.py)")
-    report = {"machine": machine(), "threads": a.threads, "cache_type_k": a.cache_type_k,
-              "cache_type_v": a.cache_type_v, "repeat": a.repeat, "n_gen": a.n_gen, "n_prompt": a.n_prompt,
-              "ctx": a.ctx, "engines": sorted(a.engines), "argv": sys.argv[1:] if argv is None else list(argv),
-              "llama_build": peer_version(), "files": []}
-    # Our own processes raise the load during the run, so only the load before it says whether others were busy.
-    report["loaded"] = report["machine"]["loadavg"][0] > 0.5
-    t0 = time.perf_counter()
-    for path in files:
-        entry = measure_file(path, a, tools, log)
-        entry["summary"] = summarize(entry)
-        report["files"].append(entry)
-        report["wall_s"] = time.perf_counter() - t0
-        if a.output:   # keep what is measured so far
-            _write(report, a)
-    report["loadavg_end"] = os.getloadavg()
-    if a.output:
-        _write(report, a)
+    report = new_report(a, argv, n_prompt=a.n_prompt)
+    run_files(report, files, lambda path: measure_file(path, a, tools, log), summarize, a.output)
     print(format_table(report))
 
 
-def _write(report, a):
-    tmp = a.output + ".tmp"
+def new_report(a, argv, **extra) -> dict:
+    """The head of a run's report: the machine (its load before the run: `loaded`), the settings both engines got
+    (`a`: threads, cache_type_k/v, repeat, n_gen, ctx, engines), the command line, the peer's build; `extra`."""
+    from peer import peer_version
+
+    report = {"machine": machine(), "threads": a.threads, "cache_type_k": a.cache_type_k,
+              "cache_type_v": a.cache_type_v, "repeat": a.repeat, "n_gen": a.n_gen, "ctx": a.ctx,
+              "engines": sorted(a.engines), "argv": sys.argv[1:] if argv is None else list(argv),
+              "llama_build": peer_version(), **extra, "files": []}
+    # Our own processes raise the load during the run, so only the load before it says whether others were busy.
+    report["loaded"] = report["machine"]["loadavg"][0] > 0.5
+    return report
+
+
+def run_files(report: dict, files, measure, summarize, output: str | None, after=None) -> dict:
+    """Measure `files` in turn into report["files"]: entry = measure(path), entry["summary"] = summarize(entry),
+    then after(report) if given; the report is written to `output` after each file (what is measured so far is
+    kept) and at the end, with the load average then."""
+    t0 = time.perf_counter()
+    for path in files:
+        entry = measure(path)
+        entry["summary"] = summarize(entry)
+        report["files"].append(entry)
+        if after is not None:
+            after(report)
+        report["wall_s"] = time.perf_counter() - t0
+        if output:
+            write_report(report, output)
+    report["loadavg_end"] = os.getloadavg()
+    if output:
+        write_report(report, output)
+    return report
+
+
+def write_report(report: dict, path: str) -> None:
+    """Write a JSON report through a .tmp beside it, then renamed: a reader never sees half a report."""
+    tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(report, f, indent=1, default=str)
-    os.replace(tmp, a.output)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,666 @@
+"""Speculation at real widths, side by side with llama.cpp in one interleaved run (issue 34 items 1 and 2):
+nextn plain / draft-mtp n_max 1..3 / auto against llama.cpp plain (`llama-completion`) / `llama-speculative-simple
+--spec-type draft-mtp` n_max 1..3, on the *predictable* real-width files (`synth_realwidth.py --mtp-mix ALPHA`:
+real tensor sizes, a fixed greedy token chain, NextN agreement set by ALPHA, the same for any engine that
+computes the same graph).
+
+    python bench/spec_realwidth.py [FILE ...] [--repeat 2] [-n 128] [-t THREADS] [-c 4096] [-ctk f16 -ctv f16]
+                                   [--n-max 1,2,3] [--engines nextn,llama] [--no-kernels] [-o report.json]
+    python bench/spec_realwidth.py --table report.json      # the tables of a saved report again (summarized anew)
+
+FILE: paths, or names in --dir (default: bench/realwidth_files.py's folder); default: every predictable file
+(`realwidth_files.py --set spec`) that exists there, smallest first. Make one with
+`python bench/realwidth_files.py glm45air-1-a0.1`. Under the heavy-bench lock on a shared machine:
+`flock "$(python bench/realwidth_files.py --lock)" python bench/spec_realwidth.py ...`. The harness (child
+processes watched for memory, the file selection, the memory guard, the llama.cpp parsers, GGUF byte counts) is
+bench/realwidth.py's, imported.
+
+Per file, `--repeat` rounds, each back to back so that drift hits every configuration alike:
+  1. nextn in a fresh process (`nextn.runtime.load`, compiled and cached on the first use), after its populate:
+     one short warm-up generation per configuration, then --inner times (the fastest counts) plain, n_max 1..3 and
+     auto, each `Model.generate` of -n tokens after rw.PROMPT, greedy, ignore EOS (what `nextn run --json`
+     reports: tok/s, acceptance, per-position acceptance, `entry_s` = seconds inside each compiled entry point);
+     each speculative run's tokens are checked against plain's (`same_as_plain`). Then, on the file's own greedy
+     chain (prompt + plain's tokens, so the rows route as real drafts do), the ms of a verify of T = 1..4 rows, of
+     one draft step (`mtp_draft`, 1 row) and of a draft step 0 carrying one gap row (2 rows), min of REPS = 5
+     round-robin calls; a verify of T copies of one token (what `runtime.depth.calibrate` times for `auto`); the
+     distinct experts each verify reads per MoE layer (bench/kernel_profile.routed_experts); and, unless
+     --no-kernels, the per-kernel ms of a decode and of the verify of 2 and of 4 rows
+     (bench/kernel_profile.profile, best of REPS) in the first round;
+  2. llama.cpp: `llama-completion -n N --temp 0 --ignore-eos` (plain: its `eval time` line), then
+     `llama-speculative-simple --spec-type draft-mtp --spec-draft-n-max k --temp 0 --ignore-eos -lv 4` for each k
+     (its `decoded N tokens in S seconds`, `n_drafted`, `n_accept`, and the trace-level `#acc rate/pos`); same
+     prompt, -t, -c, -ctk/-ctv (also for the MTP draft context: -ctkd/-ctvd), flash attention at llama.cpp's
+     default (auto: on for the CPU; nextn's attention is always flash).
+Best of the rounds counts (max tok/s; min ms); acceptance is deterministic (the same in every round).
+
+Tokens per second: tokens emitted by the decode loop ÷ its seconds (nextn: `stats.emitted / decode_s`, the first
+token is prefill's; llama-completion: eval runs ÷ eval time; llama-speculative-simple: its decoded count ÷ its
+decode seconds). Per-position acceptance: llama.cpp's `acc per pos` (rounds with >= i+1 accepted ÷ rounds).
+
+Cost per round, nextn, each a multiple of one decode (the plain run's `decode` entry seconds per step), from each
+speculative run's `entry_s`: draft steps (`mtp_draft` + `draft`: the k NextN steps; step 0 carries up to
+Drafter.FUSE_ROWS gap rows in the same call), NextN gap rows (`mtp_rows`: a gap longer than that), verify
+(`verify` + `decode`), host (decode seconds outside any entry point: the Python loop, conversions, the
+acceptance check), per round (speculative + plain rounds). "The same at the bytes' cost": the tokens per round
+÷ (bytes(k+1) ÷ bytes(1) + drafts per round × a draft step's bytes ÷ bytes(1)), what the run would give per
+decode-time if every entry point cost what its weight bytes cost (plain: 1).
+
+Verify against its bytes (item 2): bytes(T) = every dense weight once + the lm head once + T rows of token_embd +
+each distinct routed expert once (distinct experts from the verify's own expert ids, the same size per layer in
+these files); bytes(1) is one decode's (bench/realwidth.decode_bytes_from_gguf). The per-kernel table puts each
+kernel family's verify ms ÷ decode ms next to the bytes it reads: routed experts (`matmul_id`) distinct(T) ÷
+n_expert_used, every other weight matmul (dense, lm head) 1, the rest (attention, norms, VM bookkeeping) 1 by
+convention; "excess ms" = verify ms − that ratio × decode ms is where the verify pays for more than its bytes.
+Kernel names of the decode (`_rows1`) and verify (`_rowst`) entries are matched after dropping that suffix and the
+numbers Relax appends to fused ops. The instrument adds a Python call per kernel call (in "(step total)").
+
+Projection to the real layer count (46 trunk layers for glm4moe / GLM-4.5-Air, 78 for glm-dsa / GLM-5.2),
+labelled a projection: per configuration, the round's measured seconds + (L_real − L_file) × the per-layer ms of
+the verify of k+1 rows (plain: of the decode), the per-layer ms being the least-squares slope of that verify's ms
+over the trunk layers of the files of the same arch and ALPHA measured in the run (needs two layer counts); draft
+steps, gap rows and host time stay as measured (the NextN block is one layer at any depth), tokens per round as
+measured (ALPHA sets them, not the depth). Its bytes-bound column is the same ceiling as above at L_real layers
+(the dense and routed bytes per layer from the files' tensors, the base file's distinct experts per MoE layer).
+The synthetic files have one dense lead layer, GLM-5.2 has three: its two other dense layers are projected as
+MoE layers.
+
+Memory guard and the child's watch: as bench/realwidth.py (--mem-budget-gb, --headroom-gb).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import realwidth as rw  # noqa: E402
+from realwidth_files import SETS, realwidth_dir  # noqa: E402
+
+from nextn.common.kv_types import DEFAULT as KV_DEFAULT  # noqa: E402
+from nextn.common.kv_types import NAMES as KV_TYPES  # noqa: E402
+from nextn.runtime.threads import physical_cores  # noqa: E402
+
+KNOWN = [f"{n}.gguf" for n in SETS["spec"]]
+VERIFY_ROWS = (1, 2, 3, 4)
+KERNEL_ROWS = (1, 2, 4)                       # per-kernel profile: the decode and these verifies
+REAL_LAYERS = {"glm4moe": 46, "glm-dsa": 78}   # trunk layers of GLM-4.5-Air, GLM-5.2 (HF configs)
+REPS = 5                                       # calls per micro timing and per-kernel profile (min counts)
+GB = rw.GB
+
+
+def configs(n_max) -> list[tuple[str, str, int | str]]:
+    """nextn's configurations: (label, spec_type, n_max)."""
+    return [("plain", "none", 1)] + [(f"n_max={k}", "draft-mtp", k) for k in n_max] + [("auto", "draft-mtp", "auto")]
+
+
+# -- bytes -----------------------------------------------------------------------------------------------------------
+def verify_bytes(decode_bytes: dict, T: int, distinct: float, n_expert_used: int) -> float:
+    """Weight bytes a verify of T rows reads (module doc): one decode's `decode_bytes` (read_bytes_per_row) with
+    T rows of token_embd and `distinct` experts per MoE layer (mean over the layers) instead of n_expert_used."""
+    return (decode_bytes["total"] + (T - 1) * decode_bytes["token_embd_row"]
+            + decode_bytes["routed"] * (distinct / n_expert_used - 1.0))
+
+
+def draft_bytes(info: dict) -> float:
+    """Weight bytes one draft step (one NextN row) reads: the NextN block (blk.i, i >= n_layer; its routed experts at
+    n_expert_used / n_expert), one row of token_embd and the lm head (`output.weight`, or the tied token_embd)."""
+    from nextn.common.manifest import read_bytes_per_row
+
+    def nextn(name):
+        return not name.startswith("blk.") or int(name.split(".")[1]) >= info["n_layer"]
+    tensors = [(n, b) for n, _t, b in info["tensors"] if nextn(n) and n != "output_norm.weight"]
+    tied = "output.weight" not in {n for n, _t, _b in info["tensors"]}
+    return read_bytes_per_row(tensors, info["n_expert"], info["n_expert_used"], info["n_vocab"], tied)["total"]
+
+
+# -- kernels ---------------------------------------------------------------------------------------------------------
+def kernel_byte_ratio(key: str, expert_ratio: float) -> float:
+    """The bytes a verify's kernel reads ÷ the decode's (module doc): routed-expert matmuls `expert_ratio`
+    (distinct experts ÷ n_expert_used), everything else 1."""
+    return expert_ratio if "matmul_id" in key else 1.0
+
+
+def kernel_excess(dec: dict, ver: dict, expert_ratio: float, calls: dict | None = None) -> list[dict]:
+    """Per kernel family (kernel_profile.kernel_key): decode ms, verify ms, their ratio, the byte ratio, and the
+    excess ms = verify − byte ratio × decode; sorted by excess, largest first. `dec`, `ver`:
+    kernel_profile.profile outputs (symbol -> ms); `calls`: the verify's calls per symbol (profile's `calls`)."""
+    from kernel_profile import by_family
+
+    (a, _), (b, n) = by_family(dec), by_family(ver, calls)
+    rows = []
+    for k in sorted(set(a) | set(b)):
+        d, v = a.get(k, 0.0), b.get(k, 0.0)
+        r = kernel_byte_ratio(k, expert_ratio)
+        rows.append({"kernel": k, "decode_ms": d, "verify_ms": v, "ratio": v / d if d > 0 else None,
+                     "byte_ratio": r, "excess_ms": v - r * d, "calls": n.get(k)})
+    return sorted(rows, key=lambda x: -x["excess_ms"])
+
+
+# -- nextn (in a worker process) -------------------------------------------------------------------------------------
+def cell(r) -> dict:
+    """The numbers of one `GenerateResult` (the fields of `nextn run --json`, without the text)."""
+    j = r.to_json()
+    s = j["stats"]
+    return {"tokens": j["tokens"], "emitted": s["emitted"], "decode_s": r.decode_s,
+            "tok_s": s["emitted"] / r.decode_s if r.decode_s > 0 else 0.0, "rounds": s["rounds"],
+            "plain_rounds": s["plain_rounds"], "drafted": s["drafted"], "accepted": s["accepted"],
+            "acceptance": s["acceptance"], "mean_len": s["mean_len"], "per_pos": s["per_pos"],
+            "per_pos_rate": s["per_pos_rate"], "drafted_at": list(r.stats.drafted_at),
+            "depth_switches": s["depth_switches"], "entry_s": j["timings"]["entry_s"],
+            "spec_draft_n_max": j["spec_draft_n_max"], "threads": j["threads"]}
+
+
+def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: str | list = rw.PROMPT,
+                  inner: int = 1) -> dict:
+    """One nextn round on a loaded `Model` (module doc, step 1): {"runs": {label: cell}, "ms": {...},
+    "verify_experts": {T: routed_experts}, "kernels": {...} or None}. `prompt`: text or token ids; `inner`:
+    generations per configuration, interleaved (the fastest counts; every one is checked against plain)."""
+    from nextn.common.timing import time_call
+
+    from kernel_profile import profile, routed_experts
+
+    eng = m.engine
+    ids = m.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    cfgs = configs(n_max)
+    for _label, spec_type, k in cfgs:        # warm-up: each entry's first calls, auto's calibration
+        m.generate(ids, 4, spec_type=spec_type, n_max=k, ignore_eos=True)
+    runs, same = {}, {}
+    for _ in range(inner):
+        for label, spec_type, k in cfgs:
+            c = cell(m.generate(ids, n_gen, spec_type=spec_type, n_max=k, ignore_eos=True))
+            same[label] = same.get(label, True) and c["tokens"] == (runs.get("plain") or c)["tokens"]
+            if label not in runs or c["tok_s"] > runs[label]["tok_s"]:
+                runs[label] = c
+    for label, c in runs.items():
+        c["same_as_plain"] = same[label]
+    # on the greedy chain: the rows a verify sees when its drafts are the chain's next tokens
+    chain = np.asarray(ids + runs["plain"]["tokens"], np.int32)
+    P = len(ids) + 1
+    need = P + max(VERIFY_ROWS)
+    if len(chain) < need:
+        raise SystemExit(f"spec_realwidth: -n {n_gen} is too short: the timings need {need - len(ids)} chain tokens")
+    hidden, _lg, am = eng.prefill(chain[:P], 0)
+    calls = {f"verify_{T}": (lambda T=T: eng.verify(chain[P:P + T], P)) for T in VERIFY_ROWS}
+    calls.update({f"verify_same_{T}": (lambda T=T: eng.verify([int(chain[P])] * T, P)) for T in VERIFY_ROWS[1:]})
+    if eng.has_mtp:
+        calls["draft"] = lambda: eng.mtp_draft([int(chain[P])], hidden[-1:], P)
+        calls["draft_2"] = lambda: eng.mtp_draft([int(chain[P - 1]), int(chain[P])], hidden[-2:], P - 1)
+    best = {k: float("inf") for k in calls}
+    for _ in range(REPS):        # round-robin, so a burst of load hits every call alike
+        for k, f in calls.items():
+            best[k] = min(best[k], time_call(f))
+    out = {"runs": runs, "ms": {k: v * 1e3 for k, v in best.items()}, "prompt_tokens": len(ids),
+           "verify_experts": {str(T): routed_experts(eng, calls[f"verify_{T}"]) for T in VERIFY_ROWS},
+           "n_expert_used": int(eng.hparams.get("n_expert_used", 1)), "kernels": None}
+    if kernels:
+        ms, n = {}, {}
+        for T in KERNEL_ROWS:
+            n[str(T)] = {}
+            ms[str(T)] = profile(eng, calls[f"verify_{T}"], REPS, n[str(T)])
+        out["kernels"] = {"ms": ms, "calls": n}
+    return out
+
+
+def worker(path: str, a) -> dict:
+    import nextn.runtime as rt
+
+    t = time.perf_counter()
+    m = rt.load(path, ctx_size=a.ctx, log=lambda s: print(s, file=sys.stderr), cache_type_k=a.cache_type_k,
+                cache_type_v=a.cache_type_v)
+    load_s = time.perf_counter() - t
+    m.engine.wait_populated()
+    res = nextn_measure(m, a.n_gen, a.n_max, kernels=a.kernels, inner=a.inner)
+    res.update(load_s=load_s, has_mtp=m.engine.has_mtp, kv_cache=m.engine.kv_cache,
+               threads_env=os.environ.get("TVM_NUM_THREADS"))
+    return res
+
+
+def nextn_round(path, a, log, kernels: bool) -> dict:
+    env = dict(os.environ, TVM_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", path, "-n", str(a.n_gen), "-c", str(a.ctx),
+           "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "--n-max", ",".join(map(str, a.n_max)),
+           "--inner", str(a.inner)]
+    cmd += [] if kernels else ["--no-kernels"]
+    res = rw.run_watched(cmd, a.mem_budget_gb * GB, env=env, log=log)
+    mem = {"peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"], "wall_s": res["wall_s"]}
+    line = next((x for x in reversed(res["stdout"].splitlines()) if x.startswith("RESULT ")), None)
+    if res["rc"] != 0 or line is None:
+        return {"status": rw.failure(res), **mem}
+    return {"status": "ok", **json.loads(line[len("RESULT "):]), **mem}
+
+
+# -- llama.cpp -------------------------------------------------------------------------------------------------------
+def llama_cmds(path: str, a, tools: dict) -> dict:
+    """{label: argv} of llama.cpp's runs: plain (llama-completion) and draft-mtp n_max k (llama-speculative-simple),
+    the same prompt, tokens, threads, context and KV types as nextn's."""
+    common = ["-m", path, "-p", rw.PROMPT, "-n", str(a.n_gen), "-c", str(a.ctx), "-t", str(a.threads),
+              "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "--temp", "0", "--ignore-eos"]
+    out = {}
+    if "llama-completion" in tools:
+        out["plain"] = [tools["llama-completion"], *common, "-no-cnv"]
+    if "llama-speculative-simple" in tools:
+        for k in a.n_max:
+            out[f"n_max={k}"] = [tools["llama-speculative-simple"], *common, "-ctkd", a.cache_type_k,
+                                 "-ctvd", a.cache_type_v, "--spec-type", "draft-mtp", "--spec-draft-n-max", str(k),
+                                 "-lv", "4"]
+    return out
+
+
+def parse_completion(text: str) -> dict:
+    """llama-completion's perf lines (common/sampling.cpp common_perf_print) → {"tok_s": eval runs ÷ eval seconds,
+    "n_eval", "eval_ms", "prompt_tok_s"}; {} when the eval line is missing."""
+    ev = re.search(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs", text.replace("prompt eval time", "prompt_eval"))
+    if not ev:
+        return {}
+    ms, n = float(ev.group(1)), int(ev.group(2))
+    out = {"tok_s": n / ms * 1e3 if ms > 0 else 0.0, "n_eval": n, "eval_ms": ms}
+    pp = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
+    if pp and float(pp.group(1)) > 0:
+        out["prompt_tok_s"] = int(pp.group(2)) / float(pp.group(1)) * 1e3
+    return out
+
+
+def parse_speculative(text: str) -> dict:
+    """llama-speculative-simple's summary (examples/speculative-simple: `decoded N tokens in S seconds`,
+    `n_drafted`, `n_accept`) and, at -lv 4, common_speculative_print_stats' `#mean acc len` and `#acc rate/pos`
+    → {"tok_s", "decoded", "decode_s", "drafted", "accepted", "acceptance", "mean_len", "per_pos"}; {} without
+    the decoded line."""
+    d = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
+    if not d:
+        return {}
+    n, s = int(d.group(1)), float(d.group(2))
+    out = {"decoded": n, "decode_s": s, "tok_s": n / s if s > 0 else 0.0}
+    for key, pat in (("drafted", r"n_drafted\s*=\s*(\d+)"), ("accepted", r"n_accept\s*=\s*(\d+)")):
+        m = re.search(pat, text)
+        out[key] = int(m.group(1)) if m else None
+    if out["drafted"]:
+        out["acceptance"] = out["accepted"] / out["drafted"]
+    m = re.search(r"#mean acc len\s*=\s*([\d.]+)", text)
+    out["mean_len"] = float(m.group(1)) if m else None
+    m = re.search(r"#acc rate/pos\s*=\s*\(([^)]*)\)", text)
+    out["per_pos"] = [float(x) for x in m.group(1).split(",") if x.strip()] if m else None
+    return out
+
+
+def llama_round(path, a, tools, log) -> dict:
+    out = {}
+    for label, cmd in llama_cmds(path, a, tools).items():
+        res = rw.run_watched(cmd, a.mem_budget_gb * GB, log=log)
+        text = res["stdout"] + "\n" + res["stderr"]
+        got = (parse_completion if label == "plain" else parse_speculative)(text) if res["rc"] == 0 else {}
+        mem = {"peak_rss": res["peak_rss"], "wall_s": res["wall_s"]}
+        out[label] = {"status": "ok", **got, **mem} if got else {"status": rw.failure(res), **mem}
+    for label in ["plain"] + [f"n_max={k}" for k in a.n_max]:
+        out.setdefault(label, {"status": "not built: " + ("llama-completion" if label == "plain"
+                                                            else "llama-speculative-simple")})
+    return out
+
+
+# -- summary ---------------------------------------------------------------------------------------------------------
+def round_split(c: dict, one_decode_s: float) -> dict:
+    """Seconds per round of a run `c` (a `cell`) split into draft steps, NextN gap rows, verify and host, each ÷
+    `one_decode_s`; `tokens` = tokens emitted per round."""
+    e = c["entry_s"]
+    n = c["rounds"] + c["plain_rounds"]
+    if not n or not one_decode_s:
+        return {}
+    draft = sum(v for k, v in e.items() if "draft" in k)
+    gap = e.get("mtp_rows", 0.0)
+    verify = e.get("verify", 0.0) + e.get("decode", 0.0)
+    host = max(0.0, c["decode_s"] - sum(e.values()))
+    parts = {"draft": draft, "gap": gap, "verify": verify, "host": host}
+    out = {k: v / n / one_decode_s for k, v in parts.items()}
+    out["total"] = sum(out.values())
+    out["tokens"] = c["emitted"] / n
+    out["round_s"] = c["decode_s"] / n
+    return out
+
+
+def summarize(entry: dict) -> dict:
+    """Best of the rounds per configuration and engine, acceptance, the nextn round split, verify vs bytes."""
+    nx = [r["nextn"] for r in entry["rounds"] if r["nextn"].get("status") == "ok"]
+    ll = [r["llama"] for r in entry["rounds"]]
+    labels = list(nx[0]["runs"]) if nx else []
+    s: dict = {"nextn": {}, "llama": {}, "ratio": {}, "nextn_status": "ok" if nx else next(
+        (r["nextn"]["status"] for r in entry["rounds"]), entry.get("skipped") or "no rounds")}
+    for label in labels:
+        cells = [r["runs"][label] for r in nx]
+        b = max(cells, key=lambda c: c["tok_s"])
+        s["nextn"][label] = {k: b[k] for k in ("tok_s", "acceptance", "accepted", "drafted", "rounds",
+                                               "plain_rounds", "mean_len", "depth_switches")}
+        deepest = max((i + 1 for i, d in enumerate(b["drafted_at"]) if d), default=0)
+        s["nextn"][label]["per_pos"] = b["per_pos"][:deepest]      # the positions that were drafted
+        s["nextn"][label]["same_as_plain"] = all(c["same_as_plain"] for c in cells)
+        s["nextn"][label]["best"] = b
+    llabels = sorted({k for r in ll for k in r}, key=lambda k: (k != "plain", k))
+    for label in llabels:
+        ok = [r[label] for r in ll if r.get(label, {}).get("status") == "ok"]
+        s["llama"][label] = (max(ok, key=lambda c: c["tok_s"]) if ok else
+                             {"status": next((r[label]["status"] for r in ll if label in r), "not run")})
+    # ratios per configuration: against llama.cpp's same configuration, and each against its own plain
+    for label in set(s["nextn"]) | set(s["llama"]):
+        n, q = s["nextn"].get(label, {}), s["llama"].get(label, {})
+        n0, q0 = s["nextn"].get("plain", {}), s["llama"].get("plain", {})
+        rec = s["ratio"][label] = {}
+        rec["nextn_llama"] = _div(n.get("tok_s"), q.get("tok_s"))
+        rec["nextn_own_plain"] = _div(n.get("tok_s"), n0.get("tok_s"))
+        rec["llama_own_plain"] = _div(q.get("tok_s"), q0.get("tok_s"))
+    if "auto" in s["nextn"]:
+        fixed = [v["tok_s"] for k, v in s["nextn"].items() if k != "auto"]
+        s["auto_vs_best"] = _div(s["nextn"]["auto"]["tok_s"], max(fixed) if fixed else None)
+    if not nx:
+        return s
+    ms = s["ms"] = {k: min(r["ms"][k] for r in nx) for k in nx[0]["ms"]}
+    plain = s["nextn"]["plain"]["best"]
+    one = plain["entry_s"].get("decode", 0.0) / max(1, plain["plain_rounds"])
+    s["one_decode_s"] = one
+    s["split"] = {label: round_split(v["best"], one) for label, v in s["nextn"].items()}
+    # verify vs bytes
+    dec = entry["bytes_per_token"]["gguf"]
+    used = nx[0]["n_expert_used"]
+    ex = nx[0]["verify_experts"]
+    s["verify_bytes"] = {}
+    for T in VERIFY_ROWS:
+        e = ex.get(str(T))
+        distinct = e["distinct"] if e else used
+        s["verify_bytes"][str(T)] = {
+            "verify_x_decode": ms[f"verify_{T}"] / ms["verify_1"],
+            "same_token_x_decode": ms[f"verify_same_{T}"] / ms["verify_1"] if f"verify_same_{T}" in ms else None,
+            "bytes_x_decode": verify_bytes(dec, T, distinct, used) / dec["total"],
+            "distinct": distinct, "routed": e["routed"] if e else T * used}
+    if "draft" in ms:
+        s["draft_x_decode"] = ms["draft"] / ms["verify_1"]
+        s["draft2_x_decode"] = ms["draft_2"] / ms["verify_1"]
+        s["draft_bytes_x_decode"] = entry["bytes_per_token"].get("draft", 0.0) / dec["total"]
+    for label, sp in s["split"].items():    # what the same tokens per round would give at the bytes' speed
+        b = s["nextn"][label]["best"]
+        T = 1 if label == "plain" else b["spec_draft_n_max"] + 1 if label != "auto" else None
+        if sp and T is not None and str(T) in s["verify_bytes"]:
+            drafts = b["drafted"] / b["rounds"] if b["rounds"] else 0.0
+            sp["bytes_bound"] = sp["tokens"] / (s["verify_bytes"][str(T)]["bytes_x_decode"]
+                                                + drafts * s.get("draft_bytes_x_decode", 0.0))
+    k = next((r["kernels"] for r in nx if r.get("kernels")), None)
+    if k:
+        s["kernels"] = {}
+        for T in KERNEL_ROWS[1:]:
+            vb = s["verify_bytes"][str(T)]
+            s["kernels"][str(T)] = kernel_excess(k["ms"]["1"], k["ms"][str(T)], vb["distinct"] / used,
+                                                 k["calls"][str(T)])
+    return s
+
+
+def _div(x, y):
+    return x / y if x is not None and y else None
+
+
+def _alpha(name: str) -> str | None:
+    m = re.search(r"-a([\d.]+)(?:\.gguf)?$", name)
+    return m.group(1) if m else None
+
+
+def projection(files: list[dict]) -> list[dict]:
+    """The projection to the real layer count (module doc), one entry per (arch, ALPHA) group with >= 2 trunk
+    layer counts measured: {"arch", "alpha", "layers": measured counts, "L_real", "base": the file projected from
+    (most layers), "per_layer_ms": {T: slope}, "configs": {label: {"tok_s", "x_plain", "round_s", "tokens"}}}."""
+    groups: dict = {}
+    for e in files:
+        s = e.get("summary") or {}
+        if s.get("ms") and e.get("arch") in REAL_LAYERS:
+            groups.setdefault((e["arch"], _alpha(e["name"])), []).append(e)
+    out = []
+    for (arch, alpha), es in sorted(groups.items(), key=lambda x: (x[0][0], str(x[0][1]))):
+        layers = sorted({e["n_layer"] for e in es})
+        if len(layers) < 2:
+            continue
+        slope = {}
+        for T in VERIFY_ROWS:
+            x = np.array([e["n_layer"] for e in es], float)
+            y = np.array([e["summary"]["ms"][f"verify_{T}"] for e in es], float)
+            slope[str(T)] = float(np.polyfit(x, y, 1)[0])
+        base = max(es, key=lambda e: e["n_layer"])
+        L = REAL_LAYERS[arch]
+        dL = L - base["n_layer"]
+        # bytes at L layers: the dense and routed bytes per layer from the files' tensors, the base file's experts
+        dec = {}
+        for key in ("dense", "routed"):
+            x = np.array([e["n_layer"] for e in es], float)
+            y = np.array([e["bytes_per_token"]["gguf"][key] for e in es], float)
+            dec[key] = base["bytes_per_token"]["gguf"][key] + dL * float(np.polyfit(x, y, 1)[0])
+        b0 = base["bytes_per_token"]["gguf"]
+        dec.update(lm_head=b0["lm_head"], token_embd_row=b0["token_embd_row"])
+        dec["total"] = dec["dense"] + dec["routed"] + dec["lm_head"] + dec["token_embd_row"]
+        used = base["n_expert_used"]
+        vb = base["summary"]["verify_bytes"]
+        draft_x = base["bytes_per_token"]["draft"] / dec["total"]
+        cfg = {}
+        for label, v in base["summary"]["nextn"].items():
+            if label == "auto":
+                continue      # its depth varies from round to round: no one verify size to scale
+            b = v["best"]
+            n = b["rounds"] + b["plain_rounds"]
+            T = 1 if label == "plain" else int(b["spec_draft_n_max"]) + 1
+            round_s = b["decode_s"] / n + dL * slope[str(T)] / 1e3
+            cfg[label] = {"round_s": round_s, "tokens": b["emitted"] / n, "tok_s": b["emitted"] / n / round_s}
+            drafts = b["drafted"] / b["rounds"] if b["rounds"] else 0.0
+            bx = verify_bytes(dec, T, vb[str(T)]["distinct"], used) / dec["total"]
+            cfg[label].update(bytes_x_decode=bx, bytes_bound=cfg[label]["tokens"] / (bx + drafts * draft_x))
+        for c in cfg.values():
+            c["x_plain"] = _div(c["tok_s"], cfg["plain"]["tok_s"])
+        out.append({"arch": arch, "alpha": alpha, "layers": layers, "L_real": L, "base": base["name"],
+                    "per_layer_ms": slope, "bytes_per_token": dec["total"], "draft_bytes_x_decode": draft_x,
+                    "configs": cfg})
+    return out
+
+
+# -- tables ----------------------------------------------------------------------------------------------------------
+_f = rw.fmt_num
+
+
+def _pos(p) -> str:
+    return "–" if not p else "/".join(f"{x:.2f}" for x in p)
+
+
+def format_table(report: dict) -> str:
+    """Markdown: the cost split, verify vs bytes, the kernels where a verify exceeds its bytes, the projection,
+    then the speed table with its ratios last; a line on the machine and settings; failures."""
+    files = [e for e in report["files"] if e.get("summary")]
+    L = []
+    # 1. nextn's cost per round
+    L += ["nextn's cost per round, each a multiple of one decode (the plain run's `decode` step):", "",
+          "| file | config | tokens / round | draft steps | NextN gap rows | verify | host | round | "
+          "tokens per decode-time | the same at the bytes' cost |", "|" + "---|" * 10]
+    for e in files:
+        for label, sp in (e["summary"].get("split") or {}).items():
+            if sp:
+                L.append(f"| {e['name']} | {label} | {sp['tokens']:.2f} | {sp['draft']:.2f} | {sp['gap']:.2f} | "
+                         f"{sp['verify']:.2f} | {sp['host']:.2f} | {sp['total']:.2f} | "
+                         f"{_f(_div(sp['tokens'], sp['total']))} | {_f(sp.get('bytes_bound'))} |")
+    # 2. verify vs bytes
+    L += ["", f"A verify of T rows against its bytes (chain tokens; ms of the entry points, min of {REPS} calls "
+          "× rounds):",
+          "", "| file | decode ms | T | distinct experts / MoE layer (of routed) | verify(T) ÷ decode | "
+          "bytes(T) ÷ bytes(1) | T copies of one token ÷ decode | draft ÷ decode (bytes) | "
+          "draft+1 gap row ÷ decode | verify ÷ bytes |", "|" + "---|" * 10]
+    for e in files:
+        s = e["summary"]
+        for T, vb in (s.get("verify_bytes") or {}).items():
+            if T == "1":
+                continue
+            L.append(f"| {e['name']} | {s['ms']['verify_1']:.1f} | {T} | {vb['distinct']:.1f} ({vb['routed']}) | "
+                     f"{vb['verify_x_decode']:.2f} | {vb['bytes_x_decode']:.2f} | {_f(vb['same_token_x_decode'])} | "
+                     + (f"{_f(s.get('draft_x_decode'))} ({_f(s.get('draft_bytes_x_decode'))}) | "
+                        f"{_f(s.get('draft2_x_decode'))}" if T == "2" else " | ")
+                     + f" | {vb['verify_x_decode'] / vb['bytes_x_decode']:.2f} |")
+    # 3. kernels
+    for e in files:
+        for T, rows in (e["summary"].get("kernels") or {}).items():
+            total = next((r for r in rows if r["kernel"] == "(step total)"), None)
+            rows = [r for r in rows if r["kernel"] != "(step total)"]
+            L += ["", f"{e['name']}: where the verify of {T} rows exceeds its bytes (per kernel family, ms; top 8 "
+                  f"by excess; step with the instrument: decode {_f(total and total['decode_ms'], '{:.1f}')}, "
+                  f"verify {_f(total and total['verify_ms'], '{:.1f}')}):", "",
+                  "| kernel | calls | decode ms | verify ms | verify ÷ decode | bytes ratio | excess ms |",
+                  "|" + "---|" * 7]
+            for r in rows[:8]:
+                L.append(f"| {r['kernel']} | {r['calls'] or '–'} | {r['decode_ms']:.2f} | {r['verify_ms']:.2f} | "
+                         f"{_f(r['ratio'])} | {r['byte_ratio']:.2f} | {r['excess_ms']:.2f} |")
+            ex = sum(r["excess_ms"] for r in rows)
+            L.append(f"| (all kernels) | | {sum(r['decode_ms'] for r in rows):.2f} | "
+                     f"{sum(r['verify_ms'] for r in rows):.2f} | | | {ex:.2f} |")
+    # 4. projection
+    proj = report.get("projection") or projection(report["files"])
+    for p in proj:
+        labels = list(p["configs"])
+        L += ["", f"PROJECTION (not a measurement) to {p['L_real']} trunk layers, {p['arch']} ALPHA {p['alpha']}: "
+              f"measured on {', '.join(map(str, p['layers']))} trunk layers, per-layer ms of the verify of 1..4 rows "
+              + " / ".join(f"{v:.1f}" for v in p["per_layer_ms"].values()) + f", projected from {p['base']}:", "",
+              "| config | tokens / round | verify bytes ÷ decode bytes | projected round ms | projected tok/s | "
+              "bytes-bound ÷ plain | projected ÷ projected plain |", "|" + "---|" * 7]
+        for label in labels:
+            c = p["configs"][label]
+            L.append(f"| {label} | {c['tokens']:.2f} | {c['bytes_x_decode']:.2f} | {c['round_s'] * 1e3:.0f} | "
+                     f"{c['tok_s']:.2f} | {c['bytes_bound']:.2f} | {_f(c['x_plain'])} |")
+    # 5. speed, ratios last
+    L += ["", "| file | config | nextn tok/s | nextn acceptance (acc/drafted) | nextn acc per pos | same tokens as "
+          "plain | llama tok/s | llama acceptance | llama acc per pos | nextn ÷ llama | "
+          "spec ÷ own plain: nextn / llama |",
+          "|" + "---|" * 11]
+    notes = []
+    for e in report["files"]:
+        s = e.get("summary") or {}
+        if e.get("skipped"):
+            notes.append(f"- {e['name']}: skipped: {e['skipped']}")
+            continue
+        if s.get("nextn_status") != "ok":
+            notes.append(f"- {e['name']}: nextn: {s.get('nextn_status')}")
+        labels = list(s.get("nextn") or {}) or list(s.get("llama") or {})
+        for label in labels:
+            n, q, r = s["nextn"].get(label, {}), s["llama"].get(label, {}), s["ratio"].get(label, {})
+            acc_n = (f"{n['acceptance']:.3f} ({n['accepted']}/{n['drafted']})" if n.get("drafted") else "–")
+            if label == "auto" and n:
+                acc_n += f", {n['rounds']} spec / {n['plain_rounds']} plain rounds"
+            acc_q = (f"{q['acceptance']:.3f} ({q['accepted']}/{q['drafted']})" if q.get("drafted") else "–")
+            same = "–" if label == "plain" or not n else ("yes" if n["same_as_plain"] else "NO")
+            L.append(f"| {e['name']} | {label} | {_f(n.get('tok_s'))} | {acc_n} | {_pos(n.get('per_pos'))} | {same} | "
+                     f"{_f(q.get('tok_s'))} | {acc_q} | {_pos(q.get('per_pos'))} | {_f(r.get('nextn_llama'))} | "
+                     f"{_f(r.get('nextn_own_plain'))} / {_f(r.get('llama_own_plain'))} |")
+            if q.get("status") not in (None, "ok"):
+                notes.append(f"- {e['name']} {label}: llama: {q['status']}")
+        if s.get("auto_vs_best") is not None:
+            notes.append(f"- {e['name']}: auto ÷ the fastest of plain and the fixed depths: {s['auto_vs_best']:.2f}")
+    m = report["machine"]
+    L += ["", f"{m['cpu']} ({' '.join(m.get('cpu_flags', []))}), {m['physical_cores']} cores, {report['threads']} "
+          f"thread(s) both engines, KV -ctk {report['cache_type_k']} -ctv {report['cache_type_v']}, "
+          f"-c {report['ctx']}, greedy, -n {report['n_gen']}, best of {report['repeat']} interleaved rounds; nextn "
+          f"{m.get('nextn_commit') or '?'}, llama.cpp {(report.get('llama_build') or '?').split()[0]}; "
+          f"loadavg at start {m['loadavg'][0]:.2f}" + (" (machine loaded: read the ratios, not the absolute numbers)"
+                                      if report.get("loaded") else "")]
+    return "\n".join(L + ([""] + notes if notes else []))
+
+
+# -- the run ---------------------------------------------------------------------------------------------------------
+def measure_file(path, a, tools, log) -> dict:
+    info = rw.gguf_info(path)
+    entry = {"name": os.path.basename(path), "path": os.path.abspath(path), "size": os.path.getsize(path),
+             "arch": info["arch"], "n_layer": info["n_layer"], "n_expert_used": info["n_expert_used"],
+             "bytes_per_token": {"gguf": rw.decode_bytes_from_gguf(info), "draft": draft_bytes(info)}, "rounds": []}
+    skip = rw.memory_check(entry["size"], a.headroom_gb)
+    if skip:
+        log(f"{entry['name']}: skipped: {skip}")
+        entry["skipped"] = skip
+        return entry
+    for r in range(a.repeat):
+        rnd = {}
+        if "nextn" in a.engines and not rw.over_budget(entry):
+            log(f"{entry['name']}: round {r + 1}/{a.repeat}: nextn")
+            n = rnd["nextn"] = nextn_round(path, a, log, kernels=a.kernels and r == 0)
+            log(f"  nextn: {n['status']}" + ("".join(f", {k} {c['tok_s']:.2f} tok/s" for k, c in n["runs"].items())
+                                             if n["status"] == "ok" else ""))
+        else:
+            rnd["nextn"] = {"status": rw.over_budget(entry) or "not run (--engines)"}
+        if "llama" in a.engines:
+            log(f"{entry['name']}: round {r + 1}/{a.repeat}: llama.cpp")
+            q = rnd["llama"] = llama_round(path, a, tools, log)
+            log("  llama: " + ", ".join(f"{k} {c['tok_s']:.2f} tok/s" if c["status"] == "ok" else f"{k} {c['status']}"
+                                        for k, c in q.items()))
+        else:
+            rnd["llama"] = {}
+        entry["rounds"].append(rnd)
+    return entry
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("files", nargs="*", help="GGUF paths or names in --dir [default: the predictable files there]")
+    ap.add_argument("--dir", default=realwidth_dir())
+    ap.add_argument("--repeat", type=int, default=2, choices=range(1, 100), metavar="N",
+                    help="interleaved rounds per file (best counts) [default: 2]")
+    ap.add_argument("-n", "--n-gen", type=int, default=128, help="tokens per generation [default: 128]")
+    ap.add_argument("-t", "--threads", type=int, default=None,
+                    help="threads for both engines [default: physical cores]")
+    ap.add_argument("-c", "--ctx", type=int, default=4096, help="context of both engines [default: 4096]")
+    ap.add_argument("-ctk", "--cache-type-k", default=KV_DEFAULT, choices=KV_TYPES)
+    ap.add_argument("-ctv", "--cache-type-v", default=KV_DEFAULT, choices=KV_TYPES)
+    ap.add_argument("--n-max", default="1,2,3", help="the fixed draft depths, comma list [default: 1,2,3]")
+    ap.add_argument("--inner", type=int, default=2, choices=range(1, 100), metavar="N",
+                    help="nextn generations per configuration in a round, interleaved (fastest counts) [default: 2]")
+    ap.add_argument("--engines", default="nextn,llama", help="comma list: nextn, llama")
+    ap.add_argument("--no-kernels", dest="kernels", action="store_false",
+                    help="skip the per-kernel profile of the decode and the verifies")
+    ap.add_argument("--mem-budget-gb", type=float, default=12.0, help="kill a measured process above this anon memory")
+    ap.add_argument("--headroom-gb", type=float, default=2.0,
+                    help="measure a file only when MemAvailable holds it + this much [default: 2]")
+    ap.add_argument("-o", "--output", default=None, help="write the JSON report here (after each file)")
+    ap.add_argument("--table", metavar="REPORT", default=None,
+                    help="print the tables of a saved report, measure nothing")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    try:
+        a.n_max = [int(x) for x in a.n_max.split(",")]
+        assert a.n_max and all(k >= 1 for k in a.n_max)
+    except (ValueError, AssertionError):
+        raise SystemExit(f"spec_realwidth: --n-max {a.n_max}: expected a comma list of integers >= 1") from None
+    if a.worker:
+        print("RESULT " + json.dumps(worker(a.worker, a)), flush=True)
+        return
+    if a.table:
+        with open(a.table) as f:
+            report = json.load(f)
+        for e in report["files"]:
+            e["summary"] = summarize(e)
+        report["projection"] = projection(report["files"])
+        print(format_table(report))
+        return
+    a.threads = a.threads or physical_cores()
+    a.engines = set(a.engines.split(","))
+    log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
+    from peer import PeerMissing, peer_tool
+
+    tools = {}
+    if "llama" in a.engines:
+        for t in ("llama-completion", "llama-speculative-simple"):
+            try:
+                tools[t] = peer_tool(t)
+            except PeerMissing as e:
+                log(f"spec_realwidth: {e}")
+    files = rw.resolve_files(a.files, a.dir, known=KNOWN)
+    if not files:
+        raise SystemExit(f"spec_realwidth: no predictable file in {a.dir} "
+                         f"(make one: python bench/realwidth_files.py glm45air-1-a0.1)")
+    report = rw.new_report(a, argv, n_max=a.n_max)
+
+    def project(rep):
+        rep["projection"] = projection(rep["files"])
+    rw.run_files(report, files, lambda path: measure_file(path, a, tools, log), summarize, a.output, after=project)
+    print(format_table(report))
+
+
+if __name__ == "__main__":
+    main()
