@@ -193,6 +193,8 @@ class Drafter:
     def _pick(self, lg, am, pos: int):
         if self.sampled:
             ids, p = self.chain.probs(lg.numpy()[-1])
+            if self.engine.draft_vocab:   # the reduced head's logits are those of draft_ids, in that order
+                ids = self.engine.draft_ids[ids].astype(np.int64)
             j = int(np.searchsorted(np.cumsum(p), self.rng.uniform(pos, DRAFT) * p.sum(), side="right"))
             j = min(j, len(p) - 1)
             return int(ids[j]), (ids, p), float(p[j])
