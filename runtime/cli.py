@@ -53,8 +53,11 @@ def cli():
                    "manifest). Without it the model is identified by its header, which is read in a fraction of a "
                    "second.")
 @kv_cache_options
+@click.option("--spec-draft-vocab", default=0, show_default=True,
+              help="Also compile draft steps whose head has only N token rows (run/serve/bench --spec-draft-vocab; the "
+                   "rows are chosen when the artifact is loaded). 0: none.")
 def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tuning_log, cuda_graph, exact_matmul,
-            verify_model, cache_type_k, cache_type_v):
+            verify_model, cache_type_k, cache_type_v, spec_draft_vocab):
     """Compile MODEL.gguf into an artifact directory (library + manifest.json)."""
     from nextn.common.kv_types import DEFAULT
     from nextn.compiler import entry
@@ -65,7 +68,7 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
     entry.compile_model(model, out, target=target, draft=draft, dump_ir=dump_ir, log=lambda m: click.echo(m, err=True),
                   arches=list(arches) or None, mtp_dense_attention=mtp_dense_attention, tuning_log=tuning_log,
                   cuda_graph=cuda_graph, exact_matmul=exact_matmul, cache_type_k=cache_type_k or DEFAULT,
-                  cache_type_v=cache_type_v or DEFAULT, verify_model=verify_model)
+                  cache_type_v=cache_type_v or DEFAULT, verify_model=verify_model, draft_vocab=spec_draft_vocab)
 
 
 @cli.command()
