@@ -210,3 +210,24 @@ def test_cli_run_json_reports_the_draft_vocab_and_rejects_a_bad_file(compiled, t
     rc, out, err = nextn("-p", "x", "--spec-draft-vocab-file", bad)
     assert rc == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert "ranks.txt: line 2: '-1' is not a token id" in err
+
+
+def test_serve_with_reduced_draft_head(compiled):
+    """`nextn serve --spec-draft-vocab N`: the server's engine drafts with the reduced head and its greedy
+    completions equal the reference's plain greedy continuation, with drafts made."""
+    import httpx
+    from test_server import start_server
+
+    path = compiled(f"dv{N}-glm4moe", FILES["glm4moe"], draft_vocab=N)
+    run = start_server(path, ctx_size=4096, draft_vocab=N, defaults={"n_max": 3})
+    try:
+        assert run.state.model.engine.draft_vocab == N
+        p = reference()["prompts"][0]
+        body = {"prompt": p["prompt_ids"], "n_predict": p["n_predict"], "temperature": 0, "ignore_eos": True,
+                "return_tokens": True}
+        r = httpx.post(run.url + "/completion", json=body, timeout=120).json()
+        assert r["tokens"] == p["greedy_ids"]
+        assert r["timings"]["draft_n"] > 0
+        assert run.state.model.engine.vm_seconds["draft_vocab"] > 0
+    finally:
+        run.stop()
