@@ -34,7 +34,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
                   dump_ir: str | None = None, log=print, arches=None, mtp_dense_attention: bool = False,
                   tuning_log: str | None = None, cuda_graph: bool = True, split_kernels: bool | None = None,
                   cache_type_k: str = DEFAULT_KV, cache_type_v: str = DEFAULT_KV, exact_matmul: bool = False,
-                  verify_model: bool = False) -> str:
+                  verify_model: bool = False, draft_vocab: int = 0) -> str:
     """Compile `model` (+ optional MTP-only `draft`) for `target` into `out_dir`; returns `out_dir`.
     `mtp_dense_attention`: glm-dsa NextN block with dense MLA and no indexer (llama.cpp's graph_mtp).
     `cuda_graph` (CUDA only): the one-row steps replay as CUDA graphs (lower/capture_graphs.py).
@@ -46,6 +46,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     MXFP4 matmuls take int8-quantized activation rows, as ggml-cpu does (compiler/lower/x86, nextn.common.quant.activation).
     `verify_model`: read every byte of the model file(s) for their sha256 (logged, and recorded in the manifest);
     otherwise the manifest identifies them by their headers (common/gguf.py `GGUFFile.identity`).
+    `draft_vocab` N (--spec-draft-vocab; 0: none): also the draft entries with a head of N token rows
+    (graphs.reduce_head), whose weight the runtime gathers from the head tensor at load (buffer plan `rows`).
     The build runs in a reproducible child process where possible (compiler/reproducible.py)."""
     if not reproducible.in_child() and reproducible.available():
         return reproducible.run_in_child("nextn.compiler.compile", {
@@ -54,7 +56,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             "mtp_dense_attention": bool(mtp_dense_attention),
             "tuning_log": os.fspath(tuning_log) if tuning_log else None, "cuda_graph": bool(cuda_graph),
             "split_kernels": split_kernels, "cache_type_k": cache_type_k, "cache_type_v": cache_type_v,
-            "exact_matmul": bool(exact_matmul), "verify_model": bool(verify_model)}, log)
+            "exact_matmul": bool(exact_matmul), "verify_model": bool(verify_model),
+            "draft_vocab": int(draft_vocab or 0)}, log)
     import tvm
     import tvm_ffi
 
@@ -70,7 +73,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     with_mtp = mf.has_nextn
     if with_mtp:
         mf._validate_nextn()
-    options = {"mtp_dense_attention": bool(mtp_dense_attention)}
+    options = {"mtp_dense_attention": bool(mtp_dense_attention), "draft_vocab": int(draft_vocab or 0)}
     type_k, type_v = kv_type(cache_type_k, "--cache-type-k").name, kv_type(cache_type_v, "--cache-type-v").name
     graphs = build_graphs(mf, with_mtp, options, (type_k, type_v))
     kinds = weight_kinds(mf, graphs.values())
@@ -151,12 +154,16 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
             import numpy as np
 
             nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-            buffers.append({"buffer": buf, "tensor": wname, "kind": kinds[wname], "dtype": dtype,
+            rows_of = g.weights[wname].attrs.get("rows_of")   # a reduced draft head: rows of this tensor
+            buffers.append({"buffer": buf, "tensor": rows_of or wname, "kind": kinds[wname], "dtype": dtype,
+                            # "draft_vocab": the runtime gathers the tensor's rows of the draft vocabulary's ids
+                            "rows": "draft_vocab" if rows_of else None,
                             "shape": list(shape), "nbytes": nbytes,
                             # this weight's matmuls take int8 activation rows in this row format ("q8" per 256,
                             # "q8_0" per 32: nextn.common.quant.activation), else None
                             "activation": None if x86 is None else x86.quantized_weights.get(wname),
-                            "role": "draft" if mf.draft is not None and mf.file_of(wname) is mf.draft else "model",
+                            "role": "draft" if mf.draft is not None and mf.file_of(rows_of or wname) is mf.draft
+                            else "model",
                             "mtp_only": buf not in {p[0] for n, gg in graphs.items() if gg.kind == "trunk"
                                                     for p in weight_params(gg, kinds)}})
     c = mf.config
@@ -193,6 +200,8 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
                         "trunk_weight_bytes": sum(b["nbytes"] for b in buffers if not b["mtp_only"])},
         "tuning_log": tuning_info,
         "max_draft": MAX_DRAFT,   # the deepest draft a request may ask for (common/manifest.py)
+        # --spec-draft-vocab: token rows of the `_vocab` draft entries' head (graphs.reduce_head), None without
+        "draft_vocab": options["draft_vocab"] if with_mtp and options["draft_vocab"] else None,
         "kernel_form": form,      # cpu, gpu, or gpu-emulated (the GPU kernels built for llvm; lower/attention.py)
         # the hand-written x86 matmul kernels (compiler/lower/x86): vector width, activation quantization
         "x86_kernels": None if x86 is None else {"vector_bytes": x86.width, "kernels": len(x86.specs),

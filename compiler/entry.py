@@ -42,7 +42,7 @@ def compiler_fingerprint() -> str:
 
 
 def cache_path(model: str, target: str, draft: str | None = None, arches=None, mtp_dense_attention: bool = False,
-               cache_type_k: str | None = None, cache_type_v: str | None = None) -> str:
+               cache_type_k: str | None = None, cache_type_v: str | None = None, draft_vocab: int = 0) -> str:
     """Where `model` (+ MTP-only `draft`) compiled for `target` is cached: keyed by the files' header identity
     (common/gguf.py `GGUFFile.identity`: a copy of a file is the same entry, an edited header another; no byte of
     tensor data is read), target (+ arches, options, KV cache types: default f16, f16), nextn version and compiler
@@ -58,6 +58,8 @@ def cache_path(model: str, target: str, draft: str | None = None, arches=None, m
     target_key = f"{target}_{'+'.join(arch_list)}" if arch_list else target
     if mtp_dense_attention:   # a compile option changes the artifact: its own cache entry
         target_key += "-mtp-dense"
+    if draft_vocab:           # --spec-draft-vocab N: the reduced draft entries (their rows are gathered at load)
+        target_key += f"-dv{int(draft_vocab)}"
     type_k = kv_type(cache_type_k or DEFAULT, "--cache-type-k").name
     type_v = kv_type(cache_type_v or DEFAULT, "--cache-type-v").name
     target_key += f"-kv_{type_k}_{type_v}"
@@ -66,15 +68,16 @@ def cache_path(model: str, target: str, draft: str | None = None, arches=None, m
 
 def compiled_artifact(model: str, target: str, draft: str | None = None, log=None, arches=None,
                       mtp_dense_attention: bool = False, cache_type_k: str | None = None,
-                      cache_type_v: str | None = None) -> str:
+                      cache_type_v: str | None = None, draft_vocab: int = 0) -> str:
     """The artifact directory of `model` (+ MTP-only `draft`) for `target` with KV cache types -ctk / -ctv
-    (default f16, f16), compiled on first use and cached at `cache_path`. A damaged cache entry is rebuilt. Raises
+    (default f16, f16) and `draft_vocab` (--spec-draft-vocab N; 0: none), compiled on first use and cached at
+    `cache_path`. A damaged cache entry is rebuilt. Raises
     NextnError for missing files and bad input."""
     from nextn.common.kv_types import DEFAULT, kv_type
 
     type_k = kv_type(cache_type_k or DEFAULT, "--cache-type-k").name
     type_v = kv_type(cache_type_v or DEFAULT, "--cache-type-v").name
-    out = cache_path(model, target, draft, arches, mtp_dense_attention, type_k, type_v)
+    out = cache_path(model, target, draft, arches, mtp_dense_attention, type_k, type_v, draft_vocab)
     if os.path.isfile(os.path.join(out, MANIFEST)):
         try:
             read_manifest(out)
@@ -82,7 +85,8 @@ def compiled_artifact(model: str, target: str, draft: str | None = None, log=Non
         except NextnError:
             pass  # a stale or damaged cache entry: rebuild it
     compile_model(model, out, target=target, draft=draft, log=log or (lambda *_: None), arches=arches,
-                  mtp_dense_attention=mtp_dense_attention, cache_type_k=type_k, cache_type_v=type_v)
+                  mtp_dense_attention=mtp_dense_attention, cache_type_k=type_k, cache_type_v=type_v,
+                  draft_vocab=draft_vocab)
     return out
 
 

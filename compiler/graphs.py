@@ -7,9 +7,13 @@
     mtp_draft  NextN rows with logits for every row (`mtp_logits` uses T rows)
     decode     `verify` specialised to one row (plain decoding): static shapes, fewer VM shape checks, tunable
     draft      `mtp_draft` specialised to one row (a draft step)
-plus an arch's extra entry points (glm-dsa: `mtp_draft_shared`).
+plus an arch's extra entry points (glm-dsa: `mtp_draft_shared`), and with the compile option `draft_vocab` N
+(`--spec-draft-vocab N`) a copy of each drafting entry (`mtp_draft`, `draft`, `mtp_draft_shared`) named with the
+suffix `_vocab` whose head multiplies only N token rows (`reduce_head`).
 """
 from __future__ import annotations
+
+from nextn.common.errors import NextnError
 
 from .loader.model_files import ModelFiles
 
@@ -28,6 +32,35 @@ STATIC = {"decode": {"T": 1}, "draft": {"T": 1}, "mtp_draft_shared": {"T": 1}}
 # or thread blocks. It computes the same bits as the fused form (lower/flash_attn.py); verify and decode, whose
 # rows must agree bit for bit for speculation on ≡ off, also run the very same kernels.
 SPLIT_L = frozenset({"verify", "decode", "mtp_draft", "draft", "mtp_draft_shared"})
+# The entries that draft (their `argmax` is the next draft token): with `draft_vocab` each gets a `_vocab` copy.
+DRAFTING = ("mtp_draft", "draft", "mtp_draft_shared")
+VOCAB_SUFFIX = "_vocab"
+for _e in DRAFTING:
+    if _e in STATIC:
+        STATIC[_e + VOCAB_SUFFIX] = STATIC[_e]
+SPLIT_L = SPLIT_L | {e + VOCAB_SUFFIX for e in DRAFTING}
+# The reduced head's weight: the N rows of the head tensor (node attrs `rows_of`) that the runtime gathers once at
+# load, in the order of its input `draft_ids` (runtime/draft_vocab.py ranks the tokens).
+DRAFT_HEAD = "draft_vocab.head"
+
+
+def reduce_head(g, n_vocab_draft: int) -> None:
+    """FR-Spec's reduced draft head (Zhao et al. 2025, "FR-Spec: Accelerating Large-Vocabulary Language Models via
+    Frequency-Ranked Speculative Sampling"; SGLang's speculative token map): replace `g`'s `logits` = W·hs
+    (W [n_vocab, E]) by W_r·hs, W_r [N, E] the weight DRAFT_HEAD (W's rows `draft_ids`, int32 [N], an input), and its
+    `argmax` by draft_ids[argmax] — a token id of the full vocabulary. Outputs: `logits` [R, N] (the N ranked
+    tokens' logits, in draft_ids order), `argmax` [R] int32. Ties go to the first of the N rows, as argmax does."""
+    logits = g.outputs["logits"]
+    w, hs = logits.inputs
+    assert logits.op == "mul_mat" and w.op == "weight", logits
+    head_w = g.weight(DRAFT_HEAD, (n_vocab_draft, w.shape[1]))
+    head_w.attrs["rows_of"] = w.name
+    ids = g.input("draft_ids", (n_vocab_draft,), "int32")
+    lr = g.mul_mat(head_w, hs)
+    picked = g.get_rows(g.reshape(ids, (n_vocab_draft, 1)), g.argmax(lr))               # [R, 1] int32
+    g.outputs["logits"], g.outputs["argmax"] = lr, g.reshape(picked, (picked.shape[0],))
+    if not any(w in n.inputs for n in g.live_nodes()):     # the full head is no longer read
+        del g.weights[w.name]
 
 
 # Ops whose first input, when a weight, is read through its format's element expression (te_ops._elem) or the
@@ -49,8 +82,9 @@ def weight_kinds(mf: ModelFiles, graphs) -> dict[str, str]:
                     elementwise.add(src.name)
     kinds = {}
     for g in graphs:
-        for name in g.weights:
-            fmt = by_ggml_type(mf.file_of(name).tensor_type(name))
+        for name, node in g.weights.items():
+            src = node.attrs.get("rows_of", name)      # a gathered head: its source tensor's format
+            fmt = by_ggml_type(mf.file_of(src).tensor_type(src))
             kinds[name] = "f32" if fmt is None or (fmt.dtype != "uint8" and name in elementwise) else fmt.kind
     return kinds
 
@@ -59,9 +93,13 @@ def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv
     """Graphs of every entry point; `options` are compile options (e.g. mtp_dense_attention), passed to the
     arch's builders that declare them (ModelSpec.compile_options). Each graph's `kind` is "trunk" or "mtp".
     `kv_types` = (type_k, type_v) of the KV caches (nextn.common.kv_types; default f32, f32). Raises NextnError
-    for a type a cache's rows do not fit."""
+    for a type a cache's rows do not fit. The option `draft_vocab` N (0 < N < n_vocab; 0 or absent: none) adds the
+    `_vocab` copies of the DRAFTING entries (`reduce_head`); NextnError for an N outside that range."""
     spec, c = mf.spec, mf.config
     opts = {k: v for k, v in (options or {}).items() if k in spec.compile_options}
+    n_draft = int((options or {}).get("draft_vocab") or 0)
+    if n_draft and not 0 < n_draft < c.n_vocab:
+        raise NextnError(f"--spec-draft-vocab {n_draft}: expected 0 < N < {c.n_vocab} (the model's vocabulary)")
     graphs = {}
     for name, (kind, all_rows) in ENTRY_POINTS.items():
         if kind == "mtp" and not with_mtp:
@@ -75,6 +113,15 @@ def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv
                 continue
             g.name, g.kind = name, kind
             graphs[name] = g
+    if n_draft and with_mtp:   # built again from the same builders (graphs are not shared), then the head reduced
+        for name in DRAFTING:
+            if name not in graphs:
+                continue
+            g = (spec.build_mtp(c, mf.has_tensor, True, **opts) if name in ENTRY_POINTS
+                 else spec.extra_entry_points(c, mf.has_tensor, **opts)[name][1])
+            reduce_head(g, n_draft)
+            g.name, g.kind = name + VOCAB_SUFFIX, "mtp"
+            graphs[g.name] = g
     for g in graphs.values():
         g.set_kv_types(*(kv_types or ("f32", "f32")))
     return graphs

@@ -31,6 +31,7 @@ class GenerateResult:
     seed: int = 0                   # the RNG seed used (drawn from the OS when none was given)
     n_max_requested: int | str = 0
     threads: int = 0                # CPU threads TVM ran the kernels on (runtime.NumThreads of this thread)
+    draft_vocab: int = 0            # rows of the reduced draft head (--spec-draft-vocab), 0: the full head
 
     @property
     def tokens_per_s(self) -> float:
@@ -50,6 +51,7 @@ class GenerateResult:
             "spec_type": self.spec_type,
             "spec_draft_n_max": self.n_max,
             "spec_draft_n_max_requested": self.n_max_requested,
+            "spec_draft_vocab": self.draft_vocab,
             "seed": self.seed,
             "threads": self.threads,
             "stats": self.stats.to_json(),
@@ -136,7 +138,8 @@ class Model:
             text = text[:min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))]
         return GenerateResult(len(ids), g.tokens, text, g.stats, g.prefill_s, g.decode_s, g.finish_reason,
                               spec_type, eff if spec else 0, g.vm_s, seed=g.seed,
-                              n_max_requested=n_max if spec else 0, threads=runtime_threads())
+                              n_max_requested=n_max if spec else 0, threads=runtime_threads(),
+                              draft_vocab=self.engine.draft_vocab if spec else 0)
 
     def logits(self, token_ids) -> np.ndarray:
         """Trunk logits `[T, n_vocab]` float32 for positions 0..T-1."""
@@ -152,7 +155,8 @@ def load(path: str, target: str = "llvm", ctx_size: int | None = None, spec: boo
          draft: str | None = None, log=None, arches=None, device: str = "cpu",
          mtp_dense_attention: bool = False, cache_type_k: str | None = None,
          cache_type_v: str | None = None, threads: int | None = None, max_draft: int | None = None,
-         mtp_index_share: bool | None = None) -> Model:
+         mtp_index_share: bool | None = None, draft_vocab: int | None = None,
+         draft_vocab_file: str | None = None) -> Model:
     """Load an artifact directory, or a GGUF (compiled for `target` and cached first).
 
     `spec=False` leaves the NextN tensors unread. `draft` is an MTP-only GGUF next to a trunk-only model.
@@ -167,11 +171,16 @@ def load(path: str, target: str = "llvm", ctx_size: int | None = None, spec: boo
     states (GLM-5.3-Flash's KDA) keep max_draft + 2 planes, one without speculation.
     `mtp_index_share`: whether NextN draft steps 1..n-1 reuse step 0's DSA selection (glm-dsa, glm5next;
     default: the GGUF's `attention.indexer.index_share_mtp`, on when the file does not say).
+    `draft_vocab` (--spec-draft-vocab N): draft with a head of the N highest-ranked token rows (FR-Spec; the verify
+    keeps the full head, so the output is unchanged); a GGUF is compiled with it (cached per N), an artifact
+    directory must have been (None: an artifact's own, else the full head; 0: the full head). `draft_vocab_file`:
+    the ranking (one token id per line, or a JSON list; default: the tokenizer's merge order, runtime/draft_vocab.py).
     Raises NextnError (missing/corrupt files, hash mismatch, unsupported arch, bad tensors, other KV types)."""
     use_threads(threads)
     m = Model(Engine.open(path, target=target, ctx_size=ctx_size, load_mtp=spec, draft_path=draft, log=log,
                           arches=arches, device=device, mtp_dense_attention=mtp_dense_attention,
-                          cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_draft=max_draft))
+                          cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_draft=max_draft,
+                          draft_vocab=draft_vocab, draft_vocab_file=draft_vocab_file))
     if mtp_index_share is not None:
         m.engine.share_mtp_index = bool(mtp_index_share)
     return m

@@ -53,10 +53,11 @@ def _cell(r) -> dict:
 def run_bench(model: str, prompts: str | None, out: str, n_predict: int = 64, repeat: int = 3, temp: float = 0.8,
               seed: int = 1, ctx_size: int = 4096, target: str = "llvm", device: str = "cpu", plot: bool = True,
               log=print, cache_type_k: str | None = None, cache_type_v: str | None = None,
-              threads: int | None = None) -> dict:
+              threads: int | None = None, draft_vocab: int | None = None, draft_vocab_file: str | None = None) -> dict:
     """Run the benchmark on MODEL (GGUF or artifact dir) on `device` (cpu, cuda:N); write `out` (JSON) and `out`
     with .png; return the report. Timings are device-synchronized (per entry point: `entry_s`).
-    `cache_type_k` / `cache_type_v`: KV cache types (-ctk / -ctv), as `nextn.runtime.load`."""
+    `cache_type_k` / `cache_type_v`: KV cache types (-ctk / -ctv), `draft_vocab` / `draft_vocab_file` (the reduced
+    draft head, --spec-draft-vocab), as `nextn.runtime.load`."""
     from tqdm import tqdm
 
     from .api import load
@@ -66,7 +67,7 @@ def run_bench(model: str, prompts: str | None, out: str, n_predict: int = 64, re
         raise NextnError(f"-n {n_predict} / --repeat {repeat}: expected >= 1")
     plist = load_prompts(prompts)
     m = load(model, target=target, ctx_size=ctx_size, device=device, log=log, cache_type_k=cache_type_k,
-             cache_type_v=cache_type_v, threads=threads)
+             cache_type_v=cache_type_v, threads=threads, draft_vocab=draft_vocab, draft_vocab_file=draft_vocab_file)
     if not m.has_mtp:
         raise NextnError(f"{model}: the benchmark compares speculation settings and needs a NextN block")
     encoded = []
@@ -78,6 +79,7 @@ def run_bench(model: str, prompts: str | None, out: str, n_predict: int = 64, re
         m.generate(encoded[0][:8], 4, spec_type=spec_type, n_max=k, ignore_eos=True)
 
     report = {"model": model, "n_predict": n_predict, "repeat": repeat, "temp": temp, "seed": seed,
+              "spec_draft_vocab": m.engine.draft_vocab,
               "device": device, "cpus": os.cpu_count(), "threads": runtime_threads(), "prompts": prompts or "house",
               "configs": [c[0] for c in CONFIGS], "kv_cache": m.engine.kv_cache, "modes": {}}
     bar = tqdm(total=len(modes) * len(plist) * repeat * len(CONFIGS), desc="bench", unit="run", leave=False)

@@ -14,7 +14,8 @@ import click
 
 from nextn.common.errors import NextnError
 
-from .cli_options import kv_cache_options, mtp_index_share_option, parse_n_max, spec_options, threads_option
+from .cli_options import (draft_vocab_options, kv_cache_options, mtp_index_share_option, parse_n_max, spec_options,
+                          threads_option)
 from .text_stream import TextStream
 
 
@@ -52,8 +53,11 @@ def cli():
                    "manifest). Without it the model is identified by its header, which is read in a fraction of a "
                    "second.")
 @kv_cache_options
+@click.option("--spec-draft-vocab", default=0, show_default=True,
+              help="Also compile draft steps whose head has only N token rows (run/serve/bench --spec-draft-vocab; the "
+                   "rows are chosen when the artifact is loaded). 0: none.")
 def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tuning_log, cuda_graph, exact_matmul,
-            verify_model, cache_type_k, cache_type_v):
+            verify_model, cache_type_k, cache_type_v, spec_draft_vocab):
     """Compile MODEL.gguf into an artifact directory (library + manifest.json)."""
     from nextn.common.kv_types import DEFAULT
     from nextn.compiler import entry
@@ -64,7 +68,7 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
     entry.compile_model(model, out, target=target, draft=draft, dump_ir=dump_ir, log=lambda m: click.echo(m, err=True),
                   arches=list(arches) or None, mtp_dense_attention=mtp_dense_attention, tuning_log=tuning_log,
                   cuda_graph=cuda_graph, exact_matmul=exact_matmul, cache_type_k=cache_type_k or DEFAULT,
-                  cache_type_v=cache_type_v or DEFAULT, verify_model=verify_model)
+                  cache_type_v=cache_type_v or DEFAULT, verify_model=verify_model, draft_vocab=spec_draft_vocab)
 
 
 @cli.command()
@@ -76,6 +80,7 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
 @click.option("--seed", default=None, type=int, help="RNG seed for sampling.")
 @click.option("-c", "--ctx-size", default=None, type=int, help="Context size (KV cells) [default: min(train ctx, 4096)].")
 @spec_options
+@draft_vocab_options
 @click.option("--top-k", default=40, show_default=True, help="Top-k sampling (<= 0: off).")
 @click.option("--top-p", default=0.95, show_default=True, help="Top-p sampling (1.0: off).")
 @click.option("--min-p", default=0.05, show_default=True, help="Min-p sampling (0.0: off).")
@@ -91,7 +96,8 @@ def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tun
 @mtp_index_share_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, spec_draft_n_max, spec_draft_n_min,
-        spec_draft_p_min, spec_draft_sampling, top_k, top_p, min_p, stops, draft, target, arches, device,
+        spec_draft_p_min, spec_draft_sampling, spec_draft_vocab, spec_draft_vocab_file, top_k, top_p, min_p, stops,
+        draft, target, arches, device,
         ignore_eos, mtp_dense_attention, cache_type_k, cache_type_v, threads, mtp_index_share, as_json):
     """Generate from MODEL (a GGUF, compiled and cached on first use, or an artifact directory)."""
     from .api import load
@@ -113,7 +119,7 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
     m = load(model, target=target, ctx_size=ctx_size, spec=want_spec, draft=draft, arches=list(arches) or None, device=device,
              log=lambda s: click.echo(s, err=True), mtp_dense_attention=mtp_dense_attention, cache_type_k=cache_type_k,
              cache_type_v=cache_type_v, threads=threads, max_draft=n_max if isinstance(n_max, int) else None,
-             mtp_index_share=mtp_index_share)
+             mtp_index_share=mtp_index_share, draft_vocab=spec_draft_vocab, draft_vocab_file=spec_draft_vocab_file)
     if spec_type is None:
         spec_type = "draft-mtp" if m.has_mtp else "none"
     elif spec_type == "draft-mtp" and not m.has_mtp:
@@ -164,14 +170,16 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
 @click.option("--no-plot", is_flag=True, help="Do not draw the PNG.")
 @kv_cache_options
 @threads_option
+@draft_vocab_options
 def bench(model, prompts, out, n_predict, repeat, temp, seed, ctx_size, target, device, no_plot, cache_type_k,
-          cache_type_v, threads):
+          cache_type_v, threads, spec_draft_vocab, spec_draft_vocab_file):
     """House benchmark: greedy and sampled, spec off / n_max 1..3 / auto, per prompt kind (report, table, PNG)."""
     from .bench import run_bench
 
     run_bench(model, prompts, out, n_predict=n_predict, repeat=repeat, temp=temp, seed=seed, ctx_size=ctx_size,
               target=target, device=device, plot=not no_plot, log=lambda s: click.echo(s, err=True),
-              cache_type_k=cache_type_k, cache_type_v=cache_type_v, threads=threads)
+              cache_type_k=cache_type_k, cache_type_v=cache_type_v, threads=threads, draft_vocab=spec_draft_vocab,
+              draft_vocab_file=spec_draft_vocab_file)
 
 
 from .cli_serve import register as _register_serve  # noqa: E402

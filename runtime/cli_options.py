@@ -42,6 +42,17 @@ def spec_options(f):
     return f
 
 
+def draft_vocab_options(f):
+    """--spec-draft-vocab N / --spec-draft-vocab-file F of run, bench and serve (runtime/draft_vocab.py)."""
+    f = click.option("--spec-draft-vocab-file", type=click.Path(dir_okay=False), default=None,
+                     help="Token ids ranked most frequent first for --spec-draft-vocab: one id per line, or a JSON "
+                          "list [default: the tokenizer's merge order, control tokens first].")(f)
+    return click.option("--spec-draft-vocab", type=int, default=None,
+                        help="Draft with a head of only the N highest-ranked token rows (FR-Spec; the verify keeps "
+                             "the full head, so the output is unchanged). A GGUF is compiled with it (cached per N); "
+                             "0: the full head [default: an artifact's own, else the full head].")(f)
+
+
 def threads_option(f):
     """-t/--threads of run, bench and serve (llama.cpp's flag; runtime/threads.py says how it is counted)."""
     return click.option("-t", "--threads", default=None, type=int,

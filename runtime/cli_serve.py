@@ -5,7 +5,8 @@ import click
 
 from nextn.common.errors import NextnError
 
-from .cli_options import kv_cache_options, mtp_index_share_option, parse_n_max, spec_options, threads_option
+from .cli_options import (draft_vocab_options, kv_cache_options, mtp_index_share_option, parse_n_max, spec_options,
+                          threads_option)
 
 
 def register(cli: click.Group) -> None:
@@ -23,6 +24,7 @@ def register(cli: click.Group) -> None:
               help="Slots: requests decoded at once, each with its own KV and speculation state; more requests queue.")
 @threads_option
 @spec_options
+@draft_vocab_options
 @click.option("-n", "--n-predict", default=-1, show_default=True, help="Default tokens per request (-1: until the "
                                                                          "context is full).")
 @click.option("--temp", default=0.8, show_default=True, help="Default temperature (0 = greedy).")
@@ -45,7 +47,8 @@ def register(cli: click.Group) -> None:
 @click.option("--mtp-dense-attention", is_flag=True, help="glm-dsa: compile the NextN block as dense MLA (a GGUF).")
 @mtp_index_share_option
 def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
-          spec_draft_p_min, spec_draft_sampling, n_predict, temp, top_k, top_p, min_p, seed, metrics, no_slots,
+          spec_draft_p_min, spec_draft_sampling, spec_draft_vocab, spec_draft_vocab_file, n_predict, temp, top_k,
+          top_p, min_p, seed, metrics, no_slots,
           api_keys, chat_template_file, alias, draft, cache_type_k, cache_type_v, device, target, arches,
           mtp_dense_attention, mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
@@ -72,5 +75,6 @@ def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draf
                        mtp_dense_attention=mtp_dense_attention, mtp_index_share=mtp_index_share,
                        chat_template_file=chat_template_file, api_keys=keys,
                        metrics=metrics, slots=not no_slots, alias=alias, cache_type_k=cache_type_k,
-                       cache_type_v=cache_type_v, spec_type=spec_type, defaults=d)
+                       cache_type_v=cache_type_v, spec_type=spec_type, defaults=d, draft_vocab=spec_draft_vocab,
+                       draft_vocab_file=spec_draft_vocab_file)
     run_server(opt, log=lambda s: click.echo(s, err=True))

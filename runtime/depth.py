@@ -7,7 +7,8 @@ Vocabulary:
 - *expected tokens* E(k) = 1 + sum_{i=1..k} prod_{j<i} alpha[j]: tokens a round of depth k emits on average
   (Leviathan et al. 2023, eq. 1, with per-position rather than constant acceptance).
 - *round cost* c(k) = base(k) × slowdown: base(k) from a one-off calibration of the engine's entry points (verify
-  of k+1 rows + k draft steps); *slowdown* a moving average of measured round seconds / base(k), one for plain
+  of k+1 rows + k draft steps; a draft step is timed through `engine.mtp_draft`, so it is the step the engine will
+  run — the reduced head's `draft_vocab` entry with --spec-draft-vocab, whose lower cost can make a depth pay); *slowdown* a moving average of measured round seconds / base(k), one for plain
   rounds and one for speculative rounds (it absorbs the loop's own time and the machine's current load; a
   measurement counts at most 4x the running value, so one preempted round cannot flip the choice).
 - *rate* r(k) = E(k) / c(k), tokens per second. Each round takes argmax_k r(k).

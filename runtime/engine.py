@@ -40,7 +40,8 @@ def check_kv_types(artifact: Artifact, type_k: str | None, type_v: str | None) -
             raise NextnError(f"{artifact.path}: compiled with KV cache types -ctk {kc['type_k']} -ctv {kc['type_v']}, "
                              f"but {flag} {want} was asked for; recompile it with `nextn compile ... -ctk/-ctv`, or run "
                              f"the GGUF (compiled and cached per KV type)")
-ONE_ROW = {"verify": "decode", "mtp_draft": "draft"}   # one-row calls go to the static-shape entry points
+ONE_ROW = {"verify": "decode", "mtp_draft": "draft", "mtp_draft_vocab": "draft_vocab"}   # one-row calls: static entries
+VOCAB = "_vocab"   # suffix of the reduced-head draft entries (compiler/graphs.py `reduce_head`, --spec-draft-vocab)
 
 
 class Engine:
@@ -51,10 +52,14 @@ class Engine:
 
     def __init__(self, artifact: Artifact, ctx_size: int | None = None, load_mtp: bool = True,
                  model_path: str | None = None, draft_path: str | None = None, device: str = "cpu",
-                 staged: bool = False, log=None, max_draft: int | None = None):
+                 staged: bool = False, log=None, max_draft: int | None = None, draft_vocab: int | None = None,
+                 draft_vocab_file: str | None = None):
         """Check the files and the device, then load (LOAD_STEPS). `staged`: leave the loading to `load_step`
         / `load_all` (bench/device_check.py runs and times each step on its own). `max_draft`: the deepest draft
-        this engine will serve (default and upper bound: the artifact's); it sizes the recurrent states' planes."""
+        this engine will serve (default and upper bound: the artifact's); it sizes the recurrent states' planes.
+        `draft_vocab` (--spec-draft-vocab N): draft with the reduced head of the artifact's N token rows (None: if
+        the artifact has one; 0: the full head; another N than the artifact's: NextnError), its rows ranked by
+        `draft_vocab_file` or the tokenizer (runtime/draft_vocab.py)."""
         import tvm_ffi
 
         from .device import Device
@@ -77,8 +82,12 @@ class Engine:
         self._tensor = self.device.tensor
         # Weights, in the manifest's buffer plan; NextN-only buffers only when speculation is on.
         self._plan = [b for b in m["buffer_plan"]["weights"] if self.has_mtp or not b["mtp_only"]]
-        self.weight_bytes = sum(b["nbytes"] for b in self._plan)
+        self.draft_vocab, self.draft_ids = self._draft_vocab(draft_vocab, draft_vocab_file)
         self._entries = {name: ep for name, ep in m["entry_points"].items() if ep["graph"] != "mtp" or self.has_mtp}
+        if not self.draft_vocab:   # no reduced head: its entries and its gathered weight are not loaded
+            self._entries = {n: ep for n, ep in self._entries.items() if not n.endswith(VOCAB)}
+            self._plan = [b for b in self._plan if not b.get("rows")]
+        self.weight_bytes = sum(b["nbytes"] for b in self._plan)
         self._inputs_of = {name: [i["name"] for i in ep["inputs"]] for name, ep in self._entries.items()}
         self._keeps_rows = {name: bool(ep.get("keeps_row_states", True)) for name, ep in self._entries.items()}
         # The deepest draft this engine serves: the compiled maximum, or lower when asked.
@@ -104,6 +113,25 @@ class Engine:
         self.budget = budget.check(self, self.n_ctx)   # before anything is allocated: fits, or one line saying what would
         if not staged:
             self.load_all()
+
+    def _draft_vocab(self, n, path):
+        """(N, draft ids int32 [N] or None) of the reduced draft head asked for; see __init__."""
+        from .draft_vocab import draft_ids
+
+        have = self.artifact.manifest.get("draft_vocab") or 0
+        if not self.has_mtp:   # no drafting at all (spec off, or a trunk-only model)
+            return 0, None
+        if n is not None and n != 0 and n != have:
+            raise NextnError(f"{self.artifact.path}: --spec-draft-vocab {n} asked for, but the artifact was compiled "
+                             + (f"with --spec-draft-vocab {have}" if have else "without a reduced draft head")
+                             + "; recompile it with that flag, or run the GGUF (compiled and cached per N)")
+        n = have if n is None else n
+        if not n:
+            if path:
+                raise NextnError(f"{path}: --spec-draft-vocab-file needs --spec-draft-vocab N")
+            return 0, None
+        ids = draft_ids(n, int(self.hparams["n_vocab"]), self.files.main.fields, path)
+        return n, ids
 
     def load_all(self) -> None:
         """Run the load steps not run yet, in order."""
@@ -147,7 +175,9 @@ class Engine:
         import tvm_ffi
 
         with self.device.uploader(self.weight_bytes, "weights") as put:
-            self._weights = load_weights(self.files, self._plan, put)
+            self._weights = load_weights(self.files, self._plan, put, {"draft_vocab": self.draft_ids})
+        # the reduced draft head's row ids: an input of its entries, put on the device once (`_inputs` passes it on)
+        self._resident = {"draft_ids": self._tensor(self.draft_ids)} if self.draft_vocab else {}
         # Each entry point's weights as one ffi Array, built once: a call passes it as one argument (to_relax).
         self._weight_tuple = {name: tvm_ffi.convert([self._weights[w] for w in ep["weights"]])
                               for name, ep in self._entries.items()}
@@ -243,22 +273,26 @@ class Engine:
     def open(cls, path: str, target: str = "llvm", ctx_size: int | None = None, load_mtp: bool = True,
              draft_path: str | None = None, log=None, arches=None, device: str = "cpu",
              mtp_dense_attention: bool = False, cache_type_k: str | None = None,
-             cache_type_v: str | None = None, max_draft: int | None = None) -> "Engine":
+             cache_type_v: str | None = None, max_draft: int | None = None, draft_vocab: int | None = None,
+             draft_vocab_file: str | None = None) -> "Engine":
         """Open an artifact directory, or a GGUF file (compiled for `target` first, cached by its header identity).
         `cache_type_k` / `cache_type_v` (-ctk / -ctv): a GGUF is compiled with them (default f16); an artifact
         directory must have been compiled with them (None: whatever it was compiled with). `max_draft`: the deepest
-        draft asked for (recurrent states keep max_draft + 2 planes)."""
+        draft asked for (recurrent states keep max_draft + 2 planes). `draft_vocab` / `draft_vocab_file`: the
+        reduced draft head (--spec-draft-vocab N; a GGUF is compiled with it, cached per N; see __init__)."""
+        dv = {"draft_vocab": draft_vocab, "draft_vocab_file": draft_vocab_file}
         if os.path.isdir(path):
             art = load_artifact(path)
             check_kv_types(art, cache_type_k, cache_type_v)
-            return cls(art, ctx_size, load_mtp, draft_path=draft_path, device=device, log=log, max_draft=max_draft)
+            return cls(art, ctx_size, load_mtp, draft_path=draft_path, device=device, log=log, max_draft=max_draft,
+                       **dv)
         from nextn.compiler import entry   # the one door into the compiler: compile-and-cache
 
         art_dir = entry.compiled_artifact(path, target, draft_path, log=log, arches=arches,
                                           mtp_dense_attention=mtp_dense_attention, cache_type_k=cache_type_k,
-                                          cache_type_v=cache_type_v)
+                                          cache_type_v=cache_type_v, draft_vocab=int(draft_vocab or 0))
         return cls(load_artifact(art_dir), ctx_size, load_mtp, model_path=path, draft_path=draft_path, device=device,
-                   log=log, max_draft=max_draft)
+                   log=log, max_draft=max_draft, **dv)
 
     @property
     def kv_cache(self) -> dict:
@@ -277,14 +311,18 @@ class Engine:
         return end if b <= 1 else min(self.n_ctx, -(-end // b) * b)
 
     def _inputs(self, name, arrays):
+        """Device tensors of `arrays`; one already on the device (`_resident`) is passed as it is."""
         if name not in self.static_inputs:
-            return [self._tensor(a) for a in arrays]
-        key = (name, *(a.shape for a in arrays))
+            return [a if not isinstance(a, np.ndarray) else self._tensor(a) for a in arrays]
+        key = (name, *(tuple(a.shape) for a in arrays))
         if key not in self._inbuf:   # one fixed buffer per input, written in place on every call
             self._inbuf[key] = [self.device.empty(a.shape, str(a.dtype)) for a in arrays]
         bufs = self._inbuf[key]
-        for b, a in zip(bufs, arrays):
-            b.copyfrom(a)
+        for i, (b, a) in enumerate(zip(bufs, arrays)):
+            if isinstance(a, np.ndarray):
+                b.copyfrom(a)
+            else:
+                bufs[i] = a     # resident: already a fixed device buffer
         return bufs
 
     def _run(self, name, tokens, pos0, **extra):
@@ -301,7 +339,8 @@ class Engine:
                                  f"(or start a sequence at 0), not at {pos0}")
             named["rs_plane"] = np.array([self.rs_plane], np.int32)
             self._pending = (name, pos0, T)
-        arrays = [np.ascontiguousarray(named[i]) for i in self._inputs_of[name]]
+        arrays = [self._resident[i] if i in self._resident else np.ascontiguousarray(named[i])
+                  for i in self._inputs_of[name]]
         args = [*self._inputs(name, arrays), self._shape([self.n_kv(pos0 + T)])]
         t0 = time.perf_counter()
         out = self._fn[name](*args, *self._rest[name])
@@ -395,10 +434,14 @@ class Engine:
         """NextN rows with logits for every row: (h_nextn [T, E], logits [T, V] tvm tensor, argmax [T]).
         `reuse_index`: a one-row draft step after step 0 of the same round; with DSA index sharing (glm-dsa, glm5next;
         `share_mtp_index`, artifact entry `mtp_draft_shared`) it attends to the DSA selection step 0 stored
-        instead of running the NextN indexer again. Ignored by models without it."""
+        instead of running the NextN indexer again. Ignored by models without it.
+        With the reduced draft head (`draft_vocab` N) the `_vocab` entries run: logits [T, N] are those of the
+        tokens `draft_ids` (in that order) and argmax is already a token id of the full vocabulary."""
         name = "mtp_draft"
         if reuse_index and self.share_mtp_index and len(tokens) == 1 and "mtp_draft_shared" in self._fn:
             name = "mtp_draft_shared"
+        if self.draft_vocab:
+            name += VOCAB
         out = self._run(name, tokens, pos0, h_prev=np.ascontiguousarray(h_prev, np.float32))
         h, lg, am = out[0], out[1], out[2]   # glm-dsa's mtp_draft also returns the stored selection (unused here)
         return h.numpy(), lg, am.numpy()

@@ -52,18 +52,25 @@ def _check_same_model(entry: dict, f: GGUFFile) -> None:
                          f"tensor table or size differs; recompile with `nextn compile`")
 
 
-def load_weights(files: ArtifactFiles, plan: list[dict], to_device) -> dict:
+def load_weights(files: ArtifactFiles, plan: list[dict], to_device, rows: dict | None = None) -> dict:
     """{buffer name: device tensor} for every entry of `plan` (the manifest's buffer_plan.weights, already filtered
-    to what will run), reading each tensor once; `to_device(np.ndarray)` uploads. Raises NextnError naming the file
-    and tensor when a tensor does not load as planned."""
-    by_tensor: dict[str, list[dict]] = {}
+    to what will run), reading each tensor once; `to_device(np.ndarray)` uploads. A plan entry with `rows` R (the
+    reduced draft head, compiler/graphs.py `reduce_head`) holds the tensor's rows `rows[R]` (int array), gathered
+    here into a copy (a format's rows are whole blocks, so a row gather of its main buffer is exact). Raises
+    NextnError naming the file and tensor when a tensor does not load as planned."""
+    import numpy as np
+
+    by_tensor: dict[tuple, list[dict]] = {}
     for b in plan:
-        by_tensor.setdefault(b["tensor"], []).append(b)
+        by_tensor.setdefault((b["tensor"], b.get("rows")), []).append(b)
     bufs = {}
-    for tname, blist in by_tensor.items():
+    for (tname, sel), blist in by_tensor.items():
         f = files.of_role(blist[0]["role"])
         w = f.load(tname, quantized=blist[0]["kind"] != "f32")
-        for b, arr in zip(blist, w.arrays):
+        arrays = list(w.arrays)
+        if sel is not None:
+            arrays[0] = np.ascontiguousarray(np.take(arrays[0], np.asarray(rows[sel], np.int64), axis=-2))
+        for b, arr in zip(blist, arrays):
             if list(arr.shape) != b["shape"] or str(arr.dtype) != b["dtype"]:
                 raise NextnError(f"{f.path}: tensor '{tname}' loads as {arr.dtype}{list(arr.shape)}, "
                                  f"the artifact expects {b['dtype']}{b['shape']}; recompile the artifact")
@@ -83,9 +90,9 @@ def copied_bytes(files: ArtifactFiles, plan: list[dict]) -> int:
     total, seen = 0, set()
     for b in plan:
         f = files.of_role(b["role"])
-        first = b["tensor"] not in seen
-        seen.add(b["tensor"])
-        in_place = first and (b["kind"] != "f32" or f.tensor_type(b["tensor"]) == "F32") and \
+        first = (b["tensor"], b.get("rows")) not in seen
+        seen.add((b["tensor"], b.get("rows")))
+        in_place = first and not b.get("rows") and (b["kind"] != "f32" or f.tensor_type(b["tensor"]) == "F32") and \
             f.tensors[b["tensor"]].data_offset % ALIGNMENT == 0
         total += 0 if in_place else b["nbytes"]
     return total

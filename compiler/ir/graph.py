@@ -200,8 +200,8 @@ class Graph:
 
     # -- ggml ops ---------------------------------------------------------------------------------
     def get_rows(self, a, ids):
-        if len(a.shape) == 2:
-            return self._op("get_rows", (a, ids), (*ids.shape, a.shape[1]))
+        if len(a.shape) == 2:   # an int32 table (the draft vocabulary's ids) gives int32 rows
+            return self._op("get_rows", (a, ids), (*ids.shape, a.shape[1]), a.dtype)
         return self._op("get_rows", (a, ids), (a.shape[0], ids.shape[1], a.shape[2]))
 
     def rms_norm(self, x, eps: float):

@@ -40,6 +40,8 @@ class ServeOptions:
     cache_type_v: str | None = None      # directory must have them (nextn.runtime.load)
     spec_type: str | None = None         # None: draft-mtp when the model has a NextN block
     defaults: ServerDefaults = field(default_factory=ServerDefaults)
+    draft_vocab: int | None = None       # --spec-draft-vocab / --spec-draft-vocab-file (nextn.runtime.load)
+    draft_vocab_file: str | None = None
 
 
 def load_state(state, opt: ServeOptions, log) -> None:
@@ -54,7 +56,8 @@ def load_state(state, opt: ServeOptions, log) -> None:
     m = load(opt.model, target=opt.target, ctx_size=per_slot, spec=want_spec, draft=opt.draft, log=log,
              arches=opt.arches, device=opt.device, mtp_dense_attention=opt.mtp_dense_attention,
              cache_type_k=opt.cache_type_k, cache_type_v=opt.cache_type_v, threads=opt.threads,
-             mtp_index_share=opt.mtp_index_share, max_draft=d.n_max if d.n_max != "auto" else None)   # requests only lower n_max
+             mtp_index_share=opt.mtp_index_share, draft_vocab=opt.draft_vocab, draft_vocab_file=opt.draft_vocab_file,
+             max_draft=d.n_max if d.n_max != "auto" else None)   # requests only lower n_max
     eng = m.engine
     if opt.spec_type is None:
         d.spec_type = "draft-mtp" if m.has_mtp else "none"
