@@ -137,17 +137,26 @@ class AdaptiveDepth:
         self.events.append({"at_token": n_emitted, "to_depth": to_k, "why": why})
 
 
+def spread_tokens(T: int, n_vocab: int) -> list[int]:
+    """T distinct token ids spread over the vocabulary, for timing a verify of T rows. Rows of one repeated token
+    route to the same experts and read a MoE layer's expert weights once; distinct tokens route apart, as the rows
+    of a real verify mostly do (bench/spec_realwidth.py: 15-16 distinct of 16 routed at T = 2 on glm45air), so the
+    gate prices a verify at (an upper bound of) what it costs, never below."""
+    return [(1 + i * (n_vocab - 1) // max(T, 1)) % n_vocab for i in range(T)]
+
+
 def calibrate(engine, k_max: int, reps: int = 5):
     """(seconds of a verify of T = 1..k_max+1 rows, of one draft step, of one NextN catch-up row), min of `reps`
-    after a warm-up. Runs at position 0, so call it before prefill: every cell it
-    writes is overwritten before it is read. Cached on the engine per k_max."""
+    after a warm-up; the verify rows are distinct tokens (`spread_tokens`). Runs at position 0, so call it before
+    prefill: every cell it writes is overwritten before it is read. Cached on the engine per k_max."""
     cache = engine.__dict__.setdefault("_nextn_round_costs", {})
     if k_max in cache:
         return cache[k_max]
 
     E, C = int(engine.hparams["n_embd"]), engine.n_ctx   # depths past the context are clamped by the loop anyway
+    V = int(engine.hparams["n_vocab"])
     n, z = min(32, C), np.zeros((32, E), np.float32)
-    calls = [lambda T=min(k + 1, C): engine.verify([0] * T, 0) for k in range(k_max + 1)]
+    calls = [lambda T=min(k + 1, C): engine.verify(spread_tokens(T, V), 0) for k in range(k_max + 1)]
     if engine.has_mtp:
         calls += [lambda: engine.mtp_draft([0], z[:1], 0), lambda: engine.mtp_rows([0] * n, z[:n], 0)]
     t = [float("inf")] * len(calls)

@@ -43,7 +43,7 @@ import numpy as np
 from nextn.common.errors import NextnError
 from nextn.common.timing import time_call
 
-from .depth import AdaptiveDepth, FixedDepth, calibrate
+from .depth import AdaptiveDepth, FixedDepth, calibrate, spread_tokens
 from .sampling import DRAFT, TARGET, CounterRNG, SamplerChain, rejection_sample, sample_and_match
 
 
@@ -239,7 +239,8 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
     auto = spec and n_max == "auto"
     k_max = (engine.max_draft if auto else int(n_max)) if spec else 0
     # `auto` refreshes verify costs while cost-bound by timing a verify at the next cells (rewritten before read).
-    remeasure = lambda T: time_call(lambda: engine.verify([id_last] * T, n_past))   # noqa: E731
+    remeasure = lambda T: time_call(   # noqa: E731
+        lambda: engine.verify(spread_tokens(T, int(engine.hparams["n_vocab"])), n_past))
     depth = controller or (AdaptiveDepth(k_max, calibrate(engine, k_max), remeasure) if auto else FixedDepth(k_max))
     drafter = Drafter(engine, chain, rng, draft_sampling == "sample", n_min, p_min) if spec else None
     rules = FinishRules(eog_ids, stop, token_bytes, n_predict)

@@ -122,3 +122,27 @@ def test_draft_stops_at_the_context_end(compiled):
         r = small.generate(ids, 40, n_max=n_max, ignore_eos=True)
         assert r.finish_reason == "length" and len(r.ids) == 7
         assert r.ids == want.tokens
+
+
+def test_calibrate_times_verifies_of_distinct_tokens():
+    """Regression (issue 34, bench/spec_realwidth.py): `auto` timed a verify of T copies of one token, which routes
+    every row to the same experts and under-priced real verifies (1.07 vs 1.33 decodes at T = 2 on glm45air-4).
+    The calibration rows must be T distinct valid ids, and the verify it times is the one of T rows."""
+    from nextn.runtime.depth import calibrate
+
+    seen = []
+
+    class Fake:
+        hparams = {"n_embd": 8, "n_vocab": 151552}
+        n_ctx, has_mtp = 64, False
+
+        def verify(self, tokens, pos0):
+            seen.append(list(tokens))
+
+    costs = calibrate(Fake(), 3, reps=1)
+    assert len(costs[0]) == 4
+    for T in range(1, 5):
+        calls = [t for t in seen if len(t) == T]
+        assert calls, T
+        for t in calls:
+            assert len(set(t)) == T and all(0 <= x < 151552 for x in t)
