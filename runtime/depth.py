@@ -147,7 +147,7 @@ def spread_tokens(T: int, n_vocab: int) -> list[int]:
 
 def calibrate(engine, k_max: int, reps: int = 5):
     """(seconds of a verify of T = 1..k_max+1 rows, of one draft step, of one NextN catch-up row), min of `reps`
-    after a warm-up; the verify rows are distinct tokens (`spread_tokens`). Runs at position 0, so call it before
+    after a warm-up; the verify and catch-up rows are distinct tokens (`spread_tokens`). Runs at position 0, so call it before
     prefill: every cell it writes is overwritten before it is read. Cached on the engine per k_max."""
     cache = engine.__dict__.setdefault("_nextn_round_costs", {})
     if k_max in cache:
@@ -158,7 +158,7 @@ def calibrate(engine, k_max: int, reps: int = 5):
     n, z = min(32, C), np.zeros((32, E), np.float32)
     calls = [lambda T=min(k + 1, C): engine.verify(spread_tokens(T, V), 0) for k in range(k_max + 1)]
     if engine.has_mtp:
-        calls += [lambda: engine.mtp_draft([0], z[:1], 0), lambda: engine.mtp_rows([0] * n, z[:n], 0)]
+        calls += [lambda: engine.mtp_draft([0], z[:1], 0), lambda: engine.mtp_rows(spread_tokens(n, V), z[:n], 0)]
     t = [float("inf")] * len(calls)
     for _ in range(reps + 1):    # round-robin, so that a burst of load on a shared machine hits every size alike
         for i, f in enumerate(calls):

@@ -127,18 +127,26 @@ def test_draft_stops_at_the_context_end(compiled):
 def test_calibrate_times_verifies_of_distinct_tokens():
     """Regression (issue 34, bench/spec_realwidth.py): `auto` timed a verify of T copies of one token, which routes
     every row to the same experts and under-priced real verifies (1.07 vs 1.33 decodes at T = 2 on glm45air-4).
-    The calibration rows must be T distinct valid ids, and the verify it times is the one of T rows."""
+    The calibration rows must be T distinct valid ids (the NextN catch-up rows likewise: the gate charges a deferred
+    prompt gap at that rate)."""
     from nextn.runtime.depth import calibrate
 
     seen = []
 
     class Fake:
         hparams = {"n_embd": 8, "n_vocab": 151552}
-        n_ctx, has_mtp = 64, False
+        n_ctx, has_mtp = 64, True
 
         def verify(self, tokens, pos0):
             seen.append(list(tokens))
 
+        def mtp_draft(self, tokens, h, pos0):
+            pass
+
+        def mtp_rows(self, tokens, h, pos0):
+            rows.append(list(tokens))
+
+    rows = []
     costs = calibrate(Fake(), 3, reps=1)
     assert len(costs[0]) == 4
     for T in range(1, 5):
@@ -146,3 +154,4 @@ def test_calibrate_times_verifies_of_distinct_tokens():
         assert calls, T
         for t in calls:
             assert len(set(t)) == T and all(0 <= x < 151552 for x in t)
+    assert rows and all(len(set(t)) == len(t) == 32 for t in rows)   # the catch-up rows' cost: distinct tokens too
