@@ -8,8 +8,8 @@ Vocabulary:
   (Leviathan et al. 2023, eq. 1, with per-position rather than constant acceptance).
 - *round cost* c(k) = base(k) × slowdown: base(k) from a one-off calibration of the engine's entry points (verify
   of k+1 rows + k draft steps; a draft step is timed through `engine.mtp_draft`, so it is the step the engine will
-  run — the reduced head's `draft_vocab` entry with --spec-draft-vocab, whose lower cost can make a depth pay); *slowdown* a moving average of measured round seconds / base(k), one for plain
-  rounds and one for speculative rounds (it absorbs the loop's own time and the machine's current load; a
+  run — the reduced head's `draft_vocab` entry with --spec-draft-vocab, whose lower cost can make a depth pay);
+  *slowdown* a moving average of measured round seconds / base(k), one for plain rounds and one for speculative rounds (it absorbs the loop's own time and the machine's current load; a
   measurement counts at most 4x the running value, so one preempted round cannot flip the choice).
 - *rate* r(k) = E(k) / c(k), tokens per second. Each round takes argmax_k r(k).
 - *gate*: when r(0) >= max_k r(k), decode plainly and *probe* again after `interval` plain rounds; the interval
@@ -147,8 +147,8 @@ def spread_tokens(T: int, n_vocab: int) -> list[int]:
 
 def calibrate(engine, k_max: int, reps: int = 5):
     """(seconds of a verify of T = 1..k_max+1 rows, of one draft step, of one NextN catch-up row), min of `reps`
-    after a warm-up; the verify and catch-up rows are distinct tokens (`spread_tokens`). Runs at position 0, so call it before
-    prefill: every cell it writes is overwritten before it is read. Cached on the engine per k_max."""
+    after a warm-up; the verify and catch-up rows are distinct tokens (`spread_tokens`). Runs at position 0, so
+    call it before prefill: every cell it writes is overwritten before it is read. Cached on the engine per k_max."""
     cache = engine.__dict__.setdefault("_nextn_round_costs", {})
     if k_max in cache:
         return cache[k_max]
