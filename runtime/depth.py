@@ -9,8 +9,9 @@ Vocabulary:
 - *round cost* c(k) = base(k) × slowdown: base(k) from a one-off calibration of the engine's entry points (verify
   of k+1 rows + k draft steps; a draft step is timed through `engine.mtp_draft`, so it is the step the engine will
   run — the reduced head's `draft_vocab` entry with --spec-draft-vocab, whose lower cost can make a depth pay);
-  *slowdown* a moving average of measured round seconds / base(k), one for plain rounds and one for speculative rounds (it absorbs the loop's own time and the machine's current load; a
-  measurement counts at most 4x the running value, so one preempted round cannot flip the choice).
+  *slowdown* a moving average of measured round seconds / base(k), one for plain rounds and one for speculative
+  rounds (it absorbs the loop's own time and the machine's current load; a measurement counts at most 4x the
+  running value, so one preempted round cannot flip the choice).
 - *rate* r(k) = E(k) / c(k), tokens per second. Each round takes argmax_k r(k).
 - *gate*: when r(0) >= max_k r(k), decode plainly and *probe* again after `interval` plain rounds; the interval
   doubles (up to `max_interval`) while probes keep losing and resets when speculation wins. A probe is one
