@@ -23,7 +23,8 @@ TARGET = make_target("llvm")
 WIDTH = x86.vector_width(TARGET)
 pytestmark = pytest.mark.skipif(WIDTH is None, reason="this CPU has no AVX2")   # CI's and this machine's have it
 WIDTHS = sorted({32, WIDTH}) if WIDTH else []
-F16_FIELDS = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q8_0": [0], "IQ4_NL": [0], "MXFP4": []}
+F16_FIELDS = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q8_0": [0], "IQ4_NL": [0], "MXFP4": [],
+               "IQ2_XXS": [0]}
 RNG = np.random.default_rng(0)
 
 
@@ -146,8 +147,9 @@ def test_matmul_id(kind, exact, shared_x):
 
 
 @pytest.mark.parametrize("kind,exact", [("q4_k", False), ("q6_k", False), ("iq4_xs", False), ("q8_0", False),
-                                        ("q8_0", True), ("f16", True)],
-                         ids=["q4_k-int", "q6_k-int", "iq4_xs-int", "q8_0-int", "q8_0-float", "f16-float"])
+                                        ("q8_0", True), ("f16", True), ("iq2_xxs", False)],
+                         ids=["q4_k-int", "q6_k-int", "iq4_xs-int", "q8_0-int", "q8_0-float", "f16-float",
+                              "iq2_xxs-int"])
 def test_every_tuned_knob_keeps_the_row_bits(kind, exact):
     """`nextn tune` searches the decode (one-row) and verify (row-count) kernels of a weight apart, so no knob it
     may set can change a row's bits (speculation stays lossless): every value of every knob of the search space

@@ -1,0 +1,154 @@
+"""The codebook formats on the integer path: super-blocks of 256 weights whose groups of 8 are indices into a
+fixed grid (ggml/src/ggml-common.h block_iq2_xxs, iq2xxs_grid, ksigns_iq2xs; gguf-py gguf/quants.py), against
+"q8" activation rows in element order (`nextn.common.quant.activation`, ggml's block_q8_K).
+
+As ggml-cpu's ggml_vec_dot_iq2_xxs_q8_K (ggml-cpu/arch/x86/quants.c, AVX2): per group of 8 weights one 8-byte grid
+entry (unsigned, at most 43) and one 8-byte sign pattern (0x01 / 0xFF per weight) are read from constant tables
+by the block's indices, the sign moved onto the activation bytes (vpsignb; a masked negate at 64 bytes), the
+unsigned grid bytes times those by pmaddubsw (|pair| <= 2 x 43 x 127), the sub-block scale 2s + 1 as pmaddwd's
+weights, all of a block's 8 sub-blocks in one exact int32 x 8 per row (lane i: bytes 4i..4i+3 of every 32;
+at 64 bytes two sub-blocks per vector, the halves added at the end: the same integers), then one conversion and
+one FMA per block and row by d_w x d_x / 8 (w = d (0.5 + s) / 4 x grid x sign = d (2s + 1) x grid x sign / 8).
+The float operations are the same at either width and with or without VNNI (where LLVM fuses pmaddwd + add into
+vpdpwssd), so a row's bits are too. A weight row's block is decoded once for all the activation rows of a group
+(verify, prefill, the rows an expert was routed), each row then costs the sign, two multiplies and an add per
+32 bytes.
+
+The tables are the kernel's own constants (`constants`: written to a stack buffer once per call from constant
+vectors), not the weight's `.grid` / `.signs` buffers, which stay the element path's.
+"""
+from __future__ import annotations
+
+import numpy as np
+from tvm import tirx
+from tvm.tirx.script import builder as T
+
+from .vec import const, dot_u8s8, fma, ramp
+
+
+def _patterns(bytes_):
+    """uint64 per sign byte: byte j is 0xFF (-1) where bit j of the byte is set, else 0x01."""
+    bits = (np.asarray(bytes_, np.uint8)[:, None] >> np.arange(8, dtype=np.uint8)) & 1
+    return [int(v) for v in np.where(bits == 1, 0xFF, 0x01).astype(np.uint8).view("<u8").reshape(-1)]
+
+
+def _grid(name: str, dtype: str):
+    """The codebook of IQ format `name` (gguf-py's, as nextn.common.quant.formats gives the weight's `.grid`), one
+    `dtype` word per entry (its 8 or 4 bytes)."""
+    from nextn.common.quant import FORMATS
+
+    g = np.ascontiguousarray(dict(FORMATS[name].tables())[".grid"])
+    return [int(v) for v in g.view("<u8" if dtype == "uint64" else "<u4")]
+
+
+def _ksigns(name: str):
+    """The sign patterns of the 7-bit indices (ksigns_iq2xs: the 8th bit makes the count of minus signs even)."""
+    from nextn.common.quant import FORMATS
+
+    return _patterns(dict(FORMATS[name].tables())[".signs"])
+
+
+class Codebook:
+    """A codebook format on "q8" rows (`codebook_rows`). `groups(k, n, s, ib)` gives sub-block ib (32 weights) of
+    block s of row n: (grid words, sign patterns as uint64 words (8 weights each), [scale of its first 16
+    weights, of its last 16] as int32): w = `factor` x d x scale x grid x sign. `constants()`: the tables the
+    kernel declares, [(name, dtype, values)] (k.NAME)."""
+    block = 256
+    acts = "q8"
+
+    def d(self, k, n, s):
+        return tirx.Cast("float32", k.w16[(n * k.row_bytes + s * self.type_size) // 2])
+
+
+def _u8(k, n, at):
+    return k.w[n, at]
+
+
+def _u16(k, n, at):
+    """The u16 at byte `at` (even: every block is 2-byte aligned) of row n."""
+    return k.w16u[(n * k.row_bytes + at) // 2]
+
+
+def _u32(k, n, at):
+    """The u32 at byte `at` (even) of row n, as two u16 (blocks of 66 or 98 bytes are not 4-byte aligned)."""
+    return T.Bind(tirx.Cast("uint32", _u16(k, n, at)) | (tirx.Cast("uint32", _u16(k, n, at + 2)) << _c(16)))
+
+
+def _c(v):
+    return const(v, "uint32")
+
+
+def _idx(v):
+    return tirx.Cast("int32", v)
+
+
+class IQ2XXS(Codebook):
+    """IQ2_XXS (66 B): d f16 | per sub-block of 32: aux0 u32 (4 grid indices, one byte per group of 8), aux1 u32
+    (4 x 7-bit sign-pattern indices, scale s in bits 28..31): w = d (0.5 + s) / 4 x grid x sign."""
+    type_size = 66
+    factor = 0.125     # (0.5 + s) / 4 = (2s + 1) / 8
+
+    def constants(self):
+        return [("grid", "uint64", _grid("iq2_xxs", "uint64")), ("signs", "uint64", _ksigns("iq2_xxs"))]
+
+    def groups(self, k, n, s, ib):
+        at = s * 66 + 2 + 8 * ib
+        aux1 = _u32(k, n, at + 4)
+        grid = [k.grid[_idx(_u8(k, n, at + g))] for g in range(4)]
+        signs = [k.signs[_idx((aux1 >> _c(7 * g)) & _c(127))] for g in range(4)]
+        sc = T.Bind(_idx(aux1 >> _c(28)) * 2 + 1)
+        return grid, signs, [sc, sc]
+
+
+CODEBOOK_FORMATS = {"iq2_xxs": IQ2XXS()}
+
+
+def constants(k, fmt):
+    """The format's tables as stack buffers k.NAME, written once per call (before the parallel loop) from
+    constant vectors of 8 words."""
+    for name, dtype, values in getattr(fmt, "constants", lambda: [])():
+        buf = T.decl_buffer((len(values),), dtype)
+        for i in range(0, len(values), 8):
+            T.buffer_store(buf, tirx.Shuffle([const(v, dtype) for v in values[i:i + 8]], list(range(8))),
+                           [ramp(i, 8)])
+        setattr(k, name, buf)
+
+
+def _vector(words, dtype):
+    return tirx.reinterpret(dtype, tirx.Shuffle(words, list(range(len(words)))))
+
+
+def codebook_rows(k, fmt, ns, rows, accs, blocks=None):
+    """Weight rows `ns` against "q8" rows `rows` for a `Codebook` format (module docstring): per block (of
+    `blocks`, a (first, end) range; all by default) and weight row, each `width` bytes of its quants (grid
+    entries, sign patterns, scales) decoded once, then per activation row the exact int32 x 8 block sum and
+    one FMA into the row's 8 float lanes accs[j][r] = (float32 buffer, lane offset)."""
+    from .kernel import prefetch      # here: formats.py imports this module, kernel.py imports formats.py
+    from .lanes import sign
+
+    W = k.width
+    per = W // 32        # sub-blocks per vector
+    with T.serial(*(blocks or (0, k.n_blocks))) as s:
+        for n, acc in zip(ns, accs):
+            prefetch(k, n, s * fmt.type_size, fmt.type_size)
+            d = T.Bind(fmt.d(k, n, s) * const(fmt.factor, "float32"))
+            sums = [None for _ in rows]
+            for c in range(256 // W):
+                grid, signs, scales = [], [], []
+                for ib in range(per * c, per * c + per):
+                    g, sg, sc = fmt.groups(k, n, s, ib)
+                    grid, signs = grid + g, signs + sg
+                    scales += [tirx.Broadcast(tirx.Cast("int16", v), 8) for v in sc]
+                q = T.Bind(_vector(grid, f"uint8x{W}"))
+                sgn = T.Bind(_vector(signs, f"int8x{W}"))
+                scv = T.Bind(tirx.Shuffle(scales, list(range(16 * per))))
+                for r, t in enumerate(rows):
+                    x = k.xq[t, ramp(256 * s + W * c, W)]
+                    v = dot_u8s8(None, q, sign(x, sgn, W), W, scv)
+                    sums[r] = T.Bind(v if sums[r] is None else sums[r] + v)
+            for r, t in enumerate(rows):
+                tot = sums[r] if W == 32 else \
+                    tirx.Shuffle([sums[r]], list(range(8))) + tirx.Shuffle([sums[r]], list(range(8, 16)))
+                a, off = acc[r]
+                T.buffer_store(a, fma(tirx.Cast("float32x8", tot), tirx.Broadcast(d * k.xd[t, s], 8),
+                                      a[ramp(off, 8)]), [ramp(off, 8)])
