@@ -1,18 +1,19 @@
-"""The codebook formats on the integer path: super-blocks of 256 weights whose groups of 8 are indices into a
-fixed grid (ggml/src/ggml-common.h block_iq2_xxs, iq2xxs_grid, ksigns_iq2xs; gguf-py gguf/quants.py), against
-"q8" activation rows in element order (`nextn.common.quant.activation`, ggml's block_q8_K).
+"""The codebook formats on the integer path: super-blocks of 256 weights whose groups of 8 (IQ2) or 4 (IQ3) are
+indices into a fixed grid (ggml/src/ggml-common.h block_iq2_xxs …, iq2xxs_grid …, ksigns_iq2xs; gguf-py
+gguf/quants.py), against "q8" activation rows in element order (`nextn.common.quant.activation`, ggml's
+block_q8_K).
 
-As ggml-cpu's ggml_vec_dot_iq2_xxs_q8_K (ggml-cpu/arch/x86/quants.c, AVX2): per group of 8 weights one 8-byte grid
-entry (unsigned, at most 43) and one 8-byte sign pattern (0x01 / 0xFF per weight) are read from constant tables
-by the block's indices, the sign moved onto the activation bytes (vpsignb; a masked negate at 64 bytes), the
-unsigned grid bytes times those by pmaddubsw (|pair| <= 2 x 43 x 127), the sub-block scale 2s + 1 as pmaddwd's
-weights, all of a block's 8 sub-blocks in one exact int32 x 8 per row (lane i: bytes 4i..4i+3 of every 32;
-at 64 bytes two sub-blocks per vector, the halves added at the end: the same integers), then one conversion and
-one FMA per block and row by d_w x d_x / 8 (w = d (0.5 + s) / 4 x grid x sign = d (2s + 1) x grid x sign / 8).
-The float operations are the same at either width and with or without VNNI (where LLVM fuses pmaddwd + add into
-vpdpwssd), so a row's bits are too. A weight row's block is decoded once for all the activation rows of a group
-(verify, prefill, the rows an expert was routed), each row then costs the sign, two multiplies and an add per
-32 bytes.
+As ggml-cpu's ggml_vec_dot_iq2_xxs_q8_K and its siblings (ggml-cpu/arch/x86/quants.c, AVX2): per group of 8 (4)
+weights one grid entry of unsigned bytes (at most 62) and per 8 weights one 8-byte sign pattern (0x01 / 0xFF per
+weight, by a 7-bit ksigns index or a sign byte) are read from constant tables by the block's indices, the sign
+moved onto the activation bytes (vpsignb; a masked negate at 64 bytes), the unsigned grid bytes times those by
+pmaddubsw (|pair| <= 2 x 62 x 127), the scale 2s + 1 of each 16 weights as pmaddwd's weights, all of a block's 8
+sub-blocks of 32 in one exact int32 x 8 per row (lane i: bytes 4i..4i+3 of every 32; at 64 bytes two sub-blocks
+per vector, the halves added at the end: the same integers), then one conversion and one FMA per block and row by
+d_w x d_x x `factor` (IQ2: w = d (0.5 + s) / 4 x grid x sign = d (2s + 1) x grid x sign / 8). The float operations
+are the same at either width and with or without VNNI (where LLVM fuses pmaddwd + add into vpdpwssd), so a row's
+bits are too. A weight row's block is decoded once for all the activation rows of a group (verify, prefill, the
+rows an expert was routed), each row then costs the sign, two multiplies and an add per 32 bytes.
 
 The tables are the kernel's own constants (`constants`: written to a stack buffer once per call from constant
 vectors), not the weight's `.grid` / `.signs` buffers, which stay the element path's.
@@ -100,7 +101,24 @@ class IQ2XXS(Codebook):
         return grid, signs, [sc, sc]
 
 
-CODEBOOK_FORMATS = {"iq2_xxs": IQ2XXS()}
+class IQ3XXS(Codebook):
+    """IQ3_XXS (98 B): d f16 | qs[64] (grid index per 4 weights) | per sub-block of 32 a u32 (4 x 7-bit
+    sign-pattern indices, scale s in bits 28..31): w = d (0.5 + s) / 2 x grid x sign."""
+    type_size = 98
+    factor = 0.25      # (0.5 + s) / 2 = (2s + 1) / 4
+
+    def constants(self):
+        return [("grid", "uint32", _grid("iq3_xxs", "uint32")), ("signs", "uint64", _ksigns("iq3_xxs"))]
+
+    def groups(self, k, n, s, ib):
+        aux = _u32(k, n, s * 98 + 66 + 4 * ib)
+        grid = [k.grid[_idx(_u8(k, n, s * 98 + 2 + 8 * ib + g))] for g in range(8)]
+        signs = [k.signs[_idx((aux >> _c(7 * g)) & _c(127))] for g in range(4)]
+        sc = T.Bind(_idx(aux >> _c(28)) * 2 + 1)
+        return grid, signs, [sc, sc]
+
+
+CODEBOOK_FORMATS = {"iq2_xxs": IQ2XXS(), "iq3_xxs": IQ3XXS()}
 
 
 def constants(k, fmt):
