@@ -83,6 +83,11 @@ def _idx(v):
     return tirx.Cast("int32", v)
 
 
+def _nibble(k, n, at, h):
+    """2 x (4-bit field h of byte `at`) + 1: a scale of the IQ2 formats (per 16 weights) or IQ3_S (per 32)."""
+    return _idx((_u8(k, n, at) >> const(4 * h, "uint8")) & const(15, "uint8")) * 2 + 1
+
+
 class IQ2XXS(Codebook):
     """IQ2_XXS (66 B): d f16 | per sub-block of 32: aux0 u32 (4 grid indices, one byte per group of 8), aux1 u32
     (4 x 7-bit sign-pattern indices, scale s in bits 28..31): w = d (0.5 + s) / 4 x grid x sign."""
@@ -118,7 +123,24 @@ class IQ3XXS(Codebook):
         return grid, signs, [sc, sc]
 
 
-CODEBOOK_FORMATS = {"iq2_xxs": IQ2XXS(), "iq3_xxs": IQ3XXS()}
+class IQ2XS(Codebook):
+    """IQ2_XS (74 B): d f16 | qs u16[32] (per 8 weights: 9-bit grid index | 7-bit sign-pattern index << 9) |
+    scales[8] (per 32: 4-bit s of its first 16 weights, high nibble of its last 16): w = d (0.5 + s) / 4 x grid
+    x sign."""
+    type_size = 74
+    factor = 0.125
+
+    def constants(self):
+        return [("grid", "uint64", _grid("iq2_xs", "uint64")), ("signs", "uint64", _ksigns("iq2_xs"))]
+
+    def groups(self, k, n, s, ib):
+        qs = [T.Bind(tirx.Cast("int32", _u16(k, n, s * 74 + 2 + 8 * ib + 2 * g))) for g in range(4)]
+        grid = [k.grid[q & 511] for q in qs]
+        signs = [k.signs[q >> 9] for q in qs]
+        return grid, signs, [T.Bind(_nibble(k, n, s * 74 + 66 + ib, h)) for h in range(2)]
+
+
+CODEBOOK_FORMATS = {"iq2_xxs": IQ2XXS(), "iq3_xxs": IQ3XXS(), "iq2_xs": IQ2XS()}
 
 
 def constants(k, fmt):
