@@ -140,7 +140,25 @@ class IQ2XS(Codebook):
         return grid, signs, [T.Bind(_nibble(k, n, s * 74 + 66 + ib, h)) for h in range(2)]
 
 
-CODEBOOK_FORMATS = {"iq2_xxs": IQ2XXS(), "iq3_xxs": IQ3XXS(), "iq2_xs": IQ2XS()}
+class IQ2S(Codebook):
+    """IQ2_S (82 B): d f16 | qs[32] (low 8 bits of the grid index per 8 weights) | signs[32] (a sign bit per
+    weight) | qh[8] (per 32: 2 high index bits per 8) | scales[8] (as IQ2_XS): w = d (0.5 + s) / 4 x grid x
+    sign."""
+    type_size = 82
+    factor = 0.125
+
+    def constants(self):
+        return [("grid", "uint64", _grid("iq2_s", "uint64")), ("bits", "uint64", _patterns(range(256)))]
+
+    def groups(self, k, n, s, ib):
+        b = s * 82
+        qh = T.Bind(_idx(_u8(k, n, b + 66 + ib)))
+        grid = [k.grid[_idx(_u8(k, n, b + 2 + 4 * ib + g)) | (((qh >> 2 * g) & 3) << 8)] for g in range(4)]
+        signs = [k.bits[_idx(_u8(k, n, b + 34 + 4 * ib + g))] for g in range(4)]
+        return grid, signs, [T.Bind(_nibble(k, n, b + 74 + ib, h)) for h in range(2)]
+
+
+CODEBOOK_FORMATS = {"iq2_xxs": IQ2XXS(), "iq3_xxs": IQ3XXS(), "iq2_xs": IQ2XS(), "iq2_s": IQ2S()}
 
 
 def constants(k, fmt):
