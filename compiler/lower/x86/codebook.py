@@ -158,7 +158,26 @@ class IQ2S(Codebook):
         return grid, signs, [T.Bind(_nibble(k, n, b + 74 + ib, h)) for h in range(2)]
 
 
-CODEBOOK_FORMATS = {"iq2_xxs": IQ2XXS(), "iq3_xxs": IQ3XXS(), "iq2_xs": IQ2XS(), "iq2_s": IQ2S()}
+class IQ3S(Codebook):
+    """IQ3_S (110 B): d f16 | qs[64] (low 8 bits of the grid index per 4 weights) | qh[8] (per 32: the 9th bit
+    of each of its 8 indices) | signs[32] (a sign bit per weight) | scales[4] (4-bit s per 32, two per byte):
+    w = d (1 + 2s) x grid x sign."""
+    type_size = 110
+    factor = 1.0
+
+    def constants(self):
+        return [("grid", "uint32", _grid("iq3_s", "uint32")), ("bits", "uint64", _patterns(range(256)))]
+
+    def groups(self, k, n, s, ib):
+        b = s * 110
+        qh = T.Bind(_idx(_u8(k, n, b + 66 + ib)))
+        grid = [k.grid[_idx(_u8(k, n, b + 2 + 8 * ib + g)) | (((qh >> g) & 1) << 8)] for g in range(8)]
+        signs = [k.bits[_idx(_u8(k, n, b + 74 + 4 * ib + g))] for g in range(4)]
+        sc = T.Bind(_nibble(k, n, b + 106 + ib // 2, ib % 2))
+        return grid, signs, [sc, sc]
+
+
+CODEBOOK_FORMATS = {"iq2_xxs": IQ2XXS(), "iq3_xxs": IQ3XXS(), "iq2_xs": IQ2XS(), "iq2_s": IQ2S(), "iq3_s": IQ3S()}
 
 
 def constants(k, fmt):
