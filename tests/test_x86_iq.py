@@ -18,16 +18,22 @@ KINDS = sorted(codebook.CODEBOOK_FORMATS)
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_tables_are_gguf_py_codebook_and_sign_rule(kind):
-    """The kernel constants: grid word i's bytes are gguf-py's grid row i; a sign pattern has byte j = -1 exactly
-    where weight j of its group of 8 is negative: for a 7-bit index i (ksigns_iq2xs) bit j of i for j < 7 and
-    for j = 7 the parity of i (the count of minus signs is even), for a sign byte b (IQ2_S, IQ3_S) bit j of b."""
+    """The kernel constants: grid word i's bytes are gguf-py's grid row i (IQ1: 8 (g + 1), no sign table); a sign
+    pattern has byte j = -1 exactly where weight j of its group of 8 is negative: for a 7-bit index i
+    (ksigns_iq2xs) bit j of i for j < 7 and for j = 7 the parity of i (the count of minus signs is even), for a
+    sign byte b (IQ2_S, IQ3_S) bit j of b."""
     fmt = x86.format_of(kind)
     tables = {name: (dtype, values) for name, dtype, values in fmt.constants()}
     dtype, grid = tables["grid"]
     cls = getattr(gguf.quants, kind.upper())
     cls.init_grid()
-    want = cls.grid.reshape(len(grid), -1).astype(np.uint8)
-    assert np.array_equal(np.array(grid, dtype).view(np.uint8).reshape(want.shape), want)
+    want = cls.grid.reshape(len(grid), -1)
+    if kind.startswith("iq1"):     # -1 / 0 / 1 as 8 (g + 1): codebook.IQ1S
+        assert set(np.unique(want)) == {-1, 0, 1} and set(tables) == {"grid"}
+        want = 8 * (want + 1)
+    assert np.array_equal(np.array(grid, dtype).view(np.uint8).reshape(want.shape), want.astype(np.uint8))
+    if kind.startswith("iq1"):
+        return
     name = "signs" if "signs" in tables else "bits"
     pat = np.array(tables[name][1], np.uint64).view(np.int8).reshape(-1, 8)
     assert len(pat) == (128 if name == "signs" else 256)

@@ -24,7 +24,7 @@ WIDTH = x86.vector_width(TARGET)
 pytestmark = pytest.mark.skipif(WIDTH is None, reason="this CPU has no AVX2")   # CI's and this machine's have it
 WIDTHS = sorted({32, WIDTH}) if WIDTH else []
 F16_FIELDS = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q8_0": [0], "IQ4_NL": [0], "MXFP4": [],
-               "IQ2_XXS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_S": [0], "IQ2_XS": [0]}
+               "IQ2_XXS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_S": [0], "IQ2_XS": [0], "IQ1_S": [0]}
 RNG = np.random.default_rng(0)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from tvm import tirx
 from tvm.tirx.script import builder as T
 
-from .vec import const, dot_u8s8, fma, ramp
+from .vec import const, dot_u8s8, fma, madd, ramp
 
 
 def _patterns(bytes_):
@@ -51,8 +51,9 @@ def _ksigns(name: str):
 
 class Codebook:
     """A codebook format on "q8" rows (`codebook_rows`). `groups(k, n, s, ib)` gives sub-block ib (32 weights) of
-    block s of row n: (grid words, sign patterns as uint64 words (8 weights each), [scale of its first 16
-    weights, of its last 16] as int32): w = `factor` x d x scale x grid x sign. `constants()`: the tables the
+    block s of row n: (grid words, sign patterns as uint64 words (8 weights each) or None (IQ1: no signs),
+    [scale of its first 16 weights, of its last 16] as int32): w = `factor` x d x scale x grid x sign (IQ1:
+    `xs_factor`, `IQ1S`). `constants()`: the tables the
     kernel declares, [(name, dtype, values)] (k.NAME)."""
     block = 256
     acts = "q8"
@@ -177,7 +178,43 @@ class IQ3S(Codebook):
         return grid, signs, [sc, sc]
 
 
-CODEBOOK_FORMATS = {"iq2_xxs": IQ2XXS(), "iq3_xxs": IQ3XXS(), "iq2_xs": IQ2XS(), "iq2_s": IQ2S(), "iq3_s": IQ3S()}
+def _grid1(name: str):
+    """IQ1's codebook (-1 / 0 / 1 per weight) as uint64 words of the unsigned bytes 8 (g + 1) (`IQ1S`)."""
+    from nextn.common.quant import FORMATS
+
+    g = dict(FORMATS[name].tables())[".grid"].astype(np.int16)
+    return [int(v) for v in np.ascontiguousarray((8 * (g + 1)).astype(np.uint8)).view("<u8")]
+
+
+TWOS = 0x0202020202020202
+
+
+class IQ1S(Codebook):
+    """IQ1_S (50 B): d f16 | qs[32] (low 8 bits of the grid index per 8 weights) | qh u16[8] (per 32: 4 x 3 high
+    index bits, scale s in bits 12..14, bit 15 the sign of delta): w = d (2s + 1) (grid + delta), grid in
+    {-1, 0, 1}, delta = +-1/8. Per 8 weights the unsigned bytes u = 8 (grid + delta) + 9 (8 (g + 1) from the
+    table, + 2 where delta > 0: at most 18), so that sum u x = 8 sum (grid + delta) x + 9 sum x: the block sum
+    takes u as the grid, and the row's sums per 16 (xs) with the weights -9 (2s + 1) (`xs_factor`) take the 9
+    back off; factor 1/8. (ggml-cpu's ggml_vec_dot_iq1_s_q8_K adds the delta term in float from the q8 row's
+    bsums.)"""
+    type_size = 50
+    factor = 0.125
+    xs_factor = -9
+
+    def constants(self):
+        return [("grid", "uint64", _grid1("iq1_s"))]
+
+    def groups(self, k, n, s, ib):
+        b = s * 50
+        h = T.Bind(_idx(_u16(k, n, b + 34 + 2 * ib)))
+        plus = T.Bind(tirx.Cast("uint64", 1 - (h >> 15)) * const(TWOS, "uint64"))
+        grid = [k.grid[_idx(_u8(k, n, b + 2 + 4 * ib + g)) | (((h >> 3 * g) & 7) << 8)] + plus for g in range(4)]
+        sc = T.Bind(((h >> 12) & 7) * 2 + 1)
+        return grid, None, [sc, sc]
+
+
+CODEBOOK_FORMATS = {"iq2_xxs": IQ2XXS(), "iq3_xxs": IQ3XXS(), "iq2_xs": IQ2XS(), "iq2_s": IQ2S(), "iq3_s": IQ3S(),
+                    "iq1_s": IQ1S()}
 
 
 def constants(k, fmt):
@@ -210,22 +247,28 @@ def codebook_rows(k, fmt, ns, rows, accs, blocks=None):
             prefetch(k, n, s * fmt.type_size, fmt.type_size)
             d = T.Bind(fmt.d(k, n, s) * const(fmt.factor, "float32"))
             sums = [None for _ in rows]
+            scale16 = []        # the block's scale of each 16 weights, for the xs term
             for c in range(256 // W):
                 grid, signs, scales = [], [], []
                 for ib in range(per * c, per * c + per):
                     g, sg, sc = fmt.groups(k, n, s, ib)
-                    grid, signs = grid + g, signs + sg
+                    grid, signs = grid + g, signs + (sg or [None])
                     scales += [tirx.Broadcast(tirx.Cast("int16", v), 8) for v in sc]
+                    scale16 += sc
                 q = T.Bind(_vector(grid, f"uint8x{W}"))
-                sgn = T.Bind(_vector(signs, f"int8x{W}"))
+                sgn = T.Bind(_vector(signs, f"int8x{W}")) if signs[0] is not None else None
                 scv = T.Bind(tirx.Shuffle(scales, list(range(16 * per))))
                 for r, t in enumerate(rows):
                     x = k.xq[t, ramp(256 * s + W * c, W)]
-                    v = dot_u8s8(None, q, sign(x, sgn, W), W, scv)
+                    v = dot_u8s8(None, q, x if sgn is None else sign(x, sgn, W), W, scv)
                     sums[r] = T.Bind(v if sums[r] is None else sums[r] + v)
+            xs_w = T.Bind(tirx.Shuffle([tirx.Cast("int16", v * fmt.xs_factor) for v in scale16], list(range(16)))) \
+                if hasattr(fmt, "xs_factor") else None
             for r, t in enumerate(rows):
                 tot = sums[r] if W == 32 else \
                     tirx.Shuffle([sums[r]], list(range(8))) + tirx.Shuffle([sums[r]], list(range(8, 16)))
+                if xs_w is not None:    # the row's sums per 16 weighted per 16 weights (IQ1S)
+                    tot = tot + madd(k.xs[t, ramp(16 * s, 16)], xs_w, 32)
                 a, off = acc[r]
                 T.buffer_store(a, fma(tirx.Cast("float32x8", tot), tirx.Broadcast(d * k.xd[t, s], 8),
                                       a[ramp(off, 8)]), [ramp(off, 8)])
