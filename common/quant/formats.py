@@ -40,7 +40,7 @@ for _kind, _block, _size, _act in [
 for _name, _size, _dtype, _ksigns, _act in [
     ("IQ2_XXS", 66, np.uint8, True, "q8"), ("IQ2_XS", 74, np.uint8, True, "q8"), ("IQ2_S", 82, np.uint8, False, "q8"),
     ("IQ3_XXS", 98, np.uint8, True, "q8"), ("IQ3_S", 110, np.uint8, False, "q8"), ("IQ1_S", 50, np.int8, False, "q8"),
-    ("IQ1_M", 56, np.int8, False, None),
+    ("IQ1_M", 56, np.int8, False, "q8"),
 ]:
     register(QuantFormat(_name.lower(), _name, 256, _size, activation=_act,
                          tables=_codebook(_name, _dtype, _ksigns)))

@@ -213,8 +213,37 @@ class IQ1S(Codebook):
         return grid, None, [sc, sc]
 
 
+class IQ1M(Codebook):
+    """IQ1_M (56 B): qs[32] (low 8 bits of the grid index per 8 weights) | qh[16] (a nibble per 8: 3 high index
+    bits, bit 3 the sign of delta) | scales u16[4] (3-bit s per 16 weights; d f16 = the top nibbles of the four
+    words): w = d (2s + 1) (grid + delta), taken as IQ1_S's (`IQ1S`), delta per 8 and s per 16 weights."""
+    type_size = 56
+    factor = 0.125
+    xs_factor = -9
+
+    def constants(self):
+        return [("grid", "uint64", _grid1("iq1_m"))]
+
+    def d(self, k, n, s):
+        w = [_u16(k, n, s * 56 + 48 + 2 * i) for i in range(4)]
+        u = lambda v: const(v, "uint16")   # noqa: E731
+        d16 = (w[0] >> u(12)) | ((w[1] >> u(8)) & u(0x00F0)) | ((w[2] >> u(4)) & u(0x0F00)) | (w[3] & u(0xF000))
+        return tirx.Cast("float32", tirx.reinterpret("float16", d16))
+
+    def groups(self, k, n, s, ib):
+        b = s * 56
+        sw = T.Bind(_idx(_u16(k, n, b + 48 + 2 * (ib // 2))))
+        scs = [T.Bind(((sw >> 3 * (2 * (ib % 2) + h)) & 7) * 2 + 1) for h in range(2)]
+        grid = []
+        for g in range(4):
+            hn = T.Bind((_idx(_u8(k, n, b + 32 + 2 * ib + g // 2)) >> 4 * (g % 2)) & 15)
+            plus = tirx.Cast("uint64", 1 - (hn >> 3)) * const(TWOS, "uint64")
+            grid.append(k.grid[_idx(_u8(k, n, b + 4 * ib + g)) | ((hn & 7) << 8)] + plus)
+        return grid, None, scs
+
+
 CODEBOOK_FORMATS = {"iq2_xxs": IQ2XXS(), "iq3_xxs": IQ3XXS(), "iq2_xs": IQ2XS(), "iq2_s": IQ2S(), "iq3_s": IQ3S(),
-                    "iq1_s": IQ1S()}
+                    "iq1_s": IQ1S(), "iq1_m": IQ1M()}
 
 
 def constants(k, fmt):
