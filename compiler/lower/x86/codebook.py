@@ -53,8 +53,7 @@ class Codebook:
     """A codebook format on "q8" rows (`codebook_rows`). `groups(k, n, s, ib)` gives sub-block ib (32 weights) of
     block s of row n: (grid words, sign patterns as uint64 words (8 weights each) or None (IQ1: no signs),
     [scale of its first 16 weights, of its last 16] as int32): w = `factor` x d x scale x grid x sign (IQ1:
-    `xs_factor`, `IQ1S`). `constants()`: the tables the
-    kernel declares, [(name, dtype, values)] (k.NAME)."""
+    `xs_factor`, `IQ1S`). `constants()`: the tables the kernel declares, [(name, dtype, values)] (k.NAME)."""
     block = 256
     acts = "q8"
 
