@@ -1,14 +1,15 @@
 """GEMV / few-row GEMM speed per weight format at real widths, as a fraction of a read of the same bytes measured
 in the same run.
 
-    python bench/quant_gemv.py [--types Q4_K,Q6_K] [--shapes 4096x4096,151552x4096 | --n N --k K] [--rows 1]
+    python bench/quant_gemv.py [--types Q4_K,Q6_K | codebook] [--shapes 4096x4096,151552x4096 | --n N --k K] [--rows 1]
                                [--exact] [--element] [--prefetch KB] [--width 32] [--mapped DIR] [--stream-mb 256]
                                [--repeat 5] [--threads T] [--json out.json]
     python bench/quant_gemv.py --target cuda|rocm [--arch sm_90] ...        (GPU: the element-expression kernels)
 
 CPU (llvm): each format is timed with the kernel the compiler gives a model's matmul: the x86 kernels
-(compiler/lower/x86; K-quants and IQ4_XS on "q8" int8 activation rows, Q8_0 / IQ4_NL / MXFP4 on "q8_0" rows, the
-float path with --exact) where they apply, else the TE element-expression kernel. The weight is cycled through
+(compiler/lower/x86; K-quants, IQ4_XS and the codebook formats IQ1_S .. IQ3_S on "q8" int8 activation rows, Q8_0 /
+IQ4_NL / MXFP4 on "q8_0" rows, the float path with --exact) where they apply, else the TE element-expression kernel
+(Q2_K, Q3_K, Q4_0, Q4_1, Q5_0, Q5_1; the codebook formats with --exact). The weight is cycled through
 enough copies (--stream-mb, 8x this CPU's 32 MB L3) to come from memory, as in decoding a model far larger than the
 cache. GB/s = the weight's GGUF bytes / time (best round).
 
@@ -34,6 +35,7 @@ import numpy as np
 TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_XS", "IQ4_NL", "Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q4_1", "Q5_1",
          "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "MXFP4", "BF16", "F16"]
 DEFAULT_TYPES = "Q4_K,Q5_K,Q6_K,Q8_0,IQ4_XS,IQ4_NL"
+CODEBOOK_TYPES = "IQ2_XXS,IQ2_XS,IQ2_S,IQ3_XXS,IQ3_S,IQ1_S,IQ1_M"     # --types codebook
 # GLM-4.5-Air / GLM-5.2 widths: attention and dense FFN (K = 4096, 6144, 10944, 12288), experts (K = 1408), lm head
 SHAPES = "4096x4096,12288x4096,4096x12288,10944x4096,4096x10944,1408x4096,4096x1408,6144x6144,151552x4096"
 F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
@@ -307,7 +309,7 @@ def main():
     ap.add_argument("--n", type=int, default=None, help="one shape: N (with --k)")
     ap.add_argument("--k", type=int, default=None)
     ap.add_argument("--rows", type=int, default=1, help="activation rows (1 = decode GEMV, k+1 = verify)")
-    ap.add_argument("--types", default=DEFAULT_TYPES, help=f"of {','.join(TYPES)}")
+    ap.add_argument("--types", default=DEFAULT_TYPES, help=f"of {','.join(TYPES)}; 'codebook': {CODEBOOK_TYPES}")
     ap.add_argument("--exact", action="store_true", help="float activations for the integer formats too")
     ap.add_argument("--element", action="store_true", help="also time the TE element-expression kernel")
     ap.add_argument("--prefetch", type=int, default=None,
@@ -322,6 +324,7 @@ def main():
                     help="threads of every kernel and of the numpy reference (TVM_NUM_THREADS; default: it, or all cores)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    args.types = CODEBOOK_TYPES if args.types == "codebook" else args.types
     import os
 
     args.threads = args.threads or int(os.environ.get("TVM_NUM_THREADS") or os.cpu_count())
@@ -350,6 +353,8 @@ def main():
             if ttype == "Q8_0":
                 q8[(n, k)] = r["gbs"]
             r["vs_q8_0"] = r["gbs"] / q8[(n, k)]
+            if "element_gbs" in r:
+                r["vs_element"] = r["gbs"] / r["element_gbs"]
             if ttype not in types:
                 continue
             results.append(r)

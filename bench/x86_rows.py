@@ -57,6 +57,12 @@ CASES = {   # name: (GGUF type, op, N, K, experts)
     "iq4xs_exps_gate_up": ("IQ4_XS", "matmul_id", 1408, 4096, 128),
     "iq4nl_ffn_down": ("IQ4_NL", "matmul", 4096, 10944, 0),
     "iq4nl_exps_down": ("IQ4_NL", "matmul_id_slots", 4096, 1408, 128),
+    # synth_realwidth.py --expert-type T: the routed gate / up experts in a codebook format (the down experts' rows
+    # of 1408 are not 256-blocks: Q8_0), and one dense 4096 x 4096 in L3 (the decode arithmetic rate)
+    "iq2xxs_exps_gate_up": ("IQ2_XXS", "matmul_id", 1408, 4096, 128),
+    "iq1s_exps_gate_up": ("IQ1_S", "matmul_id", 1408, 4096, 128),
+    "iq3xxs_exps_gate_up": ("IQ3_XXS", "matmul_id", 1408, 4096, 128),
+    "iq2xxs_l3": ("IQ2_XXS", "matmul", 4096, 4096, 0),
 }
 
 

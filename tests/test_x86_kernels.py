@@ -23,7 +23,9 @@ TARGET = make_target("llvm")
 WIDTH = x86.vector_width(TARGET)
 pytestmark = pytest.mark.skipif(WIDTH is None, reason="this CPU has no AVX2")   # CI's and this machine's have it
 WIDTHS = sorted({32, WIDTH}) if WIDTH else []
-F16_FIELDS = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q8_0": [0], "IQ4_NL": [0], "MXFP4": []}
+F16_FIELDS = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q8_0": [0], "IQ4_NL": [0], "MXFP4": [],
+               "IQ2_XXS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_S": [0], "IQ2_XS": [0], "IQ1_S": [0],
+               "IQ1_M": []}     # IQ1_M: its d is the top nibbles of the scale words (random_weight)
 RNG = np.random.default_rng(0)
 
 
@@ -51,6 +53,11 @@ def random_weight(kind: str, lead: tuple, N: int, K: int):
     raw = RNG.integers(0, 256, (int(np.prod(lead, dtype=int)) * N * K // blk, size), dtype=np.uint8)
     for off in F16_FIELDS[kind.upper()]:
         raw[:, off:off + 2] = (RNG.random(len(raw)) * 0.01).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if kind == "iq1_m":   # d f16 = the top nibbles of the four scale words (bytes 48..55)
+        d = (RNG.random(len(raw)) * 0.01).astype(np.float16).view(np.uint16)
+        sw = raw[:, 48:56].copy().view(np.uint16) & 0x0FFF
+        sw |= ((d[:, None] >> (4 * np.arange(4, dtype=np.uint16))) & 0xF) << 12
+        raw[:, 48:56] = sw.view(np.uint8)
     if kind == "mxfp4":   # exponent byte e: scale 2^(e - 128), finite products; the subnormal scales e = 0, 1 too
         raw[:, 0] = RNG.integers(110, 135, len(raw))
         raw[:2, 0] = [0, 1]
@@ -146,8 +153,9 @@ def test_matmul_id(kind, exact, shared_x):
 
 
 @pytest.mark.parametrize("kind,exact", [("q4_k", False), ("q6_k", False), ("iq4_xs", False), ("q8_0", False),
-                                        ("q8_0", True), ("f16", True)],
-                         ids=["q4_k-int", "q6_k-int", "iq4_xs-int", "q8_0-int", "q8_0-float", "f16-float"])
+                                        ("q8_0", True), ("f16", True), ("iq2_xxs", False)],
+                         ids=["q4_k-int", "q6_k-int", "iq4_xs-int", "q8_0-int", "q8_0-float", "f16-float",
+                              "iq2_xxs-int"])
 def test_every_tuned_knob_keeps_the_row_bits(kind, exact):
     """`nextn tune` searches the decode (one-row) and verify (row-count) kernels of a weight apart, so no knob it
     may set can change a row's bits (speculation stays lossless): every value of every knob of the search space

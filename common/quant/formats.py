@@ -35,13 +35,15 @@ for _kind, _block, _size, _act in [
 ]:
     register(QuantFormat(_kind, _kind.upper(), _block, _size, activation=_act))
 # the codebook formats (256-weight super-blocks) and their tables' bytes per tensor: IQ2_XXS 2048 + 128,
-# IQ2_XS 4096 + 128, IQ2_S 8192, IQ3_XXS 1024 + 128, IQ3_S 2048, IQ1_S / IQ1_M 16384
-for _name, _size, _dtype, _ksigns in [
-    ("IQ2_XXS", 66, np.uint8, True), ("IQ2_XS", 74, np.uint8, True), ("IQ2_S", 82, np.uint8, False),
-    ("IQ3_XXS", 98, np.uint8, True), ("IQ3_S", 110, np.uint8, False), ("IQ1_S", 50, np.int8, False),
-    ("IQ1_M", 56, np.int8, False),
+# IQ2_XS 4096 + 128, IQ2_S 8192, IQ3_XXS 1024 + 128, IQ3_S 2048, IQ1_S / IQ1_M 16384; "q8" where the CPU has an
+# integer kernel for them (compiler/lower/x86/codebook.py)
+for _name, _size, _dtype, _ksigns, _act in [
+    ("IQ2_XXS", 66, np.uint8, True, "q8"), ("IQ2_XS", 74, np.uint8, True, "q8"), ("IQ2_S", 82, np.uint8, False, "q8"),
+    ("IQ3_XXS", 98, np.uint8, True, "q8"), ("IQ3_S", 110, np.uint8, False, "q8"), ("IQ1_S", 50, np.int8, False, "q8"),
+    ("IQ1_M", 56, np.int8, False, "q8"),
 ]:
-    register(QuantFormat(_name.lower(), _name, 256, _size, tables=_codebook(_name, _dtype, _ksigns)))
+    register(QuantFormat(_name.lower(), _name, 256, _size, activation=_act,
+                         tables=_codebook(_name, _dtype, _ksigns)))
 register(QuantFormat("mxfp4", "MXFP4", 32, 17, activation="q8_0"))
 # 16-bit floats stay 16-bit in memory; the kernels widen as they read (matmul and embedding weights only:
 # nextn.compiler.graphs.weight_kinds widens the others, e.g. norms, to float32 at load)

@@ -4,7 +4,8 @@
 in `KINDS` (2-D [N, K] dense weights, 3-D [H, N, K] per-head weights with x [T, H, K], 3-D [X, N, K] routed
 experts); everything else keeps the TE element
 expression path (`nextn.compiler.quant`). Integer kinds (`INT_KINDS`) multiply int8-quantized activation rows
-when the artifact quantizes activations: "q8" rows (`quantize_rows`, per 256) for the K-quants and IQ4_XS, "q8_0"
+when the artifact quantizes activations: "q8" rows (`quantize_rows`, per 256) for the K-quants, IQ4_XS and the
+codebook formats (codebook.py: IQ1_S .. IQ3_S), "q8_0"
 rows (`quantize_rows_q8_0`, per 32) for Q8_0, IQ4_NL and MXFP4 (semantics in `nextn.common.quant.activation`).
 Without quantized activations (--exact-matmul) the 32-block kinds take the float path (they are in `FLOAT_KINDS`
 too) and the others the element path. Vector width: 64 bytes on AVX-512BW, else 32 (`vector_width`);
@@ -174,14 +175,17 @@ def takes_w_rows(spec: KernelSpec) -> bool:
 def bit_knobs(spec: KernelSpec) -> tuple[str, ...]:
     """The Knobs fields that change the bits of `spec`'s rows: `width` (the float lanes a row accumulates in:
     8 at 32 bytes, 16 at 64 for the K-quants and IQ4_XS; the float path's vectors) except on the grouped 32-block
-    integer path (Q8_0, IQ4_NL, MXFP4: exact int32 lane sums at either width), and `unroll` on the float path
+    integer path (Q8_0, IQ4_NL, MXFP4: exact int32 lane sums at either width) and the codebook formats (one int32 x 8
+    per block and row at either width, codebook.py), and `unroll` on the float path
     (blocks per accumulation step). A weight's one-row decode kernel and its row-count verify kernel must
     give equal rows (lossless speculation), and they are tuned as two kernels, so these knobs stay at
     `default_knobs`, the same for both (compiler/tune: not searched, not applied from a log). The other knobs
     (tile_n, row_group, w_rows, prefetch) change only the order of memory reads (tests/test_x86_kernels.py)."""
+    from .codebook import Codebook
+
     fmt = format_of(spec.kind, spec.exact)
-    grouped = hasattr(fmt, "group_quants")
-    return (() if grouped else ("width",)) + (("unroll",) if fmt.acts == "f32" else ())
+    same = hasattr(fmt, "group_quants") or isinstance(fmt, Codebook)   # the codebook formats: 8 lanes at either width
+    return (() if same else ("width",)) + (("unroll",) if fmt.acts == "f32" else ())
 
 
 def default_knobs(spec: KernelSpec, width: int) -> Knobs:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from tvm.tirx.script import builder as T
 
+from .codebook import constants
 from .kernel import Knobs, bind_acts, kernel, views
 from .tiles import tile
 
@@ -28,6 +29,7 @@ def matmul_heads(kind: str, H: int, N: int, K: int, rows: int | None = None, kno
             k.w = T.decl_buffer((H * N, k.row_bytes), "uint8", data=w.data, align=32)
             views(k, w.data, H * N * k.row_bytes)
             k.y = T.decl_buffer((Tr * H, N), "float32", data=y.data, align=32)
+            constants(k, fmt)
             with T.parallel(0, H * k.n_tiles) as it:
                 h = T.Bind(it // k.n_tiles)
                 nt = T.Bind(it % k.n_tiles)

@@ -26,6 +26,7 @@ from tvm.tirx.script import builder as T
 
 from nextn.compiler.quant.mxfp4 import E2M1X2, e8m0_half
 
+from .codebook import CODEBOOK_FORMATS
 from .vec import abs_i8, byte_vector, const, pshufb, ramp
 
 
@@ -508,7 +509,7 @@ class Plain(FloatFormat):
 
 
 BLOCK32_FORMATS = {"q8_0": Q80Int(), "iq4_nl": IQ4NLInt(), "mxfp4": MXFP4Int()}
-INT_FORMATS = {"q4_k": Q4K(), "q5_k": Q5K(), "q6_k": Q6K(), "iq4_xs": IQ4XS(), **BLOCK32_FORMATS}
+INT_FORMATS = {"q4_k": Q4K(), "q5_k": Q5K(), "q6_k": Q6K(), "iq4_xs": IQ4XS(), **BLOCK32_FORMATS, **CODEBOOK_FORMATS}
 # kinds in both: the float formats are the --exact-matmul path (float32 activation rows)
 FLOAT_FORMATS = {"q8_0": Q80(), "iq4_nl": IQ4NL(), "mxfp4": MXFP4(), "f16": Plain("float16"), "bf16": Plain("uint16"), "f32": Plain("float32")}
 

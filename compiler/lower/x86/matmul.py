@@ -19,6 +19,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.tirx.script import builder as T
 
+from .codebook import constants
 from .kernel import Knobs, bind_acts, kernel, views
 from .tiles import tile
 from .vec import const
@@ -36,6 +37,7 @@ def matmul(kind: str, N: int, K: int, rows: int | None = None, knobs: Knobs = Kn
         with T.sblock("root"):   # the form Relax passes expect of a PrimFunc body
             k.w = T.decl_buffer((N, k.row_bytes), "uint8", data=w.data, align=32)
             views(k, w.data, N * k.row_bytes)
+            constants(k, fmt)
             with T.parallel(0, k.n_tiles) as nt:
                 tile(k, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i, lambda i, n: [i, n])
     return k.func
@@ -95,6 +97,7 @@ def matmul_id(kind: str, X: int, N: int, K: int, n_used: int, shared_x: bool, n_
             for w in w2:
                 views(k, w.data, X * N * k.row_bytes)
                 wviews.append((k.w8, k.w16, k.w16u, k.w32, k.w32f))
+            constants(k, fmt)
             with T.parallel(0, T.Bind(n_used_experts[0] * k.n_tiles)) as it:
                 e = T.Bind(used[it // k.n_tiles])
                 nt = T.Bind(it % k.n_tiles)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.tirx.script import builder as T
 
+from .codebook import Codebook, codebook_rows
 from .floats import float_rows
 from .formats import Block32
 from .kquant import kquant, kquant_lanes, kquant_out, kquant_pair_terms, kquant_paired, kquant_rows, kquant_zero
@@ -15,6 +16,8 @@ from .vec import const, hsum, hsum_pairwise, ramp
 
 
 def acc_lanes(k, fmt):
+    if isinstance(fmt, Codebook):
+        return [8]
     if hasattr(fmt, "lane_quants"):
         return [8 if scaled(k, fmt) else LANE_ACC]
     if kquant(k, fmt):
@@ -57,8 +60,9 @@ def _rows(k, fmt, ns, rows, outs, pair_terms=None):
                 T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]) +
                                hsum_pairwise(acc[1][ramp(0, lanes[1])], lanes[1]), out)
         return
-    if k.acts == "q8":      # IQ4_XS (the K-quants are above)
-        lane_rows(k, fmt, ns, rows, [[(acc[0], 0) for acc in per] for per in accs])
+    if k.acts == "q8":      # IQ4_XS and the codebook formats (the K-quants are above)
+        (codebook_rows if isinstance(fmt, Codebook) else lane_rows)(
+            k, fmt, ns, rows, [[(acc[0], 0) for acc in per] for per in accs])
         for per, o in zip(accs, outs):
             for acc, out in zip(per, o):
                 T.buffer_store(k.y, hsum_pairwise(acc[0][ramp(0, lanes[0])], lanes[0]), out)
@@ -182,7 +186,7 @@ def _int_tile_chunked(k, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
     kq = kquant(k, fmt)
     per_row((lambda nn, n: kquant_zero(k, fmt, acc, nn * len(idx) * n_acc, len(idx))) if kq else zero)
     pt = kquant_pair_terms(k, fmt, [row_of(i) for i in idx]) if kq else None
-    rows_fn = group_rows if grouped else lane_rows
+    rows_fn = group_rows if grouped else codebook_rows if isinstance(fmt, Codebook) else lane_rows
     # a pass reads one chunk of each row: the K-quants prefetch the same chunk of a row as far ahead (whole rows),
     # not the bytes right after (the rest of this row and the start of the next, which this pass does not read)
     ahead = -(-k.prefetch // k.row_bytes) * k.row_bytes
