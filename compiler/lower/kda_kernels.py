@@ -1,4 +1,4 @@
-"""Hand-written TIR kernels of GLM-5.3-Flash's IR ops (ir/graph.py states their semantics; ir/interpret.py is the
+"""Hand-written TIR kernels of GLM-5.3-Flash's IR ops (ir/ops.py states their semantics; ir/interpret.py is the
 reference they are tested against).
 
 - `ssm_conv` / `gated_delta_net`: the KDA layer's stateful ops. Both read the committed plane of their recurrent
