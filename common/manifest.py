@@ -26,15 +26,34 @@ SCHEMA = 3   # 3: model files by header identity (common/gguf.py), not by sha256
 MAX_DRAFT = 8
 
 
-def dim_value(d, sizes: dict) -> int:
-    """A dimension of a recorded shape (IR shapes: compiler/ir/graph.py) once its symbols are known: an int, a
-    symbol (`sizes`, e.g. {"C": 4096, "P": 5}) or "X//k" (a symbol divided by an int)."""
-    if isinstance(d, int):
+# The shape-symbol grammar of IR shapes (compiler/ir/graph.py), which the manifest records: a dimension is an int,
+# a symbol ("T", "L", "C", ...) or "X//k" (symbol X divided by int k, floor). Its one home: the IR builds it with
+# `div_dim`, the runtime reads it with `dim_value`, the lowering (compiler/lower/to_relax.py) with `split_dim`.
+def div_dim(d, k: int):
+    """`d` (an int or a symbol) divided by k (floor) as a dimension: an int, or the symbol form "X//k"."""
+    if k == 1:
         return d
+    if isinstance(d, int):
+        return d // k
+    assert "//" not in d, d
+    return f"{d}//{k}"
+
+
+def split_dim(d: str) -> tuple[str, int]:
+    """(symbol, divisor) of a symbolic dimension: "L" -> ("L", 1), "C//4" -> ("C", 4)."""
     if "//" in d:
         base, k = d.split("//")
-        return sizes[base] // int(k)
-    return sizes[d]
+        return base, int(k)
+    return d, 1
+
+
+def dim_value(d, sizes: dict) -> int:
+    """A dimension of a recorded shape once its symbols are known: an int, a symbol (`sizes`, e.g.
+    {"C": 4096, "P": 5}) or "X//k"."""
+    if isinstance(d, int):
+        return d
+    base, k = split_dim(d)
+    return sizes[base] // k
 
 
 def resolve_shape(shape, sizes: dict) -> tuple[int, ...]:

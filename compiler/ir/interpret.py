@@ -12,6 +12,10 @@ from nextn.common.kv_types import KV_TYPES
 
 from . import rope
 from .graph import Graph
+from .ops import check_impls, registry
+
+INTERP: dict = {}   # op name -> fn(node, args, run): the node's value from its inputs' (`Run`: the call's context)
+interp = registry(INTERP, "IR interpreter (compiler/ir/interpret.py)")
 
 
 def _leaf(n):
@@ -208,6 +212,212 @@ def _quantized_matmul(row_format, op, w, x, ids=None):
     return np.einsum("tjk,tjnk->tjn", xs, w[ids]).astype(np.float32)
 
 
+class Run:
+    """What an op's implementation may read besides its node and inputs: the call's KV length and options (`run`)."""
+
+    def __init__(self, n_kv, keep_kv: bool, q8: dict):
+        self.n_kv, self.keep_kv, self.q8 = n_kv, keep_kv, q8
+
+
+@interp("get_rows")
+def _(n, a, cx):
+    t, ids = a
+    return t[ids] if t.ndim == 2 else np.stack([t[b][ids[b]] for b in range(t.shape[0])])
+
+
+@interp("rms_norm")
+def _(n, a, cx):
+    x = a[0]
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(n.attrs["eps"]))
+
+
+@interp("mul")
+def _(n, a, cx):
+    return a[0] * a[1]
+
+
+@interp("add")
+def _(n, a, cx):
+    return a[0] + a[1]
+
+
+@interp("div")
+def _(n, a, cx):
+    return a[0] / a[1]
+
+
+@interp("scale")
+def _(n, a, cx):
+    r = a[0] * np.float32(n.attrs["s"])
+    if "b" in n.attrs:
+        r = r + np.float32(n.attrs["b"])
+    return r
+
+
+def _q8_format(n, cx):
+    """The activation row format of a mul_mat / mul_mat_id whose weight takes quantized rows (`run`), else None."""
+    w = n.inputs[0]
+    return cx.q8[w.name] if w.op == "weight" and w.name in cx.q8 else None
+
+
+@interp("mul_mat")
+def _(n, a, cx):
+    if _q8_format(n, cx) is not None:
+        return _quantized_matmul(_q8_format(n, cx), n.op, *a)
+    return a[1] @ a[0].T if a[0].ndim == 2 else np.einsum("...bk,bnk->...bn", a[1], a[0])
+
+
+@interp("mul_mat_id")
+def _(n, a, cx):
+    if _q8_format(n, cx) is not None:
+        return _quantized_matmul(_q8_format(n, cx), n.op, *a)
+    w, x, ids = a
+    T, k = ids.shape
+    xs = x if x.ndim == 3 else np.broadcast_to(x[:, None, :], (T, k, x.shape[-1]))
+    return np.einsum("tjk,tjnk->tjn", xs, w[ids])
+
+
+@interp("reshape")
+def _(n, a, cx):
+    return a[0].reshape([d if isinstance(d, int) else -1 for d in n.shape])
+
+
+@interp("view")
+def _(n, a, cx):
+    ax, s, ln = n.attrs["axis"], n.attrs["start"], n.attrs["length"]
+    return np.take(a[0], np.arange(s, s + ln), axis=ax)
+
+
+@interp("concat")
+def _(n, a, cx):
+    return np.concatenate(a, axis=n.attrs["axis"])
+
+
+@interp("rope_ext")
+def _(n, a, cx):
+    return _rope(a[0], a[1], **n.attrs)
+
+
+@interp("set_rows")
+def _(n, a, cx):
+    cache, rows, pos = a
+    if not cx.keep_kv:
+        cache[pos] = KV_TYPES[_leaf(n.inputs[0]).attrs.get("kv_type", "f32")].round(rows)
+    return cache
+
+
+@interp("flash_attn_ext")
+def _(n, a, cx):
+    q, k, v, pos = a
+    return _attn(q, k, v, pos, int(cx.n_kv), n.attrs["scale"])
+
+
+@interp("sigmoid")
+def _(n, a, cx):
+    return (1.0 / (1.0 + np.exp(-a[0]))).astype(np.float32)
+
+
+@interp("swiglu")
+def _(n, a, cx):
+    g, u = a
+    return (g / (1.0 + np.exp(-g))) * u
+
+
+@interp("clamp")
+def _(n, a, cx):
+    return np.clip(a[0], n.attrs["lo"], n.attrs["hi"])
+
+
+@interp("sum_rows")
+def _(n, a, cx):
+    return a[0].sum(axis=-1, keepdims=True)
+
+
+@interp("argsort_top_k")
+def _(n, a, cx):
+    return _top_k(a[0], n.attrs["k"])
+
+
+@interp("argmax")
+def _(n, a, cx):
+    return np.argmax(a[0], axis=-1).astype(np.int32)
+
+
+@interp("norm")
+def _(n, a, cx):
+    x = a[0]
+    xc = x - np.mean(x, axis=-1, keepdims=True)
+    return xc / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + np.float32(n.attrs["eps"]))
+
+
+@interp("flash_attn_ext_mla")
+def _(n, a, cx):
+    q, kv, pos = a[:3]
+    return _attn_mla(q, kv, pos, a[3] if len(a) > 3 else None, int(cx.n_kv), n.attrs["scale"], n.attrs["n_v"])
+
+
+@interp("lightning_indexer")
+def _(n, a, cx):
+    return _lightning_indexer(*a, int(cx.n_kv), n.attrs.get("kpool", 1))
+
+
+@interp("top_k_mask")
+def _(n, a, cx):
+    return _top_k_mask(a[0], a[1], n.attrs["k"], n.attrs.get("kpool", 1))
+
+
+@interp("index_mask_store")
+def _(n, a, cx):
+    state, mask, pos = a
+    last = int(pos[-1]) + 1
+    state[:last] = mask[-1, :last]
+    state[last:] = n.attrs.get("after", 0.0)
+    return state
+
+
+@interp("silu")
+def _(n, a, cx):
+    return a[0] / (1.0 + np.exp(-a[0]))
+
+
+@interp("softplus")
+def _(n, a, cx):
+    return np.logaddexp(np.float32(0), a[0])
+
+
+@interp("ssm_conv")
+def _(n, a, cx):
+    return _ssm_conv(*a)
+
+
+@interp("gated_delta_net")
+def _(n, a, cx):
+    return _gated_delta_net(*a, n.attrs["chunk"])
+
+
+@interp("dsv4_hc_comb")
+def _(n, a, cx):
+    return _dsv4_hc_comb(a[0], n.attrs["eps"], n.attrs["iters"])
+
+
+@interp("kpool_store")
+def _(n, a, cx):
+    return _kpool_store(*a)
+
+
+@interp("kpool_expand")
+def _(n, a, cx):
+    return _kpool_expand(a[0], a[1], int(cx.n_kv), n.attrs["kpool"], n.attrs["tail"])
+
+
+@interp("index_mask_load")
+def _(n, a, cx):
+    return a[0][None, :int(cx.n_kv)].copy()
+
+
+check_impls(INTERP, "IR interpreter (compiler/ir/interpret.py)")
+
+
 def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = None, keep_kv: bool = False,
         quantized_activations=frozenset()) -> dict:
     """Execute `graph`. `weights` maps GGUF name → float32 array (or a callable name → array);
@@ -222,105 +432,16 @@ def run(graph: Graph, inputs: dict, weights, states: dict, n_kv: int | None = No
     get_w = weights if callable(weights) else weights.__getitem__
     q8 = dict(quantized_activations) if hasattr(quantized_activations, "items") else \
         dict.fromkeys(quantized_activations, "q8")
+    cx = Run(n_kv, keep_kv, q8)
     env: dict[int, np.ndarray] = {}
     for n in graph.live_nodes():
-        a = [env[i.id] for i in n.inputs]
-        op = n.op
-        if op == "input":
+        if n.op == "input":
             r = np.asarray(inputs[n.name])
-        elif op == "weight":
+        elif n.op == "weight":
             r = get_w(n.name)
-        elif op == "state":
+        elif n.op == "state":
             r = states[n.name]
-        elif op == "get_rows":
-            t, ids = a
-            r = t[ids] if t.ndim == 2 else np.stack([t[b][ids[b]] for b in range(t.shape[0])])
-        elif op == "rms_norm":
-            x = a[0]
-            r = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(n.attrs["eps"]))
-        elif op == "mul":
-            r = a[0] * a[1]
-        elif op == "add":
-            r = a[0] + a[1]
-        elif op == "div":
-            r = a[0] / a[1]
-        elif op == "scale":
-            r = a[0] * np.float32(n.attrs["s"])
-            if "b" in n.attrs:
-                r = r + np.float32(n.attrs["b"])
-        elif op in ("mul_mat", "mul_mat_id") and n.inputs[0].op == "weight" and n.inputs[0].name in q8:
-            r = _quantized_matmul(q8[n.inputs[0].name], op, *a)
-        elif op == "mul_mat":
-            r = a[1] @ a[0].T if a[0].ndim == 2 else np.einsum("...bk,bnk->...bn", a[1], a[0])
-        elif op == "mul_mat_id":
-            w, x, ids = a
-            T, k = ids.shape
-            xs = x if x.ndim == 3 else np.broadcast_to(x[:, None, :], (T, k, x.shape[-1]))
-            r = np.einsum("tjk,tjnk->tjn", xs, w[ids])
-        elif op == "reshape":
-            r = a[0].reshape([d if isinstance(d, int) else -1 for d in n.shape])
-        elif op == "view":
-            ax, s, ln = n.attrs["axis"], n.attrs["start"], n.attrs["length"]
-            r = np.take(a[0], np.arange(s, s + ln), axis=ax)
-        elif op == "concat":
-            r = np.concatenate(a, axis=n.attrs["axis"])
-        elif op == "rope_ext":
-            r = _rope(a[0], a[1], **n.attrs)
-        elif op == "set_rows":
-            cache, rows, pos = a
-            if not keep_kv:
-                cache[pos] = KV_TYPES[_leaf(n.inputs[0]).attrs.get("kv_type", "f32")].round(rows)
-            r = cache
-        elif op == "flash_attn_ext":
-            q, k, v, pos = a
-            r = _attn(q, k, v, pos, int(n_kv), n.attrs["scale"])
-        elif op == "sigmoid":
-            r = (1.0 / (1.0 + np.exp(-a[0]))).astype(np.float32)
-        elif op == "swiglu":
-            g, u = a
-            r = (g / (1.0 + np.exp(-g))) * u
-        elif op == "clamp":
-            r = np.clip(a[0], n.attrs["lo"], n.attrs["hi"])
-        elif op == "sum_rows":
-            r = a[0].sum(axis=-1, keepdims=True)
-        elif op == "argsort_top_k":
-            r = _top_k(a[0], n.attrs["k"])
-        elif op == "argmax":
-            r = np.argmax(a[0], axis=-1).astype(np.int32)
-        elif op == "norm":
-            x = a[0]
-            xc = x - np.mean(x, axis=-1, keepdims=True)
-            r = xc / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + np.float32(n.attrs["eps"]))
-        elif op == "flash_attn_ext_mla":
-            q, kv, pos = a[:3]
-            r = _attn_mla(q, kv, pos, a[3] if len(a) > 3 else None, int(n_kv), n.attrs["scale"], n.attrs["n_v"])
-        elif op == "lightning_indexer":
-            r = _lightning_indexer(*a, int(n_kv), n.attrs.get("kpool", 1))
-        elif op == "top_k_mask":
-            r = _top_k_mask(a[0], a[1], n.attrs["k"], n.attrs.get("kpool", 1))
-        elif op == "index_mask_store":
-            state, mask, pos = a
-            last = int(pos[-1]) + 1
-            state[:last] = mask[-1, :last]
-            state[last:] = n.attrs.get("after", 0.0)
-            r = state
-        elif op == "silu":
-            r = a[0] / (1.0 + np.exp(-a[0]))
-        elif op == "softplus":
-            r = np.logaddexp(np.float32(0), a[0])
-        elif op == "ssm_conv":
-            r = _ssm_conv(*a)
-        elif op == "gated_delta_net":
-            r = _gated_delta_net(*a, n.attrs["chunk"])
-        elif op == "dsv4_hc_comb":
-            r = _dsv4_hc_comb(a[0], n.attrs["eps"], n.attrs["iters"])
-        elif op == "kpool_store":
-            r = _kpool_store(*a)
-        elif op == "kpool_expand":
-            r = _kpool_expand(a[0], a[1], int(n_kv), n.attrs["kpool"], n.attrs["tail"])
-        elif op == "index_mask_load":
-            r = a[0][None, :int(n_kv)].copy()
         else:
-            raise NotImplementedError(op)
+            r = INTERP[n.op](n, [env[i.id] for i in n.inputs], cx)
         env[n.id] = r.astype(np.float32, copy=False) if n.dtype == "float32" and r.dtype != np.float32 else r
     return {k: env[v.id] for k, v in graph.outputs.items()}

@@ -1,4 +1,4 @@
-"""Hand-written TIR kernels of GLM-5.3-Flash's IR ops (ir/graph.py states their semantics; ir/interpret.py is the
+"""Hand-written TIR kernels of GLM-5.3-Flash's IR ops (ir/ops.py states their semantics; ir/interpret.py is the
 reference they are tested against).
 
 - `ssm_conv` / `gated_delta_net`: the KDA layer's stateful ops. Both read the committed plane of their recurrent
@@ -461,17 +461,3 @@ def emit(bb: relax.BlockBuilder, n, args, sym, gpu_form: bool = False, gpu: bool
         gv = bb.add_func(_kpool_store_kernel(kp, d, kt, gpu), f"kpool_store_{kp}_{d}_{kt}")
         return bb.emit(relax.op.call_tir_inplace(gv, relax.Tuple(list(args)), [0], args[0].ty))
     raise NotImplementedError(n.op)
-
-
-def kpool_expand(pool_mask, pos, n_kv, kpool: int, tail: bool):
-    """TE: the cell mask [T, L] of a pool selection (ir/graph.py)."""
-    T_ = pool_mask.shape[0]
-    n_pool = pool_mask.shape[1]
-    fill = tirx.const(0.0 if tail else -float("inf"), F32)
-
-    def f(t, s):
-        p = s // kpool
-        complete = p < (pos[t].astype("int64") + 1) // kpool
-        return tirx.if_then_else(complete, pool_mask[t, tirx.min(p, n_pool - 1)], fill)
-
-    return te.compute((T_, n_kv), f, name="kpool_expand")

@@ -247,3 +247,17 @@ def norm(x, eps):
 
 def index_mask_load(state, n_kv):
     return te.compute((1, n_kv), lambda _i, c: state[c], name="index_mask_load")
+
+
+def kpool_expand(pool_mask, pos, n_kv, kpool: int, tail: bool):
+    """The cell mask [T, L] of a pool selection (ir/ops.py)."""
+    T_ = pool_mask.shape[0]
+    n_pool = pool_mask.shape[1]
+    fill = tirx.const(0.0 if tail else -float("inf"), F32)
+
+    def f(t, s):
+        p = s // kpool
+        complete = p < (pos[t].astype("int64") + 1) // kpool
+        return tirx.if_then_else(complete, pool_mask[t, tirx.min(p, n_pool - 1)], fill)
+
+    return te.compute((T_, n_kv), f, name="kpool_expand")

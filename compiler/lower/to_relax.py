@@ -8,24 +8,30 @@ runtime builds the two tuples at load (an ffi Array each) and every call passes 
 one per buffer (a 46-layer GLM has ~800 weight buffers); the VM unpacks them in C++. States are updated in place
 with `call_tir_inplace`; outputs are returned as a tuple in graph output order. The KV store, attention and the
 DSA index score are hand-written kernels (attention.py); the rest goes through TE.
+
+Each IR op (compiler/ir/ops.py) has one lowering, registered with `@lower(op)` as fn(bb, node, args, cx) (`Cx`: the
+symbols, kernels and attention form of the call); the module checks at import that every op of the table has one.
 """
 from __future__ import annotations
 
 from tvm import relax, tirx
 
+from nextn.common.manifest import split_dim
 from nextn.compiler.ir import Graph, rope
+from nextn.compiler.ir.ops import check_impls, registry
 
 from . import attention, dsa_kernels, kda_kernels, te_ops
 
+LOWER: dict = {}   # op name -> fn(bb, node, args, cx): the node's Relax value
+lower = registry(LOWER, "Relax lowering (compiler/lower/to_relax.py)")
+
 
 def dim_expr(d, sym):
-    """An IR dimension as a TIR expression: an int, a symbol, or "X//k" (ir/graph.py)."""
+    """An IR dimension (the grammar: nextn.common.manifest) as a TIR expression: an int, a symbol, or "X//k"."""
     if isinstance(d, int):
         return d
-    if "//" in d:
-        base, k = d.split("//")
-        return tirx.floordiv(sym[base], int(k))
-    return sym[d]
+    base, k = split_dim(d)
+    return sym[base] if k == 1 else tirx.floordiv(sym[base], k)
 
 
 def weight_buffers(kind: str, shape) -> list[tuple[str, str, tuple]]:
@@ -147,46 +153,119 @@ def _emit_split(bb, n, args, sym):
     return bb.emit_te(lambda r: te_ops.topk_select(r, n.attrs["k"]), rank, primfunc_name_hint="argsort_top_k")
 
 
+class Cx:
+    """What an op's lowering may read besides its node and arguments."""
+
+    def __init__(self, sym: dict, kernels: "attention.Kernels", split_l: bool):
+        self.sym, self.kernels, self.split_l = sym, kernels, split_l
+
+
 def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool = False):
-    op, at = n.op, n.attrs
-    if kernels.gpu and op in SPLIT_OPS:
+    if kernels.gpu and n.op in SPLIT_OPS:
         return _emit_split(bb, n, args, sym)
-    if op == "reshape":
-        x = args[0]
-        if isinstance(x, tuple):   # a weight (kind, buffers, shape): float weights reshape as themselves
-            assert x[0] == "f32", f"reshape of a {x[0]} weight"
-            x = x[1][0]
-        return bb.emit(relax.op.reshape(x, [dim_expr(d, sym) for d in n.shape]))
-    if op == "set_rows":
-        return attention.emit_set_rows(kernels, n, args)
-    if op in ("flash_attn_ext", "flash_attn_ext_mla"):
-        return attention.emit_attention(kernels, n, args, sym, split_l)
-    if op == "lightning_indexer":
-        return attention.emit_lightning_indexer(kernels, n, args, sym)
-    if op in dsa_kernels.TIR_OPS:
-        return dsa_kernels.emit(bb, n, args, sym)
-    if op in kda_kernels.TIR_OPS:
-        return kda_kernels.emit(bb, n, args, sym, gpu_form=kernels.gpu, gpu=kernels.gpu and not kernels.emulate)
-    if op == "kpool_expand":
-        return bb.emit_te(lambda m, p: kda_kernels.kpool_expand(m, p, sym["L"], at["kpool"], at["tail"]), *args,
-                          primfunc_name_hint="kpool_expand")
+    return LOWER[n.op](bb, n, args, Cx(sym, kernels, split_l))
+
+
+@lower("reshape")
+def _(bb, n, args, cx):
+    x = args[0]
+    if isinstance(x, tuple):   # a weight (kind, buffers, shape): float weights reshape as themselves
+        assert x[0] == "f32", f"reshape of a {x[0]} weight"
+        x = x[1][0]
+    return bb.emit(relax.op.reshape(x, [dim_expr(d, cx.sym) for d in n.shape]))
+
+
+@lower("set_rows")
+def _(bb, n, args, cx):
+    return attention.emit_set_rows(cx.kernels, n, args)
+
+
+@lower("flash_attn_ext", "flash_attn_ext_mla")
+def _(bb, n, args, cx):
+    return attention.emit_attention(cx.kernels, n, args, cx.sym, cx.split_l)
+
+
+@lower("lightning_indexer")
+def _(bb, n, args, cx):
+    return attention.emit_lightning_indexer(cx.kernels, n, args, cx.sym)
+
+
+@lower(*sorted(dsa_kernels.TIR_OPS))
+def _(bb, n, args, cx):
+    return dsa_kernels.emit(bb, n, args, cx.sym)
+
+
+@lower(*sorted(kda_kernels.TIR_OPS))
+def _(bb, n, args, cx):
+    k = cx.kernels
+    return kda_kernels.emit(bb, n, args, cx.sym, gpu_form=k.gpu, gpu=k.gpu and not k.emulate)
+
+
+@lower("kpool_expand")
+def _(bb, n, args, cx):
+    at, L = n.attrs, cx.sym["L"]
+    return bb.emit_te(lambda m, p: te_ops.kpool_expand(m, p, L, at["kpool"], at["tail"]), *args,
+                      primfunc_name_hint="kpool_expand")
+
+
+def _te(bb, n, args, extra=(), prim=()):
+    """`n` as its te_ops function of the same name: fn(*inputs, *prim, *extra); quantized weights as QWeights.
+    Symbolic sizes (`prim`) go through emit_te's args so that the PrimFunc gets them as parameters."""
     flat, rebuild = _flatten(args)
-    fn = getattr(te_ops, op)
-    extra = {
-        "rms_norm": lambda: (at["eps"],),
-        "scale": lambda: (at["s"], at.get("b", 0.0)),
-        "view": lambda: (at["axis"], at["start"], at["length"]),
-        "concat": lambda: (at["axis"],),
-        "rope_ext": lambda: (at["n_rot"], at["mode"], *(at[k] for k in rope.PARAMS)),
-        "clamp": lambda: (at["lo"], at["hi"]),
-        "argsort_top_k": lambda: (at["k"],),
-        "norm": lambda: (at["eps"],),
-    }.get(op, lambda: ())()
-    # Symbolic sizes go through emit_te's args so that the PrimFunc gets them as parameters.
-    prim = [sym["L"]] if op == "index_mask_load" else []
+    fn = getattr(te_ops, n.op)
     nf = len(flat)
     return bb.emit_te(lambda *tes: fn(*rebuild(list(tes[:nf])), *tes[nf:], *extra), *flat, *prim,
-                      primfunc_name_hint=op)
+                      primfunc_name_hint=n.op)
+
+
+@lower("get_rows", "mul", "add", "div", "mul_mat", "mul_mat_id", "sigmoid", "swiglu", "sum_rows", "argmax", "silu",
+       "softplus")
+def _(bb, n, args, cx):
+    return _te(bb, n, args)
+
+
+@lower("rms_norm", "norm")
+def _(bb, n, args, cx):
+    return _te(bb, n, args, (n.attrs["eps"],))
+
+
+@lower("scale")
+def _(bb, n, args, cx):
+    return _te(bb, n, args, (n.attrs["s"], n.attrs.get("b", 0.0)))
+
+
+@lower("view")
+def _(bb, n, args, cx):
+    return _te(bb, n, args, (n.attrs["axis"], n.attrs["start"], n.attrs["length"]))
+
+
+@lower("concat")
+def _(bb, n, args, cx):
+    return _te(bb, n, args, (n.attrs["axis"],))
+
+
+@lower("rope_ext")
+def _(bb, n, args, cx):
+    at = n.attrs
+    return _te(bb, n, args, (at["n_rot"], at["mode"], *(at[k] for k in rope.PARAMS)))
+
+
+@lower("clamp")
+def _(bb, n, args, cx):
+    return _te(bb, n, args, (n.attrs["lo"], n.attrs["hi"]))
+
+
+@lower("argsort_top_k")
+def _(bb, n, args, cx):
+    return _te(bb, n, args, (n.attrs["k"],))
+
+
+@lower("index_mask_load")
+def _(bb, n, args, cx):
+    return _te(bb, n, args, prim=(cx.sym["L"],))
+
+
+check_impls(LOWER, "Relax lowering (compiler/lower/to_relax.py)")
 
 
 def build_module(graphs: list[Graph], weight_kinds: dict[str, str], static: dict[str, dict] | None = None,
