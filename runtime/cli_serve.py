@@ -30,6 +30,9 @@ def register(cli: click.Group) -> None:
 @click.option("--top-p", default=0.95, show_default=True, help="Default top-p (1.0: off).")
 @click.option("--min-p", default=0.05, show_default=True, help="Default min-p (0.0: off).")
 @click.option("-s", "--seed", default=-1, show_default=True, help="Default seed (-1: random per request).")
+@click.option("-sps", "--slot-prompt-similarity", "similarity", default=0.1, show_default=True, type=float,
+              help="Give a request the idle slot whose prompt cache shares at least this fraction of its prompt as a "
+                   "common prefix (0: off, least recently used slot).")
 @click.option("--metrics", is_flag=True, help="Enable the Prometheus /metrics endpoint.")
 @click.option("--no-slots", is_flag=True, help="Disable the /slots endpoint.")
 @click.option("--api-key", "api_keys", multiple=True,
@@ -45,8 +48,8 @@ def register(cli: click.Group) -> None:
 @click.option("--mtp-dense-attention", is_flag=True, help="glm-dsa: compile the NextN block as dense MLA (a GGUF).")
 @mtp_index_share_option
 def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
-          spec_draft_p_min, spec_draft_sampling, n_predict, temp, top_k, top_p, min_p, seed, metrics, no_slots,
-          api_keys, chat_template_file, alias, draft, cache_type_k, cache_type_v, device, target, arches,
+          spec_draft_p_min, spec_draft_sampling, n_predict, temp, top_k, top_p, min_p, seed, similarity, metrics,
+          no_slots, api_keys, chat_template_file, alias, draft, cache_type_k, cache_type_v, device, target, arches,
           mtp_dense_attention, mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
     /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
@@ -63,6 +66,8 @@ def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draf
     if spec_draft_n_min < 0 or not 0.0 <= spec_draft_p_min <= 1.0:
         raise NextnError(f"--spec-draft-n-min {spec_draft_n_min} / --spec-draft-p-min {spec_draft_p_min}: expected "
                          f"n_min >= 0 and 0 <= p_min <= 1")
+    if not 0.0 <= similarity <= 1.0:
+        raise NextnError(f"--slot-prompt-similarity {similarity}: expected a fraction in [0, 1]")
     keys = [k for a in api_keys for k in a.split(",") if k]
     d = ServerDefaults(n_predict=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                        n_max=parse_n_max(spec_draft_n_max), n_min=spec_draft_n_min, p_min=spec_draft_p_min,
@@ -72,5 +77,5 @@ def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draf
                        mtp_dense_attention=mtp_dense_attention, mtp_index_share=mtp_index_share,
                        chat_template_file=chat_template_file, api_keys=keys,
                        metrics=metrics, slots=not no_slots, alias=alias, cache_type_k=cache_type_k,
-                       cache_type_v=cache_type_v, spec_type=spec_type, defaults=d)
+                       cache_type_v=cache_type_v, spec_type=spec_type, slot_prompt_similarity=similarity, defaults=d)
     run_server(opt, log=lambda s: click.echo(s, err=True))

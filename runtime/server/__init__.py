@@ -39,6 +39,7 @@ class ServeOptions:
     cache_type_k: str | None = None      # -ctk / -ctv: a GGUF is compiled with them (default f16), an artifact
     cache_type_v: str | None = None      # directory must have them (nextn.runtime.load)
     spec_type: str | None = None         # None: draft-mtp when the model has a NextN block
+    slot_prompt_similarity: float = 0.1  # -sps (llama-server's default)
     defaults: ServerDefaults = field(default_factory=ServerDefaults)
 
 
@@ -76,7 +77,8 @@ def load_state(state, opt: ServeOptions, log) -> None:
                                        tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
                                        tok.token_text(tok.eos_id))
     state.model = m
-    state.scheduler = Scheduler(engines, tok.token_to_bytes, log=log)
+    state.scheduler = Scheduler(engines, tok.token_to_bytes, log=log, speculative=d.spec_type != "none",
+                                similarity=opt.slot_prompt_similarity)
     state.scheduler.start()
 
 
@@ -85,10 +87,10 @@ def make_state(opt: ServeOptions):
 
     from .app import ServerState
 
-    try:
-        fp = f"nextn-{version('nextn')}"
+    try:     # llama-server's build string is b<build>-<commit>; clients and its tests read the leading "b"
+        fp = f"b{version('nextn')}-nextn"
     except Exception:
-        fp = "nextn"
+        fp = "b0-nextn"
     name = opt.alias or os.path.basename(os.path.normpath(opt.model))
     opt.defaults.n_parallel = opt.n_parallel
     return ServerState(defaults=opt.defaults, api_keys=list(opt.api_keys), metrics_enabled=opt.metrics,

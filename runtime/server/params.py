@@ -53,6 +53,7 @@ class GenParams(Settings):
     ignore_eos: bool = False
     return_tokens: bool = False
     timings_per_token: bool = False
+    cache_prompt: bool = True            # llama-server: reuse the slot's KV for the common prefix
 
     def settings_json(self) -> dict:
         """llama-server's `generation_settings` subset that applies here, plus the effective speculative values."""
@@ -137,6 +138,7 @@ def parse_gen_params(body: dict, d: ServerDefaults) -> GenParams:
     p.ignore_eos = _bool(body, ("ignore_eos",), False)
     p.return_tokens = _bool(body, ("return_tokens",), False)
     p.timings_per_token = _bool(body, ("timings_per_token",), False)
+    p.cache_prompt = _bool(body, ("cache_prompt",), True)
     n_cmpl = _num(body, ("n_cmpl", "n"), 1, int, 1, max(1, d.n_parallel), hard=True)
     if n_cmpl != 1:
         raise ApiError("Field 'n_cmpl': only one completion per request is supported")

@@ -4,7 +4,8 @@
   `tokens_predicted`, `tokens_evaluated`, `truncated`, `timings`, …;
 - `/v1/completions` (`text_completion`) and `/v1/chat/completions` (`chat.completion[.chunk]`): OpenAI's
   `choices`, `finish_reason` (stop | length), `usage`, plus llama-server's `timings`.
-`timings` = prompt_n, prompt_ms, prompt_per_token_ms, prompt_per_second, predicted_n, predicted_ms,
+`timings` = cache_n (prompt tokens reused from the slot's cache), prompt_n (prompt tokens evaluated), prompt_ms,
+prompt_per_token_ms, prompt_per_second, predicted_n, predicted_ms,
 predicted_per_token_ms, predicted_per_second (rates over n_gen - 1 decode steps: the first token comes from the
 prompt pass), plus draft_n and draft_n_accepted only when drafts were made. nextn adds `speculative` (the effective
 per-request type, n_max, n_min, p_min) to every final object.
@@ -32,6 +33,7 @@ class Outcome:
     tokens: list = field(default_factory=list)
     finish: str | None = None          # eos | stop | length
     n_prompt: int = 0
+    n_cached: int = 0                  # prompt tokens reused from the slot's cache (not evaluated)
     n_past: int = 0                    # KV cells committed at the end
     drafted: int = 0
     accepted: int = 0
@@ -49,10 +51,11 @@ def timings(o: Outcome, n_gen: int) -> dict:
     prompt_ms = max(0.0, (o.t_prompt - o.t_start) * 1e3) if o.t_prompt else 0.0
     steps = max(0, n_gen - 1)
     gen_ms = max(1e-3, (o.t_last - o.t_prompt) * 1e3) if n_gen > 0 and o.t_last else 0.0
-    t = {"cache_n": 0,
-         "prompt_n": o.n_prompt, "prompt_ms": prompt_ms,
-         "prompt_per_token_ms": prompt_ms / o.n_prompt if o.n_prompt else 0.0,
-         "prompt_per_second": 1e3 * o.n_prompt / prompt_ms if prompt_ms > 0 else 0.0,
+    n = o.n_prompt - o.n_cached
+    t = {"cache_n": o.n_cached,
+         "prompt_n": n, "prompt_ms": prompt_ms,
+         "prompt_per_token_ms": prompt_ms / n if n else 0.0,
+         "prompt_per_second": 1e3 * n / prompt_ms if prompt_ms > 0 else 0.0,
          "predicted_n": n_gen, "predicted_ms": gen_ms,
          "predicted_per_token_ms": gen_ms / steps if steps else 0.0,
          "predicted_per_second": 1e3 * steps / gen_ms if gen_ms > 0 else 0.0}
@@ -64,7 +67,7 @@ def timings(o: Outcome, n_gen: int) -> dict:
 
 def usage(o: Outcome, n_gen: int) -> dict:
     return {"completion_tokens": n_gen, "prompt_tokens": o.n_prompt, "total_tokens": n_gen + o.n_prompt,
-            "prompt_tokens_details": {"cached_tokens": 0}}
+            "prompt_tokens_details": {"cached_tokens": o.n_cached}}
 
 
 def finish_reason(o: Outcome) -> str:

@@ -72,17 +72,18 @@ async def _generate(request: Request, state, kind: str):
     meta = R.Meta(state.model_name, state.fingerprint)
     spec = {"type": p.spec_type, "n_max": p.n_max, "n_min": p.n_min, "p_min": p.p_min}
     out = _Writer(state, kind, task, meta, spec, body)
+    watch = asyncio.ensure_future(_watch_disconnect(request, state, task))
     try:
         if not p.stream:
             while True:
-                k, v = await _next(q, request, state, task)
+                k, v = await _next(q, watch)
                 if k is None:
                     return json_response({})      # the client is gone; nobody reads this
                 if k == "error":
                     return error_response(v)
                 if k == "done":
                     return json_response(out.final(v))
-        k, v = await _next(q, request, state, task)   # the first event decides: error response, or a stream
+        k, v = await _next(q, watch)   # the first event decides: error response, or a stream
         if k is None:
             return json_response({})
         if k == "error":
@@ -90,20 +91,31 @@ async def _generate(request: Request, state, kind: str):
     except BaseException:
         state.scheduler.cancel(task)
         raise
+    finally:
+        watch.cancel()     # a stream is watched by Starlette's StreamingResponse (it closes `_stream`)
     from starlette.responses import StreamingResponse
 
     return StreamingResponse(_stream(out, q, state, task, (k, v)), media_type=sse.MEDIA_TYPE)
 
 
-async def _next(q, request, state, task):
-    """The next scheduler event; (None, None) once the client has disconnected (the request is then cancelled)."""
+async def _watch_disconnect(request, state, task) -> None:
+    """Wait for the client's http.disconnect (the body is read, so the next ASGI message is that one) and cancel the
+    request at once: its slot is freed at the scheduler's next turn, before another decode round of it."""
     while True:
-        try:
-            return await asyncio.wait_for(q.get(), timeout=1.0)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                state.scheduler.cancel(task)
-                return None, None
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            state.scheduler.cancel(task)
+            return
+
+
+async def _next(q, watch):
+    """The next scheduler event; (None, None) once the client has disconnected (the request is then cancelled)."""
+    get = asyncio.ensure_future(q.get())
+    done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
+    if get in done:
+        return get.result()
+    get.cancel()
+    return None, None
 
 
 async def _stream(out, q, state, task, first):

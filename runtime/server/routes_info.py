@@ -74,8 +74,10 @@ def register(app, state) -> None:
             raise ApiError("This server does not support metrics endpoint. Start it with `--metrics`",
                            "not_supported_error")
         processing, deferred = state.scheduler.counts()
-        return Response(state.scheduler.metrics.render(processing, deferred), media_type="text/plain; version=0.0.4",
-                        headers={"Process-Start-Time-Unix": str(int(state.scheduler.metrics.t_start))})
+        r = Response(state.scheduler.metrics.render(processing, deferred), media_type="text/plain; version=0.0.4")
+        # spelled as llama-server sends it: Starlette lower-cases the headers it is given, the raw list is sent as is
+        r.raw_headers.append((b"Process-Start-Time-Unix", str(int(state.scheduler.metrics.t_start)).encode()))
+        return r
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
