@@ -207,6 +207,42 @@ def test_slot_choice_by_prompt_similarity(compiled):
         run.stop()
 
 
+# -- long sessions ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small(compiled):
+    run = start_server(q8_exact(compiled), ctx_size=256, n_parallel=1)
+    with httpx.Client(base_url=run.url, timeout=120) as c:
+        yield run, c
+    run.stop()
+
+
+def test_prompt_longer_than_the_context_is_exceed_context_size_error(small):
+    _, c = small
+    ids = PROMPTS["code-class"]["prompt_ids"]          # 292 tokens > 256 cells
+    for path, body in (("/completion", {"prompt": ids}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 400}]})):
+        r = c.post(path, json=body)
+        assert r.status_code == 400, r.text
+        e = r.json()["error"]
+        assert e["type"] == "exceed_context_size_error" and e["code"] == 400 and e["n_ctx"] == 256
+        assert e["n_prompt_tokens"] > 256 and str(e["n_prompt_tokens"]) in e["message"]
+    assert c.get("/health").json() == {"status": "ok"}
+
+
+def test_generation_reaching_the_context_finishes_with_length(small):
+    _, c = small
+    msgs = [{"role": "user", "content": "Write a long story."}]
+    r = post(c, "/v1/chat/completions", {"messages": msgs, "temperature": 0, "ignore_eos": True})
+    n_prompt = r["usage"]["prompt_tokens"]
+    assert r["choices"][0]["finish_reason"] == "length"
+    assert r["usage"]["completion_tokens"] == 256 - n_prompt + 1     # every cell used; the last token needs none
+    s = c.post("/v1/chat/completions", json={"messages": msgs, "temperature": 0, "ignore_eos": True, "stream": True})
+    chunks = [json.loads(e) for e in sse_events(s.text)[:-1]]
+    assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]][-1] == "length"
+    again = post(c, "/v1/chat/completions", {"messages": msgs, "temperature": 0, "ignore_eos": True})
+    assert again["timings"]["cache_n"] == n_prompt - 1 and again["choices"] == r["choices"]
+
+
 # -- glm-dsa: the DSA indexer keys are position-indexed like the KV, so the prefix is reused the same way -----------
 def test_glm_dsa_reuse_equals_cold_start(compiled):
     run = start_server(compiled("dsa-q8", D / "tiny-glm-dsa-Q8_0.gguf"), ctx_size=2048, n_parallel=1)
