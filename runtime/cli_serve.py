@@ -33,6 +33,12 @@ def register(cli: click.Group) -> None:
 @click.option("-sps", "--slot-prompt-similarity", "similarity", default=0.1, show_default=True, type=float,
               help="Give a request the idle slot whose prompt cache shares at least this fraction of its prompt as a "
                    "common prefix (0: off, least recently used slot).")
+@click.option("--reasoning-format", default="auto", show_default=True, type=click.Choice(["none", "deepseek", "auto"]),
+              help="Chat replies: <think>...</think> returned as reasoning_content (deepseek, auto) or left in the "
+                   "content (none); a request's reasoning_format overrides it.")
+@click.option("--reasoning-budget", default=-1, show_default=True, type=click.IntRange(-1, 0),
+              help="Thinking budget: -1 unlimited, 0 off (the template's enable_thinking false unless a request "
+                   "sets it).")
 @click.option("--metrics", is_flag=True, help="Enable the Prometheus /metrics endpoint.")
 @click.option("--no-slots", is_flag=True, help="Disable the /slots endpoint.")
 @click.option("--api-key", "api_keys", multiple=True,
@@ -48,9 +54,9 @@ def register(cli: click.Group) -> None:
 @click.option("--mtp-dense-attention", is_flag=True, help="glm-dsa: compile the NextN block as dense MLA (a GGUF).")
 @mtp_index_share_option
 def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
-          spec_draft_p_min, spec_draft_sampling, n_predict, temp, top_k, top_p, min_p, seed, similarity, metrics,
-          no_slots, api_keys, chat_template_file, alias, draft, cache_type_k, cache_type_v, device, target, arches,
-          mtp_dense_attention, mtp_index_share):
+          spec_draft_p_min, spec_draft_sampling, n_predict, temp, top_k, top_p, min_p, seed, similarity,
+          reasoning_format, reasoning_budget, metrics, no_slots, api_keys, chat_template_file, alias, draft,
+          cache_type_k, cache_type_v, device, target, arches, mtp_dense_attention, mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
     /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
     /v1/models, /slots, /metrics."""
@@ -71,7 +77,8 @@ def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draf
     keys = [k for a in api_keys for k in a.split(",") if k]
     d = ServerDefaults(n_predict=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                        n_max=parse_n_max(spec_draft_n_max), n_min=spec_draft_n_min, p_min=spec_draft_p_min,
-                       draft_sampling=spec_draft_sampling)
+                       draft_sampling=spec_draft_sampling, reasoning_format=reasoning_format,
+                       reasoning_budget=reasoning_budget)
     opt = ServeOptions(model=model, host=host, port=port, ctx_size=ctx_size, n_parallel=n_parallel, threads=threads,
                        draft=draft, device=device, target=target, arches=list(arches) or None,
                        mtp_dense_attention=mtp_dense_attention, mtp_index_share=mtp_index_share,

@@ -41,6 +41,8 @@ class ServerDefaults(Settings):
     """What the command line sets."""
 
     n_parallel: int = 1
+    reasoning_format: str = "auto"       # --reasoning-format: none | deepseek | auto (chat_output.py)
+    reasoning_budget: int = -1           # --reasoning-budget: -1 unlimited, 0 thinking off (enable_thinking false)
 
 
 @dataclass

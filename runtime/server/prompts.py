@@ -40,6 +40,8 @@ def chat_prompt(state, body: dict) -> str:
         raise ApiError("Field 'chat_template_kwargs': expected an object")
     if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
         raise ApiError('invalid type for "enable_thinking" (expected boolean, got string)')
+    if state.defaults.reasoning_budget == 0 and "enable_thinking" not in kwargs:   # llama-server --reasoning-budget 0
+        kwargs = {**kwargs, "enable_thinking": False}
     agp = body.get("add_generation_prompt", True)
     tools = body.get("tools") or None
     messages = body["messages"]

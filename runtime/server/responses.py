@@ -3,7 +3,8 @@
 - `/completion`: `content`, `tokens`, `stop`, `stop_type` (eos | word | limit), `stopping_word`,
   `tokens_predicted`, `tokens_evaluated`, `truncated`, `timings`, …;
 - `/v1/completions` (`text_completion`) and `/v1/chat/completions` (`chat.completion[.chunk]`): OpenAI's
-  `choices`, `finish_reason` (stop | length), `usage`, plus llama-server's `timings`.
+  `choices`, `finish_reason` (stop | length | tool_calls), `usage`, plus llama-server's `timings`; a chat message
+  or delta carries `content`, `reasoning_content` and `tool_calls` as `chat_output.ChatOutput` parses the reply.
 `timings` = cache_n (prompt tokens reused from the slot's cache), prompt_n (prompt tokens evaluated), prompt_ms,
 prompt_per_token_ms, prompt_per_second, predicted_n, predicted_ms,
 predicted_per_token_ms, predicted_per_second (rates over n_gen - 1 decode steps: the first token comes from the
@@ -70,8 +71,11 @@ def usage(o: Outcome, n_gen: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": o.n_cached}}
 
 
-def finish_reason(o: Outcome) -> str:
-    return "stop" if o.finish in ("eos", "stop") else "length"
+def finish_reason(o: Outcome, tool_calls: bool = False) -> str:
+    """stop | length, or tool_calls when the reply ended (not cut by the budget or the context) with tool calls."""
+    if o.finish not in ("eos", "stop"):
+        return "length"
+    return "tool_calls" if tool_calls else "stop"
 
 
 @dataclass
@@ -125,17 +129,18 @@ def chat_chunk(meta: Meta, delta: dict) -> dict:
     return {"choices": [{"finish_reason": None, "index": 0, "delta": delta}], **meta.oai("chat.completion.chunk")}
 
 
-def chat_final(o: Outcome, meta: Meta, content: str, n_gen: int, spec: dict) -> dict:
-    return {"choices": [{"finish_reason": finish_reason(o), "index": 0,
-                         "message": {"role": "assistant", "content": content}}],
+def chat_final(o: Outcome, meta: Meta, message: dict, n_gen: int, spec: dict) -> dict:
+    return {"choices": [{"finish_reason": finish_reason(o, "tool_calls" in message), "index": 0,
+                         "message": message}],
             **meta.oai("chat.completion"), "usage": usage(o, n_gen), "timings": timings(o, n_gen),
             "speculative": spec}
 
 
-def chat_final_chunks(o: Outcome, meta: Meta, n_gen: int, include_usage: bool, spec: dict) -> list[dict]:
+def chat_final_chunks(o: Outcome, meta: Meta, n_gen: int, include_usage: bool, spec: dict,
+                      tool_calls: bool = False) -> list[dict]:
     """The closing chunks of a chat stream: `delta: {}` with the finish reason, then (stream_options.include_usage)
     a chunk with empty `choices` and `usage`; the last one carries `timings`."""
-    out = [{"choices": [{"finish_reason": finish_reason(o), "index": 0, "delta": {}}],
+    out = [{"choices": [{"finish_reason": finish_reason(o, tool_calls), "index": 0, "delta": {}}],
             **meta.oai("chat.completion.chunk")}]
     if include_usage:
         out.append({"choices": [], **meta.oai("chat.completion.chunk"), "usage": usage(o, n_gen)})

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from ..text_stream import TextStream
 from . import responses as R
 from . import sse
+from .chat_output import REASONING_FORMATS, THINK_OPEN, ChatOutput, tools_of
 from .errors import ApiError, exceed_context
 from .http import error_response, json_response, read_json
 from .params import parse_gen_params
@@ -47,8 +48,13 @@ def register(app, state) -> None:
 async def _generate(request: Request, state, kind: str):
     body = await read_json(request)
     p = parse_gen_params(body, state.defaults)
+    parser = None
     if kind == CHAT:
-        ids = state.model.tokenizer.encode(chat_prompt(state, body))
+        tools = tools_of(body)
+        reasoning = _reasoning_format(body, state.defaults)
+        text = chat_prompt(state, body)
+        parser = ChatOutput(tools, reasoning, in_think=text.rstrip().endswith(THINK_OPEN))
+        ids = state.model.tokenizer.encode(text)
     else:
         if body.get("prompt") is None:
             raise ApiError("'prompt' is required")
@@ -71,7 +77,7 @@ async def _generate(request: Request, state, kind: str):
     state.scheduler.submit(task)
     meta = R.Meta(state.model_name, state.fingerprint)
     spec = {"type": p.spec_type, "n_max": p.n_max, "n_min": p.n_min, "p_min": p.p_min}
-    out = _Writer(state, kind, task, meta, spec, body)
+    out = _Writer(state, kind, task, meta, spec, parser)
     watch = asyncio.ensure_future(_watch_disconnect(request, state, task))
     try:
         if not p.stream:
@@ -96,6 +102,15 @@ async def _generate(request: Request, state, kind: str):
     from starlette.responses import StreamingResponse
 
     return StreamingResponse(_stream(out, q, state, task, (k, v)), media_type=sse.MEDIA_TYPE)
+
+
+def _reasoning_format(body, d) -> str:
+    v = body.get("reasoning_format")
+    if v is None:
+        return d.reasoning_format
+    if v not in REASONING_FORMATS:
+        raise ApiError(f"Field 'reasoning_format': expected one of {', '.join(REASONING_FORMATS)}, got {v!r}")
+    return v
 
 
 async def _watch_disconnect(request, state, task) -> None:
@@ -146,8 +161,9 @@ async def _stream(out, q, state, task, first):
 class _Writer:
     """Builds one request's response objects of its route family from the token events."""
 
-    def __init__(self, state, kind, task, meta, spec, body):
+    def __init__(self, state, kind, task, meta, spec, parser):
         self.state, self.kind, self.task, self.meta, self.spec = state, kind, task, meta, spec
+        self.parser = parser         # chat: the reply's reasoning / content / tool calls (chat_output.ChatOutput)
         tok = state.model.tokenizer
         self.text = TextStream(tok.token_to_bytes, task.params.stop)
         self.n_gen = 0
@@ -175,8 +191,10 @@ class _Writer:
             if not self.role_sent:
                 objs.append(R.chat_chunk(self.meta, {"role": "assistant", "content": None}))
                 self.role_sent = True
-            if piece:
-                objs.append(R.chat_chunk(self.meta, {"content": piece}))
+            deltas = self.parser.push(piece) if piece else []
+            if tok is None:
+                deltas += self.parser.finish()
+            objs += [R.chat_chunk(self.meta, d) for d in deltas]
         if objs and self.task.params.timings_per_token:   # llama-server: timings on every partial when asked
             objs[-1]["timings"] = R.timings(o, self.n_gen)
         return objs
@@ -189,8 +207,9 @@ class _Writer:
         if self.kind == TEXT:
             last = R.text_final(o, self.meta, rest, n_gen, self.spec)
             return sse.event(last)
-        objs = self._piece(rest, None) if rest or not self.role_sent else []
-        return sse.event(objs + R.chat_final_chunks(o, self.meta, n_gen, self.task.params.include_usage, self.spec))
+        objs = self._piece(rest, None)
+        return sse.event(objs + R.chat_final_chunks(o, self.meta, n_gen, self.task.params.include_usage, self.spec,
+                                                    bool(self.parser.tool_calls)))
 
     # -- one object -----------------------------------------------------------------------------------------------
     def final(self, o) -> dict:
@@ -203,7 +222,9 @@ class _Writer:
             return self._completion(o, content, o.tokens if self.task.params.return_tokens else [], n_gen)
         if self.kind == TEXT:
             return R.text_final(o, self.meta, content, n_gen, self.spec)
-        return R.chat_final(o, self.meta, content, n_gen, self.spec)
+        self.parser.push(content)
+        self.parser.finish()
+        return R.chat_final(o, self.meta, self.parser.message(), n_gen, self.spec)
 
     def _completion(self, o, content, tokens, n_gen) -> dict:
         tok = self.state.model.tokenizer
