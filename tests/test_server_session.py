@@ -210,8 +210,9 @@ def test_slot_choice_by_prompt_similarity(compiled):
 # -- long sessions ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small(compiled):
-    run = start_server(q8_exact(compiled), ctx_size=256, n_parallel=1)
-    with httpx.Client(base_url=run.url, timeout=120) as c:
+    run = start_server(q8_exact(compiled), ctx_size=256, n_parallel=1, api_keys=["k"],
+                       cors_origins=("http://ok.test",))
+    with httpx.Client(base_url=run.url, timeout=120, headers={"Authorization": "Bearer k"}) as c:
         yield run, c
     run.stop()
 
@@ -241,6 +242,33 @@ def test_generation_reaching_the_context_finishes_with_length(small):
     assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]][-1] == "length"
     again = post(c, "/v1/chat/completions", {"messages": msgs, "temperature": 0, "ignore_eos": True})
     assert again["timings"]["cache_n"] == n_prompt - 1 and again["choices"] == r["choices"]
+
+
+# -- CORS ------------------------------------------------------------------------------------------------------------
+def test_cors_allows_every_origin_by_default(one):
+    _, c = one
+    r = c.get("/health", headers={"Origin": "http://any.test"})
+    assert r.headers["access-control-allow-origin"] == "http://any.test"
+    assert r.headers["access-control-allow-credentials"] == "true"
+    assert "access-control-allow-origin" not in c.get("/health").headers          # no Origin, no CORS headers
+    pre = c.options("/v1/chat/completions", headers={"Origin": "http://any.test", "Access-Control-Request-Method":
+                                                     "POST", "Access-Control-Request-Headers": "authorization"})
+    assert pre.status_code == 200 and pre.headers["access-control-allow-methods"] == "GET, POST"
+    assert pre.headers["access-control-allow-headers"] == "authorization"
+    assert pre.headers["access-control-allow-origin"] == "http://any.test"
+
+
+def test_cors_listed_origins_and_a_preflight_needs_no_api_key(small):
+    run, c = small
+    ok = c.post("/tokenize", json={"content": "hi"}, headers={"Origin": "http://ok.test"})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://ok.test"
+    other = c.post("/tokenize", json={"content": "hi"}, headers={"Origin": "http://evil.test"})
+    assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
+    with httpx.Client(base_url=run.url, timeout=30) as anon:
+        pre = anon.options("/completion", headers={"Origin": "http://ok.test", "Access-Control-Request-Method": "POST"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://ok.test"
+        denied = anon.post("/completion", json={"prompt": "x"}, headers={"Origin": "http://ok.test"})
+        assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == "http://ok.test"
 
 
 # -- glm-dsa: the DSA indexer keys are position-indexed like the KV, so the prefix is reused the same way -----------

@@ -40,6 +40,7 @@ class ServeOptions:
     cache_type_v: str | None = None      # directory must have them (nextn.runtime.load)
     spec_type: str | None = None         # None: draft-mtp when the model has a NextN block
     slot_prompt_similarity: float = 0.1  # -sps (llama-server's default)
+    cors_origins: tuple = ("*",)         # --cors-origins (llama-server's default: every origin)
     defaults: ServerDefaults = field(default_factory=ServerDefaults)
 
 
@@ -95,7 +96,7 @@ def make_state(opt: ServeOptions):
     opt.defaults.n_parallel = opt.n_parallel
     return ServerState(defaults=opt.defaults, api_keys=list(opt.api_keys), metrics_enabled=opt.metrics,
                        slots_enabled=opt.slots, model_name=name, model_path=os.path.abspath(opt.model),
-                       fingerprint=fp)
+                       fingerprint=fp, cors_origins=tuple(opt.cors_origins))
 
 
 class Running:
