@@ -218,7 +218,8 @@ class Drafter:
 def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | str = 3, temp: float = 0.0,
            seed: int | None = None, eog_ids=frozenset(), *, top_k: int = 40, top_p: float = 0.95,
            min_p: float = 0.05, n_min: int = 0, p_min: float = 0.0, draft_sampling: str = "greedy",
-           stop=(), token_bytes=None, controller=None, n_cached: int = 0, extent: CacheExtent | None = None):
+           stop=(), token_bytes=None, controller=None, n_cached: int = 0, extent: CacheExtent | None = None,
+           on_logits=None):
     """Decode step by step: a generator that yields the tokens each step emits (a list of ints; the first yield is
     prefill's token, then one yield per verify round: its accepted drafts + the recovered or bonus token, cut by
     the finish rules) and returns the `Generation` when a finish rule fires. Closing it early (`.close()`) stops
@@ -228,7 +229,9 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
     already holds prompt[:n_cached] and, with `spec`, the NextN KV its trunk-paired rows [0, n_cached] (one more:
     the row of token n_cached pairs with the trunk hidden of n_cached - 1, which is not kept), so prefill starts at
     n_cached and the NextN warm-up at n_cached + 1; 0 <= n_cached < len(prompt). `extent`, when given, is updated
-    before every yield (`CacheExtent`). Raises NextnError (at the first `next`) for an empty prompt, a prompt that
+    before every yield (`CacheExtent`). `on_logits(rows, tokens)`, when given, is called before every yield with the
+    target model's logits of the tokens the step emits (float32 [m, n_vocab]: prefill's last row, or the verify rows
+    that chose them; a server's logprobs). Raises NextnError (at the first `next`) for an empty prompt, a prompt that
     does not fit the context, or speculation without a NextN block."""
     prompt = np.asarray(prompt_ids, np.int32)
     if len(prompt) == 0:
@@ -282,6 +285,8 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
                 extent.n_mtp = drafter.pos0 if drafter.tok else n_past
 
     mark()
+    if on_logits is not None:
+        on_logits(last_logits[None], [id_last])
     yield [id_last]
 
     while finish is None:
@@ -323,6 +328,8 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
         stats.sampling_s += te - ts
         depth.observe(len(drafts), a, time.perf_counter() - tr, len(out))
         mark()
+        if on_logits is not None:
+            on_logits(logits.numpy()[:m], new[:m])
         yield new[:m]
     t2 = time.perf_counter()
     vm_s = {name: engine.vm_seconds[name] - vm0.get(name, 0.0) for name in engine.vm_seconds}

@@ -8,6 +8,7 @@ import json
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 from conftest import FIXTURES, reference
@@ -242,6 +243,64 @@ def test_generation_reaching_the_context_finishes_with_length(small):
     assert [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]][-1] == "length"
     again = post(c, "/v1/chat/completions", {"messages": msgs, "temperature": 0, "ignore_eos": True})
     assert again["timings"]["cache_n"] == n_prompt - 1 and again["choices"] == r["choices"]
+
+
+# -- probabilities --------------------------------------------------------------------------------------------------
+def _log_softmax(z):
+    z = z.astype(np.float64)
+    return z - (z.max() + np.log(np.exp(z - z.max()).sum()))
+
+
+def test_n_probs_are_the_target_models_with_and_without_drafting(one, compiled):
+    """Each emitted token's logprob and its row's best 3, against the whole sequence's logits computed apart
+    (Engine.logits, teacher-forced, another engine of the same artifact), the same with drafting on and off."""
+    import nextn.runtime as rt
+
+    _, c = one
+    ids = PROMPTS["code-short"]["prompt_ids"]
+    on = post(c, "/completion", greedy(ids, 12, n_probs=3))
+    off = post(c, "/completion", greedy(ids, 12, n_probs=3, **{"speculative.n_max": 0}))
+    assert on["timings"]["draft_n"] > 0 and on["tokens"] == off["tokens"]
+    ref = rt.load(q8_exact(compiled), ctx_size=512).engine.logits(ids + on["tokens"])
+    for r in (on, off):
+        probs = r["completion_probabilities"]
+        assert [p["id"] for p in probs] == r["tokens"]
+        for i, p in enumerate(probs):
+            want = _log_softmax(ref[len(ids) - 1 + i])
+            best = np.argsort(-want, kind="stable")[:3]
+            assert abs(p["logprob"] - want[p["id"]]) < 1e-4
+            assert [t["id"] for t in p["top_logprobs"]] == list(best) and p["top_logprobs"][0]["id"] == p["id"]
+            assert all(abs(t["logprob"] - want[t["id"]]) < 1e-4 for t in p["top_logprobs"])
+            assert bytes(p["bytes"]).decode("utf-8", "replace") == p["token"]
+    stream = [json.loads(e) for e in sse_events(c.post("/completion", json=greedy(ids, 12, n_probs=3,
+                                                                                   stream=True)).text)]
+    got = [p for e in stream for p in e.get("completion_probabilities", [])]
+    assert [p["id"] for p in got] == on["tokens"]
+    assert all(abs(a["logprob"] - b["logprob"]) < 1e-4 for a, b in zip(got, on["completion_probabilities"]))
+
+
+def test_chat_and_text_logprobs(one):
+    _, c = one
+    body = {"messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 10, "temperature": 0,
+            "logprobs": True, "top_logprobs": 2}
+    whole = post(c, "/v1/chat/completions", body)
+    content = whole["choices"][0]["logprobs"]["content"]
+    assert len(content) == whole["usage"]["completion_tokens"] == 10
+    assert all(len(p["top_logprobs"]) == 2 and p["top_logprobs"][0]["logprob"] >= p["top_logprobs"][1]["logprob"]
+               for p in content)
+    chunks = [json.loads(e) for e in sse_events(c.post("/v1/chat/completions", json={**body, "stream": True}).text)
+              if e != "[DONE]"]
+    streamed = [p for ch in chunks if ch["choices"] and ch["choices"][0].get("logprobs")
+                for p in ch["choices"][0]["logprobs"]["content"]]
+    assert [p["id"] for p in streamed] == [p["id"] for p in content]
+    no = post(c, "/v1/chat/completions", {**body, "logprobs": False})
+    assert "logprobs" not in no["choices"][0]
+    text = post(c, "/v1/completions", {"prompt": "def main():", "max_tokens": 6, "temperature": 0, "logprobs": 1})
+    lp = text["choices"][0]["logprobs"]["content"]
+    assert len(lp) == 6 and all(p["top_logprobs"][0]["id"] == p["id"] for p in lp)
+    for bad in ({**body, "top_logprobs": 21}, {**body, "logprobs": "yes"}):
+        r = c.post("/v1/chat/completions", json=bad)
+        assert r.status_code == 400, r.text
 
 
 # -- CORS ------------------------------------------------------------------------------------------------------------

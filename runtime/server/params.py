@@ -56,6 +56,8 @@ class GenParams(Settings):
     return_tokens: bool = False
     timings_per_token: bool = False
     cache_prompt: bool = True            # llama-server: reuse the slot's KV for the common prefix
+    logprobs: bool = False               # report each emitted token's log-probability (target model)
+    n_probs: int = 0                     # ... and the n most probable tokens of its row
 
     def settings_json(self) -> dict:
         """llama-server's `generation_settings` subset that applies here, plus the effective speculative values."""
@@ -141,6 +143,17 @@ def parse_gen_params(body: dict, d: ServerDefaults) -> GenParams:
     p.return_tokens = _bool(body, ("return_tokens",), False)
     p.timings_per_token = _bool(body, ("timings_per_token",), False)
     p.cache_prompt = _bool(body, ("cache_prompt",), True)
+    # probabilities: /completion n_probs; chat logprobs (bool) + top_logprobs; /v1/completions logprobs (int)
+    p.n_probs = _num(body, ("n_probs",), 0, int, 0, 1024, hard=True)
+    lp = body.get("logprobs")
+    if isinstance(lp, bool):
+        p.logprobs = lp
+        if lp:
+            p.n_probs = _num(body, ("top_logprobs",), 0, int, 0, 20, hard=True)
+    elif lp is not None:
+        p.n_probs = _num(body, ("logprobs",), 0, int, 0, 20, hard=True)
+        p.logprobs = True
+    p.logprobs = p.logprobs or p.n_probs > 0
     n_cmpl = _num(body, ("n_cmpl", "n"), 1, int, 1, max(1, d.n_parallel), hard=True)
     if n_cmpl != 1:
         raise ApiError("Field 'n_cmpl': only one completion per request is supported")

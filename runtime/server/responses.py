@@ -46,6 +46,7 @@ class Outcome:
     t_last: float = 0.0                # the last token is ready
     slot: int = -1
     n_predict: int = -1                # the request's budget, resolved (-1: until the context is full)
+    probs: list = field(default_factory=list)   # per emitted token (logprobs asked): (id, logprob, [(id, logprob)])
 
 
 def timings(o: Outcome, n_gen: int) -> dict:
@@ -76,6 +77,17 @@ def finish_reason(o: Outcome, tool_calls: bool = False) -> str:
     if o.finish not in ("eos", "stop"):
         return "length"
     return "tool_calls" if tool_calls else "stop"
+
+
+def prob_entries(o: Outcome, start: int, stop: int, token_bytes) -> list:
+    """llama-server's `completion_token_output::to_json` for emitted tokens start..stop-1: id, token, bytes, logprob
+    (natural log of the target model's softmax of the row, before sampling), top_logprobs (the row's n_probs most
+    probable tokens, most probable first)."""
+    def one(t, lp):
+        b = token_bytes(t)
+        return {"id": t, "token": b.decode("utf-8", errors="replace"), "bytes": list(b), "logprob": lp}
+
+    return [{**one(t, lp), "top_logprobs": [one(i, x) for i, x in top]} for t, lp, top in o.probs[start:stop]]
 
 
 @dataclass

@@ -168,6 +168,7 @@ class _Writer:
         self.text = TextStream(tok.token_to_bytes, task.params.stop)
         self.n_gen = 0
         self.role_sent = False
+        self.n_probs_sent = 0        # tokens whose probabilities went out in a chunk already
 
     # -- streaming ------------------------------------------------------------------------------------------------
     def tokens(self, toks) -> bytes:
@@ -197,7 +198,19 @@ class _Writer:
             objs += [R.chat_chunk(self.meta, d) for d in deltas]
         if objs and self.task.params.timings_per_token:   # llama-server: timings on every partial when asked
             objs[-1]["timings"] = R.timings(o, self.n_gen)
+        if objs and self.task.params.logprobs:            # the tokens since the last chunk that carried theirs
+            self._attach_probs(objs[-1], self.n_gen if tok is not None else len(o.probs))
         return objs
+
+    def _probs(self, start: int, stop: int) -> list:
+        return R.prob_entries(self.task.outcome, start, stop, self.state.model.tokenizer.token_to_bytes)
+
+    def _attach_probs(self, obj: dict, upto: int) -> None:
+        entries, self.n_probs_sent = self._probs(self.n_probs_sent, upto), max(self.n_probs_sent, upto)
+        if self.kind == COMPLETION:
+            obj["completion_probabilities"] = entries
+        elif obj.get("choices"):
+            obj["choices"][0]["logprobs"] = {"content": entries}
 
     def final_stream(self, o) -> bytes:
         rest = self.text.finish()
@@ -206,10 +219,15 @@ class _Writer:
             return sse.event(self._completion(o, rest, [], n_gen))
         if self.kind == TEXT:
             last = R.text_final(o, self.meta, rest, n_gen, self.spec)
+            if self.task.params.logprobs:
+                self._attach_probs(last, len(o.probs))
             return sse.event(last)
         objs = self._piece(rest, None)
-        return sse.event(objs + R.chat_final_chunks(o, self.meta, n_gen, self.task.params.include_usage, self.spec,
-                                                    bool(self.parser.tool_calls)))
+        fin = R.chat_final_chunks(o, self.meta, n_gen, self.task.params.include_usage, self.spec,
+                                  bool(self.parser.tool_calls))
+        if self.task.params.logprobs and self.n_probs_sent < len(o.probs):
+            self._attach_probs(fin[0], len(o.probs))
+        return sse.event(objs + fin)
 
     # -- one object -----------------------------------------------------------------------------------------------
     def final(self, o) -> dict:
@@ -221,14 +239,21 @@ class _Writer:
         if self.kind == COMPLETION:
             return self._completion(o, content, o.tokens if self.task.params.return_tokens else [], n_gen)
         if self.kind == TEXT:
-            return R.text_final(o, self.meta, content, n_gen, self.spec)
-        self.parser.push(content)
-        self.parser.finish()
-        return R.chat_final(o, self.meta, self.parser.message(), n_gen, self.spec)
+            r = R.text_final(o, self.meta, content, n_gen, self.spec)
+        else:
+            self.parser.push(content)
+            self.parser.finish()
+            r = R.chat_final(o, self.meta, self.parser.message(), n_gen, self.spec)
+        if self.task.params.logprobs:
+            self._attach_probs(r, len(o.probs))
+        return r
 
     def _completion(self, o, content, tokens, n_gen) -> dict:
         tok = self.state.model.tokenizer
-        return R.completion_final(o, self.meta, content=content, tokens=tokens, n_gen=n_gen,
-                                  stopping_word=self.text.stopped_by or "", prompt=tok.decode(self.task.prompt_ids),
-                                  settings=self.task.params.settings_json(), spec=self.spec)
+        r = R.completion_final(o, self.meta, content=content, tokens=tokens, n_gen=n_gen,
+                               stopping_word=self.text.stopped_by or "", prompt=tok.decode(self.task.prompt_ids),
+                               settings=self.task.params.settings_json(), spec=self.spec)
+        if self.task.params.logprobs and not self.task.params.stream:
+            self._attach_probs(r, len(o.probs))
+        return r
 

@@ -27,6 +27,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from nextn.common.errors import NextnError
 
 from ..speculative import decode
@@ -112,7 +114,18 @@ class Slot:
                             seed=None if p.seed < 0 else p.seed & 0xFFFFFFFF, eog_ids=task.eog_ids,
                             top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, n_min=p.n_min, p_min=p.p_min,
                             draft_sampling=p.draft_sampling, stop=p.stop, token_bytes=token_bytes,
-                            n_cached=n_cached, extent=self.extent)
+                            n_cached=n_cached, extent=self.extent,
+                            on_logits=self._on_logits if p.logprobs else None)
+
+    def _on_logits(self, rows, tokens) -> None:
+        """Each emitted token's log-probability and its row's n_probs best (float64 log-softmax of the logits)."""
+        n = min(self.task.params.n_probs, rows.shape[-1])
+        for row, t in zip(rows, tokens):
+            z = row.astype(np.float64)
+            lp = z - (z.max() + np.log(np.exp(z - z.max()).sum()))
+            top = np.argpartition(-lp, n - 1)[:n] if n else np.zeros(0, np.int64)
+            top = top[np.argsort(-lp[top], kind="stable")]
+            self.task.outcome.probs.append((int(t), float(lp[t]), [(int(i), float(lp[i])) for i in top]))
 
     def release(self, failed: bool = False) -> None:
         """End the slot's request (finished, cancelled or failed); the cache keeps what the KV holds."""
