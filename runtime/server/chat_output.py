@@ -35,15 +35,12 @@ def tool_call_id() -> str:
     return "".join(secrets.choice(_ALNUM) for _ in range(32))
 
 
-def _held(text: str, tags) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of one of `tags` (it may become a tag)."""
-    best = 0
-    for tag in tags:
-        for n in range(min(len(tag) - 1, len(text)), best, -1):
-            if text.endswith(tag[:n]):
-                best = n
-                break
-    return best
+def _held(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag` (it may become the tag)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
 
 
 def _typed(value: str, schema) -> object:
@@ -123,6 +120,19 @@ class ChatOutput:
         self.ws = ""
         out.append({"tool_calls": [call]})
 
+    def _upto(self, out: list, tag: str, emit) -> bool:
+        """Emit the buffer up to `tag` and drop the tag (True); without it, emit all but a tail that may begin it
+        (False)."""
+        i = self.buf.find(tag)
+        if i < 0:
+            n = len(self.buf) - _held(self.buf, tag)
+            emit(out, self.buf[:n])
+            self.buf = self.buf[n:]
+            return False
+        emit(out, self.buf[:i])
+        self.buf = self.buf[i + len(tag):]
+        return True
+
     # -- the state machine ---------------------------------------------------------------------------------------
     def push(self, text: str) -> list:
         self.buf += text
@@ -139,27 +149,17 @@ class ChatOutput:
                     return out
                 self.mode = "content"
             elif self.mode == "reasoning":
-                i = self.buf.find(THINK_CLOSE)
-                if i < 0:
-                    n = _held(self.buf, (THINK_CLOSE,))
-                    self._reasoning(out, self.buf[:len(self.buf) - n])
-                    self.buf = self.buf[len(self.buf) - n:]
+                if not self._upto(out, THINK_CLOSE, self._reasoning):
                     return out
-                self._reasoning(out, self.buf[:i])
-                self.buf, self.mode, self.lead = self.buf[i + len(THINK_CLOSE):], "content", True
+                self.mode, self.lead = "content", True
             elif self.mode == "content":
                 if self.tools is None:
                     self._content(out, self.buf)
                     self.buf = ""
                     return out
-                i = self.buf.find(CALL_OPEN)
-                if i < 0:
-                    n = _held(self.buf, (CALL_OPEN,))
-                    self._content(out, self.buf[:len(self.buf) - n])
-                    self.buf = self.buf[len(self.buf) - n:]
+                if not self._upto(out, CALL_OPEN, self._content):
                     return out
-                self._content(out, self.buf[:i])
-                self.buf, self.mode = self.buf[i + len(CALL_OPEN):], "call"
+                self.mode = "call"
             else:                                # inside <tool_call>: wait for its end
                 i = self.buf.find(CALL_CLOSE)
                 if i < 0:
