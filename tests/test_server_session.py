@@ -364,3 +364,22 @@ def test_glm5next_slots_do_not_reuse_and_stay_correct(compiled):
             assert spec_counts(first)[0] > 0
     finally:
         run.stop()
+
+
+@pytest.mark.slow
+def test_an_18k_token_prompt_with_speculation_decodes_and_the_server_stays_healthy(compiled):
+    """The crash reported for llama.cpp's MTP path on an ~18K-token prompt (issue 37 item 2): here the prompt is
+    prefilled in chunks, drafts are made and verified, and the next turn reuses the whole prefix."""
+    run = start_server(q8_exact(compiled), ctx_size=18600, n_parallel=1)
+    try:
+        with httpx.Client(base_url=run.url, timeout=600) as c:
+            base = [t for p in PROMPTS.values() for t in p["prompt_ids"]]
+            ids = (base * (18000 // len(base) + 1))[:18000]
+            r = post(c, "/completion", greedy(ids, 24))
+            assert r["tokens_predicted"] == 24 and r["timings"]["draft_n"] > 0
+            assert r["timings"]["prompt_n"] == 18000
+            again = post(c, "/completion", greedy(ids + r["tokens"], 8))
+            assert again["timings"]["cache_n"] >= 18000 - 1 and again["timings"]["prompt_n"] <= 24 + 1 + 3
+            assert again["tokens"][:1] and c.get("/health").json() == {"status": "ok"}
+    finally:
+        run.stop()
