@@ -224,3 +224,16 @@ def test_reasoning_budget_zero_and_server_reasoning_format(chat, compiled):
             assert r.json()["choices"][0]["message"]["content"] == "It is sunny."
     finally:
         run.stop()
+
+
+def test_template_context_has_llama_servers_date_string():
+    from datetime import datetime
+
+    from nextn.runtime.server.chat_template import ChatTemplate
+
+    t = ChatTemplate("{{ date_string }}|{{ strftime_now('%Y-%m-%d') }}|{{ messages[0].content }}", "test")
+    before = datetime.now()
+    got = t.render([{"role": "user", "content": "hi"}])
+    days = {d.strftime("%d %b %Y") + "|" + d.strftime("%Y-%m-%d") for d in (before, datetime.now())}
+    assert got.rsplit("|", 1)[0] in days and got.endswith("|hi")
+    assert t.render([{"role": "user", "content": "x"}], date_string="01 Jan 2026").startswith("01 Jan 2026|")

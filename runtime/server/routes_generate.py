@@ -82,14 +82,14 @@ async def _generate(request: Request, state, kind: str):
     try:
         if not p.stream:
             while True:
-                k, v = await _next(q, watch)
+                k, v = await _next(q, watch, state, task)
                 if k is None:
                     return json_response({})      # the client is gone; nobody reads this
                 if k == "error":
                     return error_response(v)
                 if k == "done":
                     return json_response(out.final(v))
-        k, v = await _next(q, watch)   # the first event decides: error response, or a stream
+        k, v = await _next(q, watch, state, task)   # the first event decides: error response, or a stream
         if k is None:
             return json_response({})
         if k == "error":
@@ -123,13 +123,15 @@ async def _watch_disconnect(request, state, task) -> None:
             return
 
 
-async def _next(q, watch):
+async def _next(q, watch, state, task):
     """The next scheduler event; (None, None) once the client has disconnected (the request is then cancelled)."""
     get = asyncio.ensure_future(q.get())
     done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
     if get in done:
         return get.result()
     get.cancel()
+    if watch.exception() is not None:     # the connection failed some other way: nobody will read the answer
+        state.scheduler.cancel(task)
     return None, None
 
 
