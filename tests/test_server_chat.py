@@ -2,8 +2,9 @@
 
 The tiny fixture never writes a tool call by itself, so most tests give the slot a scripted reply: `slots.decode` is
 replaced by a generator that emits the tokens of a given text (the real tokenizer's, then an end-of-generation
-token), through the real scheduler, text stream, parser and response writers. Expected values are written from
-GLM-4.5's documented call format and OpenAI's message shapes, independently of the parser."""
+token) under decode's finish rules, through the real scheduler, text stream, parser and response writers.
+Expected values are written from GLM-4.5's documented call format and OpenAI's message shapes, independently of the
+parser."""
 from __future__ import annotations
 
 import json
@@ -33,20 +34,22 @@ SCRIPT = {"text": ""}
 @pytest.fixture(scope="module")
 def chat(compiled):
     import nextn.runtime.server.slots as slots
-    from nextn.runtime.speculative import Generation, SpecStats
+    from nextn.runtime.speculative import FinishRules, Generation, SpecStats
 
     run = start_server(q8_exact(compiled), ctx_size=2048, n_parallel=1)
     tok = run.state.model.tokenizer
     real = slots.decode
 
-    def scripted(engine, prompt_ids, n_predict, *a, eog_ids=frozenset(), extent=None, **kw):
+    def scripted(engine, prompt_ids, n_predict, *a, eog_ids=frozenset(), stop=(), token_bytes=None, **kw):
         ids = tok.encode(SCRIPT["text"])
         assert tok.decode(ids) == SCRIPT["text"]          # the script survives the tokenizer
-        ids = ids[:n_predict]
-        end = [min(eog_ids)] if eog_ids and len(ids) < n_predict else []
-        for t in ids + end:
+        rules, out, finish = FinishRules(eog_ids, stop, token_bytes, n_predict), [], None
+        for t in ids + ([min(eog_ids)] if eog_ids else []):   # decode's finish rules, one token per step
+            finish = rules.push(out, t)
             yield [t]
-        return Generation(ids + end, SpecStats(), 0.0, 0.0, "eos" if end else "length")
+            if finish:
+                break
+        return Generation(out, SpecStats(), 0.0, 0.0, finish or "length")
 
     slots.decode = scripted
     with httpx.Client(base_url=run.url, timeout=60) as c:

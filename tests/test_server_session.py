@@ -328,6 +328,9 @@ def test_cors_listed_origins_and_a_preflight_needs_no_api_key(small):
         assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://ok.test"
         denied = anon.post("/completion", json={"prompt": "x"}, headers={"Origin": "http://ok.test"})
         assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == "http://ok.test"
+        anth = anon.post("/v1/messages", json={"max_tokens": 1, "messages": []})     # Anthropic's error object there
+        assert anth.status_code == 401
+        assert anth.json() == {"type": "error", "error": {"type": "authentication_error", "message": "Invalid API Key"}}
 
 
 # -- glm-dsa: the DSA indexer keys are position-indexed like the KV, so the prefix is reused the same way -----------

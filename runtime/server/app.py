@@ -81,6 +81,10 @@ class Gate:
                 err = ApiError("Invalid API Key", "authentication_error")
         if err is None:
             return await self.app(scope, receive, send)
+        if scope["path"].startswith("/v1/messages"):     # Anthropic's clients read Anthropic's error object
+            from .anthropic import error_response as anthropic_error
+
+            return await anthropic_error(err)(scope, receive, send)
         await error_response(err)(scope, receive, send)
 
 

@@ -1,4 +1,5 @@
-"""Generation routes: POST /completion (+ /completions), /v1/completions, /v1/chat/completions (+ /chat/completions).
+"""Generation routes: POST /completion (+ /completions), /v1/completions, /v1/chat/completions (+ /chat/completions),
+and Anthropic's /v1/messages (+ /v1/messages/count_tokens; translated into a chat request, `anthropic.py`).
 
 A request is parsed (`params.parse_gen_params`), its prompt tokenized (for chat: rendered with the chat template
 first), checked against the slot context, and queued on the scheduler. Non-streaming, the answer is one JSON
@@ -16,6 +17,7 @@ import asyncio
 from starlette.requests import Request
 
 from ..text_stream import TextStream
+from . import anthropic
 from . import responses as R
 from . import sse
 from .chat_output import REASONING_FORMATS, THINK_OPEN, ChatOutput, tools_of
@@ -25,7 +27,7 @@ from .params import parse_gen_params
 from .prompts import chat_prompt, tokens_of
 from .slots import Task
 
-COMPLETION, TEXT, CHAT = "completion", "text_completion", "chat"
+COMPLETION, TEXT, CHAT, MESSAGES = "completion", "text_completion", "chat", "messages"
 
 
 def register(app, state) -> None:
@@ -44,12 +46,29 @@ def register(app, state) -> None:
     for path in ("/chat/completions", "/v1/chat/completions"):
         app.post(path)(chat)
 
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        try:
+            return await _generate(request, state, MESSAGES)
+        except ApiError as e:        # Anthropic's error object on this route
+            return anthropic.error_response(e)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        try:
+            body = anthropic.to_chat(await read_json(request))
+            return json_response({"input_tokens": len(state.model.tokenizer.encode(chat_prompt(state, body)))})
+        except ApiError as e:
+            return anthropic.error_response(e)
+
 
 async def _generate(request: Request, state, kind: str):
     body = await read_json(request)
+    if kind == MESSAGES:
+        body = anthropic.to_chat(body)
     p = parse_gen_params(body, state.defaults)
     parser = None
-    if kind == CHAT:
+    if kind in (CHAT, MESSAGES):
         tools = tools_of(body)
         reasoning = _reasoning_format(body, state.defaults)
         text = chat_prompt(state, body)
@@ -64,7 +83,7 @@ async def _generate(request: Request, state, kind: str):
     n_ctx = state.scheduler.n_ctx
     if len(ids) >= n_ctx:
         raise exceed_context(len(ids), n_ctx)
-    eog = frozenset() if p.ignore_eos else (state.chat_eog if kind == CHAT else state.eog)
+    eog = frozenset() if p.ignore_eos else (state.chat_eog if kind in (CHAT, MESSAGES) else state.eog)
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
     def post(kind, value):       # called from the scheduler thread
@@ -77,7 +96,10 @@ async def _generate(request: Request, state, kind: str):
     state.scheduler.submit(task)
     meta = R.Meta(state.model_name, state.fingerprint)
     spec = {"type": p.spec_type, "n_max": p.n_max, "n_min": p.n_min, "p_min": p.p_min}
-    out = _Writer(state, kind, task, meta, spec, parser)
+    if kind == MESSAGES:
+        out = anthropic.MessagesWriter(state, task, parser, state.model_name)
+    else:
+        out = _Writer(state, kind, task, meta, spec, parser)
     watch = asyncio.ensure_future(_watch_disconnect(request, state, task))
     try:
         if not p.stream:
@@ -86,14 +108,14 @@ async def _generate(request: Request, state, kind: str):
                 if k is None:
                     return json_response({})      # the client is gone; nobody reads this
                 if k == "error":
-                    return error_response(v)
+                    return out.error_response(v)
                 if k == "done":
                     return json_response(out.final(v))
         k, v = await _next(q, watch, state, task)   # the first event decides: error response, or a stream
         if k is None:
             return json_response({})
         if k == "error":
-            return error_response(v)
+            return out.error_response(v)
     except BaseException:
         state.scheduler.cancel(task)
         raise
@@ -146,12 +168,12 @@ async def _stream(out, q, state, task, first):
                     yield chunk
             elif k == "error":
                 done = True
-                yield sse.event({"error": v.to_json()})
+                yield out.error_event(v)
                 return
             else:
                 done = True
                 yield out.final_stream(v)
-                if out.kind != COMPLETION:
+                if out.kind in (TEXT, CHAT):
                     yield sse.DONE
                 return
             k, v = await q.get()
@@ -173,6 +195,14 @@ class _Writer:
         self.n_probs_sent = 0        # tokens whose probabilities went out in a chunk already
 
     # -- streaming ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def error_event(e: ApiError) -> bytes:
+        return sse.event({"error": e.to_json()})
+
+    @staticmethod
+    def error_response(e: ApiError):
+        return error_response(e)
+
     def tokens(self, toks) -> bytes:
         objs = []
         for t in toks:
