@@ -61,7 +61,7 @@ def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draf
           draft, cache_type_k, cache_type_v, device, target, arches, mtp_dense_attention, mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
     /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
-    /v1/models, /slots, /metrics; and Anthropic's /v1/messages (+ /v1/messages/count_tokens)."""
+    /v1/models, /slots, /metrics; Anthropic's /v1/messages (+ /v1/messages/count_tokens); OpenAI's /v1/responses."""
     from .server import ServeOptions, serve as run_server
     from .server.params import ServerDefaults
 

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from test_server_chat import CALL2, SCRIPT, THOUGHT, chat  # noqa: F401  (chat: the scripted server fixture)
+from test_server_chat import (CALL2, LIST_DIR, SCRIPT, THOUGHT, TOOL_TURN, chat,  # noqa: F401 (chat: a fixture)
+                              named_events, rendered_ids)
 
-TOOLS = [{"name": "list_dir", "description": "List a folder",
-          "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+TOOLS = [{"name": "list_dir", "description": LIST_DIR["description"], "input_schema": LIST_DIR["parameters"]}]
 
 
 def messages(c, text, status=200, **body):
@@ -24,20 +24,11 @@ def messages(c, text, status=200, **body):
 
 
 def events(c, text, **body):
-    """The stream as (event name, data) pairs; every event is `event: NAME\\ndata: JSON\\n\\n`."""
+    """The stream as (event name, data) pairs."""
     SCRIPT["text"] = text
     body = {"model": "tiny", "max_tokens": 64, "messages": [{"role": "user", "content": "list /tmp"}],
             "stream": True, **body}
-    r = c.post("/v1/messages", json=body)
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-    out = []
-    for e in r.text[:-2].split("\n\n"):
-        m = re.fullmatch(r"event: (\w+)\ndata: (.*)", e)
-        assert m, e
-        data = json.loads(m.group(2))
-        assert data["type"] == m.group(1)
-        out.append((m.group(1), data))
-    return out
+    return [(d["type"], d) for d in named_events(c.post("/v1/messages", json=body))]
 
 
 def test_text_reply(chat):  # noqa: F811
@@ -112,21 +103,12 @@ def test_a_tool_result_turn_renders_as_the_equivalent_chat_request(chat):  # noq
                                            "input": {"path": "/tmp"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a.txt"},
                                      {"type": "text", "text": "and now?"}]}]}
-    oai = {"tools": [{"type": "function", "function": {"name": "list_dir", "description": "List a folder",
-                                                        "parameters": TOOLS[0]["input_schema"]}}],
-           "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "list /tmp"},
-                        {"role": "assistant", "content": "", "reasoning_content": "call it", "tool_calls": [
-                            {"id": "t1", "type": "function",
-                             "function": {"name": "list_dir", "arguments": "{\"path\": \"/tmp\"}"}}]},
-                        {"role": "tool", "tool_call_id": "t1", "content": "a.txt"},
-                        {"role": "user", "content": "and now?"}]}
-    prompt = chat.post("/apply-template", json=oai).json()["prompt"]
-    assert "<tool_response>\na.txt\n</tool_response>" in prompt and "<think>call it</think>" not in prompt
-    n = len(chat.post("/tokenize", json={"content": prompt}).json()["tokens"])
+    ids = rendered_ids(chat, TOOL_TURN)
     r = chat.post("/v1/messages/count_tokens", json=anth)
-    assert r.status_code == 200 and r.json() == {"input_tokens": n}
+    assert r.status_code == 200 and r.json() == {"input_tokens": len(ids)}
     SCRIPT["text"] = "Two files."
     assert chat.post("/v1/messages", json={**anth, "max_tokens": 8}).json()["content"][0]["text"] == "Two files."
+    assert SCRIPT["prompt_ids"] == ids           # the prompt the slot got
 
 
 BAD = [

@@ -29,6 +29,37 @@ CALL = ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_
 CALL_ARGS = {"city": "Paris", "days": 3, "metric": True, "code": "007", "opts": {"hourly": [1, 2]}}
 CALL2 = "<tool_call>list_dir\n<arg_key>path</arg_key>\n<arg_value>/tmp</arg_value>\n</tool_call>"
 SCRIPT = {"text": ""}
+# One tool turn as an OpenAI chat request: the other APIs' tests send the same conversation in their own shapes
+LIST_DIR = {"name": "list_dir", "description": "List a folder",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}
+TOOL_TURN = {"tools": [{"type": "function", "function": LIST_DIR}],
+             "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "list /tmp"},
+                          {"role": "assistant", "content": "", "reasoning_content": "call it", "tool_calls": [
+                              {"id": "t1", "type": "function",
+                               "function": {"name": "list_dir", "arguments": "{\"path\": \"/tmp\"}"}}]},
+                          {"role": "tool", "tool_call_id": "t1", "content": "a.txt"},
+                          {"role": "user", "content": "and now?"}]}
+
+
+def named_events(r) -> list:
+    """A stream of named events (Anthropic's, OpenAI Responses') as their data objects; every event must be
+    `event: NAME\ndata: JSON\n\n` with the data's `type` equal to NAME."""
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    out = []
+    for e in r.text[:-2].split("\n\n"):
+        m = re.fullmatch(r"event: ([\w.]+)\ndata: (.*)", e)
+        assert m, e
+        data = json.loads(m.group(2))
+        assert data["type"] == m.group(1)
+        out.append(data)
+    return out
+
+
+def rendered_ids(c, chat_request) -> list:
+    """The token ids of a chat request's prompt, as /apply-template renders it."""
+    prompt = c.post("/apply-template", json=chat_request).json()["prompt"]
+    assert "<tool_response>\na.txt\n</tool_response>" in prompt and "<think>call it</think>" not in prompt
+    return c.post("/tokenize", json={"content": prompt}).json()["tokens"]
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +72,7 @@ def chat(compiled):
     real = slots.decode
 
     def scripted(engine, prompt_ids, n_predict, *a, eog_ids=frozenset(), stop=(), token_bytes=None, **kw):
+        SCRIPT["prompt_ids"] = list(prompt_ids)
         ids = tok.encode(SCRIPT["text"])
         assert tok.decode(ids) == SCRIPT["text"]          # the script survives the tokenizer
         rules, out, finish = FinishRules(eog_ids, stop, token_bytes, n_predict), [], None

@@ -21,7 +21,7 @@ import json
 import secrets
 import string
 
-from ..text_stream import TextStream
+from .chat_output import EventWriter
 from .errors import ApiError
 from .sse import dumps
 
@@ -147,14 +147,14 @@ def message_id() -> str:
     return "msg_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
 
 
-class MessagesWriter:
+class MessagesWriter(EventWriter):
     """One Messages request's answer from the scheduler's token events (the route's `_Writer` counterpart)."""
 
     kind = "messages"
 
     def __init__(self, state, task, parser, model: str):
-        self.state, self.task, self.parser, self.model = state, task, parser, model
-        self.text = TextStream(state.model.tokenizer.token_to_bytes, task.params.stop)
+        super().__init__(state, task, parser)
+        self.model = model
         self.id = message_id()
         self.started = False
         self.block, self.index = None, -1         # the open content block's type and index
@@ -212,20 +212,10 @@ class MessagesWriter:
                 out += self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]}) + self._close()
         return out
 
-    def tokens(self, toks) -> bytes:
-        out = self._begin()
-        for t in toks:
-            piece = self.text.push(t)
-            if piece:
-                out += self._events(self.parser.push(piece))
-        return out
-
-    def final_stream(self, o) -> bytes:
-        rest = self.text.finish()
-        out = self._begin() + self._events(self.parser.push(rest) + self.parser.finish()) + self._close()
+    def _end(self, o) -> bytes:
         reason, seq = self._stop(o)
-        out += event("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
-                                       "usage": self._usage(o, len(o.tokens))})
+        out = event("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
+                                      "usage": self._usage(o, len(o.tokens))})
         return out + event("message_stop", {"type": "message_stop"})
 
     @staticmethod
@@ -238,11 +228,7 @@ class MessagesWriter:
 
     # -- one object -----------------------------------------------------------------------------------------------
     def final(self, o) -> dict:
-        for t in o.tokens:
-            self.text.push(t)
-        self.text.finish()
-        self.parser.push(self.text.text)
-        self.parser.finish()
+        self.whole(o)
         p = self.parser
         content = []
         if p.reasoning:

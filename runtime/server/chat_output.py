@@ -190,6 +190,39 @@ class ChatOutput:
         return m
 
 
+class EventWriter:
+    """Base of the Anthropic Messages and OpenAI Responses writers: the reply's tokens → text (`TextStream`: whole
+    UTF-8 characters, stop strings held) → this parser's deltas → the subclass's events. Subclasses give `_begin()`
+    (the opening events, once), `_events(deltas)`, `_close()` (the open block's end) and `_end(o)` (the closing
+    events, from the scheduler's Outcome)."""
+
+    def __init__(self, state, task, parser: ChatOutput):
+        from ..text_stream import TextStream
+
+        self.state, self.task, self.parser = state, task, parser
+        self.text = TextStream(state.model.tokenizer.token_to_bytes, task.params.stop)
+
+    def tokens(self, toks) -> bytes:
+        out = self._begin()
+        for t in toks:
+            piece = self.text.push(t)
+            if piece:
+                out += self._events(self.parser.push(piece))
+        return out
+
+    def final_stream(self, o) -> bytes:
+        rest = self.text.finish()
+        out = self._begin() + self._events(self.parser.push(rest) + self.parser.finish()) + self._close()
+        return out + self._end(o)
+
+    def whole(self, o) -> list:
+        """A non-streamed answer: every token through the text stream and the parser; returns the deltas."""
+        for t in o.tokens:
+            self.text.push(t)
+        self.text.finish()
+        return self.parser.push(self.text.text) + self.parser.finish()
+
+
 def tools_of(body: dict):
     """The request's `tools` as name → parameters schema when tool calls are to be parsed (tools given and
     `tool_choice` not "none"), else None. Raises ApiError (400) for a malformed `tools` or `tool_choice`."""

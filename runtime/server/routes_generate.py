@@ -1,5 +1,6 @@
 """Generation routes: POST /completion (+ /completions), /v1/completions, /v1/chat/completions (+ /chat/completions),
-and Anthropic's /v1/messages (+ /v1/messages/count_tokens; translated into a chat request, `anthropic.py`).
+Anthropic's /v1/messages (+ /v1/messages/count_tokens; `anthropic.py`) and OpenAI's /v1/responses
+(`oai_responses.py`), both translated into a chat request.
 
 A request is parsed (`params.parse_gen_params`), its prompt tokenized (for chat: rendered with the chat template
 first), checked against the slot context, and queued on the scheduler. Non-streaming, the answer is one JSON
@@ -17,7 +18,7 @@ import asyncio
 from starlette.requests import Request
 
 from ..text_stream import TextStream
-from . import anthropic
+from . import anthropic, oai_responses
 from . import responses as R
 from . import sse
 from .chat_output import REASONING_FORMATS, THINK_OPEN, ChatOutput, tools_of
@@ -27,7 +28,8 @@ from .params import parse_gen_params
 from .prompts import chat_prompt, tokens_of
 from .slots import Task
 
-COMPLETION, TEXT, CHAT, MESSAGES = "completion", "text_completion", "chat", "messages"
+COMPLETION, TEXT, CHAT, MESSAGES, RESPONSES = "completion", "text_completion", "chat", "messages", "responses"
+CHATS = (CHAT, MESSAGES, RESPONSES)      # rendered with the chat template, replies parsed by ChatOutput
 
 
 def register(app, state) -> None:
@@ -53,6 +55,10 @@ def register(app, state) -> None:
         except ApiError as e:        # Anthropic's error object on this route
             return anthropic.error_response(e)
 
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        return await _generate(request, state, RESPONSES)
+
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
         try:
@@ -64,11 +70,14 @@ def register(app, state) -> None:
 
 async def _generate(request: Request, state, kind: str):
     body = await read_json(request)
+    request_body = body
     if kind == MESSAGES:
         body = anthropic.to_chat(body)
+    elif kind == RESPONSES:
+        body = oai_responses.to_chat(body)
     p = parse_gen_params(body, state.defaults)
     parser = None
-    if kind in (CHAT, MESSAGES):
+    if kind in CHATS:
         tools = tools_of(body)
         reasoning = _reasoning_format(body, state.defaults)
         text = chat_prompt(state, body)
@@ -83,7 +92,7 @@ async def _generate(request: Request, state, kind: str):
     n_ctx = state.scheduler.n_ctx
     if len(ids) >= n_ctx:
         raise exceed_context(len(ids), n_ctx)
-    eog = frozenset() if p.ignore_eos else (state.chat_eog if kind in (CHAT, MESSAGES) else state.eog)
+    eog = frozenset() if p.ignore_eos else (state.chat_eog if kind in CHATS else state.eog)
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
     def post(kind, value):       # called from the scheduler thread
@@ -98,6 +107,8 @@ async def _generate(request: Request, state, kind: str):
     spec = {"type": p.spec_type, "n_max": p.n_max, "n_min": p.n_min, "p_min": p.p_min}
     if kind == MESSAGES:
         out = anthropic.MessagesWriter(state, task, parser, state.model_name)
+    elif kind == RESPONSES:
+        out = oai_responses.ResponsesWriter(state, task, parser, state.model_name, request_body)
     else:
         out = _Writer(state, kind, task, meta, spec, parser)
     watch = asyncio.ensure_future(_watch_disconnect(request, state, task))
