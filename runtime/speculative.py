@@ -219,7 +219,7 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
            seed: int | None = None, eog_ids=frozenset(), *, top_k: int = 40, top_p: float = 0.95,
            min_p: float = 0.05, n_min: int = 0, p_min: float = 0.0, draft_sampling: str = "greedy",
            stop=(), token_bytes=None, controller=None, n_cached: int = 0, extent: CacheExtent | None = None,
-           on_logits=None):
+           on_logits=None, logit_bias=None):
     """Decode step by step: a generator that yields the tokens each step emits (a list of ints; the first yield is
     prefill's token, then one yield per verify round: its accepted drafts + the recovered or bonus token, cut by
     the finish rules) and returns the `Generation` when a finish rule fires. Closing it early (`.close()`) stops
@@ -231,8 +231,11 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
     n_cached and the NextN warm-up at n_cached + 1; 0 <= n_cached < len(prompt). `extent`, when given, is updated
     before every yield (`CacheExtent`). `on_logits(rows, tokens)`, when given, is called before every yield with the
     target model's logits of the tokens the step emits (float32 [m, n_vocab]: prefill's last row, or the verify rows
-    that chose them; a server's logprobs). Raises NextnError (at the first `next`) for an empty prompt, a prompt that
-    does not fit the context, or speculation without a NextN block."""
+    that chose them; a server's logprobs). `logit_bias` (float32 [n_vocab], -inf bans a token; llama.cpp's
+    logit-bias sampler, first in the chain) is added to the target logits before every choice, greedy or sampled;
+    drafts are proposed without it and verified against it, so output is the same with speculation on or off.
+    Raises NextnError (at the first `next`) for an empty prompt, a prompt that does not fit the context, or
+    speculation without a NextN block."""
     prompt = np.asarray(prompt_ids, np.int32)
     if len(prompt) == 0:
         raise NextnError("the prompt is empty")
@@ -272,6 +275,10 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
 
     hidden, last_logits, last_argmax = engine.prefill(prompt[n_cached:], n_cached, on_hidden=warm_up,
                                                       last_only=not spec)
+    raw_logits = last_logits
+    if logit_bias is not None:
+        last_logits = last_logits + logit_bias
+        last_argmax = int(np.argmax(last_logits))
     id_last = last_argmax if chain.greedy else chain.sample(last_logits, rng.uniform(len(prompt), TARGET))
     pending_h, n_past = hidden[-1:], len(prompt)    # trunk hidden before id_last; the position id_last takes
     out: list[int] = []
@@ -286,7 +293,7 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
 
     mark()
     if on_logits is not None:
-        on_logits(last_logits[None], [id_last])
+        on_logits(raw_logits[None], [id_last])
     yield [id_last]
 
     while finish is None:
@@ -305,13 +312,18 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
         tv = time.perf_counter()
         hid, logits, am = engine.verify([id_last] + drafts, n_past)
         ts = time.perf_counter()
+        # the target rows on the host only when needed (greedy decoding reads the device argmax)
+        raw = logits.numpy() if (logit_bias is not None or not chain.greedy or on_logits is not None) else None
+        target = raw if logit_bias is None else raw + logit_bias
+        if logit_bias is not None:
+            am = np.argmax(target, axis=-1)
         if chain.greedy:
             a = next((i for i, d in enumerate(drafts) if int(am[i]) != d), len(drafts))
             token = int(am[a])
         elif q is None:
-            a, token = sample_and_match(chain, rng, logits.numpy(), drafts, n_past)
+            a, token = sample_and_match(chain, rng, target, drafts, n_past)
         else:
-            a, token = rejection_sample(chain, rng, logits.numpy(), drafts, q, n_past)
+            a, token = rejection_sample(chain, rng, target, drafts, q, n_past)
         te = time.perf_counter()
         new = drafts[:a] + [token]
         for m, t in enumerate(new, 1):
@@ -329,7 +341,7 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
         depth.observe(len(drafts), a, time.perf_counter() - tr, len(out))
         mark()
         if on_logits is not None:
-            on_logits(logits.numpy()[:m], new[:m])
+            on_logits(raw[:m], new[:m])
         yield new[:m]
     t2 = time.perf_counter()
     vm_s = {name: engine.vm_seconds[name] - vm0.get(name, 0.0) for name in engine.vm_seconds}

@@ -303,6 +303,31 @@ def test_chat_and_text_logprobs(one):
         assert r.status_code == 400, r.text
 
 
+def test_logit_bias_bans_and_forces_with_and_without_drafting(one):
+    _, c = one
+    ids = PROMPTS["code-short"]["prompt_ids"]
+    plain = post(c, "/completion", greedy(ids, 12, n_probs=2))
+    first, second = (t["id"] for t in plain["completion_probabilities"][0]["top_logprobs"])
+    assert first == plain["tokens"][0]
+    for form in ({str(first): False}, [[first, False]]):
+        for n_max in (3, 0):
+            r = post(c, "/completion", greedy(ids, 12, logit_bias=form, **{"speculative.n_max": n_max}))
+            assert r["tokens"][0] == second and first not in r["tokens"]
+            if n_max:
+                banned = r
+            else:
+                assert r["tokens"] == banned["tokens"]
+    assert banned["timings"]["draft_n"] > 0
+    forced = post(c, "/completion", greedy(ids, 10, logit_bias=[[second, 100]]))
+    assert forced["tokens"] == [second] * 10 and forced["timings"]["draft_n"] > 0
+    text = c.post("/tokenize", json={"content": " return"}).json()["tokens"]
+    by_text = post(c, "/completion", greedy(ids, 8, logit_bias=[[" return", False]]))
+    by_ids = post(c, "/completion", greedy(ids, 8, logit_bias={str(t): False for t in text}))
+    assert by_text["tokens"] == by_ids["tokens"] and not set(text) & set(by_text["tokens"])
+    for bad in ({"5": "big"}, [[10**9, 1.0]], "x"):
+        assert c.post("/completion", json=greedy(ids, 2, logit_bias=bad)).status_code == 400
+
+
 # -- CORS ------------------------------------------------------------------------------------------------------------
 def test_cors_allows_every_origin_by_default(one):
     _, c = one

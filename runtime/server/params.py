@@ -58,6 +58,7 @@ class GenParams(Settings):
     cache_prompt: bool = True            # llama-server: reuse the slot's KV for the common prefix
     logprobs: bool = False               # report each emitted token's log-probability (target model)
     n_probs: int = 0                     # ... and the n most probable tokens of its row
+    logit_bias: object = None            # float32 [n_vocab] added to the target logits (-inf: banned), or None
 
     def settings_json(self) -> dict:
         """llama-server's `generation_settings` subset that applies here, plus the effective speculative values."""
@@ -174,3 +175,35 @@ def parse_gen_params(body: dict, d: ServerDefaults) -> GenParams:
     if p.spec_type == "none":
         p.n_max, p.n_min, p.p_min = 0, 0, 0.0
     return p
+
+
+def parse_logit_bias(body: dict, tokenizer, n_vocab: int):
+    """`logit_bias` as llama-server reads it (tools/server/server-task.cpp `params_from_json_cmpl`): an object
+    {"token id" or "text": bias} or an array of [token id or text, bias] pairs; a text applies to each of its tokens;
+    a bias of false bans the token (-inf). Returns float32 [n_vocab] or None. Raises ApiError (400) naming the field."""
+    import numpy as np
+
+    v = body.get("logit_bias")
+    if v is None or v == {} or v == []:
+        return None
+    if isinstance(v, dict):
+        pairs = list(v.items())
+    elif isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 for x in v):
+        pairs = v
+    else:
+        raise ApiError("Field 'logit_bias': expected an object {token: bias} or an array of [token, bias] pairs")
+    bias = np.zeros(n_vocab, np.float32)
+    for key, b in pairs:
+        if b is False:
+            b = -math.inf
+        elif _kind(b) != "number":
+            raise ApiError(f"Field 'logit_bias': the bias of {key!r} must be a number or false, got {_kind(b)}")
+        if isinstance(key, str) and key.lstrip("-").isdigit():
+            key = int(key)
+        ids = [key] if isinstance(key, int) and not isinstance(key, bool) else \
+            tokenizer.encode(key) if isinstance(key, str) else None
+        if ids is None or not all(0 <= t < n_vocab for t in ids):
+            raise ApiError(f"Field 'logit_bias': {key!r} is not a token id in [0, {n_vocab}) or a text")
+        for t in ids:
+            bias[t] += b
+    return bias

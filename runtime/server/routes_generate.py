@@ -24,7 +24,7 @@ from . import sse
 from .chat_output import REASONING_FORMATS, THINK_OPEN, ChatOutput, tools_of
 from .errors import ApiError, exceed_context
 from .http import error_response, json_response, read_json
-from .params import parse_gen_params
+from .params import parse_gen_params, parse_logit_bias
 from .prompts import chat_prompt, tokens_of
 from .slots import Task
 
@@ -76,6 +76,8 @@ async def _generate(request: Request, state, kind: str):
     elif kind == RESPONSES:
         body = oai_responses.to_chat(body)
     p = parse_gen_params(body, state.defaults)
+    tok = state.model.tokenizer
+    p.logit_bias = parse_logit_bias(body, tok, int(state.model.engine.hparams.get("n_vocab") or tok.n_vocab))
     parser = None
     if kind in CHATS:
         tools = tools_of(body)
