@@ -219,7 +219,7 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
            seed: int | None = None, eog_ids=frozenset(), *, top_k: int = 40, top_p: float = 0.95,
            min_p: float = 0.05, n_min: int = 0, p_min: float = 0.0, draft_sampling: str = "greedy",
            stop=(), token_bytes=None, controller=None, n_cached: int = 0, extent: CacheExtent | None = None,
-           on_logits=None, logit_bias=None):
+           on_logits=None, logit_bias=None, constraint=None):
     """Decode step by step: a generator that yields the tokens each step emits (a list of ints; the first yield is
     prefill's token, then one yield per verify round: its accepted drafts + the recovered or bonus token, cut by
     the finish rules) and returns the `Generation` when a finish rule fires. Closing it early (`.close()`) stops
@@ -234,6 +234,10 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
     that chose them; a server's logprobs). `logit_bias` (float32 [n_vocab], -inf bans a token; llama.cpp's
     logit-bias sampler, first in the chain) is added to the target logits before every choice, greedy or sampled;
     drafts are proposed without it and verified against it, so output is the same with speculation on or off.
+    `constraint` (a grammar; runtime/server/grammar.py `Constraint`: allowed() the bool [n_vocab] mask of the next
+    token, validate(tokens) how many of them it accepts in order, consume, rollback) masks the target logits of every
+    choice; drafts are cut to the prefix it accepts before verification and each verify row is masked by the state
+    after the drafts before it, so output is exactly what plain constrained decoding gives.
     Raises NextnError (at the first `next`) for an empty prompt, a prompt that does not fit the context, or
     speculation without a NextN block."""
     prompt = np.asarray(prompt_ids, np.int32)
@@ -276,13 +280,15 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
     hidden, last_logits, last_argmax = engine.prefill(prompt[n_cached:], n_cached, on_hidden=warm_up,
                                                       last_only=not spec)
     raw_logits = last_logits
-    if logit_bias is not None:
-        last_logits = last_logits + logit_bias
+    if logit_bias is not None or constraint is not None:
+        last_logits = _target(last_logits[None], logit_bias, constraint, [])[0]
         last_argmax = int(np.argmax(last_logits))
     id_last = last_argmax if chain.greedy else chain.sample(last_logits, rng.uniform(len(prompt), TARGET))
     pending_h, n_past = hidden[-1:], len(prompt)    # trunk hidden before id_last; the position id_last takes
     out: list[int] = []
     finish = rules.push(out, id_last)
+    if constraint is not None:
+        constraint.consume([id_last])
     vm0, t1 = dict(engine.vm_seconds), time.perf_counter()
 
     def mark():
@@ -309,13 +315,17 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
             drafter.add_rows([id_last], pending_h, n_past)
             if k > 0:
                 drafts, q = drafter.propose(n_past, k)
+        if constraint is not None and drafts:    # verify only the drafts the grammar accepts
+            drafts = drafts[:constraint.validate(drafts)]
+            q = q[:len(drafts)] if q is not None else None
         tv = time.perf_counter()
         hid, logits, am = engine.verify([id_last] + drafts, n_past)
         ts = time.perf_counter()
         # the target rows on the host only when needed (greedy decoding reads the device argmax)
-        raw = logits.numpy() if (logit_bias is not None or not chain.greedy or on_logits is not None) else None
-        target = raw if logit_bias is None else raw + logit_bias
-        if logit_bias is not None:
+        shaped = logit_bias is not None or constraint is not None
+        raw = logits.numpy() if (shaped or not chain.greedy or on_logits is not None) else None
+        target = _target(raw, logit_bias, constraint, drafts) if shaped else raw
+        if shaped:
             am = np.argmax(target, axis=-1)
         if chain.greedy:
             a = next((i for i, d in enumerate(drafts) if int(am[i]) != d), len(drafts))
@@ -330,6 +340,8 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
             finish = rules.push(out, t)
             if finish:
                 break
+        if constraint is not None:
+            constraint.consume(new[:m])
         engine.commit(m)        # the trunk keeps rows id_last, d1..d_{m-1} (recurrent states: their plane)
         if spec and m > 1:      # NextN rows of the emitted drafts, paired with the trunk hidden before each
             drafter.add_rows(new[:m - 1], hid[:m - 1], n_past + 1)
@@ -346,6 +358,19 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
     t2 = time.perf_counter()
     vm_s = {name: engine.vm_seconds[name] - vm0.get(name, 0.0) for name in engine.vm_seconds}
     return Generation(out, stats, t1 - t0, t2 - t1, finish, vm_s, rng.seed, n_past)
+
+
+def _target(rows, logit_bias, constraint, drafts):
+    """The target rows [k+1, V] a choice reads: + logit_bias, then row i masked (-inf) by the constraint's state after
+    drafts[:i] (consumed for the masks, then rolled back)."""
+    rows = rows + logit_bias if logit_bias is not None else rows.copy()
+    if constraint is not None:
+        for i in range(len(rows)):
+            rows[i][~constraint.allowed()] = -np.inf
+            if i < len(drafts) and i < len(rows) - 1:
+                constraint.consume([drafts[i]])
+        constraint.rollback(min(len(drafts), len(rows) - 1))
+    return rows
 
 
 def generate(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | str = 3, temp: float = 0.0,

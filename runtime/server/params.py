@@ -59,6 +59,7 @@ class GenParams(Settings):
     logprobs: bool = False               # report each emitted token's log-probability (target model)
     n_probs: int = 0                     # ... and the n most probable tokens of its row
     logit_bias: object = None            # float32 [n_vocab] added to the target logits (-inf: banned), or None
+    constraint: object = None            # grammar.Constraint (grammar, json_schema, response_format, forced tools)
 
     def settings_json(self) -> dict:
         """llama-server's `generation_settings` subset that applies here, plus the effective speculative values."""

@@ -23,6 +23,7 @@ from . import responses as R
 from . import sse
 from .chat_output import REASONING_FORMATS, THINK_OPEN, ChatOutput, tools_of
 from .errors import ApiError, exceed_context
+from .grammar import Constraint, grammar_of, tokenizer_of
 from .http import error_response, json_response, read_json
 from .params import parse_gen_params, parse_logit_bias
 from .prompts import chat_prompt, tokens_of
@@ -77,8 +78,9 @@ async def _generate(request: Request, state, kind: str):
         body = oai_responses.to_chat(body)
     p = parse_gen_params(body, state.defaults)
     tok = state.model.tokenizer
-    p.logit_bias = parse_logit_bias(body, tok, int(state.model.engine.hparams.get("n_vocab") or tok.n_vocab))
-    parser = None
+    n_vocab = int(state.model.engine.hparams.get("n_vocab") or tok.n_vocab)
+    p.logit_bias = parse_logit_bias(body, tok, n_vocab)
+    parser, tools = None, None
     if kind in CHATS:
         tools = tools_of(body)
         reasoning = _reasoning_format(body, state.defaults)
@@ -91,6 +93,9 @@ async def _generate(request: Request, state, kind: str):
         ids = tokens_of(state, body["prompt"])
     if not ids:
         raise ApiError("the prompt is empty")
+    g = grammar_of(body, tools)
+    if g is not None:
+        p.constraint = Constraint(tokenizer_of(state), g, n_vocab)
     n_ctx = state.scheduler.n_ctx
     if len(ids) >= n_ctx:
         raise exceed_context(len(ids), n_ctx)

@@ -115,7 +115,8 @@ class Slot:
                             top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, n_min=p.n_min, p_min=p.p_min,
                             draft_sampling=p.draft_sampling, stop=p.stop, token_bytes=token_bytes,
                             n_cached=n_cached, extent=self.extent,
-                            on_logits=self._on_logits if p.logprobs else None, logit_bias=p.logit_bias)
+                            on_logits=self._on_logits if p.logprobs else None, logit_bias=p.logit_bias,
+                            constraint=p.constraint)
 
     def _on_logits(self, rows, tokens) -> None:
         """Each emitted token's log-probability and its row's n_probs best (float64 log-softmax of the logits)."""
