@@ -41,6 +41,8 @@ def register(cli: click.Group) -> None:
                    "sets it).")
 @click.option("--cors-origins", default="*", show_default=True,
               help="Origins whose browser requests may read the answers (comma-separated; *: every origin).")
+@click.option("--slot-save-path", default=None, type=click.Path(file_okay=False, exists=True),
+              help="Folder for POST /slots/{id}?action=save|restore files (slot prompt caches).")
 @click.option("--metrics", is_flag=True, help="Enable the Prometheus /metrics endpoint.")
 @click.option("--no-slots", is_flag=True, help="Disable the /slots endpoint.")
 @click.option("--api-key", "api_keys", multiple=True,
@@ -57,8 +59,8 @@ def register(cli: click.Group) -> None:
 @mtp_index_share_option
 def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
           spec_draft_p_min, spec_draft_sampling, n_predict, temp, top_k, top_p, min_p, seed, similarity,
-          reasoning_format, reasoning_budget, cors_origins, metrics, no_slots, api_keys, chat_template_file, alias,
-          draft, cache_type_k, cache_type_v, device, target, arches, mtp_dense_attention, mtp_index_share):
+          reasoning_format, reasoning_budget, cors_origins, slot_save_path, metrics, no_slots, api_keys,
+          chat_template_file, alias, draft, cache_type_k, cache_type_v, device, target, arches, mtp_dense_attention, mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
     /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
     /v1/models, /slots, /metrics; Anthropic's /v1/messages (+ /v1/messages/count_tokens); OpenAI's /v1/responses."""
@@ -87,5 +89,6 @@ def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draf
                        chat_template_file=chat_template_file, api_keys=keys,
                        metrics=metrics, slots=not no_slots, alias=alias, cache_type_k=cache_type_k,
                        cache_type_v=cache_type_v, spec_type=spec_type, slot_prompt_similarity=similarity,
-                       cors_origins=tuple(o.strip() for o in cors_origins.split(",") if o.strip()), defaults=d)
+                       cors_origins=tuple(o.strip() for o in cors_origins.split(",") if o.strip()),
+                       slot_save_path=slot_save_path, defaults=d)
     run_server(opt, log=lambda s: click.echo(s, err=True))

@@ -411,3 +411,38 @@ def test_an_18k_token_prompt_with_speculation_decodes_and_the_server_stays_healt
             assert again["tokens"][:1] and c.get("/health").json() == {"status": "ok"}
     finally:
         run.stop()
+
+
+# -- slot actions and id_slot ----------------------------------------------------------------------------------------
+def test_slot_save_restore_erase_and_id_slot(compiled, tmp_path):
+    """A prefix prefilled on slot 1 is saved, restored into slot 0, and reused there: output equals a cold start
+    (with drafting: the NextN rows came back too); erase empties a slot; bad names and actions are 400."""
+    run = start_server(q8_exact(compiled), ctx_size=4096, n_parallel=2, slot_save_path=str(tmp_path))
+    try:
+        with httpx.Client(base_url=run.url, timeout=120) as c:
+            ids = PROMPTS["docs-api"]["prompt_ids"]
+            first = post(c, "/completion", greedy(ids, 8, id_slot=1))
+            assert first["id_slot"] == 1
+            saved = post(c, "/slots/1?action=save", {"filename": "s1.npz"})
+            assert saved["n_saved"] == len(ids) + 7 and saved["n_written"] == (tmp_path / "s1.npz").stat().st_size
+            restored = post(c, "/slots/0?action=restore", {"filename": "s1.npz"})
+            assert restored["n_restored"] == len(ids) + 7 and restored["n_read"] == saved["n_written"]
+            longer = ids + first["tokens"] + PROMPTS["code-short"]["prompt_ids"]
+            warm = post(c, "/completion", greedy(longer, 16, id_slot=0))
+            cold = post(c, "/completion", greedy(longer, 16, id_slot=1, cache_prompt=False))
+            assert warm["id_slot"] == 0 and warm["timings"]["cache_n"] >= len(ids) - 1
+            assert warm["tokens"] == cold["tokens"] and spec_counts(warm) == spec_counts(cold)
+            n = c.get("/slots").json()[0]["n_past"]
+            assert post(c, "/slots/0?action=erase", {}) == {"id_slot": 0, "n_erased": n}
+            assert c.get("/slots").json()[0]["n_past"] == 0
+            again = post(c, "/completion", greedy(longer, 4, id_slot=0))
+            assert again["timings"]["cache_n"] == 0 and again["tokens"] == cold["tokens"][:4]
+            for path, body, status in (("/slots/0?action=save", {"filename": "../x"}, 400),
+                                       ("/slots/0?action=save", {"filename": ".hidden"}, 400),
+                                       ("/slots/0?action=restore", {"filename": "missing.npz"}, 404),
+                                       ("/slots/0?action=fly", {}, 400), ("/slots/7?action=erase", {}, 400)):
+                assert c.post(path, json=body).status_code == status, path
+            assert c.post("/completion", json=greedy(ids, 2, id_slot=5)).status_code == 400
+            assert not (tmp_path.parent / "x").exists()
+    finally:
+        run.stop()

@@ -41,6 +41,7 @@ class ServeOptions:
     spec_type: str | None = None         # None: draft-mtp when the model has a NextN block
     slot_prompt_similarity: float = 0.1  # -sps (llama-server's default)
     cors_origins: tuple = ("*",)         # --cors-origins (llama-server's default: every origin)
+    slot_save_path: str | None = None    # --slot-save-path: POST /slots/{id}?action=save|restore files
     defaults: ServerDefaults = field(default_factory=ServerDefaults)
 
 
@@ -96,7 +97,7 @@ def make_state(opt: ServeOptions):
     opt.defaults.n_parallel = opt.n_parallel
     return ServerState(defaults=opt.defaults, api_keys=list(opt.api_keys), metrics_enabled=opt.metrics,
                        slots_enabled=opt.slots, model_name=name, model_path=os.path.abspath(opt.model),
-                       fingerprint=fp, cors_origins=tuple(opt.cors_origins))
+                       fingerprint=fp, cors_origins=tuple(opt.cors_origins), slot_save_path=opt.slot_save_path)
 
 
 class Running:

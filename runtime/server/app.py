@@ -41,6 +41,7 @@ class ServerState:
     chat_eog: frozenset = frozenset()        # chat: also the GLM end-of-turn tokens
     log: object = None
     cors_origins: tuple = ("*",)            # --cors-origins
+    slot_save_path: str | None = None        # --slot-save-path: the folder of slot save / restore files
 
 
 class Gate:

@@ -60,6 +60,7 @@ class GenParams(Settings):
     n_probs: int = 0                     # ... and the n most probable tokens of its row
     logit_bias: object = None            # float32 [n_vocab] added to the target logits (-inf: banned), or None
     constraint: object = None            # grammar.Constraint (grammar, json_schema, response_format, forced tools)
+    id_slot: int = -1                    # the slot to run on (-1: any)
 
     def settings_json(self) -> dict:
         """llama-server's `generation_settings` subset that applies here, plus the effective speculative values."""
@@ -145,6 +146,7 @@ def parse_gen_params(body: dict, d: ServerDefaults) -> GenParams:
     p.return_tokens = _bool(body, ("return_tokens",), False)
     p.timings_per_token = _bool(body, ("timings_per_token",), False)
     p.cache_prompt = _bool(body, ("cache_prompt",), True)
+    p.id_slot = _num(body, ("id_slot",), -1, int, -1, max(0, d.n_parallel - 1), hard=True)
     # probabilities: /completion n_probs; chat logprobs (bool) + top_logprobs; /v1/completions logprobs (int)
     p.n_probs = _num(body, ("n_probs",), 0, int, 0, 1024, hard=True)
     lp = body.get("logprobs")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import sys
 import threading
 import time
@@ -140,6 +141,41 @@ class Slot:
             self.n_mtp = e.n_mtp if e.n_mtp is not None else min(self.n_mtp, e.n_past)
         self.task, self.steps, self.extent, self.n_gen = None, None, None, 0
 
+    # -- slot actions (llama-server POST /slots/{id}?action=save|restore|erase) -----------------------------------
+    def erase(self) -> int:
+        n, self.cache, self.n_mtp = len(self.cache), [], 0
+        return n
+
+    def save(self, path: str) -> int:
+        """Write the cache's tokens and the sequence's state buffers (whole) to `path` (numpy .npz); returns bytes."""
+        if not self.can_reuse:
+            raise ApiError("this model's slots keep no prompt cache (its recurrent state exists at one position only)")
+        arrays = {f"state.{k}": v.numpy() for k, v in self.engine.states.items()}
+        with open(path, "wb") as f:
+            np.savez(f, tokens=np.asarray(self.cache, np.int32), n_mtp=np.int64(self.n_mtp), **arrays)
+        return os.path.getsize(path)
+
+    def restore(self, path: str) -> int:
+        """Read a `save` file into this slot; ApiError (400) when it is not one or was made for another model."""
+        if not self.can_reuse:
+            raise ApiError("this model's slots keep no prompt cache (its recurrent state exists at one position only)")
+        try:
+            with np.load(path) as z:
+                data = {k: z[k] for k in z.files}
+        except FileNotFoundError:
+            raise ApiError(f"slot file {os.path.basename(path)!r} not found", "not_found_error") from None
+        except (OSError, ValueError) as e:
+            raise ApiError(f"slot file {os.path.basename(path)!r} is not a saved slot: {e}") from None
+        states = self.engine.states
+        want = {f"state.{k}": (tuple(v.shape), str(v.dtype)) for k, v in states.items()}
+        have = {k: (tuple(v.shape), str(v.dtype)) for k, v in data.items() if k.startswith("state.")}
+        if want != have or "tokens" not in data or len(data["tokens"]) > self.n_ctx:
+            raise ApiError(f"slot file {os.path.basename(path)!r} was saved by another model or context size")
+        for k, v in states.items():
+            v.copyfrom(np.ascontiguousarray(data[f"state.{k}"]))
+        self.cache, self.n_mtp = [int(t) for t in data["tokens"]], int(data["n_mtp"])
+        return os.path.getsize(path)
+
     def to_json(self) -> dict:
         t = self.task
         n_prompt = len(t.prompt_ids) if t else 0
@@ -164,6 +200,7 @@ class Scheduler:
         self.metrics = metrics or Metrics()
         self.log = log or (lambda m: print(m, file=sys.stderr))
         self._queue: collections.deque[Task] = collections.deque()
+        self._calls: collections.deque = collections.deque()   # (fn, concurrent Future): run between steps
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="nextn-scheduler", daemon=True)
@@ -197,6 +234,17 @@ class Scheduler:
                 self._queue.remove(task)
             self._cv.notify()
 
+    def call(self, fn):
+        """Run fn() on the scheduler thread between decode steps (the only thread that touches the engines); returns
+        a concurrent.futures.Future of its result."""
+        import concurrent.futures
+
+        fut = concurrent.futures.Future()
+        with self._cv:
+            self._calls.append((fn, fut))
+            self._cv.notify()
+        return fut
+
     def counts(self) -> tuple[int, int]:
         """(requests processing, requests waiting for a slot)."""
         with self._cv:
@@ -214,24 +262,41 @@ class Scheduler:
         self._started.set()
         while True:
             with self._cv:
-                while not self._stop and not self._queue and all(s.task is None for s in self.slots):
+                while not self._stop and not self._calls and not (self._queue and self._idle()) \
+                        and all(s.task is None for s in self.slots):
                     self._cv.wait()
                 if self._stop:
                     for s in self.slots:
                         s.release()
                     return
-                while self._queue and any(s.task is None for s in self.slots):
-                    task = self._queue.popleft()
-                    self._pick(task).start(task, self.token_bytes)
+                calls, self._calls = list(self._calls), collections.deque()
+                for task in list(self._queue):      # FIFO; a task that asked for a busy slot waits for it
+                    slot = self._pick(task)
+                    if slot is not None:
+                        self._queue.remove(task)
+                        slot.start(task, self.token_bytes)
                 busy = [s for s in self.slots if s.task is not None]
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:     # noqa: BLE001 - handed to the waiting route
+                    fut.set_exception(e)
             for s in busy:
                 self._step(s)
 
-    def _pick(self, task: Task) -> Slot:
-        """An idle slot for `task` (llama-server `get_available_slot`): the one whose cache shares the largest
-        fraction of the prompt as a common prefix, above --slot-prompt-similarity (0: off); else the least recently
-        used one."""
+    def _idle(self) -> bool:
+        return any(s.task is None for s in self.slots)
+
+    def _pick(self, task: Task) -> Slot | None:
+        """An idle slot for `task` (llama-server `get_available_slot`), or None: the one the request named
+        (`id_slot`), when idle; else the one whose cache shares the largest fraction of the prompt as a common
+        prefix, above --slot-prompt-similarity (0: off); else the least recently used one."""
+        if task.params.id_slot >= 0:
+            s = self.slots[task.params.id_slot]
+            return s if s.task is None else None
         idle = [s for s in self.slots if s.task is None]
+        if not idle:
+            return None
         best, best_sim = None, 0.0
         if self.similarity > 0 and task.params.cache_prompt:
             for s in idle:
