@@ -60,7 +60,8 @@ def register(cli: click.Group) -> None:
 def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
           spec_draft_p_min, spec_draft_sampling, n_predict, temp, top_k, top_p, min_p, seed, similarity,
           reasoning_format, reasoning_budget, cors_origins, slot_save_path, metrics, no_slots, api_keys,
-          chat_template_file, alias, draft, cache_type_k, cache_type_v, device, target, arches, mtp_dense_attention, mtp_index_share):
+          chat_template_file, alias, draft, cache_type_k, cache_type_v, device, target, arches, mtp_dense_attention,
+          mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
     /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
     /v1/models, /slots, /metrics; Anthropic's /v1/messages (+ /v1/messages/count_tokens); OpenAI's /v1/responses."""
