@@ -171,6 +171,7 @@ class Slot:
         have = {k: (tuple(v.shape), str(v.dtype)) for k, v in data.items() if k.startswith("state.")}
         if want != have or "tokens" not in data or len(data["tokens"]) > self.n_ctx:
             raise ApiError(f"slot file {os.path.basename(path)!r} was saved by another model or context size")
+        self.cache, self.n_mtp = [], 0       # until every buffer is in
         for k, v in states.items():
             v.copyfrom(np.ascontiguousarray(data[f"state.{k}"]))
         self.cache, self.n_mtp = [int(t) for t in data["tokens"]], int(data["n_mtp"])
