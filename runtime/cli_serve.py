@@ -32,6 +32,19 @@ def register(cli: click.Group) -> None:
 @click.option("--top-p", default=0.95, show_default=True, help="Default top-p (1.0: off).")
 @click.option("--min-p", default=0.05, show_default=True, help="Default min-p (0.0: off).")
 @click.option("-s", "--seed", default=-1, show_default=True, help="Default seed (-1: random per request).")
+@click.option("-sps", "--slot-prompt-similarity", "similarity", default=0.1, show_default=True, type=float,
+              help="Give a request the idle slot whose prompt cache shares at least this fraction of its prompt as a "
+                   "common prefix (0: off, least recently used slot).")
+@click.option("--reasoning-format", default="auto", show_default=True, type=click.Choice(["none", "deepseek", "auto"]),
+              help="Chat replies: <think>...</think> returned as reasoning_content (deepseek, auto) or left in the "
+                   "content (none); a request's reasoning_format overrides it.")
+@click.option("--reasoning-budget", default=-1, show_default=True, type=click.IntRange(-1, 0),
+              help="Thinking budget: -1 unlimited, 0 off (the template's enable_thinking false unless a request "
+                   "sets it).")
+@click.option("--cors-origins", default="*", show_default=True,
+              help="Origins whose browser requests may read the answers (comma-separated; *: every origin).")
+@click.option("--slot-save-path", default=None, type=click.Path(file_okay=False, exists=True),
+              help="Folder for POST /slots/{id}?action=save|restore files (slot prompt caches).")
 @click.option("--metrics", is_flag=True, help="Enable the Prometheus /metrics endpoint.")
 @click.option("--no-slots", is_flag=True, help="Disable the /slots endpoint.")
 @click.option("--api-key", "api_keys", multiple=True,
@@ -48,12 +61,12 @@ def register(cli: click.Group) -> None:
 @mtp_index_share_option
 def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
           spec_draft_p_min, spec_draft_sampling, spec_draft_vocab, spec_draft_vocab_file, n_predict, temp, top_k,
-          top_p, min_p, seed, metrics, no_slots,
-          api_keys, chat_template_file, alias, draft, cache_type_k, cache_type_v, device, target, arches,
+          top_p, min_p, seed, similarity, reasoning_format, reasoning_budget, cors_origins, slot_save_path, metrics,
+          no_slots, api_keys, chat_template_file, alias, draft, cache_type_k, cache_type_v, device, target, arches,
           mtp_dense_attention, mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
     /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
-    /v1/models, /slots, /metrics."""
+    /v1/models, /slots, /metrics; Anthropic's /v1/messages (+ /v1/messages/count_tokens); OpenAI's /v1/responses."""
     from .server import ServeOptions, serve as run_server
     from .server.params import ServerDefaults
 
@@ -66,15 +79,20 @@ def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draf
     if spec_draft_n_min < 0 or not 0.0 <= spec_draft_p_min <= 1.0:
         raise NextnError(f"--spec-draft-n-min {spec_draft_n_min} / --spec-draft-p-min {spec_draft_p_min}: expected "
                          f"n_min >= 0 and 0 <= p_min <= 1")
+    if not 0.0 <= similarity <= 1.0:
+        raise NextnError(f"--slot-prompt-similarity {similarity}: expected a fraction in [0, 1]")
     keys = [k for a in api_keys for k in a.split(",") if k]
     d = ServerDefaults(n_predict=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                        n_max=parse_n_max(spec_draft_n_max), n_min=spec_draft_n_min, p_min=spec_draft_p_min,
-                       draft_sampling=spec_draft_sampling)
+                       draft_sampling=spec_draft_sampling, reasoning_format=reasoning_format,
+                       reasoning_budget=reasoning_budget)
     opt = ServeOptions(model=model, host=host, port=port, ctx_size=ctx_size, n_parallel=n_parallel, threads=threads,
                        draft=draft, device=device, target=target, arches=list(arches) or None,
                        mtp_dense_attention=mtp_dense_attention, mtp_index_share=mtp_index_share,
                        chat_template_file=chat_template_file, api_keys=keys,
                        metrics=metrics, slots=not no_slots, alias=alias, cache_type_k=cache_type_k,
-                       cache_type_v=cache_type_v, spec_type=spec_type, defaults=d, draft_vocab=spec_draft_vocab,
+                       cache_type_v=cache_type_v, spec_type=spec_type, slot_prompt_similarity=similarity,
+                       cors_origins=tuple(o.strip() for o in cors_origins.split(",") if o.strip()),
+                       slot_save_path=slot_save_path, defaults=d, draft_vocab=spec_draft_vocab,
                        draft_vocab_file=spec_draft_vocab_file)
     run_server(opt, log=lambda s: click.echo(s, err=True))

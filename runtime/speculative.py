@@ -133,6 +133,18 @@ class Generation:
     n_past: int = 0                 # trunk KV cells committed at the end (prompt + emitted - 1)
 
 
+@dataclass
+class CacheExtent:
+    """How far a sequence's caches hold rows of its tokens, after `decode`'s latest step (a server slot's prompt
+    cache reads it, also after closing the generator early): the trunk KV holds tokens[:n_past] (the prompt, then the
+    emitted tokens but the last); with speculation the NextN KV holds the trunk-paired rows [0, n_mtp) (n_mtp <=
+    n_past: rows still waiting in the Drafter's gap are not written yet). None: not known (no step yet, or no
+    speculation: the NextN KV was not touched)."""
+
+    n_past: int | None = None
+    n_mtp: int | None = None
+
+
 class FinishRules:
     """Per emitted token, in precedence: EOS/EOG token → stop string (UTF-8 bytes; may span tokens) → -n budget."""
 
@@ -219,14 +231,28 @@ class Drafter:
 def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | str = 3, temp: float = 0.0,
            seed: int | None = None, eog_ids=frozenset(), *, top_k: int = 40, top_p: float = 0.95,
            min_p: float = 0.05, n_min: int = 0, p_min: float = 0.0, draft_sampling: str = "greedy",
-           stop=(), token_bytes=None, controller=None):
+           stop=(), token_bytes=None, controller=None, n_cached: int = 0, extent: CacheExtent | None = None,
+           on_logits=None, logit_bias=None, constraint=None):
     """Decode step by step: a generator that yields the tokens each step emits (a list of ints; the first yield is
     prefill's token, then one yield per verify round: its accepted drafts + the recovered or bonus token, cut by
     the finish rules) and returns the `Generation` when a finish rule fires. Closing it early (`.close()`) stops
     decoding; the engine's KV past the last committed cell is simply overwritten by the next sequence.
 
-    Arguments as `generate`. Raises NextnError (at the first `next`) for an empty prompt, a prompt that does not
-    fit the context, or speculation without a NextN block."""
+    Arguments as `generate`. `n_cached` (a server slot's prompt cache, llama-server `cache_prompt`): the trunk KV
+    already holds prompt[:n_cached] and, with `spec`, the NextN KV its trunk-paired rows [0, n_cached] (one more:
+    the row of token n_cached pairs with the trunk hidden of n_cached - 1, which is not kept), so prefill starts at
+    n_cached and the NextN warm-up at n_cached + 1; 0 <= n_cached < len(prompt). `extent`, when given, is updated
+    before every yield (`CacheExtent`). `on_logits(rows, tokens)`, when given, is called before every yield with the
+    target model's logits of the tokens the step emits (float32 [m, n_vocab]: prefill's last row, or the verify rows
+    that chose them; a server's logprobs). `logit_bias` (float32 [n_vocab], -inf bans a token; llama.cpp's
+    logit-bias sampler, first in the chain) is added to the target logits before every choice, greedy or sampled;
+    drafts are proposed without it and verified against it, so output is the same with speculation on or off.
+    `constraint` (a grammar; runtime/server/grammar.py `Constraint`: allowed() the bool [n_vocab] mask of the next
+    token, validate(tokens) how many of them it accepts in order, consume, rollback) masks the target logits of every
+    choice; drafts are cut to the prefix it accepts before verification and each verify row is masked by the state
+    after the drafts before it, so output is exactly what plain constrained decoding gives.
+    Raises NextnError (at the first `next`) for an empty prompt, a prompt that does not fit the context, or
+    speculation without a NextN block."""
     prompt = np.asarray(prompt_ids, np.int32)
     if len(prompt) == 0:
         raise NextnError("the prompt is empty")
@@ -235,6 +261,8 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
                          f"raise -c or shorten the prompt")
     if spec and not engine.has_mtp:
         raise NextnError("--spec-type draft-mtp needs a NextN block, and this model has none loaded")
+    if not 0 <= n_cached < len(prompt):
+        raise NextnError(f"n_cached {n_cached}: expected 0 <= n_cached < {len(prompt)} (the prompt's length)")
     chain, rng = SamplerChain(temp, top_k, top_p, min_p), CounterRNG(seed)
     auto = spec and n_max == "auto"
     k_max = (engine.max_draft if auto else int(n_max)) if spec else 0
@@ -247,24 +275,45 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
     stats = SpecStats(n_max=k_max, accepted_at=[0] * k_max, drafted_at=[0] * k_max, events=depth.events)
 
     t0 = time.perf_counter()
-    before = [np.zeros((1, engine.hparams["n_embd"]), np.float32)]   # the trunk hidden before a chunk's first row
+    # the trunk hidden before a chunk's first row; None: that row's NextN row is cached (n_cached > 0)
+    before = [np.zeros((1, engine.hparams["n_embd"]), np.float32) if n_cached == 0 else None]
 
     def warm_up(h, p):
         """MTP warm-up over the prompt, chunk by chunk: row p pairs token p with trunk hidden p-1 (zeros at p = 0).
         Eager, as llama.cpp's process() after each prompt ubatch (a long prompt never holds all its hidden rows);
         `auto` defers it to a draft (its first rounds may not draft at all)."""
         if spec:
-            drafter.add_rows(prompt[p:p + len(h)], np.concatenate([before[0], h[:-1]]), p)
+            if before[0] is not None:
+                drafter.add_rows(prompt[p:p + len(h)], np.concatenate([before[0], h[:-1]]), p)
+            elif len(h) > 1:
+                drafter.add_rows(prompt[p + 1:p + len(h)], h[:-1], p + 1)
             if not auto:
                 drafter.flush()
         before[0] = h[-1:]
 
-    hidden, last_logits, last_argmax = engine.prefill(prompt, 0, on_hidden=warm_up, last_only=not spec)
+    hidden, last_logits, last_argmax = engine.prefill(prompt[n_cached:], n_cached, on_hidden=warm_up,
+                                                      last_only=not spec)
+    raw_logits = last_logits
+    if logit_bias is not None or constraint is not None:
+        last_logits = _target(last_logits[None], logit_bias, constraint, [])[0]
+        last_argmax = int(np.argmax(last_logits))
     id_last = last_argmax if chain.greedy else chain.sample(last_logits, rng.uniform(len(prompt), TARGET))
     pending_h, n_past = hidden[-1:], len(prompt)    # trunk hidden before id_last; the position id_last takes
     out: list[int] = []
     finish = rules.push(out, id_last)
+    if constraint is not None:
+        constraint.consume([id_last])
     vm0, t1 = dict(engine.vm_seconds), time.perf_counter()
+
+    def mark():
+        if extent is not None:
+            extent.n_past = n_past
+            if spec:
+                extent.n_mtp = drafter.pos0 if drafter.tok else n_past
+
+    mark()
+    if on_logits is not None:
+        on_logits(raw_logits[None], [id_last])
     yield [id_last]
 
     while finish is None:
@@ -280,22 +329,33 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
             drafter.add_rows([id_last], pending_h, n_past)
             if k > 0:
                 drafts, q = drafter.propose(n_past, k)
+        if constraint is not None and drafts:    # verify only the drafts the grammar accepts
+            drafts = drafts[:constraint.validate(drafts)]
+            q = q[:len(drafts)] if q is not None else None
         tv = time.perf_counter()
         hid, logits, am = engine.verify([id_last] + drafts, n_past)
         ts = time.perf_counter()
+        # the target rows on the host only when needed (greedy decoding reads the device argmax)
+        shaped = logit_bias is not None or constraint is not None
+        raw = logits.numpy() if (shaped or not chain.greedy or on_logits is not None) else None
+        target = _target(raw, logit_bias, constraint, drafts) if shaped else raw
+        if shaped:
+            am = np.argmax(target, axis=-1)
         if chain.greedy:
             a = next((i for i, d in enumerate(drafts) if int(am[i]) != d), len(drafts))
             token = int(am[a])
         elif q is None:
-            a, token = sample_and_match(chain, rng, logits.numpy(), drafts, n_past)
+            a, token = sample_and_match(chain, rng, target, drafts, n_past)
         else:
-            a, token = rejection_sample(chain, rng, logits.numpy(), drafts, q, n_past)
+            a, token = rejection_sample(chain, rng, target, drafts, q, n_past)
         te = time.perf_counter()
         new = drafts[:a] + [token]
         for m, t in enumerate(new, 1):
             finish = rules.push(out, t)
             if finish:
                 break
+        if constraint is not None:
+            constraint.consume(new[:m])
         engine.commit(m)        # the trunk keeps rows id_last, d1..d_{m-1} (recurrent states: their plane)
         if spec and m > 1:      # NextN rows of the emitted drafts, paired with the trunk hidden before each
             drafter.add_rows(new[:m - 1], hid[:m - 1], n_past + 1)
@@ -305,10 +365,26 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
         stats.verify_s += ts - tv
         stats.sampling_s += te - ts
         depth.observe(len(drafts), a, time.perf_counter() - tr, len(out))
+        mark()
+        if on_logits is not None:
+            on_logits(raw[:m], new[:m])
         yield new[:m]
     t2 = time.perf_counter()
     vm_s = {name: engine.vm_seconds[name] - vm0.get(name, 0.0) for name in engine.vm_seconds}
     return Generation(out, stats, t1 - t0, t2 - t1, finish, vm_s, rng.seed, n_past)
+
+
+def _target(rows, logit_bias, constraint, drafts):
+    """The target rows [k+1, V] a choice reads: + logit_bias, then row i masked (-inf) by the constraint's state after
+    drafts[:i] (consumed for the masks, then rolled back)."""
+    rows = rows + logit_bias if logit_bias is not None else rows.copy()
+    if constraint is not None:
+        for i in range(len(rows)):
+            rows[i][~constraint.allowed()] = -np.inf
+            if i < len(drafts) and i < len(rows) - 1:
+                constraint.consume([drafts[i]])
+        constraint.rollback(min(len(drafts), len(rows) - 1))
+    return rows
 
 
 def generate(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | str = 3, temp: float = 0.0,

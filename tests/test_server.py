@@ -216,7 +216,7 @@ def test_completion_stream_framing(client):
 
 def test_oai_streams_end_with_done(client):
     body = {"messages": [{"role": "user", "content": "What does os.path.join do?"}], "max_tokens": 12,
-            "temperature": 0}
+            "temperature": 0, "cache_prompt": False}   # the same usage twice: no prompt tokens cached
     whole = post(client, "/v1/chat/completions", body)
     assert whole["object"] == "chat.completion" and whole["choices"][0]["message"]["role"] == "assistant"
     r = client.post("/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}})

@@ -39,6 +39,9 @@ class ServeOptions:
     cache_type_k: str | None = None      # -ctk / -ctv: a GGUF is compiled with them (default f16), an artifact
     cache_type_v: str | None = None      # directory must have them (nextn.runtime.load)
     spec_type: str | None = None         # None: draft-mtp when the model has a NextN block
+    slot_prompt_similarity: float = 0.1  # -sps (llama-server's default)
+    cors_origins: tuple = ("*",)         # --cors-origins (llama-server's default: every origin)
+    slot_save_path: str | None = None    # --slot-save-path: POST /slots/{id}?action=save|restore files
     defaults: ServerDefaults = field(default_factory=ServerDefaults)
     draft_vocab: int | None = None       # --spec-draft-vocab / --spec-draft-vocab-file (nextn.runtime.load)
     draft_vocab_file: str | None = None
@@ -79,7 +82,8 @@ def load_state(state, opt: ServeOptions, log) -> None:
                                        tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
                                        tok.token_text(tok.eos_id))
     state.model = m
-    state.scheduler = Scheduler(engines, tok.token_to_bytes, log=log)
+    state.scheduler = Scheduler(engines, tok.token_to_bytes, log=log, speculative=d.spec_type != "none",
+                                similarity=opt.slot_prompt_similarity)
     state.scheduler.start()
 
 
@@ -88,15 +92,15 @@ def make_state(opt: ServeOptions):
 
     from .app import ServerState
 
-    try:
-        fp = f"nextn-{version('nextn')}"
+    try:     # llama-server's build string is b<build>-<commit>; clients and its tests read the leading "b"
+        fp = f"b{version('nextn')}-nextn"
     except Exception:
-        fp = "nextn"
+        fp = "b0-nextn"
     name = opt.alias or os.path.basename(os.path.normpath(opt.model))
     opt.defaults.n_parallel = opt.n_parallel
     return ServerState(defaults=opt.defaults, api_keys=list(opt.api_keys), metrics_enabled=opt.metrics,
                        slots_enabled=opt.slots, model_name=name, model_path=os.path.abspath(opt.model),
-                       fingerprint=fp)
+                       fingerprint=fp, cors_origins=tuple(opt.cors_origins), slot_save_path=opt.slot_save_path)
 
 
 class Running:

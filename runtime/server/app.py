@@ -3,6 +3,10 @@
 Middlewares, in llama-server's order (tools/server/server-http.cpp): while the model loads every route answers 503
 `unavailable_error` "Loading model"; with `--api-key` every route except /health and /v1/health needs
 `Authorization: Bearer KEY` (or `X-Api-Key: KEY`), else 401 `authentication_error` "Invalid API Key".
+CORS as llama-server (tools/server/server-http.cpp): a request whose `Origin` is allowed (`--cors-origins`, a
+comma-separated list, default `*`: every origin) gets `Access-Control-Allow-Origin: <its origin>` and
+`Access-Control-Allow-Credentials: true`; an OPTIONS request is a preflight, answered 200 before the loading and
+API key checks (browsers send no credentials in it) with the allowed methods (GET, POST) and headers.
 Errors are llama-server's objects (`errors.ApiError`); an unknown route (or method) is 404 `not_found_error`
 "File Not Found"; a body that is not JSON is 500 `server_error` as llama-server answers it (its JSON parse error
 is not an invalid-argument error). An unexpected exception in a route is a 500 and the server keeps serving.
@@ -36,6 +40,8 @@ class ServerState:
     eog: frozenset = frozenset()             # plain completion: EOS/EOG of the vocabulary
     chat_eog: frozenset = frozenset()        # chat: also the GLM end-of-turn tokens
     log: object = None
+    cors_origins: tuple = ("*",)            # --cors-origins
+    slot_save_path: str | None = None        # --slot-save-path: the folder of slot save / restore files
 
 
 class Gate:
@@ -47,11 +53,28 @@ class Gate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        h = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        origin = h.get("origin")
+        if origin is not None and ("*" in self.state.cors_origins or origin in self.state.cors_origins):
+            cors = [(b"access-control-allow-origin", origin.encode("latin-1")),
+                    (b"access-control-allow-credentials", b"true")]
+            inner = send
+
+            async def send(message):
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message.get("headers", []), *cors]}
+                await inner(message)
+        if scope["method"] == "OPTIONS":
+            from starlette.responses import Response
+
+            asked = h.get("access-control-request-headers", "*")
+            r = Response(b"", 200, headers={"Access-Control-Allow-Methods": "GET, POST",
+                                            "Access-Control-Allow-Headers": asked}, media_type="text/html")
+            return await r(scope, receive, send)
         err = None
         if not self.state.ready:
             err = ApiError("Loading model", "unavailable_error")
         elif self.state.api_keys and scope["path"] not in PUBLIC:
-            h = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
             key = h.get("authorization") or h.get("x-api-key") or ""
             if key.startswith("Bearer "):
                 key = key[len("Bearer "):]
@@ -59,6 +82,10 @@ class Gate:
                 err = ApiError("Invalid API Key", "authentication_error")
         if err is None:
             return await self.app(scope, receive, send)
+        if scope["path"].startswith("/v1/messages"):     # Anthropic's clients read Anthropic's error object
+            from .anthropic import error_response as anthropic_error
+
+            return await anthropic_error(err)(scope, receive, send)
         await error_response(err)(scope, receive, send)
 
 

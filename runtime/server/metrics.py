@@ -17,6 +17,7 @@ class Metrics:
         self._lock = threading.Lock()
         self.t_start = time.time()
         self.prompt_tokens = 0
+        self.prompt_tokens_cached = 0
         self.prompt_s = 0.0
         self.predicted_tokens = 0
         self.predicted_s = 0.0
@@ -33,7 +34,8 @@ class Metrics:
         """Count one finished request (an `Outcome` and its generated-token count)."""
         with self._lock:
             self.requests += 1
-            self.prompt_tokens += o.n_prompt
+            self.prompt_tokens += o.n_prompt - o.n_cached
+            self.prompt_tokens_cached += o.n_cached
             self.prompt_s += max(0.0, o.t_prompt - o.t_start) if o.t_prompt else 0.0
             self.predicted_tokens += n_gen
             self.predicted_steps += max(0, n_gen - 1)
@@ -52,7 +54,8 @@ class Metrics:
         with self._lock:
             counters = [
                 ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", self.prompt_tokens),
-                ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", 0),
+                ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
+                 self.prompt_tokens_cached),
                 ("prompt_seconds_total", "Total time spent processing prompts", self.prompt_s),
                 ("tokens_predicted_total", "Number of generation tokens processed", self.predicted_tokens),
                 ("tokens_predicted_seconds_total", "Total time spent generating tokens", self.predicted_s),

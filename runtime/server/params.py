@@ -41,6 +41,8 @@ class ServerDefaults(Settings):
     """What the command line sets."""
 
     n_parallel: int = 1
+    reasoning_format: str = "auto"       # --reasoning-format: none | deepseek | auto (chat_output.py)
+    reasoning_budget: int = -1           # --reasoning-budget: -1 unlimited, 0 thinking off (enable_thinking false)
 
 
 @dataclass
@@ -53,6 +55,12 @@ class GenParams(Settings):
     ignore_eos: bool = False
     return_tokens: bool = False
     timings_per_token: bool = False
+    cache_prompt: bool = True            # llama-server: reuse the slot's KV for the common prefix
+    logprobs: bool = False               # report each emitted token's log-probability (target model)
+    n_probs: int = 0                     # ... and the n most probable tokens of its row
+    logit_bias: object = None            # float32 [n_vocab] added to the target logits (-inf: banned), or None
+    constraint: object = None            # grammar.Constraint (grammar, json_schema, response_format, forced tools)
+    id_slot: int = -1                    # the slot to run on (-1: any)
 
     def settings_json(self) -> dict:
         """llama-server's `generation_settings` subset that applies here, plus the effective speculative values."""
@@ -137,6 +145,19 @@ def parse_gen_params(body: dict, d: ServerDefaults) -> GenParams:
     p.ignore_eos = _bool(body, ("ignore_eos",), False)
     p.return_tokens = _bool(body, ("return_tokens",), False)
     p.timings_per_token = _bool(body, ("timings_per_token",), False)
+    p.cache_prompt = _bool(body, ("cache_prompt",), True)
+    p.id_slot = _num(body, ("id_slot",), -1, int, -1, max(0, d.n_parallel - 1), hard=True)
+    # probabilities: /completion n_probs; chat logprobs (bool) + top_logprobs; /v1/completions logprobs (int)
+    p.n_probs = _num(body, ("n_probs",), 0, int, 0, 1024, hard=True)
+    lp = body.get("logprobs")
+    if isinstance(lp, bool):
+        p.logprobs = lp
+        if lp:
+            p.n_probs = _num(body, ("top_logprobs",), 0, int, 0, 20, hard=True)
+    elif lp is not None:
+        p.n_probs = _num(body, ("logprobs",), 0, int, 0, 20, hard=True)
+        p.logprobs = True
+    p.logprobs = p.logprobs or p.n_probs > 0
     n_cmpl = _num(body, ("n_cmpl", "n"), 1, int, 1, max(1, d.n_parallel), hard=True)
     if n_cmpl != 1:
         raise ApiError("Field 'n_cmpl': only one completion per request is supported")
@@ -157,3 +178,35 @@ def parse_gen_params(body: dict, d: ServerDefaults) -> GenParams:
     if p.spec_type == "none":
         p.n_max, p.n_min, p.p_min = 0, 0, 0.0
     return p
+
+
+def parse_logit_bias(body: dict, tokenizer, n_vocab: int):
+    """`logit_bias` as llama-server reads it (tools/server/server-task.cpp `params_from_json_cmpl`): an object
+    {"token id" or "text": bias} or an array of [token id or text, bias] pairs; a text applies to each of its tokens;
+    a bias of false bans the token (-inf). Returns float32 [n_vocab] or None. Raises ApiError (400) naming the field."""
+    import numpy as np
+
+    v = body.get("logit_bias")
+    if v is None or v == {} or v == []:
+        return None
+    if isinstance(v, dict):
+        pairs = list(v.items())
+    elif isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 for x in v):
+        pairs = v
+    else:
+        raise ApiError("Field 'logit_bias': expected an object {token: bias} or an array of [token, bias] pairs")
+    bias = np.zeros(n_vocab, np.float32)
+    for key, b in pairs:
+        if b is False:
+            b = -math.inf
+        elif _kind(b) != "number":
+            raise ApiError(f"Field 'logit_bias': the bias of {key!r} must be a number or false, got {_kind(b)}")
+        if isinstance(key, str) and key.lstrip("-").isdigit():
+            key = int(key)
+        ids = [key] if isinstance(key, int) and not isinstance(key, bool) else \
+            tokenizer.encode(key) if isinstance(key, str) else None
+        if ids is None or not all(0 <= t < n_vocab for t in ids):
+            raise ApiError(f"Field 'logit_bias': {key!r} is not a token id in [0, {n_vocab}) or a text")
+        for t in ids:
+            bias[t] += b
+    return bias

@@ -1,6 +1,7 @@
 """Request prompts → token ids / prompt text (llama-server `tokenize_mixed`, `oaicompat_chat_params_parse`)."""
 from __future__ import annotations
 
+from .chat_template import normalize_messages
 from .errors import ApiError
 
 
@@ -39,6 +40,19 @@ def chat_prompt(state, body: dict) -> str:
         raise ApiError("Field 'chat_template_kwargs': expected an object")
     if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
         raise ApiError('invalid type for "enable_thinking" (expected boolean, got string)')
+    if state.defaults.reasoning_budget == 0 and "enable_thinking" not in kwargs:   # llama-server --reasoning-budget 0
+        kwargs = {**kwargs, "enable_thinking": False}
     agp = body.get("add_generation_prompt", True)
     tools = body.get("tools") or None
-    return state.template.render(body["messages"], tools=tools, add_generation_prompt=agp is not False, **kwargs)
+    messages = body["messages"]
+    prefill = None
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict) \
+            and messages[-1].get("role") == "assistant":
+        # llama-server's assistant prefill: the reply continues the last assistant message (rendered after the
+        # generation prompt); two of them at the end are refused as there
+        if len(messages) > 1 and isinstance(messages[-2], dict) and messages[-2].get("role") == "assistant":
+            raise ApiError("Cannot have 2 or more assistant messages at the end of the list.")
+        prefill = normalize_messages(messages[-1:])[0].get("content") or ""
+        messages, agp = messages[:-1], True
+    text = state.template.render(messages, tools=tools, add_generation_prompt=agp is not False, **kwargs)
+    return text + prefill if prefill is not None else text

@@ -3,8 +3,10 @@
 - `/completion`: `content`, `tokens`, `stop`, `stop_type` (eos | word | limit), `stopping_word`,
   `tokens_predicted`, `tokens_evaluated`, `truncated`, `timings`, …;
 - `/v1/completions` (`text_completion`) and `/v1/chat/completions` (`chat.completion[.chunk]`): OpenAI's
-  `choices`, `finish_reason` (stop | length), `usage`, plus llama-server's `timings`.
-`timings` = prompt_n, prompt_ms, prompt_per_token_ms, prompt_per_second, predicted_n, predicted_ms,
+  `choices`, `finish_reason` (stop | length | tool_calls), `usage`, plus llama-server's `timings`; a chat message
+  or delta carries `content`, `reasoning_content` and `tool_calls` as `chat_output.ChatOutput` parses the reply.
+`timings` = cache_n (prompt tokens reused from the slot's cache), prompt_n (prompt tokens evaluated), prompt_ms,
+prompt_per_token_ms, prompt_per_second, predicted_n, predicted_ms,
 predicted_per_token_ms, predicted_per_second (rates over n_gen - 1 decode steps: the first token comes from the
 prompt pass), plus draft_n and draft_n_accepted only when drafts were made. nextn adds `speculative` (the effective
 per-request type, n_max, n_min, p_min) to every final object.
@@ -32,6 +34,7 @@ class Outcome:
     tokens: list = field(default_factory=list)
     finish: str | None = None          # eos | stop | length
     n_prompt: int = 0
+    n_cached: int = 0                  # prompt tokens reused from the slot's cache (not evaluated)
     n_past: int = 0                    # KV cells committed at the end
     drafted: int = 0
     accepted: int = 0
@@ -43,16 +46,18 @@ class Outcome:
     t_last: float = 0.0                # the last token is ready
     slot: int = -1
     n_predict: int = -1                # the request's budget, resolved (-1: until the context is full)
+    probs: list = field(default_factory=list)   # per emitted token (logprobs asked): (id, logprob, [(id, logprob)])
 
 
 def timings(o: Outcome, n_gen: int) -> dict:
     prompt_ms = max(0.0, (o.t_prompt - o.t_start) * 1e3) if o.t_prompt else 0.0
     steps = max(0, n_gen - 1)
     gen_ms = max(1e-3, (o.t_last - o.t_prompt) * 1e3) if n_gen > 0 and o.t_last else 0.0
-    t = {"cache_n": 0,
-         "prompt_n": o.n_prompt, "prompt_ms": prompt_ms,
-         "prompt_per_token_ms": prompt_ms / o.n_prompt if o.n_prompt else 0.0,
-         "prompt_per_second": 1e3 * o.n_prompt / prompt_ms if prompt_ms > 0 else 0.0,
+    n = o.n_prompt - o.n_cached
+    t = {"cache_n": o.n_cached,
+         "prompt_n": n, "prompt_ms": prompt_ms,
+         "prompt_per_token_ms": prompt_ms / n if n else 0.0,
+         "prompt_per_second": 1e3 * n / prompt_ms if prompt_ms > 0 else 0.0,
          "predicted_n": n_gen, "predicted_ms": gen_ms,
          "predicted_per_token_ms": gen_ms / steps if steps else 0.0,
          "predicted_per_second": 1e3 * steps / gen_ms if gen_ms > 0 else 0.0}
@@ -64,11 +69,25 @@ def timings(o: Outcome, n_gen: int) -> dict:
 
 def usage(o: Outcome, n_gen: int) -> dict:
     return {"completion_tokens": n_gen, "prompt_tokens": o.n_prompt, "total_tokens": n_gen + o.n_prompt,
-            "prompt_tokens_details": {"cached_tokens": 0}}
+            "prompt_tokens_details": {"cached_tokens": o.n_cached}}
 
 
-def finish_reason(o: Outcome) -> str:
-    return "stop" if o.finish in ("eos", "stop") else "length"
+def finish_reason(o: Outcome, tool_calls: bool = False) -> str:
+    """stop | length, or tool_calls when the reply ended (not cut by the budget or the context) with tool calls."""
+    if o.finish not in ("eos", "stop"):
+        return "length"
+    return "tool_calls" if tool_calls else "stop"
+
+
+def prob_entries(o: Outcome, start: int, stop: int, token_bytes) -> list:
+    """llama-server's `completion_token_output::to_json` for emitted tokens start..stop-1: id, token, bytes, logprob
+    (natural log of the target model's softmax of the row, before sampling), top_logprobs (the row's n_probs most
+    probable tokens, most probable first)."""
+    def one(t, lp):
+        b = token_bytes(t)
+        return {"id": t, "token": b.decode("utf-8", errors="replace"), "bytes": list(b), "logprob": lp}
+
+    return [{**one(t, lp), "top_logprobs": [one(i, x) for i, x in top]} for t, lp, top in o.probs[start:stop]]
 
 
 @dataclass
@@ -122,17 +141,18 @@ def chat_chunk(meta: Meta, delta: dict) -> dict:
     return {"choices": [{"finish_reason": None, "index": 0, "delta": delta}], **meta.oai("chat.completion.chunk")}
 
 
-def chat_final(o: Outcome, meta: Meta, content: str, n_gen: int, spec: dict) -> dict:
-    return {"choices": [{"finish_reason": finish_reason(o), "index": 0,
-                         "message": {"role": "assistant", "content": content}}],
+def chat_final(o: Outcome, meta: Meta, message: dict, n_gen: int, spec: dict) -> dict:
+    return {"choices": [{"finish_reason": finish_reason(o, "tool_calls" in message), "index": 0,
+                         "message": message}],
             **meta.oai("chat.completion"), "usage": usage(o, n_gen), "timings": timings(o, n_gen),
             "speculative": spec}
 
 
-def chat_final_chunks(o: Outcome, meta: Meta, n_gen: int, include_usage: bool, spec: dict) -> list[dict]:
+def chat_final_chunks(o: Outcome, meta: Meta, n_gen: int, include_usage: bool, spec: dict,
+                      tool_calls: bool = False) -> list[dict]:
     """The closing chunks of a chat stream: `delta: {}` with the finish reason, then (stream_options.include_usage)
     a chunk with empty `choices` and `usage`; the last one carries `timings`."""
-    out = [{"choices": [{"finish_reason": finish_reason(o), "index": 0, "delta": {}}],
+    out = [{"choices": [{"finish_reason": finish_reason(o, tool_calls), "index": 0, "delta": {}}],
             **meta.oai("chat.completion.chunk")}]
     if include_usage:
         out.append({"choices": [], **meta.oai("chat.completion.chunk"), "usage": usage(o, n_gen)})

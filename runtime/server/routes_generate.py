@@ -1,4 +1,6 @@
-"""Generation routes: POST /completion (+ /completions), /v1/completions, /v1/chat/completions (+ /chat/completions).
+"""Generation routes: POST /completion (+ /completions), /v1/completions, /v1/chat/completions (+ /chat/completions),
+Anthropic's /v1/messages (+ /v1/messages/count_tokens; `anthropic.py`) and OpenAI's /v1/responses
+(`oai_responses.py`), both translated into a chat request.
 
 A request is parsed (`params.parse_gen_params`), its prompt tokenized (for chat: rendered with the chat template
 first), checked against the slot context, and queued on the scheduler. Non-streaming, the answer is one JSON
@@ -16,15 +18,19 @@ import asyncio
 from starlette.requests import Request
 
 from ..text_stream import TextStream
+from . import anthropic, oai_responses
 from . import responses as R
 from . import sse
+from .chat_output import REASONING_FORMATS, THINK_OPEN, ChatOutput, tools_of
 from .errors import ApiError, exceed_context
+from .grammar import Constraint, grammar_of, tokenizer_of
 from .http import error_response, json_response, read_json
-from .params import parse_gen_params
+from .params import parse_gen_params, parse_logit_bias
 from .prompts import chat_prompt, tokens_of
 from .slots import Task
 
-COMPLETION, TEXT, CHAT = "completion", "text_completion", "chat"
+COMPLETION, TEXT, CHAT, MESSAGES, RESPONSES = "completion", "text_completion", "chat", "messages", "responses"
+CHATS = (CHAT, MESSAGES, RESPONSES)      # rendered with the chat template, replies parsed by ChatOutput
 
 
 def register(app, state) -> None:
@@ -43,22 +49,57 @@ def register(app, state) -> None:
     for path in ("/chat/completions", "/v1/chat/completions"):
         app.post(path)(chat)
 
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        try:
+            return await _generate(request, state, MESSAGES)
+        except ApiError as e:        # Anthropic's error object on this route
+            return anthropic.error_response(e)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        return await _generate(request, state, RESPONSES)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        try:
+            body = anthropic.to_chat(await read_json(request))
+            return json_response({"input_tokens": len(state.model.tokenizer.encode(chat_prompt(state, body)))})
+        except ApiError as e:
+            return anthropic.error_response(e)
+
 
 async def _generate(request: Request, state, kind: str):
     body = await read_json(request)
+    request_body = body
+    if kind == MESSAGES:
+        body = anthropic.to_chat(body)
+    elif kind == RESPONSES:
+        body = oai_responses.to_chat(body)
     p = parse_gen_params(body, state.defaults)
-    if kind == CHAT:
-        ids = state.model.tokenizer.encode(chat_prompt(state, body))
+    tok = state.model.tokenizer
+    n_vocab = int(state.model.engine.hparams.get("n_vocab") or tok.n_vocab)
+    p.logit_bias = parse_logit_bias(body, tok, n_vocab)
+    parser, tools = None, None
+    if kind in CHATS:
+        tools = tools_of(body)
+        reasoning = _reasoning_format(body, state.defaults)
+        text = chat_prompt(state, body)
+        parser = ChatOutput(tools, reasoning, in_think=text.rstrip().endswith(THINK_OPEN))
+        ids = state.model.tokenizer.encode(text)
     else:
         if body.get("prompt") is None:
             raise ApiError("'prompt' is required")
         ids = tokens_of(state, body["prompt"])
     if not ids:
         raise ApiError("the prompt is empty")
+    g = grammar_of(body, tools)
+    if g is not None:
+        p.constraint = Constraint(tokenizer_of(state), g, n_vocab)
     n_ctx = state.scheduler.n_ctx
     if len(ids) >= n_ctx:
         raise exceed_context(len(ids), n_ctx)
-    eog = frozenset() if p.ignore_eos else (state.chat_eog if kind == CHAT else state.eog)
+    eog = frozenset() if p.ignore_eos else (state.chat_eog if kind in CHATS else state.eog)
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
     def post(kind, value):       # called from the scheduler thread
@@ -71,39 +112,67 @@ async def _generate(request: Request, state, kind: str):
     state.scheduler.submit(task)
     meta = R.Meta(state.model_name, state.fingerprint)
     spec = {"type": p.spec_type, "n_max": p.n_max, "n_min": p.n_min, "p_min": p.p_min}
-    out = _Writer(state, kind, task, meta, spec, body)
+    if kind == MESSAGES:
+        out = anthropic.MessagesWriter(state, task, parser, state.model_name)
+    elif kind == RESPONSES:
+        out = oai_responses.ResponsesWriter(state, task, parser, state.model_name, request_body)
+    else:
+        out = _Writer(state, kind, task, meta, spec, parser)
+    watch = asyncio.ensure_future(_watch_disconnect(request, state, task))
     try:
         if not p.stream:
             while True:
-                k, v = await _next(q, request, state, task)
+                k, v = await _next(q, watch, state, task)
                 if k is None:
                     return json_response({})      # the client is gone; nobody reads this
                 if k == "error":
-                    return error_response(v)
+                    return out.error_response(v)
                 if k == "done":
                     return json_response(out.final(v))
-        k, v = await _next(q, request, state, task)   # the first event decides: error response, or a stream
+        k, v = await _next(q, watch, state, task)   # the first event decides: error response, or a stream
         if k is None:
             return json_response({})
         if k == "error":
-            return error_response(v)
+            return out.error_response(v)
     except BaseException:
         state.scheduler.cancel(task)
         raise
+    finally:
+        watch.cancel()     # a stream is watched by Starlette's StreamingResponse (it closes `_stream`)
     from starlette.responses import StreamingResponse
 
     return StreamingResponse(_stream(out, q, state, task, (k, v)), media_type=sse.MEDIA_TYPE)
 
 
-async def _next(q, request, state, task):
-    """The next scheduler event; (None, None) once the client has disconnected (the request is then cancelled)."""
+def _reasoning_format(body, d) -> str:
+    v = body.get("reasoning_format")
+    if v is None:
+        return d.reasoning_format
+    if v not in REASONING_FORMATS:
+        raise ApiError(f"Field 'reasoning_format': expected one of {', '.join(REASONING_FORMATS)}, got {v!r}")
+    return v
+
+
+async def _watch_disconnect(request, state, task) -> None:
+    """Wait for the client's http.disconnect (the body is read, so the next ASGI message is that one) and cancel the
+    request at once: its slot is freed at the scheduler's next turn, before another decode round of it."""
     while True:
-        try:
-            return await asyncio.wait_for(q.get(), timeout=1.0)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                state.scheduler.cancel(task)
-                return None, None
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            state.scheduler.cancel(task)
+            return
+
+
+async def _next(q, watch, state, task):
+    """The next scheduler event; (None, None) once the client has disconnected (the request is then cancelled)."""
+    get = asyncio.ensure_future(q.get())
+    done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
+    if get in done:
+        return get.result()
+    get.cancel()
+    if watch.exception() is not None:     # the connection failed some other way: nobody will read the answer
+        state.scheduler.cancel(task)
+    return None, None
 
 
 async def _stream(out, q, state, task, first):
@@ -117,12 +186,12 @@ async def _stream(out, q, state, task, first):
                     yield chunk
             elif k == "error":
                 done = True
-                yield sse.event({"error": v.to_json()})
+                yield out.error_event(v)
                 return
             else:
                 done = True
                 yield out.final_stream(v)
-                if out.kind != COMPLETION:
+                if out.kind in (TEXT, CHAT):
                     yield sse.DONE
                 return
             k, v = await q.get()
@@ -134,14 +203,24 @@ async def _stream(out, q, state, task, first):
 class _Writer:
     """Builds one request's response objects of its route family from the token events."""
 
-    def __init__(self, state, kind, task, meta, spec, body):
+    def __init__(self, state, kind, task, meta, spec, parser):
         self.state, self.kind, self.task, self.meta, self.spec = state, kind, task, meta, spec
+        self.parser = parser         # chat: the reply's reasoning / content / tool calls (chat_output.ChatOutput)
         tok = state.model.tokenizer
         self.text = TextStream(tok.token_to_bytes, task.params.stop)
         self.n_gen = 0
         self.role_sent = False
+        self.n_probs_sent = 0        # tokens whose probabilities went out in a chunk already
 
     # -- streaming ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def error_event(e: ApiError) -> bytes:
+        return sse.event({"error": e.to_json()})
+
+    @staticmethod
+    def error_response(e: ApiError):
+        return error_response(e)
+
     def tokens(self, toks) -> bytes:
         objs = []
         for t in toks:
@@ -163,11 +242,25 @@ class _Writer:
             if not self.role_sent:
                 objs.append(R.chat_chunk(self.meta, {"role": "assistant", "content": None}))
                 self.role_sent = True
-            if piece:
-                objs.append(R.chat_chunk(self.meta, {"content": piece}))
+            deltas = self.parser.push(piece) if piece else []
+            if tok is None:
+                deltas += self.parser.finish()
+            objs += [R.chat_chunk(self.meta, d) for d in deltas]
         if objs and self.task.params.timings_per_token:   # llama-server: timings on every partial when asked
             objs[-1]["timings"] = R.timings(o, self.n_gen)
+        if objs and self.task.params.logprobs:            # the tokens since the last chunk that carried theirs
+            self._attach_probs(objs[-1], self.n_gen if tok is not None else len(o.probs))
         return objs
+
+    def _probs(self, start: int, stop: int) -> list:
+        return R.prob_entries(self.task.outcome, start, stop, self.state.model.tokenizer.token_to_bytes)
+
+    def _attach_probs(self, obj: dict, upto: int) -> None:
+        entries, self.n_probs_sent = self._probs(self.n_probs_sent, upto), max(self.n_probs_sent, upto)
+        if self.kind == COMPLETION:
+            obj["completion_probabilities"] = entries
+        elif obj.get("choices"):
+            obj["choices"][0]["logprobs"] = {"content": entries}
 
     def final_stream(self, o) -> bytes:
         rest = self.text.finish()
@@ -176,9 +269,15 @@ class _Writer:
             return sse.event(self._completion(o, rest, [], n_gen))
         if self.kind == TEXT:
             last = R.text_final(o, self.meta, rest, n_gen, self.spec)
+            if self.task.params.logprobs:
+                self._attach_probs(last, len(o.probs))
             return sse.event(last)
-        objs = self._piece(rest, None) if rest or not self.role_sent else []
-        return sse.event(objs + R.chat_final_chunks(o, self.meta, n_gen, self.task.params.include_usage, self.spec))
+        objs = self._piece(rest, None)
+        fin = R.chat_final_chunks(o, self.meta, n_gen, self.task.params.include_usage, self.spec,
+                                  bool(self.parser.tool_calls))
+        if self.task.params.logprobs and self.n_probs_sent < len(o.probs):
+            self._attach_probs(fin[0], len(o.probs))
+        return sse.event(objs + fin)
 
     # -- one object -----------------------------------------------------------------------------------------------
     def final(self, o) -> dict:
@@ -190,12 +289,21 @@ class _Writer:
         if self.kind == COMPLETION:
             return self._completion(o, content, o.tokens if self.task.params.return_tokens else [], n_gen)
         if self.kind == TEXT:
-            return R.text_final(o, self.meta, content, n_gen, self.spec)
-        return R.chat_final(o, self.meta, content, n_gen, self.spec)
+            r = R.text_final(o, self.meta, content, n_gen, self.spec)
+        else:
+            self.parser.push(content)
+            self.parser.finish()
+            r = R.chat_final(o, self.meta, self.parser.message(), n_gen, self.spec)
+        if self.task.params.logprobs:
+            self._attach_probs(r, len(o.probs))
+        return r
 
     def _completion(self, o, content, tokens, n_gen) -> dict:
         tok = self.state.model.tokenizer
-        return R.completion_final(o, self.meta, content=content, tokens=tokens, n_gen=n_gen,
-                                  stopping_word=self.text.stopped_by or "", prompt=tok.decode(self.task.prompt_ids),
-                                  settings=self.task.params.settings_json(), spec=self.spec)
+        r = R.completion_final(o, self.meta, content=content, tokens=tokens, n_gen=n_gen,
+                               stopping_word=self.text.stopped_by or "", prompt=tok.decode(self.task.prompt_ids),
+                               settings=self.task.params.settings_json(), spec=self.spec)
+        if self.task.params.logprobs and not self.task.params.stream:
+            self._attach_probs(r, len(o.probs))
+        return r
 

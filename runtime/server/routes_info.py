@@ -12,6 +12,13 @@ from .http import json_response, read_json
 from .prompts import chat_prompt, tokens_of
 
 
+def valid_filename(name) -> bool:
+    """A plain file name inside --slot-save-path (llama-server `fs_validate_filename`): no folders, no leading dot,
+    printable, at most 255 bytes."""
+    return (isinstance(name, str) and 0 < len(name.encode("utf-8")) <= 255 and name.isprintable()
+            and "/" not in name and "\\" not in name and not name.startswith("."))
+
+
 def model_info(state) -> dict:
     eng = state.model.engine
     h = eng.hparams
@@ -66,6 +73,51 @@ def register(app, state) -> None:
                            "not_supported_error")
         return json_response(state.scheduler.slots_json())
 
+    @app.post("/slots/{id_slot}")
+    async def slot_action(id_slot: str, request: Request):
+        """llama-server's slot actions: save / restore the slot's prompt cache to / from a file in --slot-save-path,
+        erase it. Run on the scheduler thread, between decode steps; a busy slot is refused."""
+        import asyncio
+        import os
+
+        if not state.slots_enabled:
+            raise ApiError("This server does not support slots endpoint. Start it without `--no-slots`",
+                           "not_supported_error")
+        action = request.query_params.get("action", "")
+        try:
+            slot = state.scheduler.slots[int(id_slot)]
+        except (ValueError, IndexError):
+            raise ApiError(f"Invalid slot ID: {id_slot}") from None
+        if action not in ("save", "restore", "erase"):
+            raise ApiError(f"Invalid action: {action!r} (expected save, restore or erase)")
+        if action == "erase":
+            body, path = {}, None
+        else:
+            if not state.slot_save_path:
+                raise ApiError("This server does not support slots action. Start it with `--slot-save-path`",
+                               "not_supported_error")
+            body = await read_json(request)
+            name = body.get("filename")
+            if not valid_filename(name):
+                raise ApiError("Invalid filename")
+            path = os.path.join(state.slot_save_path, name)
+
+        def run():
+            if slot.task is not None:
+                raise ApiError(f"slot {slot.id} is busy; retry when its request is done")
+            t0 = time.perf_counter()
+            if action == "erase":
+                return {"id_slot": slot.id, "n_erased": slot.erase()}
+            n_bytes = slot.save(path) if action == "save" else slot.restore(path)
+            ms = (time.perf_counter() - t0) * 1e3
+            if action == "save":
+                return {"id_slot": slot.id, "filename": body["filename"], "n_saved": len(slot.cache),
+                        "n_written": n_bytes, "timings": {"save_ms": ms}}
+            return {"id_slot": slot.id, "filename": body["filename"], "n_restored": len(slot.cache), "n_read": n_bytes,
+                    "timings": {"restore_ms": ms}}
+
+        return json_response(await asyncio.wrap_future(state.scheduler.call(run)))
+
     @app.get("/metrics")
     async def metrics():
         from starlette.responses import Response
@@ -74,8 +126,10 @@ def register(app, state) -> None:
             raise ApiError("This server does not support metrics endpoint. Start it with `--metrics`",
                            "not_supported_error")
         processing, deferred = state.scheduler.counts()
-        return Response(state.scheduler.metrics.render(processing, deferred), media_type="text/plain; version=0.0.4",
-                        headers={"Process-Start-Time-Unix": str(int(state.scheduler.metrics.t_start))})
+        r = Response(state.scheduler.metrics.render(processing, deferred), media_type="text/plain; version=0.0.4")
+        # spelled as llama-server sends it: Starlette lower-cases the headers it is given, the raw list is sent as is
+        r.raw_headers.append((b"Process-Start-Time-Unix", str(int(state.scheduler.metrics.t_start)).encode()))
+        return r
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

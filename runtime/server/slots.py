@@ -5,9 +5,16 @@ and runs one request at a time as a `speculative.decode` generator, which carrie
 sampler RNG and counters. One background thread, the scheduler, steps the busy slots round-robin, one decode step
 (prefill, or one verify round) per turn, so the asyncio loop that serves HTTP never waits on the model and a long
 request does not hold the others back. More requests than slots wait in a FIFO queue. A request that finishes, hits
-a finish rule, fails or whose client went away frees its slot; its KV cells are simply overwritten by the next
-request of that slot (static, position-indexed KV: a new sequence starts at position 0) and no slot ever reads or
-writes another slot's buffers. Results travel to the asyncio side through the request's `post` callback:
+a finish rule, fails or whose client went away frees its slot, and no slot ever reads or writes another slot's buffers.
+
+Prompt cache (llama-server `cache_prompt`, default on): a slot keeps the tokens its KV cells hold (`Slot.cache`:
+prompt and generated tokens, as `speculative.CacheExtent` reports them, also for a cancelled request) and how many
+of them have their NextN rows; the next request on that slot prefills only what follows the longest common prefix
+(`Slot.reusable`; cells past it are overwritten before they are read: static, position-indexed KV). A request goes
+to the idle slot whose cache shares the largest fraction of its prompt, above `--slot-prompt-similarity`, else to the
+least recently used one (`Scheduler._pick`, llama-server `get_available_slot`). Models with recurrent states
+(glm5next's KDA) keep the state of one position only, so their slots never reuse a prefix.
+Results travel to the asyncio side through the request's `post` callback:
 ("tokens", [ids]) per step, then ("done", Outcome) or ("error", ApiError).
 Semantics of the slot cycle: llama.cpp tools/server/server-context.cpp (`update_slots`, `process_token`).
 """
@@ -15,10 +22,13 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from nextn.common.errors import NextnError
 
@@ -40,41 +50,141 @@ class Task:
     outcome: Outcome = field(default_factory=Outcome)
 
 
+def common_prefix(a, b) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class Slot:
-    def __init__(self, i: int, engine):
-        self.id, self.engine = i, engine
+    """One engine sequence and its prompt cache: `cache` the tokens whose trunk KV cells the sequence holds,
+    `n_mtp` how many of them have their NextN rows too (`speculative.CacheExtent`)."""
+
+    def __init__(self, i: int, engine, speculative: bool = False):
+        self.id, self.engine, self.speculative = i, engine, speculative
         self.task: Task | None = None
         self.steps = None
         self.n_gen = 0
+        self.cache: list = []
+        self.n_mtp = 0
+        self.emitted: list = []
+        self.extent = None
+        self.t_last_used = 0.0
+        # recurrent states (glm5next's KDA) hold the state at one position only: no prefix of it can be reused
+        self.can_reuse = not getattr(engine, "recurrent", None)
 
     @property
     def n_ctx(self) -> int:
         return self.engine.n_ctx
 
+    def reusable(self, prompt, p: GenParams) -> int:
+        """Prompt tokens this slot need not evaluate again (llama-server `cache_prompt`): the longest common prefix
+        of its cache and `prompt`, less one so that the last prompt token is evaluated (its logits are needed);
+        with speculation also within the NextN rows it holds, less one more (the NextN row after the prefix pairs
+        with the trunk hidden of the prefix's last token, which is not kept: that token is evaluated again)."""
+        if not (p.cache_prompt and self.can_reuse and self.cache):
+            return 0
+        n = common_prefix(self.cache, prompt)
+        if p.spec_type == "draft-mtp":
+            if p.n_max == "auto" and self.engine.max_draft not in self.engine.__dict__.get("_nextn_round_costs", {}):
+                return 0     # depth.calibrate runs first, writing cells from position 0
+            return max(0, min(n, self.n_mtp) - 1)
+        return min(n, len(prompt) - 1)
+
     def start(self, task: Task, token_bytes) -> None:
+        from ..speculative import CacheExtent
+
         p = task.params
         o = task.outcome
+        spec = p.spec_type == "draft-mtp"
+        n_cached = self.reusable(task.prompt_ids, p)
         o.slot, o.n_prompt, o.t_start = self.id, len(task.prompt_ids), time.perf_counter()
+        o.n_cached = n_cached
         o.n_predict = p.n_predict
         budget = self.n_ctx if p.n_predict < 0 else max(1, p.n_predict)
-        self.task, self.n_gen = task, 0
-        self.steps = decode(self.engine, task.prompt_ids, budget, spec=p.spec_type == "draft-mtp",
-                            n_max=p.n_max if p.spec_type == "draft-mtp" else 0, temp=p.temperature,
+        self.task, self.n_gen, self.emitted, self.extent = task, 0, [], CacheExtent()
+        # until the first step reports, the caches are known to hold the reused prefix only
+        self.n_mtp = min(self.n_mtp, n_cached + 1 if spec else n_cached)
+        self.cache = list(task.prompt_ids[:n_cached])
+        self.t_last_used = time.time()
+        self.steps = decode(self.engine, task.prompt_ids, budget, spec=spec,
+                            n_max=p.n_max if spec else 0, temp=p.temperature,
                             seed=None if p.seed < 0 else p.seed & 0xFFFFFFFF, eog_ids=task.eog_ids,
                             top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, n_min=p.n_min, p_min=p.p_min,
-                            draft_sampling=p.draft_sampling, stop=p.stop, token_bytes=token_bytes)
+                            draft_sampling=p.draft_sampling, stop=p.stop, token_bytes=token_bytes,
+                            n_cached=n_cached, extent=self.extent,
+                            on_logits=self._on_logits if p.logprobs else None, logit_bias=p.logit_bias,
+                            constraint=p.constraint)
 
-    def release(self) -> None:
+    def _on_logits(self, rows, tokens) -> None:
+        """Each emitted token's log-probability and its row's n_probs best (float64 log-softmax of the logits)."""
+        n = min(self.task.params.n_probs, rows.shape[-1])
+        for row, t in zip(rows, tokens):
+            z = row.astype(np.float64)
+            lp = z - (z.max() + np.log(np.exp(z - z.max()).sum()))
+            top = np.argpartition(-lp, n - 1)[:n] if n else np.zeros(0, np.int64)
+            top = top[np.argsort(-lp[top], kind="stable")]
+            self.task.outcome.probs.append((int(t), float(lp[t]), [(int(i), float(lp[i])) for i in top]))
+
+    def release(self, failed: bool = False) -> None:
+        """End the slot's request (finished, cancelled or failed); the cache keeps what the KV holds."""
         if self.steps is not None:
             self.steps.close()
-        self.task, self.steps = None, None
+        e = self.extent
+        if failed:
+            self.cache, self.n_mtp = [], 0
+        elif self.task is not None and e is not None and e.n_past is not None:
+            self.cache = (list(self.task.prompt_ids) + self.emitted)[:e.n_past]
+            self.n_mtp = e.n_mtp if e.n_mtp is not None else min(self.n_mtp, e.n_past)
+        self.task, self.steps, self.extent, self.n_gen = None, None, None, 0
+
+    # -- slot actions (llama-server POST /slots/{id}?action=save|restore|erase) -----------------------------------
+    def erase(self) -> int:
+        n, self.cache, self.n_mtp = len(self.cache), [], 0
+        return n
+
+    def save(self, path: str) -> int:
+        """Write the cache's tokens and the sequence's state buffers (whole) to `path` (numpy .npz); returns bytes."""
+        if not self.can_reuse:
+            raise ApiError("this model's slots keep no prompt cache (its recurrent state exists at one position only)")
+        arrays = {f"state.{k}": v.numpy() for k, v in self.engine.states.items()}
+        with open(path, "wb") as f:
+            np.savez(f, tokens=np.asarray(self.cache, np.int32), n_mtp=np.int64(self.n_mtp), **arrays)
+        return os.path.getsize(path)
+
+    def restore(self, path: str) -> int:
+        """Read a `save` file into this slot; ApiError (400) when it is not one or was made for another model."""
+        if not self.can_reuse:
+            raise ApiError("this model's slots keep no prompt cache (its recurrent state exists at one position only)")
+        try:
+            with np.load(path) as z:
+                data = {k: z[k] for k in z.files}
+        except FileNotFoundError:
+            raise ApiError(f"slot file {os.path.basename(path)!r} not found", "not_found_error") from None
+        except (OSError, ValueError) as e:
+            raise ApiError(f"slot file {os.path.basename(path)!r} is not a saved slot: {e}") from None
+        states = self.engine.states
+        want = {f"state.{k}": (tuple(v.shape), str(v.dtype)) for k, v in states.items()}
+        have = {k: (tuple(v.shape), str(v.dtype)) for k, v in data.items() if k.startswith("state.")}
+        if want != have or "tokens" not in data or len(data["tokens"]) > self.n_ctx:
+            raise ApiError(f"slot file {os.path.basename(path)!r} was saved by another model or context size")
+        self.cache, self.n_mtp = [], 0       # until every buffer is in
+        for k, v in states.items():
+            v.copyfrom(np.ascontiguousarray(data[f"state.{k}"]))
+        self.cache, self.n_mtp = [int(t) for t in data["tokens"]], int(data["n_mtp"])
+        return os.path.getsize(path)
 
     def to_json(self) -> dict:
         t = self.task
         n_prompt = len(t.prompt_ids) if t else 0
+        n_cached = t.outcome.n_cached if t else 0
         return {"id": self.id, "id_task": t.id if t else -1, "n_ctx": self.n_ctx, "n_prompt_tokens": n_prompt,
-                "n_prompt_tokens_processed": n_prompt if self.n_gen else 0, "n_prompt_tokens_cache": 0,
-                "speculative": bool(t and t.params.spec_type != "none"), "is_processing": t is not None,
+                "n_prompt_tokens_processed": n_prompt - n_cached if self.n_gen else 0,
+                "n_prompt_tokens_cache": n_cached, "n_past": len(self.cache),
+                "speculative": self.speculative, "is_processing": t is not None,
                 "next_token": [{"has_next_token": t is not None, "has_new_line": False,
                                 "n_remain": (t.params.n_predict - self.n_gen if t and t.params.n_predict >= 0 else -1),
                                 "n_decoded": self.n_gen}]}
@@ -83,12 +193,15 @@ class Slot:
 class Scheduler:
     """Start with `start()`; `submit(task)` from any thread; `cancel(task)` when its client is gone."""
 
-    def __init__(self, engines, token_bytes, metrics: Metrics | None = None, log=None):
-        self.slots = [Slot(i, e) for i, e in enumerate(engines)]
+    def __init__(self, engines, token_bytes, metrics: Metrics | None = None, log=None, speculative: bool = False,
+                 similarity: float = 0.1):
+        self.slots = [Slot(i, e, speculative) for i, e in enumerate(engines)]
+        self.similarity = similarity     # --slot-prompt-similarity
         self.token_bytes = token_bytes
         self.metrics = metrics or Metrics()
         self.log = log or (lambda m: print(m, file=sys.stderr))
         self._queue: collections.deque[Task] = collections.deque()
+        self._calls: collections.deque = collections.deque()   # (fn, concurrent Future): run between steps
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="nextn-scheduler", daemon=True)
@@ -122,6 +235,17 @@ class Scheduler:
                 self._queue.remove(task)
             self._cv.notify()
 
+    def call(self, fn):
+        """Run fn() on the scheduler thread between decode steps (the only thread that touches the engines); returns
+        a concurrent.futures.Future of its result."""
+        import concurrent.futures
+
+        fut = concurrent.futures.Future()
+        with self._cv:
+            self._calls.append((fn, fut))
+            self._cv.notify()
+        return fut
+
     def counts(self) -> tuple[int, int]:
         """(requests processing, requests waiting for a slot)."""
         with self._cv:
@@ -139,19 +263,49 @@ class Scheduler:
         self._started.set()
         while True:
             with self._cv:
-                while not self._stop and not self._queue and all(s.task is None for s in self.slots):
+                while not self._stop and not self._calls and not (self._queue and self._idle()) \
+                        and all(s.task is None for s in self.slots):
                     self._cv.wait()
                 if self._stop:
                     for s in self.slots:
                         s.release()
                     return
-                for s in self.slots:
-                    if s.task is None and self._queue:
-                        task = self._queue.popleft()
-                        s.start(task, self.token_bytes)
+                calls, self._calls = list(self._calls), collections.deque()
+                for task in list(self._queue):      # FIFO; a task that asked for a busy slot waits for it
+                    slot = self._pick(task)
+                    if slot is not None:
+                        self._queue.remove(task)
+                        slot.start(task, self.token_bytes)
                 busy = [s for s in self.slots if s.task is not None]
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:     # noqa: BLE001 - handed to the waiting route
+                    fut.set_exception(e)
             for s in busy:
                 self._step(s)
+
+    def _idle(self) -> bool:
+        return any(s.task is None for s in self.slots)
+
+    def _pick(self, task: Task) -> Slot | None:
+        """An idle slot for `task` (llama-server `get_available_slot`), or None: the one the request named
+        (`id_slot`), when idle; else the one whose cache shares the largest fraction of the prompt as a common
+        prefix, above --slot-prompt-similarity (0: off); else the least recently used one."""
+        if task.params.id_slot >= 0:
+            s = self.slots[task.params.id_slot]
+            return s if s.task is None else None
+        idle = [s for s in self.slots if s.task is None]
+        if not idle:
+            return None
+        best, best_sim = None, 0.0
+        if self.similarity > 0 and task.params.cache_prompt:
+            for s in idle:
+                if s.cache:
+                    sim = common_prefix(s.cache, task.prompt_ids) / len(task.prompt_ids)
+                    if sim > best_sim and sim > self.similarity:
+                        best, best_sim = s, sim
+        return best or min(idle, key=lambda s: s.t_last_used)
 
     def _step(self, s: Slot) -> None:
         task = s.task
@@ -165,13 +319,13 @@ class Scheduler:
             self._finish(s, e.value)
             return
         except NextnError as e:
+            self._free(s, failed=True)
             task.post("error", ApiError(str(e), "server_error"))
-            self._free(s)
             return
         except Exception as e:   # a bug: answer 500 and keep serving the other slots
             self.log(f"nextn serve: slot {s.id}: {type(e).__name__}: {e}")
+            self._free(s, failed=True)
             task.post("error", ApiError(f"internal error: {type(e).__name__}: {e}", "server_error"))
-            self._free(s)
             return
         now = time.perf_counter()
         if s.n_gen == 0:
@@ -182,6 +336,7 @@ class Scheduler:
             return
         o.t_last = now
         s.n_gen += len(toks)
+        s.emitted += toks
         task.post("tokens", toks)
 
     def _finish(self, s: Slot, g) -> None:
@@ -194,9 +349,10 @@ class Scheduler:
 
     def _report(self, s: Slot, o: Outcome) -> None:
         self.metrics.add(o, len(o.tokens))
-        s.task.post("done", o)
-        self._free(s)
+        task = s.task
+        self._free(s)            # first: a client that reads /slots after its answer sees the slot idle, cache kept
+        task.post("done", o)
 
-    def _free(self, s: Slot) -> None:
+    def _free(self, s: Slot, failed: bool = False) -> None:
         with self._cv:
-            s.release()
+            s.release(failed)
