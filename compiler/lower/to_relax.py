@@ -15,7 +15,7 @@ from tvm import relax, tirx
 
 from nextn.compiler.ir import Graph, rope
 
-from . import attention, dsa_kernels, kda_kernels, te_ops
+from . import attention, cuda, dsa_kernels, kda_kernels, te_ops
 
 
 def dim_expr(d, sym):
@@ -172,6 +172,8 @@ def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool = False)
                           primfunc_name_hint="kpool_expand")
     flat, rebuild = _flatten(args)
     fn = getattr(te_ops, op)
+    if kernels.gpu and not kernels.emulate and op in cuda.TE_OPS:   # dequantization as a stage: lower/cuda/gemv.py
+        fn = cuda.TE_OPS[op]
     extra = {
         "rms_norm": lambda: (at["eps"],),
         "scale": lambda: (at["s"], at.get("b", 0.0)),
