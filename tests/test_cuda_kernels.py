@@ -8,7 +8,7 @@
   builds for CUDA sm_90 for every format, with the launch shape it means (a warp per weight row, 4 per block;
   blockIdx.y = ceil(T / 8) row tiles, or the (row, slot) pairs of mul_mat_id), and its CUDA source reads the weight
   once per 8-row tile: the dynamic-T kernel holds exactly as many weight loads as the one-row kernel, and 8 times
-  the activation loads.
+  the activation loads; float weights and the one-row kernels' activations are read with 128-bit loads.
 - Whole fixtures: every matmul PrimFunc of tiny glm4moe (Q8_0, Q4_K_M, BF16) is taken by "cuda:gemv" in the
   schedule report, and Q8_0 / Q4_K_M compile for sm_90.
 """
@@ -191,16 +191,20 @@ def _subst_T(e, T: int) -> int:
 def test_weight_read_once_per_row_tile(ttype):
     """In the generated CUDA source, the dynamic-T mul_mat kernel (8-row tiles) loads the weight exactly as often
     as the one-row decode kernel, and loads activations 8 times as often: the weight is read once for all the rows
-    of a tile. Float weights are read with 128-bit vector loads (K a multiple of a warp step, 32 x 16 bytes)."""
-    K = 512 if ttype == "F32" else None
+    of a tile. With K a multiple of a warp step (32 lanes x 8 elements), float weights and the one-row kernel's
+    activations are read with 128-bit loads."""
+    K = 512
     dyn, tgt = _scheduled(ttype, K=K)
     one, _ = _scheduled(ttype, rows=1, K=K)
     src_dyn = _cuda_source({"mul_mat": dyn["mul_mat"]}, tgt)
     src_one = _cuda_source({"mul_mat": one["mul_mat"]}, tgt)
     w_loads = [len(re.findall(r"\bw_ptr\b", s)) for s in (src_dyn, src_one)]
-    x_loads = [len(re.findall(r"\bx_ptr\[", s)) for s in (src_dyn, src_one)]
+    # activation elements loaded: scalar loads, and float4 loads of 4 (the one-row kernel's)
+    x_elems = [len(re.findall(r"\bx_ptr\[", s)) + 4 * len(re.findall(r"\(float4\*\)\(x_ptr \+", s))
+               for s in (src_dyn, src_one)]
     assert w_loads[0] == w_loads[1] > 2, w_loads                       # > 2: more than the two declarations
-    assert x_loads[0] == gemv.TILE_ROWS * x_loads[1] > 0, x_loads
+    assert x_elems[0] == gemv.TILE_ROWS * x_elems[1] > 0, x_elems
+    assert "(float4*)(x_ptr +" in src_one
     if ttype in ("BF16", "F16", "F32"):
         assert re.search(r"= \*\((?:float4|uint4)\*\)\(w_ptr \+", src_dyn), ttype
 

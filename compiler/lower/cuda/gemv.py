@@ -23,6 +23,8 @@ Reference for the structure: llama.cpp ggml-cuda mmvq.cu (a warp per row, up to 
 """
 from __future__ import annotations
 
+import re
+
 import tvm_ffi
 from tvm import tirx
 
@@ -34,6 +36,7 @@ TILE_ROWS = 8    # activation rows per pass over the weight (registers per lane:
 WARPS = 4        # weight rows per thread block (one warp each)
 LANES = 32
 _VEC_BYTES = 16
+UNROLL = 4       # warp steps (32 x VEC elements of k) per unrolled loop body
 
 
 def _vec(dtype: str, K: int) -> tuple[int, bool]:
@@ -45,7 +48,8 @@ def _vec(dtype: str, K: int) -> tuple[int, bool]:
 
 
 def _named(sch, blocks, name):
-    return [b for b in blocks if sch.get(b).name_hint == name or sch.get(b).name_hint.startswith(name + "_")]
+    """The blocks called `name` (or `name`_1 ...: FuseTIR's renaming)."""
+    return [b for b in blocks if re.fullmatch(rf"{name}(_\d+)?", sch.get(b).name_hint)]
 
 
 def _index(sch, blocks, blk) -> int:
@@ -66,9 +70,12 @@ def schedule(func: tirx.PrimFunc, target):
         return None
     deq, mm = deqs[0], mms[0]
     i_mm = _index(sch, blocks, mm)
-    for b in blocks[:i_mm]:   # element-wise producers of the activations (SwiGLU, a division): into the reads
-        if not sch.get(b).same_as(sch.get(deq)):
-            sch.compute_inline(b)
+    stages = list(sch.get_producers(deq))    # the K-quants' sub-block factors (te.SCALE, te.MIN)
+    weight_side = [sch.get(b) for b in (deq, *stages)]
+    # element-wise producers of the activations (SwiGLU, a division): into the reads (chosen before inlining
+    # changes the block nodes)
+    for b in [b for b in blocks[:i_mm] if not any(sch.get(b).same_as(w) for w in weight_side)]:
+        sch.compute_inline(b)
     tail = blocks[i_mm + 1:]
     node = sch.get(mm)
     kinds = [iv.iter_type for iv in node.iter_vars]
@@ -96,6 +103,7 @@ def schedule(func: tirx.PrimFunc, target):
     if row_axes:
         rows = static_extent(sch.get(loops[row_axes[0]]).extent)
         tile = TILE_ROWS if rows is None else min(TILE_ROWS, rows)
+    rows_static = not row_axes or rows is not None
     if tile > 1 and rows is None:
         # pad the row axis to whole tiles: the accumulators are then a static [tile] register array (a split of a
         # symbolic extent would leave them sized by T); the padded rows read x as 0 and are never stored
@@ -138,9 +146,15 @@ def schedule(func: tirx.PrimFunc, target):
     sch.bind(ny, "threadIdx.y")
     sch.bind(kx, "threadIdx.x")
     sch.set_scope(rf, 0, "local")
+    # UNROLL warp steps in straight-line code: their weight loads are independent, so more bytes are in flight
+    steps = -(-K // (LANES * vec))
+    ko_o, ko = sch.split(ko, [None, next(u for u in (UNROLL, 2, 1) if steps % u == 0)])
     sch.compute_at(deq, ko, preserve_unit_loops=True)
     sch.set_scope(deq, 0, "local")
     sch.unroll(sch.get_loops(deq)[-1])
+    for st in stages:   # a lane's 8 elements lie in one sub-block: its factor once per step, not per element
+        sch.compute_at(st, ko, preserve_unit_loops=True)
+        sch.set_scope(st, 0, "local")
     reads = [r.source for r in sch.get(deq).reads]
     wide = [i for i, b in enumerate(reads) if str(b.dtype) in ("float32", "float16", "uint16") and len(b.shape) >= 2]
     # a float weight: the lane's 16 bytes as one 128-bit load, then widened (not through a gathered expert index:
@@ -149,7 +163,18 @@ def schedule(func: tirx.PrimFunc, target):
         wl = sch.cache_read(deq, wide[0], "local")
         sch.compute_at(wl, ko, preserve_unit_loops=True)
         sch.vectorize(sch.get_loops(wl)[-1])
-    sch.decompose_reduction(rf, ko)
+    # the activations of a static row count (the decode and draft steps; the routed experts' (row, slot) pairs) as
+    # float4 loads too; a padded row tile keeps its predicated scalar loads (a tile past T has no bounded region)
+    acts = [i for i, r in enumerate(sch.get(rf).reads) if not any(r.source.same_as(b) for b in (
+        sch.get(rf).writes[0].source, sch.get(deq).writes[0].source))]
+    if exact_steps and rows_static and len(acts) == 1 and vec % 4 == 0:
+        xl = sch.cache_read(rf, acts[0], "local")
+        sch.compute_at(xl, ko, preserve_unit_loops=True)
+        v_o, v4 = sch.split(sch.get_loops(xl)[-1], [None, 4])
+        sch.vectorize(v4)
+        sch.unroll(v_o)
+    sch.decompose_reduction(rf, ko_o)
+    sch.unroll(ko)
     sch.unroll(kv)
     if ri is not None:
         sch.unroll(ri)
