@@ -2,24 +2,28 @@
 read once for a tile of up to TILE_ROWS activation rows.
 
 For y[..., n] = sum_k x[..., k] · deq[(b,) n, k] (and the routed-expert form) the schedule builds, with TVM
-schedule primitives only (split, reorder, rfactor, bind, compute_at, reverse_compute_at, set_scope, unroll,
-vectorize: they keep the function's semantics, so the unscheduled definition is what tests check):
+schedule primitives only (pad_einsum, split, reorder, rfactor, bind, compute_at, compute_inline,
+reverse_compute_at, cache_read, set_scope, unroll, vectorize: they keep the function's semantics, so the
+unscheduled definition is what tests check):
 
-    blockIdx.x   WARPS weight rows n                       (N / WARPS thread blocks, WARPS x 32 threads each)
-    blockIdx.y   row tiles of TILE_ROWS activation rows    (ceil(T / TILE_ROWS); mul_mat_id: the (t, slot) pairs,
-                 and the head b for per-head weights)       each through its own expert, so one row per block)
+    blockIdx.x   WARPS weight rows n                       (ceil(N / WARPS) blocks of WARPS x 32 threads)
+    blockIdx.y   row tiles of TILE_ROWS activation rows    (ceil(T / TILE_ROWS); mul_mat_id: the T x n_used
+                 (and the head b of per-head weights)       (row, slot) pairs, each through its own expert)
     threadIdx.y  the warp's weight row n
-    threadIdx.x  the lane: VEC consecutive k per step, 32 x VEC per step of the warp (coalesced)
-      acc[TILE_ROWS] = 0                                    (registers: a static array, predicated rows t < T)
-      for each step: deq[VEC] = the lane's VEC weight elements   (read from memory once per row tile)
-                     acc[r] += x[t0 + r, k] · deq[v] for r < TILE_ROWS, v < VEC
-      warp-shuffle reduction of acc[r] over the 32 lanes, then the fused element-wise tail (bias add, SwiGLU ...)
+    threadIdx.x  the lane: VEC consecutive k per step, 32 x VEC per warp step (coalesced), UNROLL steps unrolled
+      acc[TILE_ROWS] = 0                                    (registers; T padded to whole tiles, padded rows
+      per step: factors of the lane's sub-block (K-quants)   read x as 0 and are not stored)
+                deq[VEC] = the lane's VEC weight elements   (from memory once per row tile)
+                xs[TILE_ROWS][VEC] = activations            (float4 loads where K allows)
+                acc[r] += xs[r][v] · deq[v]
+      warp-shuffle sum of each acc[r], then the fused element-wise tail (bias add, SwiGLU, residual adds ...)
 
-The decode step (T = 1, static) gets a one-row tile; verify (k + 1 <= 8 rows) one tile, so the weight is read
-once per call; prefill reads it ceil(T / 8) times, in parallel blocks. VEC is 4 for float32 weights and 8
-otherwise (16 bytes of a float weight: one 128-bit load per lane and step, vectorized where K allows; for the
-block formats 8 consecutive elements lie in one block's bytes: Q8_0's qs, a K-quant's 8 nibbles or bytes).
-Reference for the structure: llama.cpp ggml-cuda mmvq.cu (a warp per row, up to 8 activation columns per pass).
+The decode and draft steps (T = 1, static) get a one-row tile; verify of k + 1 <= TILE_ROWS rows one tile, so
+the weight is read once per call; longer row counts (prefill) read it ceil(T / TILE_ROWS) times, in parallel
+blocks. VEC is 4 for float32 weights, else 8: 16 bytes of a float weight (one 128-bit load per lane and step when
+K is a multiple of 32 x VEC), or 8 consecutive elements of one block (Q8_0's qs bytes, a K-quant's 8 nibbles of
+one sub-block), read as bytes. Reference for the structure: llama.cpp ggml-cuda mmvq.cu (a warp per row, up to 8
+activation columns per pass).
 """
 from __future__ import annotations
 
@@ -32,7 +36,10 @@ from nextn.schedules.loops import static_extent
 
 from .te import DEQUANT, MATMUL
 
-TILE_ROWS = 8    # activation rows per pass over the weight (registers per lane: TILE_ROWS accumulators)
+# Activation rows per pass over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8 activations). 4 covers
+# verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (zeros), and at 8 rows a 4-row
+# verify would need ~60 TFMA/s to keep up with HBM on Q4_K, more than an H100/H200 has (~34).
+TILE_ROWS = 4
 WARPS = 4        # weight rows per thread block (one warp each)
 LANES = 32
 _VEC_BYTES = 16
@@ -104,6 +111,7 @@ def schedule(func: tirx.PrimFunc, target):
         rows = static_extent(sch.get(loops[row_axes[0]]).extent)
         tile = TILE_ROWS if rows is None else min(TILE_ROWS, rows)
     rows_static = not row_axes or rows is not None
+    x_pads = []
     if tile > 1 and rows is None:
         # pad the row axis to whole tiles: the accumulators are then a static [tile] register array (a split of a
         # symbolic extent would leave them sized by T); the padded rows read x as 0 and are never stored
@@ -113,8 +121,8 @@ def schedule(func: tirx.PrimFunc, target):
             name = sch.get(b).name_hint
             if not name.endswith("_pad") or sch.get(b).same_as(sch.get(mm)):
                 continue
-            if not sch.get_producers(b):        # x padded with zero rows: read in place, predicated
-                sch.compute_inline(b)
+            if not sch.get_producers(b):        # x padded with zero rows: a register tile below (x_pads)
+                x_pads.append(b)
             elif sch.get_consumers(b):          # the copy out of the padded sums, before a tail: read in place
                 sch.compute_inline(b)
         blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
@@ -125,6 +133,10 @@ def schedule(func: tirx.PrimFunc, target):
     tail = tail[-1:]
     dtypes = {str(r.source.dtype) for r in sch.get(deq).reads} - {"int32"}
     vec, exact_steps = _vec(dtypes.pop() if len(dtypes) == 1 else "uint8", K)
+    if not (exact_steps and vec % 4 == 0 and len(x_pads) == 1):
+        for b in x_pads:   # read in place, each load predicated
+            sch.compute_inline(b)
+        x_pads = []
 
     no, ny = sch.split(loops[-2], [None, WARPS])
     ko, kx, kv = sch.split(loops[-1], [None, LANES, vec])
@@ -173,6 +185,14 @@ def schedule(func: tirx.PrimFunc, target):
         v_o, v4 = sch.split(sch.get_loops(xl)[-1], [None, 4])
         sch.vectorize(v4)
         sch.unroll(v_o)
+    for xp in x_pads:   # the padded row tile's activations: float4 loads under one row predicate each
+        sch.compute_at(xp, ko, preserve_unit_loops=True)
+        sch.set_scope(xp, 0, "local")
+        *_, xr, xk = sch.get_loops(xp)
+        v_o, v4 = sch.split(xk, [None, 4])
+        sch.vectorize(v4)
+        sch.unroll(v_o)
+        sch.unroll(xr)
     sch.decompose_reduction(rf, ko_o)
     sch.unroll(ko)
     sch.unroll(kv)
