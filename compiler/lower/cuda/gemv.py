@@ -159,8 +159,9 @@ def schedule(func: tirx.PrimFunc, target):
     sch.bind(kx, "threadIdx.x")
     sch.set_scope(rf, 0, "local")
     # UNROLL warp steps in straight-line code: their weight loads are independent, so more bytes are in flight
+    # (a K that is not whole steps is predicated already: the unrolled body may take the predicate too)
     steps = -(-K // (LANES * vec))
-    ko_o, ko = sch.split(ko, [None, next(u for u in (UNROLL, 2, 1) if steps % u == 0)])
+    ko_o, ko = sch.split(ko, [None, UNROLL if not exact_steps else next(u for u in (UNROLL, 2, 1) if steps % u == 0)])
     sch.compute_at(deq, ko, preserve_unit_loops=True)
     sch.set_scope(deq, 0, "local")
     sch.unroll(sch.get_loops(deq)[-1])
