@@ -23,11 +23,20 @@ from .loops import static_extent
 
 _REPORT: dict[str, str] = {}
 
+# Schedules of kernels the compiler defines (schedules never imports the compiler): name -> fn(func, target) ->
+# Schedule | None, tried before dlight's rules. compiler/lower/cuda registers "cuda:gemv" (the GGUF matmuls).
+KERNEL_RULES: dict = {}
+
+
+def register_rule(name: str, fn) -> None:
+    KERNEL_RULES[name] = fn
+
 
 def _rule_list():
     from tvm.s_tir import dlight as dl
 
     return [
+        *((name, _Hand(fn)) for name, fn in KERNEL_RULES.items()),
         ("LowBatchGEMV", dl.gpu.LowBatchGEMV()),
         ("Matmul", dl.gpu.Matmul()),
         ("GEMV", dl.gpu.GEMV()),
@@ -153,7 +162,7 @@ def _lowering_problem(func) -> str | None:
         return (msg[0] if msg else type(e).__name__)[:200]
     for line in mod["main"].script().splitlines():
         m = re.search(r"(\w+) = T\.(?:sblock_)?alloc_buffer\((.*)scope=\"(?:local|shared)", line)
-        if m and re.search(r"[A-Za-z_]\w*", re.sub(r"T\.(int64|int32|min|max)\(|\"\w+\"", "", m.group(2))):
+        if m and re.search(r"[A-Za-z_]\w*", re.sub(r"T\.(int64|int32|min|max)\(|\"\w+\"|\w+=", "", m.group(2))):
             return f"{m.group(1)}: a register/shared buffer whose size depends on a dynamic shape"
     return None
 

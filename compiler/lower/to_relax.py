@@ -20,7 +20,7 @@ from nextn.common.manifest import split_dim
 from nextn.compiler.ir import Graph, rope
 from nextn.compiler.ir.ops import check_impls, registry
 
-from . import attention, dsa_kernels, kda_kernels, te_ops
+from . import attention, cuda, dsa_kernels, kda_kernels, te_ops
 
 LOWER: dict = {}   # op name -> fn(bb, node, args, cx): the node's Relax value
 lower = registry(LOWER, "Relax lowering (compiler/lower/to_relax.py)")
@@ -208,20 +208,25 @@ def _(bb, n, args, cx):
                       primfunc_name_hint="kpool_expand")
 
 
-def _te(bb, n, args, extra=(), prim=()):
-    """`n` as its te_ops function of the same name: fn(*inputs, *prim, *extra); quantized weights as QWeights.
-    Symbolic sizes (`prim`) go through emit_te's args so that the PrimFunc gets them as parameters."""
+def _te(bb, n, args, extra=(), prim=(), fn=None):
+    """`n` as its te_ops function of the same name (or `fn`): fn(*inputs, *prim, *extra); quantized weights as
+    QWeights. Symbolic sizes (`prim`) go through emit_te's args so that the PrimFunc gets them as parameters."""
     flat, rebuild = _flatten(args)
-    fn = getattr(te_ops, n.op)
+    fn = fn or getattr(te_ops, n.op)
     nf = len(flat)
     return bb.emit_te(lambda *tes: fn(*rebuild(list(tes[:nf])), *tes[nf:], *extra), *flat, *prim,
                       primfunc_name_hint=n.op)
 
 
-@lower("get_rows", "mul", "add", "div", "mul_mat", "mul_mat_id", "sigmoid", "swiglu", "sum_rows", "argmax", "silu",
-       "softplus")
+@lower("get_rows", "mul", "add", "div", "sigmoid", "swiglu", "sum_rows", "argmax", "silu", "softplus")
 def _(bb, n, args, cx):
     return _te(bb, n, args)
+
+
+@lower("mul_mat", "mul_mat_id")
+def _(bb, n, args, cx):
+    gpu = cx.kernels.gpu and not cx.kernels.emulate   # CUDA / ROCm: dequantization as a stage (lower/cuda/gemv.py)
+    return _te(bb, n, args, fn=cuda.TE_OPS.get(n.op) if gpu else None)
 
 
 @lower("rms_norm", "norm")

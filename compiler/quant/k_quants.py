@@ -42,8 +42,8 @@ def _q3k(t, idx):
     return (b.f16(108) * f32((lo | (hi << const(4, "int32"))) - const(32, "int32"))) * f32(q)
 
 
-def _scale_min(b, j):
-    """6-bit (scale, min) of sub-block j from the 12 bytes at offset 4 (ggml get_scale_min_k4)."""
+def scale_min(b, j):
+    """6-bit (scale, min) of sub-block j from the 12 bytes at offset 4 (ggml get_scale_min_k4), as float32."""
     a, m, c = b.u8(4 + j % 4), b.u8(8 + j % 4), b.u8(12 + j % 4)   # q[j%4], q[4 + j%4], q[8 + j%4]
     u = lambda v: const(v, "uint8")   # noqa: E731
     sc = tirx.Select(j < 4, a & u(63), (c & u(15)) | ((a >> u(6)) << u(4)))
@@ -51,28 +51,43 @@ def _scale_min(b, j):
     return f32(sc), f32(mn)
 
 
-def _q45k(kind, type_size, at_qs, at_qh):
+# Q4_K / Q5_K: kind -> (type_size, offset of qs, offset of qh or None)
+Q45K = {"q4_k": (144, 16, None), "q5_k": (176, 48, 16)}
+
+
+def q45k_quant(b, kind):
+    """The int32 quant of element b.e of a Q4_K / Q5_K block."""
+    _ts, at_qs, at_qh = Q45K[kind]
+    e = b.e
+    q = bits(b.u8(at_qs + e // 64 * 32 + e % 32), e % 64 // 32 * 4, 0x0F).astype("int32")
+    if at_qh is not None:
+        q = q | (bits(b.u8(at_qh + e % 32), e // 32, 1).astype("int32") << const(4, "int32"))
+    return q
+
+
+def _q45k(kind):
     @element(kind)
     def expr(t, idx):
-        b = Block(t[0], idx, 256, type_size)
-        e = b.e
-        q = bits(b.u8(at_qs + e // 64 * 32 + e % 32), e % 64 // 32 * 4, 0x0F).astype("int32")
-        if at_qh is not None:
-            q = q | (bits(b.u8(at_qh + e % 32), e // 32, 1).astype("int32") << const(4, "int32"))
-        sc, mn = _scale_min(b, e // 32)
-        return b.f16(0) * sc * f32(q) - b.f16(2) * mn
+        b = Block(t[0], idx, 256, Q45K[kind][0])
+        sc, mn = scale_min(b, b.e // 32)
+        return b.f16(0) * sc * f32(q45k_quant(b, kind)) - b.f16(2) * mn
 
     return expr
 
 
-_q45k("q4_k", 144, 16, None)
-_q45k("q5_k", 176, 48, 16)
+_q45k("q4_k")
+_q45k("q5_k")
+
+
+def q6k_quant(b):
+    """The int32 quant of element b.e of a Q6_K block, -32 … 31."""
+    h, r = b.e // 128, b.e % 128
+    lo = bits(b.u8(h * 64 + r % 64), r // 64 * 4, 0x0F).astype("int32")
+    hi = bits(b.u8(128 + h * 32 + r % 32), r // 32 * 2, 0x3).astype("int32")
+    return (lo | (hi << const(4, "int32"))) - const(32, "int32")
 
 
 @element("q6_k")
 def _q6k(t, idx):
     b = Block(t[0], idx, 256, 210)
-    h, r = b.e // 128, b.e % 128
-    lo = bits(b.u8(h * 64 + r % 64), r // 64 * 4, 0x0F).astype("int32")
-    hi = bits(b.u8(128 + h * 32 + r % 32), r // 32 * 2, 0x3).astype("int32")
-    return (b.f16(208) * f32(b.i8(192 + b.e // 16))) * f32((lo | (hi << const(4, "int32"))) - const(32, "int32"))
+    return (b.f16(208) * f32(b.i8(192 + b.e // 16))) * f32(q6k_quant(b))

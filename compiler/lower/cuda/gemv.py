@@ -1,0 +1,231 @@
+"""The decode / verify GEMV schedule of `te.py`'s matmuls on GPUs: a warp per output (weight) row, the weight
+read once for a tile of up to TILE_ROWS activation rows.
+
+For y[..., n] = sum_k x[..., k] · deq[(b,) n, k] (and the routed-expert form) the schedule builds, with TVM
+schedule primitives only (pad_einsum, split, reorder, rfactor, bind, compute_at, compute_inline,
+reverse_compute_at, cache_read, set_scope, unroll, vectorize: they keep the function's semantics, so the
+unscheduled definition is what tests check):
+
+    blockIdx.x   WARPS weight rows n                       (ceil(N / WARPS) blocks of WARPS x 32 threads)
+    blockIdx.y   row tiles of TILE_ROWS activation rows    (ceil(T / TILE_ROWS); mul_mat_id: the T x n_used
+                 (and the head b of per-head weights)       (row, slot) pairs, each through its own expert)
+    threadIdx.y  the warp's weight row n
+    threadIdx.x  the lane: VEC consecutive k per step, 32 x VEC per warp step (coalesced), UNROLL steps unrolled
+      acc[TILE_ROWS] = 0                                    (registers; T padded to whole tiles, padded rows
+      per step: factors of the lane's sub-block (K-quants)   read x as 0 and are not stored)
+                deq[VEC] = the lane's VEC weight elements   (from memory once per row tile)
+                xs[TILE_ROWS][VEC] = activations            (float4 loads where K allows)
+                acc[r] += xs[r][v] · deq[v]
+      warp-shuffle sum of each acc[r], then the fused element-wise tail (bias add, SwiGLU, residual adds ...)
+
+The decode and draft steps (T = 1, static) get a one-row tile; verify of k + 1 <= TILE_ROWS rows one tile, so
+the weight is read once per call; longer row counts (prefill) read it ceil(T / TILE_ROWS) times, in parallel
+blocks. VEC is 4 for float32 weights, else 8: 16 bytes of a float weight (one 128-bit load per lane and step when
+K is a multiple of 32 x VEC), or 8 consecutive elements of one block (Q8_0's qs bytes, a K-quant's 8 nibbles of
+one sub-block), read as bytes. Reference for the structure: llama.cpp ggml-cuda mmvq.cu (a warp per row, up to 8
+activation columns per pass).
+"""
+from __future__ import annotations
+
+import re
+
+import tvm_ffi
+from tvm import tirx
+
+from nextn.schedules.loops import static_extent
+
+from .te import DEQUANT, MATMUL
+
+# Activation rows per pass over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8 activations). 4 covers
+# verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (zeros), and at 8 rows a 4-row
+# verify would need ~60 TFMA/s to keep up with HBM on Q4_K, more than an H100/H200 has (~34).
+TILE_ROWS = 4
+WARPS = 4        # weight rows per thread block (one warp each)
+LANES = 32
+_VEC_BYTES = 16
+UNROLL = 4       # warp steps (32 x VEC elements of k) per unrolled loop body
+
+
+def _vec(dtype: str, K: int) -> tuple[int, bool]:
+    """(elements per lane and step, whether that step divides K) for a weight buffer of `dtype`."""
+    width = _VEC_BYTES // 4 if dtype == "float32" else 8
+    if K % width:
+        width = next(v for v in (4, 2, 1) if K % v == 0)
+    return width, K % (LANES * width) == 0
+
+
+def _named(sch, blocks, name):
+    """The blocks called `name` (or `name`_1 ...: FuseTIR's renaming)."""
+    return [b for b in blocks if re.fullmatch(rf"{name}(_\d+)?", sch.get(b).name_hint)]
+
+
+def _index(sch, blocks, blk) -> int:
+    return next(i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(blk)))
+
+
+def schedule(func: tirx.PrimFunc, target):
+    """The GEMV schedule of a (fused) PrimFunc holding one `te.py` matmul, or None when `func` is not one."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    try:
+        blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+    except Exception:
+        return None
+    deqs, mms = _named(sch, blocks, DEQUANT), _named(sch, blocks, MATMUL)
+    if len(deqs) != 1 or len(mms) != 1:
+        return None
+    deq, mm = deqs[0], mms[0]
+    i_mm = _index(sch, blocks, mm)
+    stages = list(sch.get_producers(deq))    # the K-quants' sub-block factors (te.SCALE, te.MIN)
+    weight_side = [sch.get(b) for b in (deq, *stages)]
+    # element-wise producers of the activations (SwiGLU, a division): into the reads (chosen before inlining
+    # changes the block nodes)
+    for b in [b for b in blocks[:i_mm] if not any(sch.get(b).same_as(w) for w in weight_side)]:
+        sch.compute_inline(b)
+    tail = blocks[i_mm + 1:]
+    node = sch.get(mm)
+    kinds = [iv.iter_type for iv in node.iter_vars]
+    if kinds[-1] != tirx.IterVar.CommReduce or any(k != tirx.IterVar.DataPar for k in kinds[:-1]) or len(kinds) < 2:
+        return None
+    loops = sch.get_loops(mm)
+    if len(loops) != len(kinds):
+        return None
+    K = static_extent(sch.get(loops[-1]).extent)
+    N = static_extent(sch.get(loops[-2]).extent)
+    if K is None or N is None:
+        return None
+    # weight-side axes: those the dequantized weight is indexed by; the others are activation rows
+    deq_buf = sch.get(deq).writes[0].source
+    used = set()
+    for region in node.reads:
+        if region.source.same_as(deq_buf):
+            for r in region.region:
+                tvm_ffi.structural_walk(r.min, (tirx.Var, used.add), order="post")
+    ivars = [iv.var for iv in node.iter_vars[:-1]]
+    row_axes = [i for i, v in enumerate(ivars) if not any(v.same_as(u) for u in used)]
+    if len(row_axes) > 1 or (row_axes and row_axes[0] == len(ivars) - 1):
+        return None
+    tile, rows = 1, None
+    if row_axes:
+        rows = static_extent(sch.get(loops[row_axes[0]]).extent)
+        tile = TILE_ROWS if rows is None else min(TILE_ROWS, rows)
+    rows_static = not row_axes or rows is not None
+    x_pads = []
+    if tile > 1 and rows is None:
+        # pad the row axis to whole tiles: the accumulators are then a static [tile] register array (a split of a
+        # symbolic extent would leave them sized by T); the padded rows read x as 0 and are never stored
+        sch.pad_einsum(mm, [tile if i in row_axes else 1 for i in range(len(kinds))])
+        blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+        for b in blocks:
+            name = sch.get(b).name_hint
+            if not name.endswith("_pad") or sch.get(b).same_as(sch.get(mm)):
+                continue
+            if not sch.get_producers(b):        # x padded with zero rows: a register tile below (x_pads)
+                x_pads.append(b)
+            elif sch.get_consumers(b):          # the copy out of the padded sums, before a tail: read in place
+                sch.compute_inline(b)
+        blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+        tail = blocks[_index(sch, blocks, mm) + 1:]
+        loops = sch.get_loops(mm)
+    for b in tail[:-1]:   # an element-wise chain (residual adds ...): one block, so no row-indexed scratch
+        sch.compute_inline(b)
+    tail = tail[-1:]
+    dtypes = {str(r.source.dtype) for r in sch.get(deq).reads} - {"int32"}
+    vec, exact_steps = _vec(dtypes.pop() if len(dtypes) == 1 else "uint8", K)
+    if not (exact_steps and vec % 4 == 0 and len(x_pads) == 1):
+        for b in x_pads:   # read in place, each load predicated
+            sch.compute_inline(b)
+        x_pads = []
+
+    no, ny = sch.split(loops[-2], [None, WARPS])
+    ko, kx, kv = sch.split(loops[-1], [None, LANES, vec])
+    outer, ri = [], None
+    for i, lp in enumerate(loops[:-2]):
+        if i in row_axes:
+            ro, ri = sch.split(lp, [None, tile])
+            outer.append(ro)
+        else:
+            outer.append(lp)
+    sch.reorder(no, *outer, ny, kx, ko, kv, *([ri] if ri is not None else []))
+    rf = sch.rfactor(kx, 0)
+    rl = sch.get_loops(rf)
+    no, outer, (ny, kx, ko, kv) = rl[0], rl[1:1 + len(outer)], rl[1 + len(outer):5 + len(outer)]
+    ri = rl[-1] if ri is not None else None
+    sch.bind(no, "blockIdx.x")
+    if outer:
+        sch.bind(sch.fuse(*outer) if len(outer) > 1 else outer[0], "blockIdx.y")
+    sch.bind(ny, "threadIdx.y")
+    sch.bind(kx, "threadIdx.x")
+    sch.set_scope(rf, 0, "local")
+    # UNROLL warp steps in straight-line code: their weight loads are independent, so more bytes are in flight
+    # (a K that is not whole steps is predicated already: the unrolled body may take the predicate too)
+    steps = -(-K // (LANES * vec))
+    ko_o, ko = sch.split(ko, [None, UNROLL if not exact_steps else next(u for u in (UNROLL, 2, 1) if steps % u == 0)])
+    sch.compute_at(deq, ko, preserve_unit_loops=True)
+    sch.set_scope(deq, 0, "local")
+    sch.unroll(sch.get_loops(deq)[-1])
+    for st in stages:   # a lane's 8 elements lie in one sub-block: its factor once per step, not per element
+        sch.compute_at(st, ko, preserve_unit_loops=True)
+        sch.set_scope(st, 0, "local")
+    reads = [r.source for r in sch.get(deq).reads]
+    wide = [i for i, b in enumerate(reads) if str(b.dtype) in ("float32", "float16", "uint16") and len(b.shape) >= 2]
+    # a float weight: the lane's 16 bytes as one 128-bit load, then widened (not through a gathered expert index:
+    # the region of an indirect read has no bounds to cache)
+    if exact_steps and len(wide) == 1 and len(reads) == 1:
+        wl = sch.cache_read(deq, wide[0], "local")
+        sch.compute_at(wl, ko, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(wl)[-1])
+    # the activations of a static row count (the decode and draft steps; the routed experts' (row, slot) pairs) as
+    # float4 loads too; a padded row tile keeps its predicated scalar loads (a tile past T has no bounded region)
+    acts = [i for i, r in enumerate(sch.get(rf).reads) if not any(r.source.same_as(b) for b in (
+        sch.get(rf).writes[0].source, sch.get(deq).writes[0].source))]
+    if exact_steps and rows_static and len(acts) == 1 and vec % 4 == 0:
+        xl = sch.cache_read(rf, acts[0], "local")
+        sch.compute_at(xl, ko, preserve_unit_loops=True)
+        v_o, v4 = sch.split(sch.get_loops(xl)[-1], [None, 4])
+        sch.vectorize(v4)
+        sch.unroll(v_o)
+    for xp in x_pads:   # the padded row tile's activations: float4 loads under one row predicate each
+        sch.compute_at(xp, ko, preserve_unit_loops=True)
+        sch.set_scope(xp, 0, "local")
+        *_, xr, xk = sch.get_loops(xp)
+        v_o, v4 = sch.split(xk, [None, 4])
+        sch.vectorize(v4)
+        sch.unroll(v_o)
+        sch.unroll(xr)
+    sch.decompose_reduction(rf, ko_o)
+    sch.unroll(ko)
+    sch.unroll(kv)
+    if ri is not None:
+        sch.unroll(ri)
+    # the cross-lane sum: one warp-shuffle reduction per activation row of the tile
+    sch.reverse_compute_at(mm, ny, preserve_unit_loops=True)
+    wl = sch.get_loops(mm)
+    base = 3 if outer else 2   # the loops down to ny: blockIdx.x, blockIdx.y (when there is one), threadIdx.y
+    lane, *rest = wl[base:]
+    if rest:
+        sch.reorder(*rest, lane)
+    sch.bind(lane, "threadIdx.x")
+    # the element-wise tail (padding copy, bias add, SwiGLU ...) per warp; its inputs from the reduction stay in
+    # registers (every lane holds the warp's sum), only the function's outputs are stored
+    params = list(func.params)
+    for b in [mm, *tail]:
+        if not any(sch.get(b).writes[0].source.same_as(p) for p in params):
+            sch.set_scope(b, 0, "local")
+    for b in tail:
+        sch.reverse_compute_at(b, ny, preserve_unit_loops=True)
+    return sch
+
+
+def launch_shape(func: tirx.PrimFunc) -> dict[str, object]:
+    """{"blockIdx.x": extent, ..., "threadIdx.x": extent} of a scheduled PrimFunc's thread-bound loops (extents as
+    TIR expressions: a dynamic row count stays symbolic)."""
+    out = {}
+
+    def visit(s):
+        if s.thread_binding is not None:
+            out.setdefault(str(s.thread_binding.thread_tag), s.extent)
+
+    tvm_ffi.structural_walk(func.body, (tirx.For, visit), order="pre")
+    return out

@@ -1,0 +1,238 @@
+"""The GGUF matmul kernels for GPUs (compiler/lower/cuda), checked without a GPU.
+
+- The compute definitions (`cuda.mul_mat`, `cuda.mul_mat_id`: dequantization as its own stage), unscheduled and
+  built for llvm, against a float64 numpy product on gguf-py-dequantized weights: T = 1, 3, 8 rows, N = 37 weight
+  rows (not a multiple of the 4 rows of a thread block), K not a multiple of the 256 elements of a warp step where
+  the block size allows, within 1e-5 relative (as tests/test_quant.py holds the CPU kernels).
+- The GEMV schedule (`cuda.schedule`: TVM schedule primitives only, so it keeps those semantics) lowers and
+  builds for CUDA sm_90 for every format, with the launch shape it means (a warp per weight row, 4 per block;
+  blockIdx.y = ceil(T / 8) row tiles, or the (row, slot) pairs of mul_mat_id), and its CUDA source reads the weight
+  once per 8-row tile: the dynamic-T kernel holds exactly as many weight loads as the one-row kernel, and 8 times
+  the activation loads; float weights and the one-row kernels' activations are read with 128-bit loads.
+- Whole fixtures: every matmul PrimFunc of tiny glm4moe (Q8_0, Q4_K_M, BF16) is taken by "cuda:gemv" in the
+  schedule report, and Q8_0 / Q4_K_M compile for sm_90.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te, tirx
+
+from conftest import G4
+from nextn.common.compare import rel_err
+from nextn.common.quant import by_ggml_type
+from nextn.compiler.lower import cuda
+from nextn.compiler.lower.cuda import gemv
+from nextn.compiler.target import make_target
+from test_quant import TYPES, activations, dequant, random_raw
+
+I64 = "int64"
+N, X, USED = 37, 3, 2
+# the formats of issue 33's first list, then the rest of the supported block formats (schedule and build only)
+FIRST = ["Q8_0", "BF16", "F16", "F32", "Q4_K", "Q6_K", "Q5_K", "Q4_0", "MXFP4"]
+
+
+def _k(ttype: str) -> int:
+    """K of the test weights: 11 blocks of 32 (352, not a multiple of 256) or 3 super-blocks of 256; 100 for F32."""
+    if ttype == "F32":
+        return 100
+    return 11 * 32 if by_ggml_type(ttype).block == 32 else 3 * 256
+
+
+def _weight(ttype: str, shape, prefix: str):
+    """(TE placeholders, what cuda.mul_mat takes) for a `ttype` weight of logical `shape`."""
+    from nextn.compiler.lower.te_ops import QWeight
+
+    if ttype == "F32":
+        w = te.placeholder([tirx.IntImm(I64, s) for s in shape], "float32", name=prefix)
+        return [w], w
+    kind = by_ggml_type(ttype).kind
+    from nextn.common.quant import FORMATS
+
+    bufs = [te.placeholder([tirx.IntImm(I64, int(s)) for s in bs], dt, name=prefix + sfx.replace(".", "_"))
+            for sfx, dt, bs in FORMATS[kind].buffers(tuple(shape))]
+    return bufs, QWeight(kind, bufs, tuple(shape))
+
+
+def _data(ttype: str, shape, seed: int):
+    """(buffers as the loader packs them, float32 dequantized weight)."""
+    if ttype == "F32":
+        w = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+        return [w], w
+    raw = random_raw(ttype, shape, seed)
+    return list(by_ggml_type(ttype).pack(raw, shape)), dequant(ttype, raw)
+
+
+def _funcs(ttype: str, K: int, rows=None):
+    """PrimFuncs of the compute definitions: mul_mat (rows: a static row count, or None for a symbolic T),
+    mul_mat_id with x shared by the slots and with one x row per slot."""
+    T = te.var("T", I64) if rows is None else tirx.IntImm(I64, rows)
+    bufs, w = _weight(ttype, (N, K), "w")
+    ebufs, ew = _weight(ttype, (X, N, K), "e")
+    x = te.placeholder([T, tirx.IntImm(I64, K)], "float32", name="x")
+    x3 = te.placeholder([T, tirx.IntImm(I64, USED), tirx.IntImm(I64, K)], "float32", name="x3")
+    ids = te.placeholder([T, tirx.IntImm(I64, USED)], "int32", name="ids")
+    return {"mul_mat": te.create_prim_func([x, *bufs, cuda.mul_mat(w, x)]),
+            "mul_mat_id": te.create_prim_func([x, ids, *ebufs, cuda.mul_mat_id(ew, x, ids)]),
+            "mul_mat_id3": te.create_prim_func([x3, ids, *ebufs, cuda.mul_mat_id(ew, x3, ids)])}
+
+
+def _module(funcs):
+    return tvm.IRModule({tvm.ir.GlobalVar(n): f.with_attr("global_symbol", n) for n, f in funcs.items()})
+
+
+def _run(lib, name, out_shape, *args):
+    out = tvm.runtime.empty(out_shape, "float32")
+    lib[name](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in args], out)
+    return out.numpy()
+
+
+@pytest.fixture(scope="module", params=FIRST)
+def definition(request):
+    """(ttype, llvm library of the unscheduled definitions, K, packed weight, its float32 values, packed experts,
+    theirs)."""
+    ttype = request.param
+    K = _k(ttype)
+    lib = tvm.compile(_module(_funcs(ttype, K)), target="llvm")
+    packed, w = _data(ttype, (N, K), 1)
+    epacked, ew = _data(ttype, (X, N, K), 2)
+    return ttype, lib, K, packed, w, epacked, ew
+
+
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_definition_mul_mat_against_float64(definition, T):
+    ttype, lib, K, packed, w, _, _ = definition
+    w64 = w.astype(np.float64)
+    x = activations(np.random.default_rng(T), [[w64]] * T)
+    got = _run(lib, "mul_mat", (T, N), x, *packed)
+    assert rel_err(got, x.astype(np.float64) @ w64.T) < 1e-5, ttype
+
+
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_definition_mul_mat_id_against_float64(definition, T):
+    ttype, lib, K, _, _, epacked, ew = definition
+    rng = np.random.default_rng(20 + T)
+    ids = np.stack([rng.permutation(X)[:USED] for _ in range(T)]).astype(np.int32)
+    w64 = ew.astype(np.float64)
+    x = activations(rng, [[w64[e] for e in ids[t]] for t in range(T)])
+    x3 = activations(rng, [[w64[e]] for e in ids.reshape(-1)]).reshape(T, USED, K)
+    want = np.einsum("tk,tjnk->tjn", x.astype(np.float64), w64[ids])
+    want3 = np.einsum("tjk,tjnk->tjn", x3.astype(np.float64), w64[ids])
+    got = _run(lib, "mul_mat_id", (T, USED, N), x, ids, *epacked)
+    got3 = _run(lib, "mul_mat_id3", (T, USED, N), x3, ids, *epacked)
+    assert rel_err(got.reshape(-1, N), want.reshape(-1, N)) < 1e-5, ttype
+    assert rel_err(got3.reshape(-1, N), want3.reshape(-1, N)) < 1e-5, ttype
+
+
+def _scheduled(ttype: str, rows=None, K: int | None = None):
+    tgt = make_target("cuda", ["sm_90"])
+    out = {}
+    for name, f in _funcs(ttype, K or _k(ttype), rows).items():
+        sch = cuda.schedule(f, tgt)
+        assert sch is not None, (ttype, name)
+        out[name] = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    return out, tgt
+
+
+def _cuda_source(funcs, tgt) -> str:
+    from nextn.compiler.gpu_build import build_scope
+
+    with build_scope("cuda", ["sm_90"]), tgt:
+        lib = tvm.compile(_module(funcs), target=tgt)
+    return "\n".join(m.inspect_source() for m in lib.mod.imports)
+
+
+def _vars(e):
+    import tvm_ffi
+
+    out = []
+    tvm_ffi.structural_walk(e, (tirx.Var, out.append), order="post")
+    return out
+
+
+@pytest.mark.parametrize("ttype", FIRST + [t for t in TYPES if t not in FIRST])
+def test_schedule_builds_for_sm90_with_its_launch_shape(ttype):
+    """Every format: the schedule takes the three definitions, nothing it leaves fails to lower, CUDA sm_90 code
+    is generated; launch shape: ceil(N / 4) blocks of 4 warps over the weight rows, blockIdx.y = ceil(T / 8) row
+    tiles (mul_mat) or T x n_used (row, slot) pairs (mul_mat_id)."""
+    from nextn.schedules.gpu import _lowering_problem
+
+    funcs, tgt = _scheduled(ttype)
+    for name, f in funcs.items():
+        assert _lowering_problem(f) is None, (ttype, name)
+        shape = cuda.launch_shape(f)
+        assert {k: v for k, v in shape.items() if k != "blockIdx.y"} == {
+            "blockIdx.x": math.ceil(N / gemv.WARPS), "threadIdx.y": gemv.WARPS, "threadIdx.x": gemv.LANES}, shape
+        by = shape["blockIdx.y"]
+        for T in (1, 3, 8, 9, 512):
+            want = math.ceil(T / gemv.TILE_ROWS) if name == "mul_mat" else T * USED
+            assert _subst_T(by, T) == want, (ttype, name, T, by)
+    assert "__global__" in _cuda_source(funcs, tgt)
+
+
+def _subst_T(e, T: int) -> int:
+    """A launch extent at row count T."""
+    if isinstance(e, (int, tirx.IntImm)):
+        return int(e)
+    from tvm.sym.analyzer import Analyzer
+
+    ana = Analyzer()
+    for v in _vars(e):
+        ana.bind(v, tirx.IntImm(I64, T))
+    return int(ana.simplify(e))
+
+
+@pytest.mark.parametrize("ttype", ["Q8_0", "Q4_K", "Q6_K", "BF16", "F16", "F32"])
+def test_weight_read_once_per_row_tile(ttype):
+    """In the generated CUDA source, the dynamic-T mul_mat kernel (8-row tiles) loads the weight exactly as often
+    as the one-row decode kernel, and loads activations 8 times as often: the weight is read once for all the rows
+    of a tile. With K a multiple of a warp step (32 lanes x 8 elements), float weights and the one-row kernel's
+    activations are read with 128-bit loads."""
+    K = 512
+    dyn, tgt = _scheduled(ttype, K=K)
+    one, _ = _scheduled(ttype, rows=1, K=K)
+    src_dyn = _cuda_source({"mul_mat": dyn["mul_mat"]}, tgt)
+    src_one = _cuda_source({"mul_mat": one["mul_mat"]}, tgt)
+    w_loads = [len(re.findall(r"\bw_ptr\b", s)) for s in (src_dyn, src_one)]
+    # activation elements loaded: scalar loads, and float4 loads of 4 (the one-row kernel's)
+    x_elems = [len(re.findall(r"\bx_ptr\[", s)) + 4 * len(re.findall(r"\(float4\*\)\(x_ptr \+", s))
+               for s in (src_dyn, src_one)]
+    assert w_loads[0] == w_loads[1] > 2, w_loads                       # > 2: more than the two declarations
+    assert x_elems[0] == gemv.TILE_ROWS * x_elems[1] > 0, x_elems
+    assert "(float4*)(x_ptr +" in src_one
+    if ttype in ("BF16", "F16", "F32"):
+        assert re.search(r"= \*\((?:float4|uint4)\*\)\(w_ptr \+", src_dyn), ttype
+
+
+def _report(model) -> dict:
+    import contextlib
+    import io
+
+    from nextn.compiler import schedule_report
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        schedule_report.main([str(model), "--target", "cuda", "--arch", "sm_90", "--json"])
+    return json.loads(buf.getvalue())
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M", "BF16"])
+def test_fixture_matmuls_take_the_gemv_rule(quant):
+    rep = _report(G4 / f"tiny-glm4moe-{quant}.gguf")
+    mats = {k: v for k, v in rep.items() if "mul_mat" in k}
+    assert len(mats) >= 10 and set(mats.values()) == {"cuda:gemv"}, mats
+    assert "mul_mat_id" in mats and any(k.startswith("fused_") for k in mats)   # routed experts, fused tails
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])
+def test_fixture_compiles_for_sm90(compiled, quant):
+    from nextn.common.device_code import device_code
+
+    d = compiled(f"g4-{quant}-cuda90", G4 / f"tiny-glm4moe-{quant}.gguf", target="cuda", arches=["sm_90"])
+    info = device_code(f"{d}/model_cuda.so")
+    assert info["cuda_sass"] == ["sm_90"] and not info["cuda_source"]
