@@ -14,6 +14,8 @@ from conftest import FIXTURES, G4
 
 from tvm.script import tirx as T  # noqa: E402
 
+pytestmark = pytest.mark.e2e   # lowers and builds GPU modules
+
 
 # Half of it on GPU threads, half not: the shape of the escaped kernels (an element-wise loop on the host, then a
 # launch that reads its result).
@@ -103,8 +105,9 @@ def test_lowbatch_gemv_binds_its_swiglu_prologue():
 
 
 def test_glm4moe_bf16_gpu_module_has_no_host_compute():
-    """The escaped kernels of the H200 run, through the whole Relax pipeline for cuda sm_90 (no codegen): the
-    verify phase passes and the two SwiGLU + down-projection GEMVs keep their LowBatchGEMV schedule."""
+    """The model whose kernels escaped on the H200, through the whole Relax pipeline for cuda sm_90 (no codegen): the
+    verify phase passes and every matmul (the SwiGLU + projection fusions included) has a GEMV schedule (cuda:gemv
+    since compiler/lower/cuda; dlight's leftover that escaped is covered by the synthetic test above)."""
     import tvm
 
     from nextn.compiler.graphs import SPLIT_L, build_graphs, weight_kinds
@@ -127,7 +130,8 @@ def test_glm4moe_bf16_gpu_module_has_no_host_compute():
                 scheduled = mod
     assert names[-1] == "verify_device" and host_compute(mod) == {}
     rep = last_report()
-    assert rep["fused_swiglu_mul_mat3"] == rep["fused_swiglu2_mul_mat"] == "LowBatchGEMV"
+    mm = {k: v for k, v in rep.items() if "mul_mat" in k}
+    assert any("swiglu" in k for k in mm) and all(v in ("cuda:gemv", "LowBatchGEMV") for v in mm.values()), mm
     check_kernel_report(scheduled, rep, mf)
 
 
