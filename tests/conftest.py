@@ -188,6 +188,37 @@ def check_split_layout(pair, bundle, trunk_only, p: dict) -> None:
         bundle.generate(p["prompt_ids"], 8, spec_type="none", ignore_eos=True).ids
 
 
+def pytest_collection_modifyitems(config, items):
+    """The tiers (pyproject.toml markers): a test that takes the `compiled` fixture, directly or through another
+    fixture, or is marked `e2e` (it compiles some other way) is end-to-end; `slow` ones are slow; every other test is
+    `unit`: no compile, seconds for all of them (`pytest -m unit`)."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if "compiled" in names and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)
+        if item.get_closest_marker("e2e") is None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_build_nothing(request, monkeypatch):
+    """A `unit` test that builds a kernel or compiles a model fails and says to mark it `e2e`: the tier stays seconds."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+    import tvm
+
+    import nextn.compiler.compile
+    import nextn.compiler.entry
+
+    def refuse(*_a, **_k):
+        raise AssertionError(f"{request.node.nodeid} builds a kernel or a model: mark it @pytest.mark.e2e")
+
+    for mod, name in ((tvm, "compile"), (tvm.relax, "build"), (tvm.tirx, "build"),
+                      (nextn.compiler.compile, "compile_model"), (nextn.compiler.entry, "compile_model")):
+        if hasattr(mod, name):
+            monkeypatch.setattr(mod, name, refuse)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     os.environ["NEXTN_CACHE"] = str(tmp_path_factory.mktemp("nextn-cache"))

@@ -150,6 +150,7 @@ def test_run_json_contract(compiled):
     assert json.loads(plain.stdout)["tokens"] == out["tokens"]
 
 
+@pytest.mark.slow
 def test_run_gguf_compiles_and_caches(tmp_path):
     """`nextn run MODEL.gguf` compiles once into the cache, then reuses it."""
     import os

@@ -7,6 +7,8 @@ import pytest
 import badgguf
 from conftest import G4
 
+pytestmark = pytest.mark.e2e   # builds TVM kernels or runs the CLI in a subprocess
+
 SRC = G4 / "tiny-glm4moe-trunk-Q8_0.gguf"
 
 

@@ -31,6 +31,8 @@ from nextn.compiler.lower.cuda import gemv
 from nextn.compiler.target import make_target
 from test_quant import TYPES, activations, dequant, random_raw
 
+pytestmark = pytest.mark.e2e   # builds CUDA kernels with nvcc
+
 I64 = "int64"
 N, X, USED = 37, 3, 2
 # the formats of issue 33's first list, then the rest of the supported block formats (schedule and build only)

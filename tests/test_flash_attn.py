@@ -15,6 +15,8 @@ import tvm
 from nextn.common.kv_types import KV_TYPES
 from nextn.compiler.lower import dsa_kernels, flash_attn as fa, kv_access
 
+pytestmark = pytest.mark.e2e   # builds TVM kernels or runs the CLI in a subprocess
+
 TARGET = tvm.target.Target("llvm")
 
 

@@ -11,6 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import quant_gemv  # noqa: E402
 
+pytestmark = pytest.mark.e2e   # builds TVM kernels or runs the CLI in a subprocess
+
 
 @pytest.mark.parametrize("shape, dtype, items", [((100, 1496), "uint8", 7), ((37, 300), "float16", 3),
                                                  ((64, 1088), "uint8", 4)])

@@ -217,6 +217,7 @@ def _naive_delta_rule(x, S0, rows):
     return np.array(o), kept
 
 
+@pytest.mark.e2e
 def test_delta_rule_chunked_and_recurrent_equal_naive_with_strong_decay():
     """gated_delta_net both ways (interpreter and compiled kernels) = the float64 recurrence within float32 rounding:
     decays down to -5 per row and correlated keys over 150 rows (10 chunks). A call continuing from a committed
@@ -283,6 +284,7 @@ def _pool_graph(T, Hi, Di, kp, top, tail):
     return g
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("tail", [True, False])
 def test_pooled_indexer_equals_naive_selection(tail):
     """Pooling, pool visibility (complete at the row), top pools with exact ties (two pools with equal keys), the
@@ -313,6 +315,7 @@ def test_pooled_indexer_equals_naive_selection(tail):
     assert (want.sum(1)[top * kp + kp:] <= top * kp + kp - 1).all()      # sparse rows attend to at most the budget
 
 
+@pytest.mark.e2e
 def test_hc_comb_equals_naive_sinkhorn():
     """dsv4_hc_comb = Sinkhorn by loops in transformers' [src][dst] view (interpreter and kernel); its last step
     normalises over src (20 iterations need not converge the other way on large logits)."""

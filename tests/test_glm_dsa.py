@@ -218,6 +218,7 @@ def test_dense_equals_sparse_when_short(bf16_files):
     assert np.array_equal(_ir_attention(mf.config, w, 2, x), _ir_attention(mf.config, w, 2, x, dense=True))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("values", ["normal", "edges"])
 def test_top_k_mask_kernel_matches_interpreter(values):
     """The bisection top-k kernel vs the interpreter's stable argsort: ties (incl. -0.0 vs 0.0), -inf cells,

@@ -9,6 +9,8 @@ import pytest
 
 from conftest import G4
 
+pytestmark = pytest.mark.slow   # CUDA / ROCm artifact builds (minutes each)
+
 CUDA_ARCHES = ["sm_80", "sm_90", "sm_120"]
 MODEL = G4 / "tiny-glm4moe-Q8_0.gguf"
 

@@ -15,6 +15,8 @@ import pytest
 import badgguf
 from conftest import G4
 
+pytestmark = pytest.mark.slow   # hostile GGUFs through the CLI (a compile each)
+
 SRC = G4 / "tiny-glm4moe-Q4_K_M.gguf"     # Q4_K, Q6_K, Q5_0/Q8_0 and F32 tensors
 WORKER = Path(__file__).with_name("hostile.py")
 N_CASES = 520

@@ -41,6 +41,7 @@ def test_kv_bucket_and_fixed_inputs_are_bit_exact(arch, compiled):
         assert np.array_equal(b_lg, a_lg)
 
 
+@pytest.mark.e2e
 def test_index_mask_store_by_position():
     """state[s] = mask[T-1, s] for cells up to the last row's position, 0 (selected) after it, whatever L is:
     interpreter and kernel."""

@@ -107,6 +107,7 @@ def assert_rows_close(kv, got: dict, want: dict, n: int, caches):
 
 @pytest.mark.parametrize("arch,kv", [("glm4moe", "f16"), ("glm4moe", "q8_0"), ("glm-dsa", "q8_0"), ("glm-dsa", "bf16"),
                                      ("glm5next", "q8_0")])
+@pytest.mark.e2e
 def test_compiled_vs_ir_on_the_same_cache(arch, kv, artifact):
     """prefill, verify, mtp_rows and a draft step against the interpreter reading the caches the compiled run
     wrote (1e-5, argmax equal); the interpreter's own rows within one rounding step of the compiled ones.
@@ -171,6 +172,7 @@ def expected_bytes_per_token(arch: str, c, kv: str) -> dict:
     return {"trunk": trunk, "nextn": row(c.kv_lora + c.n_rot) + row(c.idx_hd) + 4}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("arch,kv", CASES)
 def test_manifest_types_and_bytes_per_token(arch, kv, artifact):
     from nextn.compiler.loader.model_files import ModelFiles
@@ -200,6 +202,7 @@ def check_greedy(m, p, depths=(1, 3), agree=True):
     return plain.ids
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("arch,kv", CASES)
 def test_greedy_equals_reference_and_spec_on_equals_off(arch, kv, artifact):
     m = rt.load(artifact(arch, kv), ctx_size=1024)
@@ -242,6 +245,7 @@ def nextn(*args):
     return r.returncode, r.stdout, r.stderr
 
 
+@pytest.mark.e2e
 def test_cli_run_gguf_with_types_and_refused_artifact(artifact, tmp_path):
     """`run MODEL.gguf -ctk q8_0 -ctv q8_0` uses (compiles and caches) the artifact of those types and --json says
     so; `run ARTIFACT -ctk f16` on that artifact, and an unknown type, give one line."""
@@ -261,6 +265,7 @@ def test_cli_run_gguf_with_types_and_refused_artifact(artifact, tmp_path):
     assert rc != 0 and "Traceback" not in err and "q4_0" in err
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("arch", ["glm4moe", "glm-dsa"])
 def test_kv_bytes_bench_counts_as_the_manifest(arch, artifact, tmp_path):
     """bench/kv_bytes.py (the manifest's accounting over graphs rebuilt for N layers, no compile): at the file's

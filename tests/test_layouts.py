@@ -109,6 +109,7 @@ def test_mtp_weights_not_read_when_spec_off(compiled, monkeypatch):
     assert not [t for t in off if t.startswith(block)]
 
 
+@pytest.mark.e2e
 def test_mtp_only_file_as_model_is_refused():
     with pytest.raises(NextnError, match="MTP-only"):
         rt.load(str(G4 / "mtp-tiny-glm4moe-Q8_0.gguf"))

@@ -239,6 +239,7 @@ def case(request):
 GRID_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "MXFP4"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ttype", GRID_TYPES)
 def test_every_table_entry_bit_exact(ttype):
     """Blocks that use every codebook / sign / scale / exponent entry of the format, read by get_rows, equal
@@ -341,6 +342,7 @@ def test_mul_mat_id(case, T):
     assert rel_err(got3.reshape(-1, N), want3.reshape(-1, N)) < 1e-5, ttype
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("ttype", TYPES)
 def test_odd_shape(ttype):
     """A weight of 3 blocks per row (K = 96 or 768: not a multiple of 2 blocks nor of 512) and N = 37 rows (under
@@ -394,6 +396,7 @@ def test_unsupported_type_names_tensor(tmp_path, ttype):
         f.check_tensor("blk.0.ffn_up.weight", (8, 256))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("target,arches", [("cuda", ["sm_80", "sm_90", "sm_120"]), ("rocm", ["gfx942"])])
 def test_gpu_kernels_build(target, arches, tmp_path):
     """Every format's GEMV/GEMM, expert and row-gather kernels get a GPU schedule and compile to device code for

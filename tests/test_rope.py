@@ -59,6 +59,7 @@ def _compiled_rope(shape, n_rot, mode, params):
     return tvm.compile(tvm.IRModule({"rope": f.with_attr("global_symbol", "rope")}), target="llvm")["rope"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["neox", "norm"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_rope_ext_interpreter_and_kernel_equal_naive(case, mode):

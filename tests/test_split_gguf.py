@@ -84,6 +84,7 @@ def test_run_and_bench_read_all_shards(shards, split_cache, compiled, tmp_path):
     assert rows[0]["off"]["ids"] == got["tokens"][:2]
 
 
+@pytest.mark.slow
 def test_compile_first_shard(shards, tmp_path):
     rc, _, err = nextn("compile", shards[0], "-o", tmp_path / "art", "--verify-model", cache=tmp_path / "c")
     assert rc == 0, err
@@ -111,6 +112,7 @@ def test_later_shard_given(shards, tmp_path):
     one_line_error(rc, err, "tiny-00002-of-00003.gguf", "first shard", "tiny-00001-of-00003.gguf")
 
 
+@pytest.mark.slow
 def test_mismatched_shards(shards, tmp_path):
     # a shard of another split of the same model (4 shards): its split.count says so
     other = tmp_path / "other"
@@ -142,6 +144,7 @@ def test_mismatched_shards(shards, tmp_path):
     one_line_error(rc, err, "tiny-00001-of-00003.gguf", "'split.tensors.count' = 97", f"hold {97 - 3} tensors")
 
 
+@pytest.mark.slow
 def test_split_name_must_follow_gguf_split(shards, tmp_path):
     renamed = tmp_path / "model.gguf"
     shutil.copy(shards[0], renamed)

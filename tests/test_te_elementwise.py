@@ -9,6 +9,8 @@ from nextn.compiler.compile import make_target
 from nextn.compiler.lower import te_ops
 from nextn.schedules.cpu import schedule_func
 
+pytestmark = pytest.mark.e2e   # builds TVM kernels or runs the CLI in a subprocess
+
 TARGET = make_target("llvm")
 RNG = np.random.default_rng(0)
 

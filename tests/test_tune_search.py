@@ -18,6 +18,8 @@ from nextn.compiler.tune import decide
 from nextn.compiler.tune import knobs as kn
 from nextn.compiler.tune import log as tlog
 
+pytestmark = pytest.mark.slow   # tuned kernel builds
+
 MODEL = G4 / "tiny-glm4moe-Q8_0.gguf"
 SPEC = x86.KernelSpec("matmul", "q8_0", 256, 256, 1)         # the tiny model's one-row attention projections
 SPEC_T = x86.KernelSpec("matmul", "q8_0", 256, 256, None)    # the same, symbolic rows (verify, prefill)

@@ -14,6 +14,8 @@ from conftest import G4, reference
 from nextn.common.errors import NextnError
 from nextn.compiler.tune import log as tlog
 
+pytestmark = pytest.mark.slow   # tuning runs and tuned compiles
+
 MODEL = G4 / "tiny-glm4moe-Q8_0.gguf"
 PROMPT = next(p for p in reference()["prompts"] if p["kind"] == "docs-heading")["prompt_ids"]
 

@@ -12,7 +12,7 @@ from test_x86_kernels import RNG, TARGET, WIDTH, activations, build, random_weig
 from nextn.compiler.lower import x86
 from nextn.compiler.lower.x86 import codebook
 
-pytestmark = pytest.mark.skipif(WIDTH is None, reason="this CPU has no AVX2")
+pytestmark = [pytest.mark.skipif(WIDTH is None, reason="this CPU has no AVX2"), pytest.mark.e2e]   # builds kernels
 KINDS = sorted(codebook.CODEBOOK_FORMATS)
 
 

@@ -110,6 +110,7 @@ PATHS = [(kind, False) for kind in sorted(x86.INT_KINDS)] + [(kind, True) for ki
 PATH_IDS = [f"{k}-{'float' if e else 'int'}" for k, e in PATHS]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("kind,exact", PATHS, ids=PATH_IDS)
 def test_matmul(kind, exact, width):
@@ -130,6 +131,7 @@ def test_matmul(kind, exact, width):
 @pytest.mark.parametrize("shared_x", [True, False], ids=["shared-x", "per-slot-x"])
 @pytest.mark.parametrize("kind,exact", [p for p in PATHS if p[0] not in ("f32", "bf16")],
                          ids=[i for p, i in zip(PATHS, PATH_IDS) if p[0] not in ("f32", "bf16")])
+@pytest.mark.e2e
 def test_matmul_id(kind, exact, shared_x):
     X, N, K, U, T = 16, 72, k_of(kind, exact), 4, 5
     (w0, wf0), (w1, wf1) = random_weight(kind, (X,), N, K), random_weight(kind, (X,), N, K)
@@ -156,6 +158,7 @@ def test_matmul_id(kind, exact, shared_x):
                                         ("q8_0", True), ("f16", True), ("iq2_xxs", False)],
                          ids=["q4_k-int", "q6_k-int", "iq4_xs-int", "q8_0-int", "q8_0-float", "f16-float",
                               "iq2_xxs-int"])
+@pytest.mark.e2e
 def test_every_tuned_knob_keeps_the_row_bits(kind, exact):
     """`nextn tune` searches the decode (one-row) and verify (row-count) kernels of a weight apart, so no knob it
     may set can change a row's bits (speculation stays lossless): every value of every knob of the search space
@@ -193,6 +196,7 @@ NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": str(TARGET.attrs["mcpu"]),
 VNNI_WIDTHS = [w for w in WIDTHS if x86.has_vnni(TARGET, w)]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("kind", sorted(x86.INT_KINDS))
 def test_int_row_groups_and_vnni(kind, width):
@@ -222,6 +226,7 @@ def test_int_row_groups_and_vnni(kind, width):
 LANE_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).__class__.__name__ in ("IQ4XS", "IQ4NLInt", "MXFP4Int"))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("w_rows,tile_n", [(2, 8), (4, 6)], ids=["w2-tile8", "w4-tile6"])
 @pytest.mark.parametrize("kind", LANE_KINDS)
 def test_weight_row_blocks(kind, w_rows, tile_n):
@@ -278,6 +283,7 @@ def _dot_kernel(width, scaled, vnni, n):
     return build(ib.get())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("scaled", [True, False], ids=["scaled", "plain"])
 @pytest.mark.parametrize("width,vnni", [(w, False) for w in WIDTHS] + [(w, True) for w in VNNI_WIDTHS])
 def test_dot_u8s8_matches_numpy(width, vnni, scaled):
@@ -308,6 +314,7 @@ def _quantizer_rows(K: int, block: int) -> np.ndarray:
     return x
 
 
+@pytest.mark.e2e
 def test_quantizer_matches_the_numpy_statement():
     K = 1024
     x = _quantizer_rows(K, 256)
@@ -327,6 +334,7 @@ def _compiled_quantizer_gives(x, row_format, want):
         assert np.array_equal(g.numpy(), w)
 
 
+@pytest.mark.e2e
 def test_iq4xs_quantizer_matches_the_numpy_statement():
     """IQ4_XS's rows ("q8_iq4xs"): the "q8" values in IQ4XS_ORDER and the lane offsets xc, against the kernel and
     against a loop over the statement; each int32 lane of a block's four vectors holds one sub-block."""
@@ -350,6 +358,7 @@ def test_iq4xs_quantizer_matches_the_numpy_statement():
                 assert want[2][t, 16 * b + lane] == -128 * sum(int(blk[order[p]]) for p in pos)
 
 
+@pytest.mark.e2e
 def test_q4k_quantizer_matches_the_numpy_statement():
     """Q4_K / Q5_K's rows ("q8_q4k"): the "q8" values with each 128's sub-blocks of 32 in the order 0, 2, 1, 3 and
     the sums over 16 in element order, against the kernel and against the statement written out by hand."""
@@ -367,6 +376,7 @@ def test_q4k_quantizer_matches_the_numpy_statement():
                 assert np.array_equal(want[0][:, at + 32 * r:at + 32 * r + 32], q[:, at + 32 * sub:at + 32 * sub + 32])
 
 
+@pytest.mark.e2e
 def test_q8_0_g8_quantizer_matches_the_numpy_statement():
     """IQ4_NL / MXFP4's rows ("q8_0_g8"): full groups of 8 blocks in IQ4XS_ORDER with each lane's d and offset,
     the blocks after them as "q8_0" has them; against the kernel and against a loop over the statement."""
@@ -394,6 +404,7 @@ def test_q8_0_g8_quantizer_matches_the_numpy_statement():
                 assert want[3][t, 16 * g + lane] == -128 * sum(int(want[0][t, p]) for p in pos)
 
 
+@pytest.mark.e2e
 def test_q8_0_quantizer_matches_the_numpy_statement():
     K = 32 * 13
     x = _quantizer_rows(K, 32)
@@ -411,6 +422,7 @@ def test_q8_0_quantizer_matches_the_numpy_statement():
     assert (want[0][1, :32] == 0).all() and want[1][1, 0] == 0
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind,exact", PATHS, ids=PATH_IDS)
 def test_matmul_heads(kind, exact):
     """Per-head weights (absorbed MLA's attn_k_b / attn_v_b: w [H, N, K], x [T, H, K] -> [T, H, N]) against
@@ -446,6 +458,7 @@ def test_matmul_heads_routing_and_key():
     assert spec.weight_bytes() == 3 * 40 * 2 * 144
 
 
+@pytest.mark.e2e
 def test_prefetch_level():
     """Knobs.prefetch_level picks the prefetch instruction (1: prefetcht0 into L1, 2: prefetcht1 into L2) and
     nothing else: the same bits either way; the default puts it in L2, for the routed experts with one activation
