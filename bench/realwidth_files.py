@@ -2,6 +2,7 @@
 
     python bench/realwidth_files.py                  # the speed set (bench/realwidth.py's files); prints name=path
     python bench/realwidth_files.py --set spec       # the predictable files of the speculation benches (~90 GB)
+    python bench/realwidth_files.py --set lowbit     # codebook-format experts (issue 35), ~3-5 GB each
     python bench/realwidth_files.py glm45air-1 glm45air-8-a0.1    # just these
     python bench/realwidth_files.py --list           # names and recipes, nothing generated
 
@@ -36,7 +37,16 @@ for _preset, _layers in (("glm45air", (1, 4, 8)), ("glm52", (1, 3))):
     for _n in _layers:
         for _alpha in ("0", "0.1", "0.2"):
             FILES[f"{_preset}-{_n}-a{_alpha}"] = ("synth", [_preset, str(_n), "--mtp-mix", _alpha])
-SETS = {"speed": SPEED, "spec": [n for n in FILES if n not in SPEED], "all": list(FILES)}
+SPEC = [n for n in FILES if n not in SPEED]
+# The low-bit files of issue 35: glm45air-1 with each codebook format as its routed experts, an unsloth-like mix
+# (IQ2_XXS experts, Q4_K elsewhere but the Q6_K head), and glm52-1 with IQ1_S experts.
+LOWBIT_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
+for _t in LOWBIT_TYPES:
+    FILES[f"glm45air-1-{_t}"] = ("synth", ["glm45air", "1", "--expert-type", _t])
+FILES["glm45air-1-IQ2_XXS-Q4_K"] = ("synth", ["glm45air", "1", "--expert-type", "IQ2_XXS", "--dense-type", "Q4_K"])
+FILES["glm52-1-IQ1_S"] = ("synth", ["glm52", "1", "--expert-type", "IQ1_S"])
+SETS = {"speed": SPEED, "spec": SPEC, "lowbit": [n for n in FILES if n not in SPEED and n not in SPEC],
+        "all": list(FILES)}
 
 
 def realwidth_dir() -> str:
