@@ -41,5 +41,6 @@ def test_run_streams_each_step(compiled, monkeypatch, tmp_path):
     out = json.loads(r.stdout)
     assert out["tokens"] == P["greedy_ids"] and out["text"] == P["greedy_text"]
     assert set(out) == {"prompt_tokens", "tokens", "text", "finish_reason", "spec_type", "spec_draft_n_max",
-                        "spec_draft_n_max_requested", "seed", "threads", "stats", "timings", "kv_cache"}
+                        "spec_draft_n_max_requested", "spec_draft_vocab", "seed", "threads", "stats", "timings",
+                        "kv_cache"}
     assert (out["kv_cache"]["type_k"], out["kv_cache"]["type_v"]) == ("f32", "f32")   # the artifact's own types

@@ -7,7 +7,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.tirx.script import builder as T
 
-from .codebook import Codebook, codebook_rows
+from .codebook import Codebook
+from .codebook_rows import codebook_rows
 from .floats import float_rows
 from .formats import Block32
 from .kquant import kquant, kquant_lanes, kquant_out, kquant_pair_terms, kquant_paired, kquant_rows, kquant_zero
