@@ -694,6 +694,7 @@ class DeviceCheck:
         decode tok/s of spec off, n_max 1..3 and auto with their acceptance, best of R (tokens equal to spec off)."""
         from nextn.common.measure import copy_bandwidth
         from nextn.runtime.api import Model
+        from nextn.runtime.depth import spread_tokens
 
         eng, res = self.realwidth_engine(rw)
         man = eng.artifact.manifest
@@ -704,7 +705,8 @@ class DeviceCheck:
         ids = np.arange(7, 7 + 64, dtype=np.int32) % V
         h, _last, tok = eng.prefill(ids, 0)
         steps = [("decode", 1, lambda: eng.verify(np.array([tok], np.int32), 64))]
-        steps += [("verify", k1, lambda k1=k1: eng.verify(np.array([tok] * k1, np.int32), 64)) for k1 in SPEC_VERIFY_ROWS]
+        steps += [("verify", k1, lambda k1=k1: eng.verify(np.asarray(spread_tokens(k1, V), np.int32), 64))
+                  for k1 in SPEC_VERIFY_ROWS]
         if eng.has_mtp:
             steps.append(("draft", 1, lambda: eng.mtp_draft(np.array([tok], np.int32), h[-1:], 64)))
         rows = []
@@ -833,13 +835,16 @@ def speed_configs(m, prompt, n: int, reps: int) -> list[dict]:
 
 def entry_timings(eng, reps: int, prompt: int = 64, k: int = 3) -> list[dict]:
     """Synced per-entry timings: prefill of `prompt` rows, verify of k+1 rows, decode (one row), NextN rows for the
-    prompt, one draft step. Token ids are arbitrary in-vocabulary values (timing only)."""
+    prompt, one draft step. Token ids are in-vocabulary values (timing only); the verify rows are distinct tokens
+    (`runtime.depth.spread_tokens`: copies of one token route to the same experts and under-price a verify)."""
+    from nextn.runtime.depth import spread_tokens
+
     V = int(eng.hparams["n_vocab"])
     ids = np.arange(7, 7 + prompt, dtype=np.int32) % V
     h, _last, tok = eng.prefill(ids, 0)
+    rows_k1 = np.asarray(spread_tokens(k + 1, V), np.int32)
     rows = [timed_entry(eng, "prefill", lambda: eng.prefill(ids, 0), reps) | {"rows": prompt},
-            timed_entry(eng, "verify", lambda: eng.verify(np.array([tok] * (k + 1), np.int32), prompt), reps)
-            | {"rows": k + 1},
+            timed_entry(eng, "verify", lambda: eng.verify(rows_k1, prompt), reps) | {"rows": k + 1},
             timed_entry(eng, "decode", lambda: eng.verify(np.array([tok], np.int32), prompt), reps) | {"rows": 1}]
     if eng.has_mtp:
         hp = np.concatenate([np.zeros_like(h[:1]), h[:-1]])

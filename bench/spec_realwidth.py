@@ -23,7 +23,7 @@ Per file, `--repeat` rounds, each back to back so that drift hits every configur
      each speculative run's tokens are checked against plain's (`same_as_plain`). Then, on the file's own greedy
      chain (prompt + plain's tokens, so the rows route as real drafts do), the ms of a verify of T = 1..4 rows, of
      one draft step (`mtp_draft`, 1 row) and of a draft step 0 carrying one gap row (2 rows), min of REPS = 5
-     round-robin calls; a verify of T copies of one token (what `runtime.depth.calibrate` times for `auto`); the
+     round-robin calls; a verify of what `runtime.depth.calibrate` times for `auto` (`depth.spread_tokens`); the
      distinct experts each verify reads per MoE layer (bench/kernel_profile.routed_experts); and, unless
      --no-kernels, the per-kernel ms of a decode and of the verify of 2 and of 4 rows
      (bench/kernel_profile.profile, best of REPS) in the first round;
@@ -85,6 +85,7 @@ from realwidth_files import SETS, realwidth_dir  # noqa: E402
 
 from nextn.common.kv_types import DEFAULT as KV_DEFAULT  # noqa: E402
 from nextn.common.kv_types import NAMES as KV_TYPES  # noqa: E402
+from nextn.runtime.depth import spread_tokens  # noqa: E402
 from nextn.runtime.threads import physical_cores  # noqa: E402
 
 KNOWN = [f"{n}.gguf" for n in SETS["spec"]]
@@ -188,7 +189,8 @@ def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: 
         raise SystemExit(f"spec_realwidth: -n {n_gen} is too short: the timings need {need - len(ids)} chain tokens")
     hidden, _lg, am = eng.prefill(chain[:P], 0)
     calls = {f"verify_{T}": (lambda T=T: eng.verify(chain[P:P + T], P)) for T in VERIFY_ROWS}
-    calls.update({f"verify_same_{T}": (lambda T=T: eng.verify([int(chain[P])] * T, P)) for T in VERIFY_ROWS[1:]})
+    V = int(eng.hparams["n_vocab"])
+    calls.update({f"verify_calib_{T}": (lambda T=T: eng.verify(spread_tokens(T, V), P)) for T in VERIFY_ROWS[1:]})
     if eng.has_mtp:
         calls["draft"] = lambda: eng.mtp_draft([int(chain[P])], hidden[-1:], P)
         calls["draft_2"] = lambda: eng.mtp_draft([int(chain[P - 1]), int(chain[P])], hidden[-2:], P - 1)
@@ -372,7 +374,7 @@ def summarize(entry: dict) -> dict:
         distinct = e["distinct"] if e else used
         s["verify_bytes"][str(T)] = {
             "verify_x_decode": ms[f"verify_{T}"] / ms["verify_1"],
-            "same_token_x_decode": ms[f"verify_same_{T}"] / ms["verify_1"] if f"verify_same_{T}" in ms else None,
+            "calib_x_decode": ms[f"verify_calib_{T}"] / ms["verify_1"] if f"verify_calib_{T}" in ms else None,
             "bytes_x_decode": verify_bytes(dec, T, distinct, used) / dec["total"],
             "distinct": distinct, "routed": e["routed"] if e else T * used}
     if "draft" in ms:
@@ -486,7 +488,7 @@ def format_table(report: dict) -> str:
     L += ["", f"A verify of T rows against its bytes (chain tokens; ms of the entry points, min of {REPS} calls "
           "× rounds):",
           "", "| file | decode ms | T | distinct experts / MoE layer (of routed) | verify(T) ÷ decode | "
-          "bytes(T) ÷ bytes(1) | T copies of one token ÷ decode | draft ÷ decode (bytes) | "
+          "bytes(T) ÷ bytes(1) | the gate's calibration verify ÷ decode | draft ÷ decode (bytes) | "
           "draft+1 gap row ÷ decode | verify ÷ bytes |", "|" + "---|" * 10]
     for e in files:
         s = e["summary"]
@@ -494,7 +496,7 @@ def format_table(report: dict) -> str:
             if T == "1":
                 continue
             L.append(f"| {e['name']} | {s['ms']['verify_1']:.1f} | {T} | {vb['distinct']:.1f} ({vb['routed']}) | "
-                     f"{vb['verify_x_decode']:.2f} | {vb['bytes_x_decode']:.2f} | {_f(vb['same_token_x_decode'])} | "
+                     f"{vb['verify_x_decode']:.2f} | {vb['bytes_x_decode']:.2f} | {_f(vb['calib_x_decode'])} | "
                      + (f"{_f(s.get('draft_x_decode'))} ({_f(s.get('draft_bytes_x_decode'))}) | "
                         f"{_f(s.get('draft2_x_decode'))}" if T == "2" else " | ")
                      + f" | {vb['verify_x_decode'] / vb['bytes_x_decode']:.2f} |")

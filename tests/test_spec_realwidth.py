@@ -134,7 +134,7 @@ def _entry(name, n_layer, scale, dense=200.0, routed=80.0):
     # n_max=1: 5 rounds, 9 tokens; per round: verify 0.3 s, draft 0.05 s, gap 0.01 s; the rest host
     spec = _cell([1] * 11, 5, 0, 9, 2.0 * scale, {"verify": 1.5 * scale, "draft": 0.25 * scale,
                                                    "mtp_rows": 0.05 * scale, "decode": 0.0}, 5, 4, n_max=1)
-    ms = {"verify_1": 100.0 * scale, "verify_2": 150.0 * scale, "verify_same_2": 110.0 * scale,
+    ms = {"verify_1": 100.0 * scale, "verify_2": 150.0 * scale, "verify_calib_2": 110.0 * scale,
           "draft": 30.0, "draft_2": 35.0}
     nextn = {"status": "ok", "runs": {"plain": plain, "n_max=1": spec}, "ms": ms, "n_expert_used": 8,
              "verify_experts": {"1": {"distinct": 8.0, "routed": 8}, "2": {"distinct": 12.0, "routed": 16}},
@@ -162,7 +162,7 @@ def test_summary_split_projection_and_table(monkeypatch):
     assert sp["bytes_bound"] == pytest.approx(1.8 / ((782 + 2 + 80 * 0.5) / 782 + 391 / 782))
     assert s["split"]["plain"]["bytes_bound"] == pytest.approx(1.0) and "bytes_bound" not in s["split"].get("auto", {})
     vb = s["verify_bytes"]["2"]
-    assert vb["verify_x_decode"] == 1.5 and vb["same_token_x_decode"] == pytest.approx(1.1)
+    assert vb["verify_x_decode"] == 1.5 and vb["calib_x_decode"] == pytest.approx(1.1)
     assert vb["bytes_x_decode"] == pytest.approx((782 + 2 + 40) / 782)
     assert s["draft_x_decode"] == pytest.approx(0.3) and s["draft_bytes_x_decode"] == pytest.approx(0.5)
     r = s["ratio"]["n_max=1"]
