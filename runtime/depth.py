@@ -146,6 +146,11 @@ def spread_tokens(T: int, n_vocab: int) -> list[int]:
     return [(1 + i * (n_vocab - 1) // max(T, 1)) % n_vocab for i in range(T)]
 
 
+def calibrated(engine, k_max: int) -> bool:
+    """Whether `calibrate(engine, k_max)` has run (and will not write cells from position 0 again)."""
+    return k_max in engine.__dict__.get("_nextn_round_costs", {})
+
+
 def calibrate(engine, k_max: int, reps: int = 5):
     """(seconds of a verify of T = 1..k_max+1 rows, of one draft step, of one NextN catch-up row), min of `reps`
     after a warm-up; the verify and catch-up rows are distinct tokens (`spread_tokens`). Runs at position 0, so

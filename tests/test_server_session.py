@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, reference
-from test_server import PROMPTS, q8_exact, sse_events, start_server, _metrics
+from test_server import PROMPTS, _metrics, post, q8_exact, sse_events, start_server
 
 D = FIXTURES / "tiny-glm-dsa"
 
@@ -24,12 +24,6 @@ def one(compiled):
     with httpx.Client(base_url=run.url, timeout=120) as c:
         yield run, c
     run.stop()
-
-
-def post(c, path, body, status=200):
-    r = c.post(path, json=body)
-    assert r.status_code == status, r.text
-    return r.json()
 
 
 def greedy(ids, n, **kw):

@@ -32,6 +32,7 @@ import numpy as np
 
 from nextn.common.errors import NextnError
 
+from ..depth import calibrated
 from ..speculative import decode
 from .errors import ApiError
 from .metrics import Metrics
@@ -89,7 +90,7 @@ class Slot:
             return 0
         n = common_prefix(self.cache, prompt)
         if p.spec_type == "draft-mtp":
-            if p.n_max == "auto" and self.engine.max_draft not in self.engine.__dict__.get("_nextn_round_costs", {}):
+            if p.n_max == "auto" and not calibrated(self.engine, self.engine.max_draft):
                 return 0     # depth.calibrate runs first, writing cells from position 0
             return max(0, min(n, self.n_mtp) - 1)
         return min(n, len(prompt) - 1)

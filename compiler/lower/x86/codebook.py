@@ -20,6 +20,8 @@ vectors), not the weight's `.grid` / `.signs` buffers, which stay the element pa
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from tvm import tirx
 from tvm.tirx.script import builder as T
@@ -33,20 +35,22 @@ def _patterns(bytes_):
     return [int(v) for v in np.where(bits == 1, 0xFF, 0x01).astype(np.uint8).view("<u8").reshape(-1)]
 
 
+@functools.cache   # gguf-py builds the tables; every kernel of the format declares them again
 def _grid(name: str, dtype: str):
     """The codebook of IQ format `name` (gguf-py's, as nextn.common.quant.formats gives the weight's `.grid`), one
     `dtype` word per entry (its 8 or 4 bytes)."""
     from nextn.common.quant import FORMATS
 
     g = np.ascontiguousarray(dict(FORMATS[name].tables())[".grid"])
-    return [int(v) for v in g.view("<u8" if dtype == "uint64" else "<u4")]
+    return tuple(int(v) for v in g.view("<u8" if dtype == "uint64" else "<u4"))
 
 
+@functools.cache
 def _ksigns(name: str):
     """The sign patterns of the 7-bit indices (ksigns_iq2xs: the 8th bit makes the count of minus signs even)."""
     from nextn.common.quant import FORMATS
 
-    return _patterns(dict(FORMATS[name].tables())[".signs"])
+    return tuple(_patterns(dict(FORMATS[name].tables())[".signs"]))
 
 
 class Codebook:
@@ -177,12 +181,13 @@ class IQ3S(Codebook):
         return grid, signs, [sc, sc]
 
 
+@functools.cache
 def _grid1(name: str):
     """IQ1's codebook (-1 / 0 / 1 per weight) as uint64 words of the unsigned bytes 8 (g + 1) (`IQ1S`)."""
     from nextn.common.quant import FORMATS
 
     g = dict(FORMATS[name].tables())[".grid"].astype(np.int16)
-    return [int(v) for v in np.ascontiguousarray((8 * (g + 1)).astype(np.uint8)).view("<u8")]
+    return tuple(int(v) for v in np.ascontiguousarray((8 * (g + 1)).astype(np.uint8)).view("<u8"))
 
 
 TWOS = 0x0202020202020202
