@@ -9,8 +9,8 @@ the scheduled CPU kernels built from te_ops:
   `gguf.quants.dequantize` bit for bit;
 - mul_mat (T = 1, 3, 4 rows; N = 67, not a multiple of the 64-wide tile) and mul_mat_id (both activation forms)
   agree with a float64 numpy product on the dequantized weights within 1e-5 relative.
-For the codebook formats (IQ2_*, IQ3_*, IQ1_*) and MXFP4, blocks built to use every table entry (codebook index,
-sign pattern, sub-block scale, delta sign, MXFP4 exponent) are read bit-exactly too. The types still refused are
+For the codebook formats (IQ2_*, IQ3_*, IQ1_*), MXFP4 and NVFP4, blocks built to use every table entry (codebook
+index, sign pattern, sub-block scale, delta sign, MXFP4 exponent, NVFP4 ue4m3 scale byte) are read bit-exactly too. The types still refused are
 listed in REFUSED and checked to be refused naming the tensor.
 """
 from __future__ import annotations
@@ -31,13 +31,14 @@ from nextn.compiler.target import make_target
 from nextn.schedules import schedule_pass
 
 TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
-         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "MXFP4", "F16", "BF16"]
+         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "MXFP4", "NVFP4", "F16", "BF16"]
 # Byte offsets of the float16 scale fields in one block (ggml/src/ggml-common.h); the rest of a block is random.
-# IQ1_M spreads its float16 over the top nibbles of four words and MXFP4 has an 8-bit exponent: see set_scales.
+# IQ1_M spreads its float16 over the top nibbles of four words, MXFP4 has an 8-bit exponent and NVFP4 four ue4m3
+# bytes: see set_scales.
 F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
               "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0],
-              "IQ1_M": [], "MXFP4": [], "F16": [], "BF16": []}
+              "IQ1_M": [], "MXFP4": [], "NVFP4": [], "F16": [], "BF16": []}
 # Bytes a format adds to the GGUF's: per-tensor lookup tables (codebook grid, sign patterns; nothing is repacked).
 TABLE_BYTES = {"IQ2_XXS": 256 * 8 + 128, "IQ2_XS": 512 * 8 + 128, "IQ2_S": 1024 * 8, "IQ3_XXS": 256 * 4 + 128,
                "IQ3_S": 512 * 4, "IQ1_S": 2048 * 8, "IQ1_M": 2048 * 8}
@@ -100,6 +101,10 @@ def set_scales(ttype: str, b: np.ndarray, rng) -> None:
         e = rng.integers(100, 150, n)
         e[:4 * 3:3] = [0, 1, 2, 230]
         b[:, 0] = e
+    if ttype == "NVFP4":   # ue4m3 bytes: ordinary scales, and on the first blocks the zero codes 0 and 0x7F (NaN),
+        d = rng.integers(40, 80, (n, 4))   # subnormals 1..7, the largest 0x7E, and bit 7 set (0x80, 0xFF, 0xC5)
+        d.reshape(-1)[:14 * 5:5] = [0, 0x7F, 1, 2, 3, 7, 8, 0x7E, 0x80, 0x81, 0xFF, 0xC5, 0x38, 0x77]
+        b[:, :4] = d
 
 
 def every_entry_raw(ttype: str, shape, seed: int) -> np.ndarray:
@@ -166,6 +171,9 @@ def every_entry_raw(ttype: str, shape, seed: int) -> np.ndarray:
     elif ttype == "MXFP4":    # e8m0 exponent byte, 32 × 4-bit values
         b[:, 0] = np.arange(n) % 256
         put(1, nibbles(count(32, 16)))
+    elif ttype == "NVFP4":    # 4 ue4m3 bytes (every byte value), per 16: 8 bytes of two 4-bit values (every value)
+        put(0, count(4, 256).astype(np.uint8))
+        put(4, nibbles(count(64, 16)))
     else:
         raise KeyError(ttype)
     return b.reshape(*shape[:-1], shape[-1] // block * tsize)
@@ -236,7 +244,7 @@ def case(request):
             fmt.pack(eraw, (X, N, K)), dequant(ttype, eraw))
 
 
-GRID_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "MXFP4"]
+GRID_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "MXFP4", "NVFP4"]
 
 
 @pytest.mark.e2e
@@ -360,9 +368,9 @@ def test_odd_shape(ttype):
     assert rel_err(run(lib, "mul_mat", (5, n), x, *packed), x.astype(np.float64) @ w64.T) < 1e-5, ttype
 
 
-# GGUF tensor types nextn has no kernel for: ternary TQ1_0 / TQ2_0, NVFP4, Q1_0, the activation-only Q8_1 / Q8_K,
+# GGUF tensor types nextn has no kernel for: ternary TQ1_0 / TQ2_0, Q1_0, the activation-only Q8_1 / Q8_K,
 # integer and float64 tensors. Everything else gguf-py knows is read (float types widened, block types packed).
-REFUSED = ["TQ1_0", "TQ2_0", "NVFP4", "Q1_0", "Q8_1", "Q8_K", "I8", "I16", "I32", "I64", "F64"]
+REFUSED = ["TQ1_0", "TQ2_0", "Q1_0", "Q8_1", "Q8_K", "I8", "I16", "I32", "I64", "F64"]
 
 
 def test_refused_types_are_exactly_the_rest():

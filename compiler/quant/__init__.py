@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from nextn.common.quant import FORMATS
 
-from . import floats, iq4, iq_grid, k_quants, legacy, mxfp4, q8_0  # noqa: F401  (each registers its element expressions)
+from . import floats, iq4, iq_grid, k_quants, legacy, mxfp4, nvfp4, q8_0  # noqa: F401  (each registers its element expressions)
 from .te import ELEMENTS
 
 _missing = set(FORMATS) ^ set(ELEMENTS)
