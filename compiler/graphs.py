@@ -68,6 +68,63 @@ def reduce_head(g, n_vocab_draft: int) -> None:
 ELEMENT_READERS = ("mul_mat", "mul_mat_id", "get_rows")
 
 
+MATMULS = ("mul_mat", "mul_mat_id")
+SCALE_SUFFIX = ".scale"
+
+
+def scale_of(weight: str) -> str | None:
+    """The GGUF name of weight `X.weight`'s second-level scale, `X.scale` (None for a name without `.weight`)."""
+    return weight[:-len(".weight")] + SCALE_SUFFIX if weight.endswith(".weight") else None
+
+
+def apply_weight_scales(mf: ModelFiles, graphs) -> None:
+    """NVFP4's per-tensor second scale: where the files hold `X.scale` next to a matmul weight `X.weight` (float,
+    shape [1]; [n_expert] for a `mul_mat_id` weight [X, N, K]), the matmul's output is multiplied by it, per
+    expert through the selected ids for `mul_mat_id`: llama.cpp `build_lora_mm(w, cur, w_s)` /
+    `build_lora_mm_id(w, cur, ids, w_s)` (src/llama-graph.cpp), which `build_ffn` / `build_moe_ffn` /
+    `build_attn` apply with the `*_s` tensors the loader's generic pass reads (src/llama-model.cpp: `ffn_up_exps_s`
+    = `blk.N.ffn_up_exps.scale` …). convert_hf_to_gguf.py writes ModelOpt's `weight_scale_2` there and leaves it
+    out when it is 1, so a weight without one is scaled by 1, as in llama.cpp. nextn applies a scale wherever such a
+    weight is a matmul weight (glm4moe's FFN included, whose llama.cpp graph passes no FFN scales: the model's
+    definition, as the fixtures' references follow it). `X.input_scale` (the activation scale of FP4 tensor-core
+    kernels) changes no float value and is not read. Raises NextnError naming the tensor for a scale of a
+    weight some op reads other than as a matmul weight (an embedding table), or of the wrong shape."""
+    from nextn.common.errors import NextnError
+
+    other: dict[str, str] = {}     # weight → an op that reads it other than as a matmul's weight
+    for g in graphs:
+        for n in g.live_nodes():
+            for i, src in enumerate(n.inputs):
+                if src.op == "weight" and not (i == 0 and n.op in MATMULS):
+                    other.setdefault(src.attrs.get("rows_of", src.name), n.op)
+    for name, op in sorted(other.items()):
+        s = scale_of(name)
+        if s is not None and mf.has_tensor(s):
+            raise NextnError(f"{mf.file_of(s).path}: tensor '{s}' scales '{name}', which {op} reads (not a "
+                             f"matmul): nextn applies a '.scale' only to matmul outputs")
+    for g in graphs:
+        for n in g.live_nodes():
+            if n.op not in MATMULS or n.inputs[0].op != "weight":
+                continue
+            w = n.inputs[0]
+            name = w.attrs.get("rows_of", w.name)    # the reduced draft head: its source tensor's scale
+            s = scale_of(name)
+            if s is None or not mf.has_tensor(s):
+                continue
+            per_expert = n.op == "mul_mat_id"
+            shape = (w.shape[0],) if per_expert else (1,)
+            f = mf.file_of(s)
+            f.check_tensor(s, shape)
+            if f.tensor_type(s) not in ("F32", "F16", "BF16"):
+                raise NextnError(f"{f.path_of(s)}: tensor '{s}' (the second-level scale of '{name}') has type "
+                                 f"{f.tensor_type(s)}, expected F32")
+            if per_expert:
+                ids = n.inputs[2]
+                g.splice_after(n, lambda y: g.mul(y, g.get_rows(g.reshape(g.weight(s, shape), (shape[0], 1)), ids)))
+            else:
+                g.splice_after(n, lambda y: g.mul(y, g.weight(s, shape)))
+
+
 def weight_kinds(mf: ModelFiles, graphs) -> dict[str, str]:
     """Buffer-plan kind of every weight of `graphs`: its GGUF format's kind (the file's bytes; nextn.common.quant),
     or "f32" for F32 tensors and for F16 / BF16 tensors that some op reads other than as a matmul / embedding
@@ -122,6 +179,7 @@ def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv
             reduce_head(g, n_draft)
             g.name, g.kind = name + VOCAB_SUFFIX, "mtp"
             graphs[g.name] = g
+    apply_weight_scales(mf, graphs.values())
     for g in graphs.values():
         g.set_kv_types(*(kv_types or ("f32", "f32")))
     return graphs

@@ -72,8 +72,9 @@ def with_metadata(src: Path, dst: Path, values: dict) -> Path:
 def copy_gguf(src: Path, dst: Path, metadata: dict | None = None, tensors: dict | None = None, only=None,
             split_max_tensors: int = 0) -> Path:
     """Copy `src` to `dst` through gguf-py's writer (a valid GGUF): `metadata` {key: (value, GGUFValueType) or
-    None to drop it} changes keys, `tensors` {name: float32 array} replaces tensors (stored F32), `only` keeps
-    just those tensor names (in the source's order). `split_max_tensors` > 0 writes a split GGUF as llama.cpp's
+    None to drop it} changes keys, `tensors` {name: float32 array (stored F32) or (raw bytes, GGMLQuantizationType)}
+    replaces tensors, names the source lacks added after its tensors, `only` keeps just those tensor names (in the
+    source's order). `split_max_tensors` > 0 writes a split GGUF as llama.cpp's
     gguf-split does (gguf-py's own split writer: DST_STEM-0000i-of-0000n.gguf, all metadata in the first shard,
     split.no / split.count / split.tensors.count in every shard); returns the first shard's path then."""
     import gguf
@@ -104,13 +105,22 @@ def copy_gguf(src: Path, dst: Path, metadata: dict | None = None, tensors: dict 
             writer.add_key_value(key, new[0], new[1])
             if key == gguf.Keys.General.ALIGNMENT:   # the writer pads the tensor data to it
                 writer.data_alignment = new[0]
+    def put(name, new):
+        if isinstance(new, tuple):
+            writer.add_tensor(name, np.ascontiguousarray(new[0]), raw_dtype=new[1])
+        else:
+            writer.add_tensor(name, np.ascontiguousarray(new, np.float32))
+
     for t in reader.tensors:
         if only is not None and t.name not in only:
             continue
         if t.name in tensors:
-            writer.add_tensor(t.name, np.ascontiguousarray(tensors[t.name], np.float32))
+            put(t.name, tensors.pop(t.name))
         else:
             writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    for name, new in tensors.items():
+        if only is None or name in only:
+            put(name, new)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -232,6 +232,28 @@ class Graph:
     def index_mask_load(self, state):
         return self._op("index_mask_load", (state,))
 
+    # -- rewriting --------------------------------------------------------------------------------
+    def splice_after(self, node: Node, build) -> Node:
+        """Insert after `node` the nodes that `build(node)` creates and make every consumer of `node` (and every
+        output that is `node`) read the node `build` returns instead. The new nodes are moved right after `node` in
+        creation order (ids renumbered), so that the order stays topological; they may read `node`, leaves and
+        nodes created before `node`."""
+        start = len(self.nodes)
+        new = build(node)
+        added = self.nodes[start:]
+        for n in self.nodes[:start]:
+            if any(i is node for i in n.inputs):
+                n.inputs = tuple(new if i is node else i for i in n.inputs)
+        for k, v in self.outputs.items():
+            if v is node:
+                self.outputs[k] = new
+        del self.nodes[start:]
+        at = self.nodes.index(node) + 1
+        self.nodes[at:at] = added
+        for i, n in enumerate(self.nodes):
+            n.id = i
+        return new
+
     # -- inspection -------------------------------------------------------------------------------
     def live_nodes(self) -> list[Node]:
         """Nodes reachable from the outputs, in topological (creation) order."""

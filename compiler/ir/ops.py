@@ -71,9 +71,9 @@ _ROPE = ("n_rot", "mode", "freq_base", "freq_scale", "ext_factor", "attn_factor"
          "n_ctx_orig")
 
 _TABLE = (
-    Op("get_rows", "get_rows(a[V,E], ids[T]) -> [T,E];   batched: get_rows(a[B,V,C], ids[B,n]) -> [B,n,C]",
-       "the rows ids of a (per batch b: a[b][ids[b]]); a's dtype (an int32 table, the draft vocabulary's ids, gives "
-       "int32 rows)", _get_rows, dtype="same"),
+    Op("get_rows", "get_rows(a[V,E], ids[...]) -> [...,E];   batched: get_rows(a[B,V,C], ids[B,n]) -> [B,n,C]",
+       "the rows ids of a (ids of any rank: a[ids]; per batch b: a[b][ids[b]]); a's dtype (an int32 table, the "
+       "draft vocabulary's ids, gives int32 rows)", _get_rows, dtype="same"),
     Op("rms_norm", "rms_norm(x, eps) -> x.shape",
        "x / sqrt(mean(x^2, last axis) + eps)  (no weight: ggml multiplies after)", _same, ("eps",)),
     Op("mul", "mul(a, b) -> broadcast(a, b)", "a * b, elementwise with numpy broadcasting", _elementwise),

@@ -39,9 +39,10 @@ def _elem(w, *idx):
 
 
 def get_rows(table, ids):
-    if len(ids.shape) == 1:
+    if len(table.shape) == 2:    # ids of any rank [...] -> [..., E]
         E = table.shape[-1]
-        return te.compute((ids.shape[0], E), lambda t, e: _elem(table, ids[t].astype("int64"), e), name="get_rows")
+        return te.compute((*ids.shape, E), lambda *i: _elem(table, ids[i[:-1]].astype("int64"), i[-1]),
+                          name="get_rows")
     B, n = ids.shape
     C = table.shape[2]
     return te.compute((B, n, C), lambda b, j, c: table[b, ids[b, j].astype("int64"), c], name="get_rows")
