@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 TYPES = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "IQ4_XS", "IQ4_NL", "Q4_0", "Q5_0", "Q2_K", "Q3_K", "Q4_1", "Q5_1",
-         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "MXFP4", "BF16", "F16"]
+         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "MXFP4", "NVFP4", "BF16", "F16"]
 DEFAULT_TYPES = "Q4_K,Q5_K,Q6_K,Q8_0,IQ4_XS,IQ4_NL"
 CODEBOOK_TYPES = "IQ2_XXS,IQ2_XS,IQ2_S,IQ3_XXS,IQ3_S,IQ1_S,IQ1_M"     # --types codebook
 # GLM-4.5-Air / GLM-5.2 widths: attention and dense FFN (K = 4096, 6144, 10944, 12288), experts (K = 1408), lm head
@@ -41,7 +41,7 @@ SHAPES = "4096x4096,12288x4096,4096x12288,10944x4096,4096x10944,1408x4096,4096x1
 F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q2_K": [80, 82],
               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
               "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0],
-              "IQ1_M": [], "MXFP4": []}     # IQ1_M, MXFP4: see random_raw
+              "IQ1_M": [], "MXFP4": [], "NVFP4": []}     # IQ1_M, MXFP4, NVFP4: see random_raw
 
 
 def random_raw(ttype, n, k, rng):
@@ -64,6 +64,8 @@ def random_raw(ttype, n, k, rng):
         b[:, 48:56] = w.view(np.uint8)
     if ttype == "MXFP4":    # exponent byte e: scale 2^(e-128) around 0.01
         b[:, 0] = rng.integers(115, 125, len(b))
+    if ttype == "NVFP4":    # ue4m3 scale bytes around 0.01 (the per-tensor `.scale` is a separate multiply)
+        b[:, :4] = rng.integers(24, 40, (len(b), 4))
     return b.reshape(n, k // block * tsize)
 
 

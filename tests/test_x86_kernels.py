@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(WIDTH is None, reason="this CPU has no AVX2")   
 WIDTHS = sorted({32, WIDTH}) if WIDTH else []
 F16_FIELDS = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q8_0": [0], "IQ4_NL": [0], "MXFP4": [],
                "IQ2_XXS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_S": [0], "IQ2_XS": [0], "IQ1_S": [0],
-               "IQ1_M": []}     # IQ1_M: its d is the top nibbles of the scale words (random_weight)
+               "IQ1_M": [], "NVFP4": []}     # IQ1_M: its d is the top nibbles of the scale words (random_weight)
 RNG = np.random.default_rng(0)
 
 
@@ -61,6 +61,9 @@ def random_weight(kind: str, lead: tuple, N: int, K: int):
     if kind == "mxfp4":   # exponent byte e: scale 2^(e - 128), finite products; the subnormal scales e = 0, 1 too
         raw[:, 0] = RNG.integers(110, 135, len(raw))
         raw[:2, 0] = [0, 1]
+    if kind == "nvfp4":   # ue4m3 scale bytes: ordinary ones, and the zero codes 0, 0x7F and subnormals 1, 7 too
+        raw[:, :4] = RNG.integers(40, 80, (len(raw), 4))
+        raw[0, :4] = [0, 0x7F, 1, 7]
     raw = raw.reshape(*lead, N, K // blk * size)
     want = gguf.quants.dequantize(raw.reshape(-1, raw.shape[-1]), gt).astype(np.float64).reshape(*lead, N, K)
     return misaligned(raw), want
@@ -102,6 +105,8 @@ def rel(got, want):
 
 
 def k_of(kind: str, exact: bool) -> int:
+    if kind == "nvfp4":   # whole 64-weight blocks: 6 float-path blocks of 32
+        return 192
     return 96 if exact else 512 if x86.format_of(kind).block == 256 else 416
 
 

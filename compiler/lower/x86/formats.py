@@ -25,6 +25,7 @@ from tvm import tirx
 from tvm.tirx.script import builder as T
 
 from nextn.compiler.quant.mxfp4 import E2M1X2, e8m0_half
+from nextn.compiler.quant.nvfp4 import ue4m3_half
 
 from .codebook import CODEBOOK_FORMATS
 from .vec import abs_i8, byte_vector, const, pshufb, ramp
@@ -485,6 +486,24 @@ class MXFP4(FloatFormat):
         return [T.Bind(d * tirx.Cast(f"float32x{L}", tirx.Shuffle([q], list(range(i, i + L))))) for i in range(0, 32, L)]
 
 
+class NVFP4(FloatFormat):
+    """NVFP4 (36 B per 64): d u8[4] (ue4m3 per 16) | qs[32]; a float-path block is half of one (32 weights: two
+    scale bytes, 16 quant bytes at 4 + 16h, h = blk % 2). Quant byte j of sub-block s holds weights 16s + j (low
+    nibble) and 16s + 8 + j (high); w = ue4m3_half(d[s]) * E2M1X2[q]: exact (at most 4 + 4 significant bits)."""
+    type_size = 18     # 36 B per 64 weights: the row bytes are the format's (kernel.py: K / 32 * 18)
+
+    def values(self, k, n, blk):
+        base, h = T.Bind(blk // 2 * 36), blk % 2
+        v = k.w[n, ramp(base + 4 + h * 16, 16)]
+        lo, hi = v & _u8(15, 16), (v >> _u8(4, 16)) & _u8(15, 16)
+        idx = tirx.Shuffle([lo, hi], [*range(0, 8), *range(16, 24), *range(8, 16), *range(24, 32)])
+        q = T.Bind(pshufb(tirx.reinterpret("int8x32", byte_vector(list(E2M1X2) * 2)), idx, 32))
+        L = k.width // 4
+        d = [T.Bind(tirx.Broadcast(ue4m3_half(k.w[n, base + h * 2 + s]), L)) for s in (0, 1)]
+        return [T.Bind(d[i // 16] * tirx.Cast(f"float32x{L}", tirx.Shuffle([q], list(range(i, i + L)))))
+                for i in range(0, 32, L)]
+
+
 class Plain(FloatFormat):
     """Unquantized weights, widened as they are read: F16 (vcvtph2ps), BF16 (the float32's upper 16 bits), F32.
     The weight argument is the tensor itself ([N, K] of `arg_dtype`); a "block" is 32 elements."""
@@ -511,7 +530,8 @@ class Plain(FloatFormat):
 BLOCK32_FORMATS = {"q8_0": Q80Int(), "iq4_nl": IQ4NLInt(), "mxfp4": MXFP4Int()}
 INT_FORMATS = {"q4_k": Q4K(), "q5_k": Q5K(), "q6_k": Q6K(), "iq4_xs": IQ4XS(), **BLOCK32_FORMATS, **CODEBOOK_FORMATS}
 # kinds in both: the float formats are the --exact-matmul path (float32 activation rows)
-FLOAT_FORMATS = {"q8_0": Q80(), "iq4_nl": IQ4NL(), "mxfp4": MXFP4(), "f16": Plain("float16"), "bf16": Plain("uint16"), "f32": Plain("float32")}
+FLOAT_FORMATS = {"q8_0": Q80(), "iq4_nl": IQ4NL(), "mxfp4": MXFP4(), "f16": Plain("float16"), "bf16": Plain("uint16"), "f32": Plain("float32"),
+                 "nvfp4": NVFP4()}
 
 
 def format_of(kind: str, exact: bool = False):
