@@ -189,3 +189,22 @@ def test_scale_on_embedding_refused_cli(tmp_path):
     rc, _, err = nextn("compile", path, "-o", tmp_path / "out")
     assert rc == 1
     assert_one_line_error(rc, err, "emb.gguf", "'token_embd.scale'", "get_rows")
+
+
+@pytest.mark.slow
+def test_cuda_sm90_build(compiled, dsa_file):
+    """The NVFP4 model builds for CUDA sm_90 without a GPU (the element expression through the GPU compute
+    definitions, the scales as graph muls): SASS for sm_90, the NVFP4 weights planned as their bytes, the scales
+    as float32 buffers."""
+    import json
+    from pathlib import Path
+
+    from nextn.common.device_code import device_code
+    from nextn.common.manifest import MANIFEST
+
+    d = compiled("nvfp4-glm-dsa-cuda90", dsa_file, target="cuda", arches=["sm_90"])
+    assert device_code(f"{d}/model_cuda.so")["cuda_sass"] == ["sm_90"]
+    plan = json.loads((Path(d) / MANIFEST).read_text())["buffer_plan"]["weights"]
+    kinds = {b["tensor"]: b["kind"] for b in plan}
+    assert kinds["blk.1.ffn_down_exps.weight"] == kinds[UNSCALED] == "nvfp4"
+    assert kinds["blk.1.ffn_down_exps.scale"] == "f32" and UNSCALED.replace(".weight", ".scale") not in kinds

@@ -16,8 +16,9 @@ float(sum) * (d_w * d_x) by one FMA (ggml-cpu's ggml_vec_dot_q8_0_q8_0 / ggml_ve
 ggml_vec_dot_mxfp4_q8_0 on x86). Each full group of 8 blocks goes as IQ4_XS takes a block ("q8_0_g8" rows,
 `Block32`: one vpdpbusd per 64 bytes, one FMA per group); the blocks after the last group go one at a time.
 
-Float path (Q8_0, IQ4_NL, MXFP4 under --exact-matmul, and unquantized F16 / BF16 / F32; blocks of 32): each weight
-is dequantized exactly (d * q: at most 11 + 8 significant bits) and multiplied with the float32 activation by FMA.
+Float path (Q8_0, IQ4_NL, MXFP4 under --exact-matmul, NVFP4 always, and unquantized F16 / BF16 / F32; blocks of
+32): each weight is dequantized exactly (d * q: at most 11 + 8 significant bits) and multiplied with the float32
+activation by FMA.
 """
 from __future__ import annotations
 
