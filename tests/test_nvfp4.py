@@ -128,6 +128,28 @@ def test_graphs_scale_matmul_outputs(tmp_path, arch):
     assert seen == scaled
 
 
+def test_head_scale_and_draft_vocab(tmp_path, dsa_file):
+    """A scale on the head (`output.scale`, llama.cpp's `output_s`) scales the logits of every entry, the reduced
+    draft head's too (its rows are the head's): the interpreter's logits with a scale of 0.5 are half those
+    without, bit for bit; its argmax is unchanged."""
+    from nextn.compiler.graphs import DRAFT_HEAD
+
+    halved = make_nvfp4(SRC["glm-dsa"], tmp_path / "head.gguf", {"output.scale": np.full(1, 0.5, np.float32)})
+    ids = np.array(next(p for p in reference(DSA)["prompts"] if p["kind"] == "code-short")["prompt_ids"], np.int32)
+    out = {}
+    for path in (dsa_file, halved):
+        mf = ModelFiles(path, load_mtp=True)
+        graphs = build_graphs(mf, with_mtp=True, options={"draft_vocab": 100})
+        g = graphs["verify"]
+        out[path] = interpret.run(g, {"tokens": ids, "pos": np.arange(len(ids), dtype=np.int32)}, dequantized(mf),
+                                  zero_states(g, len(ids)), n_kv=len(ids))
+        lg = graphs["mtp_draft_vocab"].outputs["logits"]
+        mm = lg.inputs[0] if lg.op == "mul" else lg
+        assert (lg.op == "mul") == (path == halved) and mm.op == "mul_mat" and mm.inputs[0].name == DRAFT_HEAD
+    assert np.array_equal(out[halved]["logits"], out[dsa_file]["logits"] * np.float32(0.5))
+    assert np.array_equal(out[halved]["argmax"], out[dsa_file]["argmax"])
+
+
 @pytest.fixture(scope="module")
 def dsa_engine(compiled, dsa_file):
     return exact_engine(compiled, "nvfp4-glm-dsa-exact", dsa_file)
