@@ -531,8 +531,8 @@ class Plain(FloatFormat):
 BLOCK32_FORMATS = {"q8_0": Q80Int(), "iq4_nl": IQ4NLInt(), "mxfp4": MXFP4Int()}
 INT_FORMATS = {"q4_k": Q4K(), "q5_k": Q5K(), "q6_k": Q6K(), "iq4_xs": IQ4XS(), **BLOCK32_FORMATS, **CODEBOOK_FORMATS}
 # kinds in both: the float formats are the --exact-matmul path (float32 activation rows)
-FLOAT_FORMATS = {"q8_0": Q80(), "iq4_nl": IQ4NL(), "mxfp4": MXFP4(), "f16": Plain("float16"), "bf16": Plain("uint16"), "f32": Plain("float32"),
-                 "nvfp4": NVFP4()}
+FLOAT_FORMATS = {"q8_0": Q80(), "iq4_nl": IQ4NL(), "mxfp4": MXFP4(), "f16": Plain("float16"), "bf16": Plain("uint16"),
+                 "f32": Plain("float32"), "nvfp4": NVFP4()}
 
 
 def format_of(kind: str, exact: bool = False):
