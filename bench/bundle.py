@@ -197,10 +197,10 @@ def build_site(site: str, host_name: str, cache: str) -> dict:
 # -- artifacts, references -----------------------------------------------------------------------------------------
 def compile_into(model: str, out: str, target: str, arches, cuda_graph: bool = True, kv: str = "f32") -> str:
     """`kv`: both KV cache types; f32 for the fixture checks, which compare with float32 references."""
-    from nextn.compiler.compile import compile_model
+    from nextn.compiler.entry import CompileOptions, compile_model
 
-    compile_model(model, out, target=target, arches=arches, cuda_graph=cuda_graph, log=log, cache_type_k=kv,
-                  cache_type_v=kv)
+    compile_model(model, out, CompileOptions(target=target, arches=arches, cuda_graph=cuda_graph, cache_type_k=kv,
+                                             cache_type_v=kv), log=log)
     if target == "cuda":
         from nextn.compiler.check_device_code import check_artifact
 
@@ -225,19 +225,16 @@ def copy_refs(fixture: str, dst: str, logits: bool) -> None:
 
 def cpu_artifact(gguf: str, exact: bool = True) -> str:
     """The llvm artifact of `gguf` with f32 KV (as compile_into's), `exact`: `--exact-matmul` (float activation
-    rows); compiled once into the nextn cache under the file's identity and the compiler's fingerprint."""
-    from nextn.common.gguf import GGUFFile
+    rows); compiled once into the nextn cache under the options' cache key, bound to the file's path (the
+    artifact is loaded by its directory)."""
     from nextn.common.manifest import MANIFEST
     from nextn.common.paths import cache_dir
-    from nextn.compiler.compile import compile_model
-    from nextn.compiler.entry import compiler_fingerprint
+    from nextn.compiler.entry import CompileOptions, compile_model
 
-    key = hashlib.sha256(json.dumps([os.path.abspath(gguf), GGUFFile.open(gguf).identity(), exact,
-                                     compiler_fingerprint()]).encode()).hexdigest()[:20]
-    kind = "exact" if exact else "q8act"
-    out = os.path.join(cache_dir(), "bundle-cpu", f"{os.path.basename(gguf)[:-5]}-{kind}-{key}")
+    options = CompileOptions(exact_matmul=exact, cache_type_k="f32", cache_type_v="f32")
+    out = os.path.join(cache_dir(), "bundle-cpu", options.cache_key(gguf, at_path=True))
     if not os.path.isfile(os.path.join(out, MANIFEST)):
-        compile_model(gguf, out, exact_matmul=exact, cache_type_k="f32", cache_type_v="f32", log=log)
+        compile_model(gguf, out, options, log=log)
     return out
 
 

@@ -135,16 +135,15 @@ def end_to_end(args) -> dict:
     import sys
     import time
 
-    from nextn.compiler.compile import compile_model
-    from nextn.compiler.entry import compiled_artifact
+    from nextn.compiler.entry import CompileOptions, compile_model, compiled_artifact
 
     here = os.path.dirname(os.path.abspath(__file__))
     work = args.work or os.path.join(os.path.dirname(os.path.abspath(args.log.rstrip("/"))), "tuning-check-art")
     t = time.perf_counter()
-    untuned = compiled_artifact(args.model, "llvm", cache_type_k="f16", cache_type_v="f16")
+    untuned = compiled_artifact(args.model, CompileOptions(cache_type_k="f16", cache_type_v="f16"))
     arts = {"untuned": untuned,
-            "tuned": compile_model(args.model, work, tuning_log=args.log, cache_type_k="f16", cache_type_v="f16",
-                                   log=lambda *_: None)}
+            "tuned": compile_model(args.model, work, CompileOptions(tuning_log=args.log, cache_type_k="f16",
+                                                                    cache_type_v="f16"), log=lambda *_: None)}
     if args.control:
         arts["untuned again"] = untuned
     print(f"compiled both in {time.perf_counter() - t:.0f} s", file=sys.stderr)

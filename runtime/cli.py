@@ -59,16 +59,16 @@ def cli():
 def compile(model, target, arches, out, draft, dump_ir, mtp_dense_attention, tuning_log, cuda_graph, exact_matmul,
             verify_model, cache_type_k, cache_type_v, spec_draft_vocab):
     """Compile MODEL.gguf into an artifact directory (library + manifest.json)."""
-    from nextn.common.kv_types import DEFAULT
     from nextn.compiler import entry
 
     if out is None:
         base = os.path.splitext(os.path.basename(model))[0]
         out = os.path.join("artifacts", f"{base}-{target}")
-    entry.compile_model(model, out, target=target, draft=draft, dump_ir=dump_ir, log=lambda m: click.echo(m, err=True),
-                  arches=list(arches) or None, mtp_dense_attention=mtp_dense_attention, tuning_log=tuning_log,
-                  cuda_graph=cuda_graph, exact_matmul=exact_matmul, cache_type_k=cache_type_k or DEFAULT,
-                  cache_type_v=cache_type_v or DEFAULT, verify_model=verify_model, draft_vocab=spec_draft_vocab)
+    options = entry.CompileOptions(target=target, arches=arches, mtp_dense_attention=mtp_dense_attention,
+                                   cache_type_k=cache_type_k, cache_type_v=cache_type_v, draft_vocab=spec_draft_vocab,
+                                   exact_matmul=exact_matmul, cuda_graph=cuda_graph, tuning_log=tuning_log)
+    entry.compile_model(model, out, options, draft=draft, dump_ir=dump_ir, verify_model=verify_model,
+                        log=lambda m: click.echo(m, err=True))
 
 
 @cli.command()

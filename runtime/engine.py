@@ -288,9 +288,9 @@ class Engine:
                        **dv)
         from nextn.compiler import entry   # the one door into the compiler: compile-and-cache
 
-        art_dir = entry.compiled_artifact(path, target, draft_path, log=log, arches=arches,
-                                          mtp_dense_attention=mtp_dense_attention, cache_type_k=cache_type_k,
-                                          cache_type_v=cache_type_v, draft_vocab=int(draft_vocab or 0))
+        options = entry.CompileOptions(target=target, arches=arches, mtp_dense_attention=mtp_dense_attention,
+                                       cache_type_k=cache_type_k, cache_type_v=cache_type_v, draft_vocab=draft_vocab)
+        art_dir = entry.compiled_artifact(path, options, draft_path, log=log)
         return cls(load_artifact(art_dir), ctx_size, load_mtp, model_path=path, draft_path=draft_path, device=device,
                    log=log, max_draft=max_draft, **dv)
 

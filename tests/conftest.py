@@ -234,55 +234,38 @@ def artifact_cache_dir() -> Path | None:
     return Path(d or Path.home() / ".cache" / "nextn-test")
 
 
-def artifact_key(model: Path, draft: Path | None, kv: str, options: dict) -> str | None:
-    """The test cache's key of one compile: the model (and draft) files' path and header identity, the KV type, the
-    compile options and the compiler's fingerprint (its sources and TVM's version: a changed compiler never reuses
-    an artifact). None when an option names a file or folder (a tuning log, a dump folder), whose content the key
-    would not see: such compiles are never shared."""
-    import hashlib
-
-    from nextn.common.gguf import GGUFFile
-    from nextn.compiler.entry import compiler_fingerprint
-
-    if any(isinstance(v, (str, os.PathLike)) and os.path.exists(v) for v in options.values()):
-        return None
-    files = [(str(Path(f).resolve()), GGUFFile.open(str(f)).identity()) for f in (model, draft) if f]
-    blob = json.dumps([files, kv, sorted((k, repr(v)) for k, v in options.items()), compiler_fingerprint()])
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
-
-
 @pytest.fixture(scope="session")
 def compiled(tmp_path_factory):
-    """compiled(name, model, draft=None, kv="f32", **compile options) → artifact dir, compiled once per session
-    and kept in `artifact_cache_dir()` across sessions under `artifact_key`; `kv`: the KV cache type of both caches
-    (f32 by default: the fixtures' references are float32 with no KV rounding). Every compile of the suite goes
-    through here."""
+    """compiled(name, model, draft=None, kv="f32", **CompileOptions fields) → artifact dir, compiled once per
+    session and kept in `artifact_cache_dir()` across sessions under the options' `cache_key` (bound to the files'
+    paths: the artifact is loaded by its directory); `kv`: the KV cache type of both caches (f32 by default: the
+    fixtures' references are float32 with no KV rounding). Every compile of the suite goes through here."""
     import shutil
 
     from nextn.common.manifest import MANIFEST
     from nextn.compiler.compile import compile_model
+    from nextn.compiler.options import CompileOptions
 
     done: dict[str, str] = {}
     root = artifact_cache_dir()
 
-    def build(out: str, model, draft, kv, options):
-        compile_model(str(model), out, draft=str(draft) if draft else None, log=lambda *_: None,
-                      cache_type_k=kv, cache_type_v=kv, **options)
+    def build(out: str, model, draft, options):
+        compile_model(str(model), out, options, draft=str(draft) if draft else None, log=lambda *_: None)
 
-    def get(name: str, model: Path, draft: Path | None = None, kv: str = "f32", **options) -> str:
+    def get(name: str, model: Path, draft: Path | None = None, kv: str = "f32", **fields) -> str:
         if name in done:
             return done[name]
-        key = artifact_key(model, draft, kv, options) if root is not None else None
-        if key is None:
+        options = CompileOptions(cache_type_k=kv, cache_type_v=kv, **fields)
+        if root is None:
             out = str(tmp_path_factory.mktemp(f"art-{name}"))
-            build(out, model, draft, kv, options)
+            build(out, model, draft, options)
         else:
-            out = str(root / key)
+            out = str(root / options.cache_key(model, draft, at_path=True))
             if not os.path.isfile(os.path.join(out, MANIFEST)):
                 root.mkdir(parents=True, exist_ok=True)
                 part = f"{out}.part-{os.getpid()}"   # two xdist workers may build one key: the first rename wins
                 shutil.rmtree(part, ignore_errors=True)
-                build(part, model, draft, kv, options)
+                build(part, model, draft, options)
                 try:
                     os.rename(part, out)    # fails when another worker's complete artifact is there: use that one
                 except OSError:

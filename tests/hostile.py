@@ -220,7 +220,7 @@ def check(path: str) -> None:
 
     mf = ModelFiles(path, load_mtp=False)
     if mf.has_nextn:
-        mf._validate_nextn()
+        mf.validate_nextn()
     build_graphs(mf, mf.has_nextn)
     for name in mf.main.tensors:
         mf.load(name)

@@ -18,20 +18,23 @@ MODEL = G4 / "tiny-glm4moe-Q8_0.gguf"
 @pytest.fixture(scope="module")
 def cuda_art(tmp_path_factory):
     from nextn.compiler.compile import compile_model
+    from nextn.compiler.options import CompileOptions
 
     out = str(tmp_path_factory.mktemp("art-cuda"))
     dump = str(tmp_path_factory.mktemp("ir-cuda"))
     # the build runs in a child process (compiler/reproducible.py): read its rule report from the IR dump
-    compile_model(str(MODEL), out, target="cuda", arches=["sm_80,sm_90", "sm_120"], log=lambda *_: None, dump_ir=dump)
+    compile_model(str(MODEL), out, CompileOptions(target="cuda", arches=["sm_80,sm_90", "sm_120"]),
+                  log=lambda *_: None, dump_ir=dump)
     return out, json.load(open(f"{dump}/schedule_report.json")), dump
 
 
 @pytest.fixture(scope="module")
 def rocm_art(tmp_path_factory):
     from nextn.compiler.compile import compile_model
+    from nextn.compiler.options import CompileOptions
 
     out = str(tmp_path_factory.mktemp("art-rocm"))
-    compile_model(str(MODEL), out, target="rocm", arches=["gfx942"], log=lambda *_: None)
+    compile_model(str(MODEL), out, CompileOptions(target="rocm", arches=["gfx942"]), log=lambda *_: None)
     return out
 
 
@@ -150,10 +153,11 @@ def test_glm_dsa_cuda_artifact_and_graphs(tmp_path):
     max_ctx cells)."""
     from nextn.compiler.check_device_code import check_artifact
     from nextn.compiler.compile import compile_model
+    from nextn.compiler.options import CompileOptions
 
     dsa = G4.parent / "tiny-glm-dsa" / "tiny-glm-dsa-Q8_0.gguf"
     out, dump = str(tmp_path / "art"), str(tmp_path / "ir")
-    compile_model(str(dsa), out, target="cuda", arches=["sm_90"], log=lambda *_: None, dump_ir=dump)
+    compile_model(str(dsa), out, CompileOptions(target="cuda", arches=["sm_90"]), log=lambda *_: None, dump_ir=dump)
     assert check_artifact(out)["model_cuda.so"]["expected"] == ["sm_90"]
     assert _manifest(out)["cuda_graph"]["entries"] == ["decode", "draft", "mtp_draft_shared"]
     for fn, regions in (("decode", 1), ("mtp_draft_shared", 1), ("draft", 2)):   # draft: + the index store
@@ -172,13 +176,14 @@ def test_glm_dsa_cuda_artifact_and_graphs(tmp_path):
 
 def test_no_cuda_graph_and_context_limit(cuda_art, tmp_path):
     from nextn.compiler.compile import compile_model
+    from nextn.compiler.options import CompileOptions
     from nextn.runtime.artifact import load_artifact
     from nextn.runtime.engine import Engine
     from nextn.common.errors import NextnError
 
     out, dump = str(tmp_path / "art"), str(tmp_path / "ir")
-    compile_model(str(MODEL), out, target="cuda", arches=["sm_90"], log=lambda *_: None, dump_ir=dump,
-                  cuda_graph=False)
+    compile_model(str(MODEL), out, CompileOptions(target="cuda", arches=["sm_90"], cuda_graph=False),
+                  log=lambda *_: None, dump_ir=dump)
     regions, launched = captures(dump, "decode")
     assert _manifest(out)["cuda_graph"] is None and regions == 0   # no captured region: every kernel launched alone
     assert len(launched) > 20
@@ -237,10 +242,11 @@ def test_glm5next_cuda_rocm_artifacts_and_graphs(tmp_path):
     tail, the draft's index store, and host shape functions such as L // kpool)."""
     from nextn.compiler.check_device_code import check_artifact
     from nextn.compiler.compile import compile_model
+    from nextn.compiler.options import CompileOptions
 
     g5n = G4.parent / "tiny-glm5next" / "tiny-glm5next-Q8_0.gguf"
     out, dump = str(tmp_path / "cuda"), str(tmp_path / "ir")
-    compile_model(str(g5n), out, target="cuda", log=lambda *_: None, dump_ir=dump)
+    compile_model(str(g5n), out, CompileOptions(target="cuda"), log=lambda *_: None, dump_ir=dump)
     assert check_artifact(out)["model_cuda.so"]["cuda_sass"] == sorted(CUDA_ARCHES)
     assert _manifest(out)["cuda_graph"]["entries"] == ["decode", "draft", "mtp_draft_shared"]
     for fn, regions in (("decode", 1), ("mtp_draft_shared", 1), ("draft", 2)):
@@ -253,5 +259,5 @@ def test_glm5next_cuda_rocm_artifacts_and_graphs(tmp_path):
     assert len(hand) == 4 and set(hand.values()) == {"pre-scheduled"}, hand
     assert all(v != "Fallback" for k, v in rep.items() if "mul_mat" in k)
     rocm = str(tmp_path / "rocm")
-    compile_model(str(g5n), rocm, target="rocm", arches=["gfx942"], log=lambda *_: None)
+    compile_model(str(g5n), rocm, CompileOptions(target="rocm", arches=["gfx942"]), log=lambda *_: None)
     assert check_artifact(rocm)["model_rocm_gfx942.so"]["amdgpu"] == ["gfx942"]

@@ -54,7 +54,8 @@ def artifact():
 
     def get(arch, kv):
         if (arch, kv) not in done:
-            done[arch, kv] = entry.compiled_artifact(str(MODELS[arch]), "llvm", cache_type_k=kv, cache_type_v=kv)
+            options = entry.CompileOptions(cache_type_k=kv, cache_type_v=kv)
+            done[arch, kv] = entry.compiled_artifact(str(MODELS[arch]), options)
         return done[arch, kv]
 
     return get

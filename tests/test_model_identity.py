@@ -27,8 +27,8 @@ def cached_copy(compiled, tmp_path, monkeypatch):
     monkeypatch.setenv("NEXTN_CACHE", str(tmp_path / "cache"))
     copy = tmp_path / "copy.gguf"
     shutil.copy(SRC, copy)
-    dst = entry.cache_path(str(copy), "llvm")
-    assert dst == entry.cache_path(str(SRC), "llvm")      # a copy is the same model: the same cache entry
+    dst = entry.cache_path(str(copy))
+    assert dst == entry.cache_path(str(SRC))      # a copy is the same model: the same cache entry
     shutil.copytree(compiled("q8", SRC), dst)
     return copy, dst
 
@@ -86,7 +86,7 @@ def test_new_weight_bytes_are_read_under_the_same_header(cached_copy):
     with open(copy, "r+b") as f:                                # in place: same header, same size
         f.seek(t.data_offset)
         f.write((np.asarray(t.data, np.float32) * 2).tobytes())
-    assert entry.cache_path(str(copy), "llvm") == dst             # the compiled artifact still serves it
+    assert entry.cache_path(str(copy)) == dst             # the compiled artifact still serves it
     after = rt.load(str(copy), spec=False).logits([5, 6, 7])
     # output = W · (norm(h) * g): doubling g doubles every logit exactly (float: x2 is exact)
     assert np.array_equal(after, 2 * before)
@@ -100,9 +100,9 @@ def test_an_edited_header_is_another_model(cached_copy, tmp_path):
     copy, dst = cached_copy
     edited = badgguf.replace_once(copy, tmp_path / "edited.gguf", b"general.size_label", b"general.size_labex")
     assert edited.stat().st_size == copy.stat().st_size
-    assert entry.cache_path(str(edited), "llvm") != dst              # recompiled, not served a stale artifact
+    assert entry.cache_path(str(edited)) != dst              # recompiled, not served a stale artifact
     with pytest.raises(NextnError, match="not the model this artifact was compiled from"):
         ArtifactFiles(load_artifact(dst), model_path=str(edited))
     grown = tmp_path / "grown.gguf"                                # same header, more bytes: another file too
     grown.write_bytes(copy.read_bytes() + b"\0" * 32)
-    assert entry.cache_path(str(grown), "llvm") != dst
+    assert entry.cache_path(str(grown)) != dst

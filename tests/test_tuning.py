@@ -61,6 +61,7 @@ def test_tune_covers_the_x86_kernels(tmp_path):
     import nextn.runtime as rt
     from nextn.compiler.compile import compile_model
     from nextn.compiler.lower import x86
+    from nextn.compiler.options import CompileOptions
     from nextn.compiler.target import make_target
     from nextn.compiler.tune.apply import x86_knobs
     from nextn.compiler.tune.run import tune_model
@@ -78,7 +79,7 @@ def test_tune_covers_the_x86_kernels(tmp_path):
     spec = x86.KernelSpec("matmul", "q8_0", 256, 256, 1)
     assert spec.key == X86_KEY
     assert x86_knobs(str(d), make_target("llvm"))(spec) == x86.Knobs(**rec["knobs"])
-    art = compile_model(str(MODEL), str(tmp_path / "art"), tuning_log=str(d), log=lambda *_: None)
+    art = compile_model(str(MODEL), str(tmp_path / "art"), CompileOptions(tuning_log=str(d)), log=lambda *_: None)
     p = next(p for p in reference()["prompts"] if p["kind"] == "code-short")
     ids = rt.load(art, spec=False).generate(p["prompt_ids"], 16, spec_type="none", ignore_eos=True).ids
     plain = rt.load(compile_model(str(MODEL), str(tmp_path / "art0"), log=lambda *_: None), spec=False)
@@ -112,6 +113,7 @@ def test_export_import_merge(tuned, tmp_path):
 def test_apply_is_deterministic_and_keeps_results(tuned, tmp_path, compiled):
     import nextn.runtime as rt
     from nextn.compiler.compile import compile_model
+    from nextn.compiler.options import CompileOptions
 
     d, _book, _msgs = tuned
     foreign = tlog.read(str(d))
@@ -121,10 +123,11 @@ def test_apply_is_deterministic_and_keeps_results(tuned, tmp_path, compiled):
     tlog.write(foreign, str(tmp_path / "withforeign"))
     notes = []
     f32 = {"cache_type_k": "f32", "cache_type_v": "f32"}   # as compiled("q8", ...), the untuned artifact compared
-    a = compile_model(str(MODEL), str(tmp_path / "a"), tuning_log=str(d), log=lambda *_: None, **f32)
-    b = compile_model(str(MODEL), str(tmp_path / "b"), tuning_log=str(d), log=lambda *_: None, **f32)
-    c = compile_model(str(MODEL), str(tmp_path / "c"), tuning_log=str(tmp_path / "withforeign"), log=notes.append,
-                      **f32)
+    tuned = CompileOptions(tuning_log=str(d), **f32)
+    foreign_log = CompileOptions(tuning_log=str(tmp_path / "withforeign"), **f32)
+    a = compile_model(str(MODEL), str(tmp_path / "a"), tuned, log=lambda *_: None)
+    b = compile_model(str(MODEL), str(tmp_path / "b"), tuned, log=lambda *_: None)
+    c = compile_model(str(MODEL), str(tmp_path / "c"), foreign_log, log=notes.append)
     ma, mb, mc = (json.load(open(f"{x}/manifest.json")) for x in (a, b, c))
     base = json.load(open(f"{compiled('q8', MODEL)}/manifest.json"))
     assert ma["libraries"][0]["sha256"] == mb["libraries"][0]["sha256"]          # same log ⇒ same artifact bytes

@@ -58,7 +58,7 @@ class ModelFiles:
                 raise NextnError(f"{self.main.path}: --spec-type draft-mtp needs NextN tensors "
                                  f"(blk.{c.n_layer}.nextn.eh_proj.weight), but this GGUF is trunk-only; "
                                  f"pass an MTP GGUF with --model-draft, or use --spec-type none")
-            self._validate_nextn()
+            self.validate_nextn()
 
     def _validate_trunk(self):
         for name, shape in self.spec.trunk_tensors(self.config).items():
@@ -66,7 +66,9 @@ class ModelFiles:
         if self.main.has_tensor("output.weight"):
             self.main.check_tensor("output.weight", (self.config.n_vocab, self.config.n_embd))
 
-    def _validate_nextn(self):
+    def validate_nextn(self) -> None:
+        """Check the NextN block's tensors (and the optional ones present) have the shapes the arch expects, in the
+        file that supplies them (the draft GGUF of a split pair). Raises NextnError naming the tensor."""
         f = self.draft or self.main
         for name, shape in self.spec.nextn_tensors(self.config).items():
             f.check_tensor(name, shape, "NextN block")

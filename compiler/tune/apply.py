@@ -66,7 +66,7 @@ def schedule_with_log(tuning_log: str | None, target, default, log=print):
     if others:
         log(f"tuning log: ignoring {others} record(s) made for other targets (this target is {key})")
     p = ApplyTuningLog(records, default)
-    path = tuning_log if not os.path.isdir(tuning_log) else os.path.join(tuning_log, tlog.LOG_FILE)
+    path = tlog.log_file(tuning_log)
     info = {"path": os.path.abspath(path), "sha256": sha256_file(path), "target_key": key,
             "records_for_target": len(records), "records_other_targets": others}
     return p, info

@@ -218,10 +218,14 @@ def names_kernel(r: dict) -> bool:
     return legacy_key(r["key"]) == r["key"]
 
 
+def log_file(path: str) -> str:
+    """The log file of `path`: LOG_DIR/log.json, or `path` itself (FILE.json)."""
+    return os.path.join(path, LOG_FILE) if os.path.isdir(path) else path
+
+
 def read(path: str, check_kinds: bool = True) -> dict:
     """Read a log file (or LOG_DIR/log.json). Raises NextnError for anything that is not a valid log."""
-    if os.path.isdir(path):
-        path = os.path.join(path, LOG_FILE)
+    path = log_file(path)
     if not os.path.isfile(path):
         raise NextnError(f"{path}: no such tuning log")
     if os.path.getsize(path) > MAX_BYTES:
