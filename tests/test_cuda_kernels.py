@@ -238,3 +238,78 @@ def test_fixture_compiles_for_sm90(compiled, quant):
     d = compiled(f"g4-{quant}-cuda90", G4 / f"tiny-glm4moe-{quant}.gguf", target="cuda", arches=["sm_90"])
     info = device_code(f"{d}/model_cuda.so")
     assert info["cuda_sass"] == ["sm_90"] and not info["cuda_source"]
+
+
+# -- mul_mat_id with rows grouped per expert (verify / prefill) ---------------------------------------------------
+XG = 5   # experts of the grouped tests (USED = 2 of them per row)
+
+
+def _grouped_funcs(ttype: str, K: int):
+    """The grouped mul_mat_id's three definitions as one llvm PrimFunc each way (x shared by the slots; one x row per
+    slot), and `expert_groups` alone; T symbolic."""
+    T = te.var("T", I64)
+    ebufs, ew = _weight(ttype, (XG, N, K), "e")
+    x = te.placeholder([T, tirx.IntImm(I64, K)], "float32", name="x")
+    x3 = te.placeholder([T, tirx.IntImm(I64, USED), tirx.IntImm(I64, K)], "float32", name="x3")
+    ids = te.placeholder([T, tirx.IntImm(I64, USED)], "int32", name="ids")
+    groups = cuda.expert_groups(ids)
+    out = {"groups": te.create_prim_func([ids, groups])}
+    for name, xx in (("grouped", x), ("grouped3", x3)):
+        y = cuda.expert_gather(cuda.mul_mat_id_grouped(ew, xx, ids, groups), groups)
+        out[name] = te.create_prim_func([xx, ids, *ebufs, y])
+    return out
+
+
+def _ids(T: int, seed: int, repeat: bool) -> np.ndarray:
+    """T rows of USED distinct experts of XG; `repeat`: every row the same two experts (all rows share them)."""
+    rng = np.random.default_rng(seed)
+    if repeat:
+        return np.tile(np.array([[3, 1]], np.int32), (T, 1))
+    return np.stack([rng.permutation(XG)[:USED] for _ in range(T)]).astype(np.int32)
+
+
+def _groups64(ids: np.ndarray) -> np.ndarray:
+    """expert_groups' contract, naively: [t, j, W] the first pair of t's window with the same expert; a leader's
+    [t, j, r] the pair of window row r with it (or -1)."""
+    T, kk = ids.shape
+    W = cuda.GROUP_ROWS
+    g = np.full((T, kk, W + 1), -1, np.int64)
+    for t in range(T):
+        for j in range(kk):
+            rows = range(t // W * W, min(t // W * W + W, T))
+            pairs = [r * kk + s for r in rows for s in range(kk) if ids[r, s] == ids[t, j]]
+            g[t, j, W] = min(pairs)
+            if g[t, j, W] == t * kk + j:
+                for r in rows:
+                    g[t, j, r % W] = next((r * kk + s for s in range(kk) if ids[r, s] == ids[t, j]), -1)
+    return g
+
+
+@pytest.fixture(scope="module", params=["Q8_0", "Q4_K", "Q6_K", "BF16"])
+def grouped(request):
+    ttype = request.param
+    K = _k(ttype)
+    lib = tvm.compile(_module(_grouped_funcs(ttype, K)), target="llvm")
+    return ttype, lib, K, *_data(ttype, (XG, N, K), 3)
+
+
+@pytest.mark.parametrize("T", [1, 2, 4, 9])
+@pytest.mark.parametrize("repeat", [False, True])
+def test_definition_grouped_mul_mat_id_against_float64(grouped, T, repeat):
+    """The grouped definition (groups, per-group products, gather) equals mul_mat_id in float64 numpy for T rows of
+    distinct experts or all rows choosing the same two (one group per expert and window), windows cut at T."""
+    ttype, lib, K, epacked, ew = grouped
+    ids = _ids(T, 40 + T, repeat)
+    groups = tvm.runtime.empty((T, USED, cuda.GROUP_ROWS + 1), "int32")
+    lib["groups"](tvm.runtime.tensor(ids), groups)
+    assert (groups.numpy() == _groups64(ids)).all(), (ids, groups.numpy())
+    rng = np.random.default_rng(60 + T)
+    w64 = ew.astype(np.float64)
+    x = activations(rng, [[w64[e] for e in ids[t]] for t in range(T)])
+    x3 = activations(rng, [[w64[e]] for e in ids.reshape(-1)]).reshape(T, USED, K)
+    want = np.einsum("tk,tjnk->tjn", x.astype(np.float64), w64[ids])
+    want3 = np.einsum("tjk,tjnk->tjn", x3.astype(np.float64), w64[ids])
+    got = _run(lib, "grouped", (T, USED, N), x, ids, *epacked)
+    got3 = _run(lib, "grouped3", (T, USED, N), x3, ids, *epacked)
+    assert rel_err(got.reshape(-1, N), want.reshape(-1, N)) < 1e-5, ttype
+    assert rel_err(got3.reshape(-1, N), want3.reshape(-1, N)) < 1e-5, ttype

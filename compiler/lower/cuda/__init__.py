@@ -13,8 +13,9 @@ from __future__ import annotations
 from nextn.schedules.gpu import register_rule
 
 from .gemv import launch_shape, schedule
-from .te import TE_OPS, mul_mat, mul_mat_id
+from .te import GROUP_ROWS, TE_OPS, expert_gather, expert_groups, mul_mat, mul_mat_id, mul_mat_id_grouped
 
 register_rule("cuda:gemv", schedule)
 
-__all__ = ["TE_OPS", "launch_shape", "mul_mat", "mul_mat_id", "schedule"]
+__all__ = ["GROUP_ROWS", "TE_OPS", "expert_gather", "expert_groups", "launch_shape", "mul_mat", "mul_mat_id",
+           "mul_mat_id_grouped", "schedule"]
