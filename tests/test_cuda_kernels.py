@@ -313,3 +313,58 @@ def test_definition_grouped_mul_mat_id_against_float64(grouped, T, repeat):
     got3 = _run(lib, "grouped3", (T, USED, N), x3, ids, *epacked)
     assert rel_err(got.reshape(-1, N), want.reshape(-1, N)) < 1e-5, ttype
     assert rel_err(got3.reshape(-1, N), want3.reshape(-1, N)) < 1e-5, ttype
+
+
+@pytest.mark.parametrize("T", [1, 4, 9])
+def test_grouped_weight_reads_per_expert(T):
+    """How often a verify reads each expert: the grouped kernel loads weight bytes only in the blocks of group
+    leaders (`expert_groups` on llvm against the naive count: one leader per distinct expert and 4-row window;
+    all rows choosing the same 2 experts read 2 experts per window instead of 2 x rows), and in its CUDA source
+    every weight load sits under the block-uniform leader branch; the launch is the ungrouped one (ceil(N / 4)
+    x T·n_used blocks of 4 warps), so a one-row step launches what it did."""
+    lib = tvm.compile(_module({"groups": _grouped_funcs("Q8_0", _k("Q8_0"))["groups"]}), target="llvm")
+    W = cuda.GROUP_ROWS
+    for repeat in (False, True):
+        ids = _ids(T, 70 + T, repeat)
+        g = tvm.runtime.empty((T, USED, W + 1), "int32")
+        lib["groups"](tvm.runtime.tensor(ids), g)
+        g = g.numpy()
+        leaders = sum(int(g[t, j, t % W] >= 0) for t in range(T) for j in range(USED))
+        distinct = sum(len(set(ids[w:w + W].reshape(-1))) for w in range(0, T, W))
+        assert leaders == distinct, (ids, g)
+        if repeat:
+            assert leaders == USED * math.ceil(T / W) < T * USED or T == 1
+    # the scheduled grouped matmul: its launch, and weight loads only under the leader test
+    Tv = te.var("T", I64)
+    K = 512
+    ebufs, ew = _weight("Q4_K", (XG, N, K), "e")
+    x = te.placeholder([Tv, tirx.IntImm(I64, K)], "float32", name="x")
+    ids_p = te.placeholder([Tv, tirx.IntImm(I64, USED)], "int32", name="ids")
+    groups = te.placeholder([Tv, tirx.IntImm(I64, USED), tirx.IntImm(I64, W + 1)], "int32", name="groups")
+    f = te.create_prim_func([x, ids_p, groups, *ebufs, cuda.mul_mat_id_grouped(ew, x, ids_p, groups)])
+    tgt = make_target("cuda", ["sm_90"])
+    sch = cuda.schedule(f, tgt)
+    assert sch is not None
+    fs = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    shape = cuda.launch_shape(fs)
+    assert shape["blockIdx.x"] == math.ceil(N / gemv.WARPS) and _subst_T(shape["blockIdx.y"], T) == T * USED
+    src = _cuda_source({"grouped": fs}, tgt)
+    body = src[src.index("grouped_kernel(", src.index("grouped_kernel(") + 1):]
+    assert _loads_outside_leader_branch(body) == 0 and "e_ptr[" in body
+
+
+def _loads_outside_leader_branch(src: str) -> int:
+    """Weight (`e_ptr[`) loads of a CUDA kernel body that no enclosing `if (0 <= groups_ptr[...])` scope guards
+    (scopes followed by their braces, line by line: TVM's codegen opens and closes one per line)."""
+    stack, outside = [], 0
+    for line in src.splitlines():
+        if "e_ptr[" in line and not any(stack):
+            outside += 1
+        for m in re.finditer(r"[{}]", line):
+            if m.group() == "{":
+                stack.append(bool(re.search(r"if \(0 <= groups_ptr\[", line[:m.start()])))
+            elif stack:
+                stack.pop()
+        if not stack and line.startswith("}"):
+            break
+    return outside
