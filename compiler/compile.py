@@ -63,7 +63,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
 
     from nextn.schedules import schedule_pass
 
-    from .lower import capture_graphs
+    from .lower import capture_graphs, cuda
     from .lower.pipeline import make_pipeline
     from .lower.to_relax import build_module, weight_params
 
@@ -112,7 +112,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
                 f"{' ' + ','.join(la) if la else ''} ...")
             from .tune.apply import schedule_with_log
 
-            sched, tuning_info = schedule_with_log(tuning_log, tgt, schedule_pass(tgt), log)
+            sched, tuning_info = schedule_with_log(tuning_log, tgt, schedule_pass(tgt, cuda.RULES), log)
             graph_ctx = tvm.transform.PassContext(config=capture_graphs.PASS_CONFIG) if graph_entries else nullcontext()
             with build_scope(target, la), tgt, graph_ctx:
                 ex = tvm.compile(mod, target=tgt, relax_pipeline=make_pipeline(tgt, sched, dump_ir, bool(graph_entries)))

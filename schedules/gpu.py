@@ -23,20 +23,14 @@ from .loops import static_extent
 
 _REPORT: dict[str, str] = {}
 
-# Schedules of kernels the compiler defines (schedules never imports the compiler): name -> fn(func, target) ->
-# Schedule | None, tried before dlight's rules. compiler/lower/cuda registers "cuda:gemv" (the GGUF matmuls).
-KERNEL_RULES: dict = {}
 
-
-def register_rule(name: str, fn) -> None:
-    KERNEL_RULES[name] = fn
-
-
-def _rule_list():
+def _rule_list(kernel_rules=()):
+    """`kernel_rules`: (name, fn(func, target) -> Schedule | None) for kernels the compiler defines (schedules never
+    imports the compiler; compiler/lower/cuda.RULES: "cuda:gemv", the GGUF matmuls), tried before dlight's rules."""
     from tvm.s_tir import dlight as dl
 
     return [
-        *((name, _Hand(fn)) for name, fn in KERNEL_RULES.items()),
+        *((name, _Hand(fn)) for name, fn in kernel_rules),
         ("LowBatchGEMV", dl.gpu.LowBatchGEMV()),
         ("Matmul", dl.gpu.Matmul()),
         ("GEMV", dl.gpu.GEMV()),
@@ -117,10 +111,11 @@ def _inline_unbound_producers(sch) -> None:
             continue
 
 
-def schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tuple[tirx.PrimFunc, str]:
-    """Apply the first rule that accepts `func`; returns (scheduled func, rule name)."""
+def schedule_func(func: tirx.PrimFunc, target, name: str = "", kernel_rules=()) -> tuple[tirx.PrimFunc, str]:
+    """Apply the first rule that accepts `func` (`kernel_rules` first: see _rule_list); returns (scheduled func, rule
+    name)."""
     errors = []
-    for rule_name, rule in _rule_list():
+    for rule_name, rule in _rule_list(kernel_rules):
         try:
             space = rule.apply(func, target, False)
         except Exception as e:   # a rule that crashes on this shape: try the next one
@@ -169,10 +164,11 @@ def _lowering_problem(func) -> str | None:
 
 @tvm.transform.module_pass(opt_level=0, name="nextn.ScheduleGPU")
 class ScheduleGPU:
-    """Schedule every PrimFunc of the module for the current GPU target (CUDA or ROCm)."""
+    """Schedule every PrimFunc of the module for the current GPU target (CUDA or ROCm); `kernel_rules` as
+    schedule_func's."""
 
-    def __init__(self, target):
-        self.target = target
+    def __init__(self, target, kernel_rules=()):
+        self.target, self.kernel_rules = target, tuple(kernel_rules)
 
     def transform_module(self, mod, _ctx):
         _REPORT.clear()
@@ -183,7 +179,7 @@ class ScheduleGPU:
             if func.attrs is not None and "tirx.is_scheduled" in func.attrs and bool(func.attrs["tirx.is_scheduled"]):
                 _REPORT[gv.name_hint] = "pre-scheduled"
                 continue
-            f, rule = schedule_func(func, self.target, gv.name_hint)
+            f, rule = schedule_func(func, self.target, gv.name_hint, self.kernel_rules)
             out[gv] = f
             _REPORT[gv.name_hint] = rule
         for gv, f in out.items():

@@ -29,6 +29,7 @@ from nextn.common.quant import by_ggml_type
 from nextn.compiler.lower import cuda
 from nextn.compiler.lower.cuda import gemv
 from nextn.compiler.target import make_target
+from nextn.schedules.gpu_bound import extent_at, launches
 from test_quant import TYPES, activations, dequant, random_raw
 
 pytestmark = pytest.mark.e2e   # builds CUDA kernels with nvcc
@@ -149,14 +150,6 @@ def _cuda_source(funcs, tgt) -> str:
     return "\n".join(m.inspect_source() for m in lib.mod.imports)
 
 
-def _vars(e):
-    import tvm_ffi
-
-    out = []
-    tvm_ffi.structural_walk(e, (tirx.Var, out.append), order="post")
-    return out
-
-
 @pytest.mark.parametrize("ttype", FIRST + [t for t in TYPES if t not in FIRST])
 def test_schedule_builds_for_sm90_with_its_launch_shape(ttype):
     """Every format: the schedule takes the three definitions, nothing it leaves fails to lower, CUDA sm_90 code
@@ -167,26 +160,13 @@ def test_schedule_builds_for_sm90_with_its_launch_shape(ttype):
     funcs, tgt = _scheduled(ttype)
     for name, f in funcs.items():
         assert _lowering_problem(f) is None, (ttype, name)
-        shape = cuda.launch_shape(f)
-        assert {k: v for k, v in shape.items() if k != "blockIdx.y"} == {
-            "blockIdx.x": math.ceil(N / gemv.WARPS), "threadIdx.y": gemv.WARPS, "threadIdx.x": gemv.LANES}, shape
-        by = shape["blockIdx.y"]
+        (ln,) = launches(f)
+        assert ln["grid"][0] == str(math.ceil(N / gemv.WARPS)) and ln["block"] == [str(gemv.LANES), str(gemv.WARPS),
+                                                                                   "1"], ln
         for T in (1, 3, 8, 9, 512):
             want = math.ceil(T / gemv.TILE_ROWS) if name == "mul_mat" else T * USED
-            assert _subst_T(by, T) == want, (ttype, name, T, by)
+            assert extent_at(ln["grid"][1], T) == want, (ttype, name, T, ln)
     assert "__global__" in _cuda_source(funcs, tgt)
-
-
-def _subst_T(e, T: int) -> int:
-    """A launch extent at row count T."""
-    if isinstance(e, (int, tirx.IntImm)):
-        return int(e)
-    from tvm.sym.analyzer import Analyzer
-
-    ana = Analyzer()
-    for v in _vars(e):
-        ana.bind(v, tirx.IntImm(I64, T))
-    return int(ana.simplify(e))
 
 
 @pytest.mark.parametrize("ttype", ["Q8_0", "Q4_K", "Q6_K", "BF16", "F16", "F32"])
@@ -346,8 +326,8 @@ def test_grouped_weight_reads_per_expert(T):
     sch = cuda.schedule(f, tgt)
     assert sch is not None
     fs = sch.mod["main"].with_attr("tirx.is_scheduled", True)
-    shape = cuda.launch_shape(fs)
-    assert shape["blockIdx.x"] == math.ceil(N / gemv.WARPS) and _subst_T(shape["blockIdx.y"], T) == T * USED
+    (ln,) = launches(fs)
+    assert ln["grid"][0] == str(math.ceil(N / gemv.WARPS)) and extent_at(ln["grid"][1], T) == T * USED, ln
     src = _cuda_source({"grouped": fs}, tgt)
     body = src[src.index("grouped_kernel(", src.index("grouped_kernel(") + 1):]
     assert _loads_outside_leader_branch(body) == 0 and "e_ptr[" in body

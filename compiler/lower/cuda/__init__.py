@@ -4,18 +4,17 @@ dequantization is its own stage (`te.py`), and the decode / verify GEMV schedule
 `to_relax` emits `mul_mat` and `mul_mat_id` through `TE_OPS` for the "gpu" kernel form (the "cpu" and
 "gpu-emulated" forms keep `te_ops`, where x86 kernels take the quantized matmuls); FuseOps fuses their
 element-wise neighbours (bias adds, SwiGLU, the routed-expert weights) as before, and `schedules/gpu.py` tries
-`gemv.schedule` first on every PrimFunc ("cuda:gemv", registered here on import: schedules never import the
-compiler). Activations stay float32, so a kernel computes what the float-activation CPU path computes
+`gemv.schedule` first on every PrimFunc ("cuda:gemv": RULES, which the compiler hands to the schedule pass;
+schedules never import the compiler). Activations stay float32, so a kernel computes what the float-activation CPU path computes
 (`--exact-matmul`), up to the fp32 summation order.
 """
 from __future__ import annotations
 
-from nextn.schedules.gpu import register_rule
-
-from .gemv import launch_shape, schedule
+from .gemv import schedule
 from .te import GROUP_ROWS, TE_OPS, expert_gather, expert_groups, mul_mat, mul_mat_id, mul_mat_id_grouped
 
-register_rule("cuda:gemv", schedule)
+# The GPU schedule rules of these kernels, for schedules.gpu.ScheduleGPU (tried before dlight's)
+RULES = (("cuda:gemv", schedule),)
 
-__all__ = ["GROUP_ROWS", "TE_OPS", "expert_gather", "expert_groups", "launch_shape", "mul_mat", "mul_mat_id",
-           "mul_mat_id_grouped", "schedule"]
+__all__ = ["GROUP_ROWS", "TE_OPS", "expert_gather", "expert_groups", "mul_mat", "mul_mat_id",
+           "mul_mat_id_grouped", "RULES", "schedule"]

@@ -217,15 +217,3 @@ def schedule(func: tirx.PrimFunc, target):
         sch.reverse_compute_at(b, ny, preserve_unit_loops=True)
     return sch
 
-
-def launch_shape(func: tirx.PrimFunc) -> dict[str, object]:
-    """{"blockIdx.x": extent, ..., "threadIdx.x": extent} of a scheduled PrimFunc's thread-bound loops (extents as
-    TIR expressions: a dynamic row count stays symbolic)."""
-    out = {}
-
-    def visit(s):
-        if s.thread_binding is not None:
-            out.setdefault(str(s.thread_binding.thread_tag), s.extent)
-
-    tvm_ffi.structural_walk(func.body, (tirx.For, visit), order="pre")
-    return out
