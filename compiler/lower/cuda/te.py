@@ -14,13 +14,10 @@ from __future__ import annotations
 
 from tvm import te, tirx
 
+from .. import te_ops
 from ..te_ops import _elem
 
 DEQUANT, MATMUL, SCALE, MIN = "dequant", "gemv", "wscale", "wmin"
-
-
-# K-quants whose scale is per sub-block (32 or 16 weights): kind -> sub-block size
-_SUBBLOCK = {"q4_k": 32, "q5_k": 32, "q6_k": 16}
 
 
 def _dequant(w, lead, weight_lead, keep=None):
@@ -35,29 +32,27 @@ def _dequant(w, lead, weight_lead, keep=None):
     def kept(i, v):
         return v if keep is None else tirx.if_then_else(keep(*i[:len(lead)]), v, tirx.const(0.0, "float32"))
 
-    if kind not in _SUBBLOCK:
-        return te.compute((*lead, N, K), lambda *i: kept(i, _elem(w, *weight_lead(*i[:-2]), i[-2], i[-1])),
-                          name=DEQUANT)
     from nextn.compiler.quant import k_quants
     from nextn.compiler.quant.te import Block, f32
 
-    sub = _SUBBLOCK[kind]
-    size = 210 if kind == "q6_k" else k_quants.Q45K[kind][0]
+    if kind not in k_quants.SUBBLOCK:
+        return te.compute((*lead, N, K), lambda *i: kept(i, _elem(w, *weight_lead(*i[:-2]), i[-2], i[-1])),
+                          name=DEQUANT)
+    sub = k_quants.SUBBLOCK[kind]
+    size = k_quants.Q6K_SIZE if kind == "q6_k" else k_quants.Q45K[kind][0]
 
     def block(i, k):   # i = (*lead, n)
         return Block(w.tensors[0], (*weight_lead(*i[:-1]), i[-1], k), 256, size)
 
     shape = (*lead, N, K // sub)
     if kind == "q6_k":
-        scale = te.compute(shape, lambda *i: kept(i, (lambda b: b.f16(208) * f32(b.i8(192 + b.e // 16)))(
-            block(i[:-1], i[-1] * sub))), name=SCALE)
+        scale = te.compute(shape, lambda *i: kept(i, k_quants.q6k_factor(block(i[:-1], i[-1] * sub), i[-1] % 16)),
+                           name=SCALE)
         return te.compute((*lead, N, K), lambda *i: kept(i, scale[(*i[:-1], i[-1] // sub)] * f32(
             k_quants.q6k_quant(block(i[:-1], i[-1])))), name=DEQUANT)
 
     def factor(i, which):
-        b = block(i[:-1], i[-1] * sub)
-        sc, mn = k_quants.scale_min(b, b.e // 32)
-        return b.f16(0) * sc if which == 0 else b.f16(2) * mn
+        return k_quants.q45k_factors(block(i[:-1], i[-1] * sub), i[-1] % (256 // sub))[which]
 
     scale = te.compute(shape, lambda *i: kept(i, factor(i, 0)), name=SCALE)
     low = te.compute(shape, lambda *i: kept(i, factor(i, 1)), name=MIN)
@@ -66,29 +61,16 @@ def _dequant(w, lead, weight_lead, keep=None):
 
 
 def mul_mat(w, x):
-    """float32 [..., N] = x [..., K] · w [N, K]ᵀ, or per head for w [B, N, K] and x [..., B, K] (ggml_mul_mat)."""
-    if len(w.shape) == 3:
-        B, N, K = w.shape
-        deq = _dequant(w, (B,), lambda b: (b,))
-        k = te.reduce_axis((0, K), name="k")
-        return te.compute((*x.shape[:-1], N), lambda *i: te.sum(x[(*i[:-1], k)] * deq[i[-2], i[-1], k], axis=k),
-                          name=MATMUL)
-    N, K = w.shape
-    deq = _dequant(w, (), lambda: ())
-    k = te.reduce_axis((0, K), name="k")
-    return te.compute((*x.shape[:-1], N), lambda *i: te.sum(x[(*i[:-1], k)] * deq[i[-1], k], axis=k), name=MATMUL)
+    """te_ops.mul_mat (ggml_mul_mat) reading the DEQUANT stage."""
+    deq = _dequant(w, tuple(w.shape[:-2]), lambda *b: b)
+    return te_ops.mul_mat(w, x, weight=lambda *i: deq[i], name=MATMUL)
 
 
 def mul_mat_id(w, x, ids):
-    """float32 [T, n_used, N]: row t's slot j through expert ids[t, j] of w [X, N, K]; x [T, K] (shared by the
-    slots) or [T, n_used, K] (ggml_mul_mat_id)."""
-    _X, N, K = w.shape
+    """te_ops.mul_mat_id (ggml_mul_mat_id) reading the DEQUANT stage, one weight row set per (row, slot)."""
     T, kk = ids.shape
     deq = _dequant(w, (T, kk), lambda t, j: (ids[t, j].astype("int64"),))
-    r = te.reduce_axis((0, K), name="k")
-    if len(x.shape) == 2:
-        return te.compute((T, kk, N), lambda t, j, n: te.sum(x[t, r] * deq[t, j, n, r], axis=r), name=MATMUL)
-    return te.compute((T, kk, N), lambda t, j, n: te.sum(x[t, j, r] * deq[t, j, n, r], axis=r), name=MATMUL)
+    return te_ops.mul_mat_id(w, x, ids, weight=lambda *i: deq[i], name=MATMUL)
 
 
 # Rows of a routed-expert group: the verify / prefill rows are taken in windows of GROUP_ROWS consecutive rows, and
