@@ -118,16 +118,22 @@ def test_definition_mul_mat_against_float64(definition, T):
 
 @pytest.mark.parametrize("T", [1, 3, 8])
 def test_definition_mul_mat_id_against_float64(definition, T):
-    ttype, lib, K, _, _, epacked, ew = definition
+    ttype, lib, _K, _, _, epacked, ew = definition
     rng = np.random.default_rng(20 + T)
     ids = np.stack([rng.permutation(X)[:USED] for _ in range(T)]).astype(np.int32)
+    _check_mul_mat_id(lib, ("mul_mat_id", "mul_mat_id3"), ids, epacked, ew, rng, ttype)
+
+
+def _check_mul_mat_id(lib, names, ids, epacked, ew, rng, ttype) -> None:
+    """lib's mul_mat_id functions `names` (x shared by the slots; one x row per slot) against float64 numpy."""
+    T, K = len(ids), ew.shape[-1]
     w64 = ew.astype(np.float64)
     x = activations(rng, [[w64[e] for e in ids[t]] for t in range(T)])
     x3 = activations(rng, [[w64[e]] for e in ids.reshape(-1)]).reshape(T, USED, K)
     want = np.einsum("tk,tjnk->tjn", x.astype(np.float64), w64[ids])
     want3 = np.einsum("tjk,tjnk->tjn", x3.astype(np.float64), w64[ids])
-    got = _run(lib, "mul_mat_id", (T, USED, N), x, ids, *epacked)
-    got3 = _run(lib, "mul_mat_id3", (T, USED, N), x3, ids, *epacked)
+    got = _run(lib, names[0], (T, USED, N), x, ids, *epacked)
+    got3 = _run(lib, names[1], (T, USED, N), x3, ids, *epacked)
     assert rel_err(got.reshape(-1, N), want.reshape(-1, N)) < 1e-5, ttype
     assert rel_err(got3.reshape(-1, N), want3.reshape(-1, N)) < 1e-5, ttype
 
@@ -278,21 +284,12 @@ def grouped(request):
 def test_definition_grouped_mul_mat_id_against_float64(grouped, T, repeat):
     """The grouped definition (groups, per-group products, gather) equals mul_mat_id in float64 numpy for T rows of
     distinct experts or all rows choosing the same two (one group per expert and window), windows cut at T."""
-    ttype, lib, K, epacked, ew = grouped
+    ttype, lib, _K, epacked, ew = grouped
     ids = _ids(T, 40 + T, repeat)
     groups = tvm.runtime.empty((T, USED, cuda.GROUP_ROWS + 1), "int32")
     lib["groups"](tvm.runtime.tensor(ids), groups)
     assert (groups.numpy() == _groups64(ids)).all(), (ids, groups.numpy())
-    rng = np.random.default_rng(60 + T)
-    w64 = ew.astype(np.float64)
-    x = activations(rng, [[w64[e] for e in ids[t]] for t in range(T)])
-    x3 = activations(rng, [[w64[e]] for e in ids.reshape(-1)]).reshape(T, USED, K)
-    want = np.einsum("tk,tjnk->tjn", x.astype(np.float64), w64[ids])
-    want3 = np.einsum("tjk,tjnk->tjn", x3.astype(np.float64), w64[ids])
-    got = _run(lib, "grouped", (T, USED, N), x, ids, *epacked)
-    got3 = _run(lib, "grouped3", (T, USED, N), x3, ids, *epacked)
-    assert rel_err(got.reshape(-1, N), want.reshape(-1, N)) < 1e-5, ttype
-    assert rel_err(got3.reshape(-1, N), want3.reshape(-1, N)) < 1e-5, ttype
+    _check_mul_mat_id(lib, ("grouped", "grouped3"), ids, epacked, ew, np.random.default_rng(60 + T), ttype)
 
 
 @pytest.mark.parametrize("T", [1, 4, 9])
