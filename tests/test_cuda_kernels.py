@@ -238,7 +238,7 @@ def _grouped_funcs(ttype: str, K: int):
     x = te.placeholder([T, tirx.IntImm(I64, K)], "float32", name="x")
     x3 = te.placeholder([T, tirx.IntImm(I64, USED), tirx.IntImm(I64, K)], "float32", name="x3")
     ids = te.placeholder([T, tirx.IntImm(I64, USED)], "int32", name="ids")
-    groups = cuda.expert_groups(ids)
+    groups = cuda.expert_groups(ids, cuda.expert_leaders(ids))
     out = {"groups": te.create_prim_func([ids, groups])}
     for name, xx in (("grouped", x), ("grouped3", x3)):
         y = cuda.expert_gather(cuda.mul_mat_id_grouped(ew, xx, ids, groups), groups)

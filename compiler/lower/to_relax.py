@@ -245,7 +245,9 @@ def _mul_mat_id_grouped(bb, n, args, cx):
     w, x, ids = args
     groups = cx.kernels.memo.get(ids)
     if groups is None:
-        groups = cx.kernels.memo[ids] = bb.emit_te(cuda.expert_groups, ids, primfunc_name_hint="expert_groups")
+        leaders = bb.emit_te(cuda.expert_leaders, ids, primfunc_name_hint="expert_leaders")
+        groups = bb.emit_te(cuda.expert_groups, ids, leaders, primfunc_name_hint="expert_groups")
+        cx.kernels.memo[ids] = groups
     y = _te(bb, n, [w, x, ids, groups], fn=cuda.mul_mat_id_grouped)
     T = dim_expr(n.inputs[2].shape[0], cx.sym)
     kk, N, W = int(n.inputs[2].shape[1]), int(n.shape[-1]), cuda.GROUP_ROWS

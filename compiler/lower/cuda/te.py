@@ -80,36 +80,42 @@ GROUP_ROWS = 4
 EXPERT_GROUPS, GROUPED, GATHER = "expert_groups", "gemv_grouped", "expert_gather"
 
 
-def expert_groups(ids):
-    """int32 [T, n_used, GROUP_ROWS + 1]: the routed-expert groups of `ids` (int32 [T, n_used], distinct experts
-    per row, ggml_mul_mat_id's ids). Pair (t, j) is row t's slot j, flat index p = t·n_used + j; its window is rows
-    W⌊t/W⌋ … W⌊t/W⌋ + W - 1 (W = GROUP_ROWS). Entry [t, j, W] is the first pair of the window that chose expert
-    ids[t, j] (its group's leader); for a leader, entry [t, j, r] (r < W) is the pair of window row r that chose
-    the same expert, or -1 (no such row, or past T); for any other pair every r < W entry is -1."""
+def _pair(row, slot, kk):
+    return (row * kk + slot).astype("int32")
+
+
+def expert_leaders(ids):
+    """int32 [T, n_used]: for pair (t, j) of `ids` (int32 [T, n_used], distinct experts per row, ggml_mul_mat_id's
+    ids; pair (t, j) is row t's slot j, flat index t·n_used + j), the first pair of its window (rows W⌊t/W⌋ …
+    W⌊t/W⌋ + W - 1, W = GROUP_ROWS) that chose expert ids[t, j]: its group's leader. A kernel of its own (as
+    `expert_groups`): in one PrimFunc it would be a workspace allocated at each call."""
     T, kk = ids.shape
     W = GROUP_ROWS
-    big = tirx.const(2**31 - 1, "int32")
     r, s = te.reduce_axis((0, W), name="r"), te.reduce_axis((0, kk), name="s")
-
-    def pair(row, slot):
-        return (row * kk + slot).astype("int32")
 
     def first(t, j):
         row = t // W * W + r
         hit = tirx.all(row < T, ids[te.min(row, T - 1), s] == ids[t, j])
-        return te.min(tirx.Select(hit, pair(row, s), big), axis=[r, s])
+        return te.min(tirx.Select(hit, _pair(row, s, kk), tirx.const(2**31 - 1, "int32")), axis=[r, s])
 
-    lead = te.compute((T, kk), first, name=EXPERT_GROUPS + "_first")
-    s2 = te.reduce_axis((0, kk), name="s2")
+    return te.compute((T, kk), first, name=EXPERT_GROUPS + "_leaders")
+
+
+def expert_groups(ids, leaders):
+    """int32 [T, n_used, GROUP_ROWS + 1]: the routed-expert groups of `ids` (`expert_leaders`' terms). Entry
+    [t, j, W] is the leader of pair (t, j); for a leader, entry [t, j, r] (r < W) is the pair of window row r that
+    chose the same expert, or -1 (no such row, or past T); for any other pair every r < W entry is -1."""
+    T, kk = ids.shape
+    W = GROUP_ROWS
+    s = te.reduce_axis((0, kk), name="s")
 
     def member(t, j, q):
         row = t // W * W + te.min(q, W - 1)
-        hit = tirx.all(q < W, lead[t, j] == pair(t, j), row < T, ids[te.min(row, T - 1), s2] == ids[t, j])
-        return te.max(tirx.Select(hit, pair(row, s2), tirx.const(-1, "int32")), axis=s2)
+        hit = tirx.all(leaders[t, j] == _pair(t, j, kk), row < T, ids[te.min(row, T - 1), s] == ids[t, j])
+        entry = tirx.Select(hit, _pair(row, s, kk), tirx.const(-1, "int32"))
+        return te.max(tirx.Select(q < W, entry, leaders[t, j]), axis=s)
 
-    memb = te.compute((T, kk, W + 1), member, name=EXPERT_GROUPS + "_members")
-    return te.compute((T, kk, W + 1), lambda t, j, q: tirx.Select(q < W, memb[t, j, q], lead[t, j]),
-                      name=EXPERT_GROUPS)
+    return te.compute((T, kk, W + 1), member, name=EXPERT_GROUPS)
 
 
 def mul_mat_id_grouped(w, x, ids, groups):
