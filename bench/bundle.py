@@ -1,7 +1,7 @@
 """Build, here, the runtime bundle a GPU machine runs the device check from (`bash bench/make_gpu_bundle.sh`).
 
     python bench/bundle.py [-o bench/gpu_bundle] [--host h200|here] [--arch sm_90] [--checks NAME,...]
-                           [--realwidth glm45air-1|none] [--no-tar]
+                           [--realwidth glm45air-1-a0.1|none] [--realwidth-spec NAME,...|none] [--no-tar]
 
 A bundle is a directory (and, for a GPU machine, its `.tar.xz`, the one file the device run carries):
 
@@ -73,7 +73,10 @@ CHECKS = {
     "glm-dsa-Q8_0": ("tiny-glm-dsa", "tiny-glm-dsa-Q8_0.gguf", "cpu"),
 }
 IN_REPO = {"tiny-glm4moe/tiny-glm4moe-Q8_0.gguf": "artifacts/tiny-glm4moe-Q8_0.gguf"}   # same bytes, tracked
-REALWIDTH = {"glm45air-1": ("glm45air", 1)}
+# The `realwidth` stage's file: GLM-4.5-Air widths, 1 dense + 1 MoE layer. The predictable glm45air-1-a0.1 has the
+# widths and types of glm45air-1 (same kernels: the stage measures the same), is the first speculation file too (one
+# artifact and one generated file serve both) and is what the speculation benches make anyway.
+REALWIDTH = "glm45air-1-a0.1"
 # The predictable real-width files (synth_realwidth.py --mtp-mix 0.1; bench/realwidth_files.py names): device check
 # stages `realwidth NAME` time their steps against the HBM floor and speculation against plain decoding.
 REALWIDTH_SPEC = ("glm45air-1-a0.1", "glm45air-4-a0.1")
@@ -253,7 +256,7 @@ def record_cpu_expectations(gguf: str, fixture: str, path: str, artifact: str | 
 
 # -- the bundle ------------------------------------------------------------------------------------------------------
 def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",), checks=tuple(CHECKS),
-          realwidth: str | None = "glm45air-1", prebuilt: dict | None = None, copy_models: bool = True,
+          realwidth: str | None = REALWIDTH, prebuilt: dict | None = None, copy_models: bool = True,
           cache: str | None = None, reuse: str | None = None, exact: dict | None = None,
           realwidth_spec=()) -> dict:
     """Write the bundle directory `out`; returns its bundle.json. `prebuilt` {check name (+ "-nograph"), or the
@@ -357,24 +360,21 @@ def place_link(out: str, rel: str, repo_rel: str, src: str) -> str:
 
 def realwidth_slice(out: str, name: str, target: str, arches, prebuilt: dict) -> dict:
     """The real-width GGUF's recipe (generated on the GPU host: synth_realwidth.py PRESET OUT ARGS...), its sha256
-    and size, and its artifact. `name`: REALWIDTH or a synthesized file of bench/realwidth_files.py (made here first
-    when missing: 4-10 GB, run under the heavy-bench lock)."""
-    if name in REALWIDTH:
-        preset, n_moe = REALWIDTH[name]
-        args = [str(n_moe)]
-    else:
-        from realwidth_files import make
+    and size, and its artifact. `name`: a synthesized file of bench/realwidth_files.py (made here first when
+    missing: 4-10 GB, run under the heavy-bench lock); its artifact is compiled once per bundle (the `realwidth`
+    stage and a `realwidth NAME` stage of the same file share it)."""
+    from realwidth_files import make
 
-        kind, (preset, *args) = REALWIDTH_FILES[name]
-        if kind != "synth":
-            raise SystemExit(f"bundle: {name} is not a synth_realwidth.py file (it cannot be generated on the GPU host)")
-        n_moe = int(args[0])
-        make(name, log)
-    gguf = os.path.join(REALWIDTH_DIR, f"{name}.gguf")
+    if REALWIDTH_FILES.get(name, ("",))[0] != "synth":
+        raise SystemExit(f"bundle: {name} is not a synth_realwidth.py file of bench/realwidth_files.py (it cannot be "
+                         f"generated on the GPU host)")
+    preset, *args = REALWIDTH_FILES[name][1]
+    n_moe = int(args[0])
+    gguf = make(name, log)
     art = os.path.join(out, "art", f"{name}-{target}")
-    if name in prebuilt:
+    if not os.path.isdir(art) and name in prebuilt:
         shutil.copytree(prebuilt[name], art)
-    else:
+    elif not os.path.isdir(art):
         compile_into(gguf, art, target, arches, kv="f16")   # speed and memory: llama.cpp's default KV type
     man = json.load(open(os.path.join(art, "manifest.json")))
     mf = next(f for f in man["model_files"] if f["role"] == "model")
@@ -429,7 +429,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--arch", default="sm_90", help="CUDA arch(s) of the artifacts (comma list)")
     ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma list of {', '.join(CHECKS)}")
-    ap.add_argument("--realwidth", default="glm45air-1", help="real-width slice (glm45air-1) or none")
+    ap.add_argument("--realwidth", default=REALWIDTH, help=f"real-width slice ({REALWIDTH}) or none")
     ap.add_argument("--realwidth-spec", default=",".join(REALWIDTH_SPEC),
                     help="predictable real-width files for the speculation stages (comma list) or none")
     ap.add_argument("--no-tar", action="store_true", help="leave the directory only")

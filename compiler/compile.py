@@ -138,7 +138,7 @@ def build(p: Plan, out: str, dump_ir: str | None = None, log=print) -> Built:
     from nextn.schedules import schedule_pass
 
     from .gpu_build import build_scope
-    from .lower import capture_graphs
+    from .lower import capture_graphs, cuda
     from .lower.pipeline import make_pipeline
     from .tune.apply import schedule_with_log
 
@@ -147,7 +147,7 @@ def build(p: Plan, out: str, dump_ir: str | None = None, log=print) -> Built:
         tgt = make_target(target, la or None)
         log(f"compiling {len(p.graphs)} entry points ({', '.join(p.graphs)}) for {target}"
             f"{' ' + ','.join(la) if la else ''} ...")
-        sched, tuning_info = schedule_with_log(p.options.tuning_log, tgt, schedule_pass(tgt), log)
+        sched, tuning_info = schedule_with_log(p.options.tuning_log, tgt, schedule_pass(tgt, cuda.RULES), log)
         graph_ctx = tvm.transform.PassContext(config=capture_graphs.PASS_CONFIG) if p.graph_entries else nullcontext()
         pipeline = make_pipeline(tgt, sched, dump_ir, bool(p.graph_entries))
         with build_scope(target, la), tgt, graph_ctx:

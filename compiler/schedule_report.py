@@ -25,6 +25,7 @@ def main(argv=None):
     from .graphs import SPLIT_L, build_graphs, weight_kinds
     from .target import make_target
     from .loader.model_files import ModelFiles
+    from .lower import cuda
     from .lower.pipeline import phases
     from .lower.to_relax import build_module
 
@@ -41,7 +42,7 @@ def main(argv=None):
     tgt = make_target(a.target, [a.arch] if a.arch else None)
     mod = build_module(list(graphs.values()), kinds, form="gpu", split_l=SPLIT_L)
     with tgt:
-        for _name, passes in phases(tgt, ScheduleGPU(tgt))[:3]:
+        for _name, passes in phases(tgt, ScheduleGPU(tgt, cuda.RULES))[:3]:
             mod = tvm.transform.Sequential(passes)(mod)
     rep = kernel_report(mod, last_report())
     if a.json:

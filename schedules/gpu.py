@@ -7,11 +7,12 @@ which fused kernels defeated the specialised rules and landed in `Fallback`:
 
     python -m nextn.compiler.schedule_report MODEL.gguf [--target cuda|rocm] [--arch sm_90]   # PrimFunc -> rule
 
-Rule order (dlight's rules in TVM `python/tvm/s_tir/dlight/gpu/`; docs/design.md "TVM"): `LowBatchGEMV` before
-`Matmul` because every matmul here has a dynamic row count T (1 for a draft step, k+1 for verify, up to 512 for
-prefill); `GEMV` for static single rows; `Reduction` / `GeneralReduction` for norms, argmax and the gathered-expert
-GEMV (`mul_mat_id`); `Fallback` (one thread per output element, correct but not fast) last. Weights are float32 or
-Q8_0 dequantized in-kernel; there is no fp16 arithmetic, so no rule tensorizes.
+Rule order: the compiler's own rules first (`kernel_rules`: compiler/lower/cuda.RULES, "cuda:gemv", which takes
+every `mul_mat` / `mul_mat_id`), then dlight's (TVM `python/tvm/s_tir/dlight/gpu/`; docs/design.md "TVM"):
+`LowBatchGEMV` before `Matmul` because every matmul here has a dynamic row count T (1 for a draft step, k+1 for
+verify, up to 512 for prefill); `GEMV` for static single rows; `Reduction` / `GeneralReduction` for norms and
+argmax; `Fallback` (one thread per output element, correct but not fast) last. There is no fp16 arithmetic, so no
+rule tensorizes.
 """
 from __future__ import annotations
 
@@ -19,69 +20,24 @@ import tvm
 from tvm import tirx
 
 from .gpu_bound import unbound_accesses
-from .loops import static_extent
 
 _REPORT: dict[str, str] = {}
 
-# Schedules of kernels the compiler defines (schedules never imports the compiler): name -> fn(func, target) ->
-# Schedule | None, tried before dlight's rules. compiler/lower/cuda registers "cuda:gemv" (the GGUF matmuls).
-KERNEL_RULES: dict = {}
 
-
-def register_rule(name: str, fn) -> None:
-    KERNEL_RULES[name] = fn
-
-
-def _rule_list():
+def _rule_list(kernel_rules=()):
+    """`kernel_rules`: (name, fn(func, target) -> Schedule | None) for kernels the compiler defines (schedules never
+    imports the compiler; compiler/lower/cuda.RULES: "cuda:gemv", the GGUF matmuls), tried before dlight's rules."""
     from tvm.s_tir import dlight as dl
 
     return [
-        *((name, _Hand(fn)) for name, fn in KERNEL_RULES.items()),
+        *((name, _Hand(fn)) for name, fn in kernel_rules),
         ("LowBatchGEMV", dl.gpu.LowBatchGEMV()),
         ("Matmul", dl.gpu.Matmul()),
         ("GEMV", dl.gpu.GEMV()),
         ("Reduction", dl.gpu.Reduction()),
         ("GeneralReduction", dl.gpu.GeneralReduction()),
-        ("hand:row_reduction", _Hand(row_reduction)),
         ("Fallback", dl.gpu.Fallback()),
     ]
-
-
-def row_reduction(func: tirx.PrimFunc, target):
-    """Hand schedule for a lone GEMV-like reduction block (`mul_mat` and `mul_mat_id` with in-kernel Q8_0 dequant,
-    which dlight's GEMV rules decline because of the dynamic row count and the gathered expert index):
-    out[s...] = sum_k f(s..., k) with k the innermost, contiguous axis of the weight. One thread block per output
-    element, its threads stride over k so one weight row is read coalesced, then a cross-thread (warp shuffle)
-    reduction. Returns a Schedule, or None when the function is not that shape."""
-    from tvm import s_tir
-
-    sch = s_tir.Schedule(func)
-    try:
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    except Exception:
-        return None
-    if len(blocks) != 1:
-        return None
-    blk = blocks[0]
-    kinds = [iv.iter_type for iv in sch.get(blk).iter_vars]
-    loops = sch.get_loops(blk)
-    if len(loops) != len(kinds) or len(kinds) < 2 or kinds[-1] != tirx.IterVar.CommReduce \
-            or any(k != tirx.IterVar.DataPar for k in kinds[:-1]):
-        return None
-    K = static_extent(sch.get(loops[-1]).extent)
-    if K is None or K < 32:
-        return None
-    max_threads = int(target.attrs.get("max_num_threads", target.attrs.get("max_threads_per_block", 256)) or 256)
-    tx = 32
-    while tx * 2 <= min(256, max_threads, K) and K % (tx * 2) == 0:
-        tx *= 2
-    if K % tx:
-        return None
-    fused = sch.fuse(*loops[:-1])
-    _ko, ki = sch.split(loops[-1], factors=[None, tx])
-    sch.bind(fused, "blockIdx.x")
-    sch.bind(ki, "threadIdx.x")
-    return sch
 
 
 class _Hand:
@@ -117,10 +73,11 @@ def _inline_unbound_producers(sch) -> None:
             continue
 
 
-def schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tuple[tirx.PrimFunc, str]:
-    """Apply the first rule that accepts `func`; returns (scheduled func, rule name)."""
+def schedule_func(func: tirx.PrimFunc, target, name: str = "", kernel_rules=()) -> tuple[tirx.PrimFunc, str]:
+    """Apply the first rule that accepts `func` (`kernel_rules` first: see _rule_list); returns (scheduled func, rule
+    name)."""
     errors = []
-    for rule_name, rule in _rule_list():
+    for rule_name, rule in _rule_list(kernel_rules):
         try:
             space = rule.apply(func, target, False)
         except Exception as e:   # a rule that crashes on this shape: try the next one
@@ -129,7 +86,10 @@ def schedule_func(func: tirx.PrimFunc, target, name: str = "") -> tuple[tirx.Pri
         if space is None:
             continue
         sch = space[0] if isinstance(space, (list, tuple)) else space
-        _inline_unbound_producers(sch)
+        # only LowBatchGEMV leaves element-wise producers unbound (on every fixture the inlining changes nothing after
+        # another rule); a rule that left one anyway is rejected below and the next one tried
+        if rule_name == "LowBatchGEMV":
+            _inline_unbound_producers(sch)
         out = sch.mod["main"].with_attr("tirx.is_scheduled", True)
         unbound = unbound_accesses(out)
         if unbound:   # host code touching device buffers (issue 33): never accept it, try the next rule
@@ -169,10 +129,11 @@ def _lowering_problem(func) -> str | None:
 
 @tvm.transform.module_pass(opt_level=0, name="nextn.ScheduleGPU")
 class ScheduleGPU:
-    """Schedule every PrimFunc of the module for the current GPU target (CUDA or ROCm)."""
+    """Schedule every PrimFunc of the module for the current GPU target (CUDA or ROCm); `kernel_rules` as
+    schedule_func's."""
 
-    def __init__(self, target):
-        self.target = target
+    def __init__(self, target, kernel_rules=()):
+        self.target, self.kernel_rules = target, tuple(kernel_rules)
 
     def transform_module(self, mod, _ctx):
         _REPORT.clear()
@@ -183,7 +144,7 @@ class ScheduleGPU:
             if func.attrs is not None and "tirx.is_scheduled" in func.attrs and bool(func.attrs["tirx.is_scheduled"]):
                 _REPORT[gv.name_hint] = "pre-scheduled"
                 continue
-            f, rule = schedule_func(func, self.target, gv.name_hint)
+            f, rule = schedule_func(func, self.target, gv.name_hint, self.kernel_rules)
             out[gv] = f
             _REPORT[gv.name_hint] = rule
         for gv, f in out.items():

@@ -29,6 +29,7 @@ from nextn.common.quant import by_ggml_type
 from nextn.compiler.lower import cuda
 from nextn.compiler.lower.cuda import gemv
 from nextn.compiler.target import make_target
+from nextn.schedules.gpu_bound import extent_at, launches
 from test_quant import TYPES, activations, dequant, random_raw
 
 pytestmark = pytest.mark.e2e   # builds CUDA kernels with nvcc
@@ -117,16 +118,22 @@ def test_definition_mul_mat_against_float64(definition, T):
 
 @pytest.mark.parametrize("T", [1, 3, 8])
 def test_definition_mul_mat_id_against_float64(definition, T):
-    ttype, lib, K, _, _, epacked, ew = definition
+    ttype, lib, _K, _, _, epacked, ew = definition
     rng = np.random.default_rng(20 + T)
     ids = np.stack([rng.permutation(X)[:USED] for _ in range(T)]).astype(np.int32)
+    _check_mul_mat_id(lib, ("mul_mat_id", "mul_mat_id3"), ids, epacked, ew, rng, ttype)
+
+
+def _check_mul_mat_id(lib, names, ids, epacked, ew, rng, ttype) -> None:
+    """lib's mul_mat_id functions `names` (x shared by the slots; one x row per slot) against float64 numpy."""
+    T, K = len(ids), ew.shape[-1]
     w64 = ew.astype(np.float64)
     x = activations(rng, [[w64[e] for e in ids[t]] for t in range(T)])
     x3 = activations(rng, [[w64[e]] for e in ids.reshape(-1)]).reshape(T, USED, K)
     want = np.einsum("tk,tjnk->tjn", x.astype(np.float64), w64[ids])
     want3 = np.einsum("tjk,tjnk->tjn", x3.astype(np.float64), w64[ids])
-    got = _run(lib, "mul_mat_id", (T, USED, N), x, ids, *epacked)
-    got3 = _run(lib, "mul_mat_id3", (T, USED, N), x3, ids, *epacked)
+    got = _run(lib, names[0], (T, USED, N), x, ids, *epacked)
+    got3 = _run(lib, names[1], (T, USED, N), x3, ids, *epacked)
     assert rel_err(got.reshape(-1, N), want.reshape(-1, N)) < 1e-5, ttype
     assert rel_err(got3.reshape(-1, N), want3.reshape(-1, N)) < 1e-5, ttype
 
@@ -149,14 +156,6 @@ def _cuda_source(funcs, tgt) -> str:
     return "\n".join(m.inspect_source() for m in lib.mod.imports)
 
 
-def _vars(e):
-    import tvm_ffi
-
-    out = []
-    tvm_ffi.structural_walk(e, (tirx.Var, out.append), order="post")
-    return out
-
-
 @pytest.mark.parametrize("ttype", FIRST + [t for t in TYPES if t not in FIRST])
 def test_schedule_builds_for_sm90_with_its_launch_shape(ttype):
     """Every format: the schedule takes the three definitions, nothing it leaves fails to lower, CUDA sm_90 code
@@ -167,26 +166,13 @@ def test_schedule_builds_for_sm90_with_its_launch_shape(ttype):
     funcs, tgt = _scheduled(ttype)
     for name, f in funcs.items():
         assert _lowering_problem(f) is None, (ttype, name)
-        shape = cuda.launch_shape(f)
-        assert {k: v for k, v in shape.items() if k != "blockIdx.y"} == {
-            "blockIdx.x": math.ceil(N / gemv.WARPS), "threadIdx.y": gemv.WARPS, "threadIdx.x": gemv.LANES}, shape
-        by = shape["blockIdx.y"]
+        (ln,) = launches(f)
+        assert ln["grid"][0] == str(math.ceil(N / gemv.WARPS)) and ln["block"] == [str(gemv.LANES), str(gemv.WARPS),
+                                                                                   "1"], ln
         for T in (1, 3, 8, 9, 512):
             want = math.ceil(T / gemv.TILE_ROWS) if name == "mul_mat" else T * USED
-            assert _subst_T(by, T) == want, (ttype, name, T, by)
+            assert extent_at(ln["grid"][1], T) == want, (ttype, name, T, ln)
     assert "__global__" in _cuda_source(funcs, tgt)
-
-
-def _subst_T(e, T: int) -> int:
-    """A launch extent at row count T."""
-    if isinstance(e, (int, tirx.IntImm)):
-        return int(e)
-    from tvm.sym.analyzer import Analyzer
-
-    ana = Analyzer()
-    for v in _vars(e):
-        ana.bind(v, tirx.IntImm(I64, T))
-    return int(ana.simplify(e))
 
 
 @pytest.mark.parametrize("ttype", ["Q8_0", "Q4_K", "Q6_K", "BF16", "F16", "F32"])
@@ -238,3 +224,124 @@ def test_fixture_compiles_for_sm90(compiled, quant):
     d = compiled(f"g4-{quant}-cuda90", G4 / f"tiny-glm4moe-{quant}.gguf", target="cuda", arches=["sm_90"])
     info = device_code(f"{d}/model_cuda.so")
     assert info["cuda_sass"] == ["sm_90"] and not info["cuda_source"]
+
+
+# -- mul_mat_id with rows grouped per expert (verify / prefill) ---------------------------------------------------
+XG = 5   # experts of the grouped tests (USED = 2 of them per row)
+
+
+def _grouped_funcs(ttype: str, K: int):
+    """The grouped mul_mat_id's three definitions as one llvm PrimFunc each way (x shared by the slots; one x row per
+    slot), and `expert_groups` alone; T symbolic."""
+    T = te.var("T", I64)
+    ebufs, ew = _weight(ttype, (XG, N, K), "e")
+    x = te.placeholder([T, tirx.IntImm(I64, K)], "float32", name="x")
+    x3 = te.placeholder([T, tirx.IntImm(I64, USED), tirx.IntImm(I64, K)], "float32", name="x3")
+    ids = te.placeholder([T, tirx.IntImm(I64, USED)], "int32", name="ids")
+    groups = cuda.expert_groups(ids, cuda.expert_leaders(ids))
+    out = {"groups": te.create_prim_func([ids, groups])}
+    for name, xx in (("grouped", x), ("grouped3", x3)):
+        y = cuda.expert_gather(cuda.mul_mat_id_grouped(ew, xx, ids, groups), groups)
+        out[name] = te.create_prim_func([xx, ids, *ebufs, y])
+    return out
+
+
+def _ids(T: int, seed: int, repeat: bool) -> np.ndarray:
+    """T rows of USED distinct experts of XG; `repeat`: every row the same two experts (all rows share them)."""
+    rng = np.random.default_rng(seed)
+    if repeat:
+        return np.tile(np.array([[3, 1]], np.int32), (T, 1))
+    return np.stack([rng.permutation(XG)[:USED] for _ in range(T)]).astype(np.int32)
+
+
+def _groups64(ids: np.ndarray) -> np.ndarray:
+    """expert_groups' contract, naively: [t, j, W] the first pair of t's window with the same expert; a leader's
+    [t, j, r] the pair of window row r with it (or -1)."""
+    T, kk = ids.shape
+    W = cuda.GROUP_ROWS
+    g = np.full((T, kk, W + 1), -1, np.int64)
+    for t in range(T):
+        for j in range(kk):
+            rows = range(t // W * W, min(t // W * W + W, T))
+            pairs = [r * kk + s for r in rows for s in range(kk) if ids[r, s] == ids[t, j]]
+            g[t, j, W] = min(pairs)
+            if g[t, j, W] == t * kk + j:
+                for r in rows:
+                    g[t, j, r % W] = next((r * kk + s for s in range(kk) if ids[r, s] == ids[t, j]), -1)
+    return g
+
+
+@pytest.fixture(scope="module", params=["Q8_0", "Q4_K", "Q6_K", "BF16"])
+def grouped(request):
+    ttype = request.param
+    K = _k(ttype)
+    lib = tvm.compile(_module(_grouped_funcs(ttype, K)), target="llvm")
+    return ttype, lib, K, *_data(ttype, (XG, N, K), 3)
+
+
+@pytest.mark.parametrize("T", [1, 2, 4, 9])
+@pytest.mark.parametrize("repeat", [False, True])
+def test_definition_grouped_mul_mat_id_against_float64(grouped, T, repeat):
+    """The grouped definition (groups, per-group products, gather) equals mul_mat_id in float64 numpy for T rows of
+    distinct experts or all rows choosing the same two (one group per expert and window), windows cut at T."""
+    ttype, lib, _K, epacked, ew = grouped
+    ids = _ids(T, 40 + T, repeat)
+    groups = tvm.runtime.empty((T, USED, cuda.GROUP_ROWS + 1), "int32")
+    lib["groups"](tvm.runtime.tensor(ids), groups)
+    assert (groups.numpy() == _groups64(ids)).all(), (ids, groups.numpy())
+    _check_mul_mat_id(lib, ("grouped", "grouped3"), ids, epacked, ew, np.random.default_rng(60 + T), ttype)
+
+
+@pytest.mark.parametrize("T", [1, 4, 9])
+def test_grouped_weight_reads_per_expert(T):
+    """How often a verify reads each expert: the grouped kernel loads weight bytes only in the blocks of group
+    leaders (`expert_groups` on llvm against the naive count: one leader per distinct expert and 4-row window;
+    all rows choosing the same 2 experts read 2 experts per window instead of 2 x rows), and in its CUDA source
+    every weight load sits under the block-uniform leader branch; the launch is the ungrouped one (ceil(N / 4)
+    x T·n_used blocks of 4 warps), so a one-row step launches what it did."""
+    lib = tvm.compile(_module({"groups": _grouped_funcs("Q8_0", _k("Q8_0"))["groups"]}), target="llvm")
+    W = cuda.GROUP_ROWS
+    for repeat in (False, True):
+        ids = _ids(T, 70 + T, repeat)
+        g = tvm.runtime.empty((T, USED, W + 1), "int32")
+        lib["groups"](tvm.runtime.tensor(ids), g)
+        g = g.numpy()
+        leaders = sum(int(g[t, j, t % W] >= 0) for t in range(T) for j in range(USED))
+        distinct = sum(len(set(ids[w:w + W].reshape(-1))) for w in range(0, T, W))
+        assert leaders == distinct, (ids, g)
+        if repeat:
+            assert leaders == USED * math.ceil(T / W) < T * USED or T == 1
+    # the scheduled grouped matmul: its launch, and weight loads only under the leader test
+    Tv = te.var("T", I64)
+    K = 512
+    ebufs, ew = _weight("Q4_K", (XG, N, K), "e")
+    x = te.placeholder([Tv, tirx.IntImm(I64, K)], "float32", name="x")
+    ids_p = te.placeholder([Tv, tirx.IntImm(I64, USED)], "int32", name="ids")
+    groups = te.placeholder([Tv, tirx.IntImm(I64, USED), tirx.IntImm(I64, W + 1)], "int32", name="groups")
+    f = te.create_prim_func([x, ids_p, groups, *ebufs, cuda.mul_mat_id_grouped(ew, x, ids_p, groups)])
+    tgt = make_target("cuda", ["sm_90"])
+    sch = cuda.schedule(f, tgt)
+    assert sch is not None
+    fs = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    (ln,) = launches(fs)
+    assert ln["grid"][0] == str(math.ceil(N / gemv.WARPS)) and extent_at(ln["grid"][1], T) == T * USED, ln
+    src = _cuda_source({"grouped": fs}, tgt)
+    body = src[src.index("grouped_kernel(", src.index("grouped_kernel(") + 1):]
+    assert _loads_outside_leader_branch(body) == 0 and "e_ptr[" in body
+
+
+def _loads_outside_leader_branch(src: str) -> int:
+    """Weight (`e_ptr[`) loads of a CUDA kernel body that no enclosing `if (0 <= groups_ptr[...])` scope guards
+    (scopes followed by their braces, line by line: TVM's codegen opens and closes one per line)."""
+    stack, outside = [], 0
+    for line in src.splitlines():
+        if "e_ptr[" in line and not any(stack):
+            outside += 1
+        for m in re.finditer(r"[{}]", line):
+            if m.group() == "{":
+                stack.append(bool(re.search(r"if \(0 <= groups_ptr\[", line[:m.start()])))
+            elif stack:
+                stack.pop()
+        if not stack and line.startswith("}"):
+            break
+    return outside

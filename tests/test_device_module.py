@@ -112,6 +112,7 @@ def test_glm4moe_bf16_gpu_module_has_no_host_compute():
 
     from nextn.compiler.graphs import SPLIT_L, build_graphs, weight_kinds
     from nextn.compiler.loader.model_files import ModelFiles
+    from nextn.compiler.lower import cuda
     from nextn.compiler.lower.pipeline import phases
     from nextn.compiler.lower.to_relax import build_module
     from nextn.schedules.gpu import ScheduleGPU, last_report
@@ -123,7 +124,7 @@ def test_glm4moe_bf16_gpu_module_has_no_host_compute():
     mod = build_module(list(graphs.values()), weight_kinds(mf, graphs.values()), form="gpu", split_l=SPLIT_L)
     names = []
     with tgt:
-        for name, passes in phases(tgt, ScheduleGPU(tgt)):
+        for name, passes in phases(tgt, ScheduleGPU(tgt, cuda.RULES)):
             mod = tvm.transform.Sequential(passes)(mod)
             names.append(name)
             if name == "schedule":

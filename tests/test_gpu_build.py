@@ -96,7 +96,7 @@ def test_every_primfunc_is_gpu_scheduled_and_gemvs_are_not_fallback(cuda_art):
     rep = cuda_art[1]
     assert len(rep) > 20
     assert set(rep.values()) <= {"cuda:gemv", "LowBatchGEMV", "Matmul", "GEMV", "Reduction", "GeneralReduction",
-                                 "hand:row_reduction", "Fallback", "pre-scheduled"}
+                                 "Fallback", "pre-scheduled"}
     # the hand-written GPU kernels (KV store, flash attention) and nothing else come pre-scheduled
     assert {k for k, v in rep.items() if v == "pre-scheduled"} == {k for k in rep if k.startswith(("set_rows_",
                                                                                                   "flash_attn"))}

@@ -50,6 +50,7 @@ class Kernels:
     def __init__(self, bb: relax.BlockBuilder, form: str):
         assert form in FORMS, form
         self.bb, self.form, self._gv = bb, form, {}
+        self.memo = {}   # what several ops of a function share, by input (to_relax: routed-expert groups by ids)
         self.gpu, self.emulate = form != "cpu", form == "gpu-emulated"
 
     def get(self, name: str, make):

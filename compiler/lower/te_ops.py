@@ -74,28 +74,35 @@ def scale(x, s, b=0.0):
     return te.compute(x.shape, lambda *i: x[i] * tirx.const(s, F32) + tirx.const(b, F32), name="scale_bias")
 
 
-def mul_mat(w, x):
+def mul_mat(w, x, weight=None, name="mul_mat"):
+    """ggml_mul_mat: float32 [..., N] = x [..., K] · w [N, K]ᵀ, or per head for w [B, N, K] and x [..., B, K].
+    `weight(*i)`: the weight element at logical index i instead of w's own (lower/cuda: a dequantization stage)."""
+    weight = weight or (lambda *i: _elem(w, *i))
     if len(w.shape) == 3:   # batched over heads: w[B,N,K] x[...,B,K] -> [...,B,N]
         _B, N, K = w.shape
         k = te.reduce_axis((0, K), name="k")
-        return te.compute((*x.shape[:-1], N), lambda *i: te.sum(x[(*i[:-1], k)] * _elem(w, i[-2], i[-1], k), axis=k),
-                          name="mul_mat")
+        return te.compute((*x.shape[:-1], N), lambda *i: te.sum(x[(*i[:-1], k)] * weight(i[-2], i[-1], k), axis=k),
+                          name=name)
     N, K = w.shape
     k = te.reduce_axis((0, K), name="k")
-    return te.compute((*x.shape[:-1], N), lambda *i: te.sum(x[(*i[:-1], k)] * _elem(w, i[-1], k), axis=k), name="mul_mat")
+    return te.compute((*x.shape[:-1], N), lambda *i: te.sum(x[(*i[:-1], k)] * weight(i[-1], k), axis=k), name=name)
 
 
-def mul_mat_id(w, x, ids):
+def mul_mat_id(w, x, ids, weight=None, name="mul_mat_id"):
+    """ggml_mul_mat_id: float32 [T, n_used, N], row t's slot j through expert ids[t, j] of w [X, N, K]; x [T, K]
+    (shared by the slots) or [T, n_used, K]. `weight(t, j, n, k)`: the element slot (t, j) reads instead of w's own
+    (lower/cuda: a dequantization stage)."""
     X, N, K = w.shape
     T, kk = ids.shape
+    weight = weight or (lambda t, j, n, k: _elem(w, ids[t, j].astype("int64"), n, k))
     r = te.reduce_axis((0, K), name="k")
     if len(x.shape) == 2:
         def f(t, j, n):
-            return te.sum(x[t, r] * _elem(w, ids[t, j].astype("int64"), n, r), axis=r)
+            return te.sum(x[t, r] * weight(t, j, n, r), axis=r)
     else:
         def f(t, j, n):
-            return te.sum(x[t, j, r] * _elem(w, ids[t, j].astype("int64"), n, r), axis=r)
-    return te.compute((T, kk, N), f, name="mul_mat_id")
+            return te.sum(x[t, j, r] * weight(t, j, n, r), axis=r)
+    return te.compute((T, kk, N), f, name=name)
 
 
 def view(x, axis, start, length):

@@ -14,7 +14,7 @@ symbols, kernels and attention form of the call); the module checks at import th
 """
 from __future__ import annotations
 
-from tvm import relax, tirx
+from tvm import relax, te, tirx
 
 from nextn.common.manifest import split_dim
 from nextn.compiler.ir import Graph, rope
@@ -226,7 +226,40 @@ def _(bb, n, args, cx):
 @lower("mul_mat", "mul_mat_id")
 def _(bb, n, args, cx):
     gpu = cx.kernels.gpu and not cx.kernels.emulate   # CUDA / ROCm: dequantization as a stage (lower/cuda/gemv.py)
+    if gpu and n.op == "mul_mat_id" and not _static_one(dim_expr(n.inputs[2].shape[0], cx.sym)):
+        return _mul_mat_id_grouped(bb, n, args, cx)
     return _te(bb, n, args, fn=cuda.TE_OPS.get(n.op) if gpu else None)
+
+
+def _static_one(dim) -> bool:
+    return isinstance(dim, int | tirx.IntImm) and int(dim) == 1
+
+
+def _mul_mat_id_grouped(bb, n, args, cx):
+    """GPU mul_mat_id of several rows (verify, prefill): each expert read once per window of rows that chose it
+    (lower/cuda/te.py `mul_mat_id_grouped`). The groups are computed once per ids tensor (a layer's gate, up and
+    down share them); the products go through a Relax tensor to the gather, which is kOutEWiseFusable so that FuseOps
+    fuses the element-wise tail after it (SwiGLU, the routing weights) but not the reduction before it (that would
+    leave the products in a workspace allocated at each call: SPLIT_OPS). The one-row decode and draft steps keep
+    `cuda.mul_mat_id` (one block per slot: nothing to group)."""
+    w, x, ids = args
+    groups = cx.kernels.memo.get(ids)
+    if groups is None:
+        leaders = bb.emit_te(cuda.expert_leaders, ids, primfunc_name_hint="expert_leaders")
+        groups = bb.emit_te(cuda.expert_groups, ids, leaders, primfunc_name_hint="expert_groups")
+        cx.kernels.memo[ids] = groups
+    y = _te(bb, n, [w, x, ids, groups], fn=cuda.mul_mat_id_grouped)
+    T = dim_expr(n.inputs[2].shape[0], cx.sym)
+    kk, N, W = int(n.inputs[2].shape[1]), int(n.shape[-1]), cuda.GROUP_ROWS
+
+    def gather():
+        t, (k64, w64, n64) = te.var("T", "int64"), (tirx.IntImm("int64", v) for v in (kk, W, N))
+        ys = te.placeholder([t, k64, w64, n64], "float32", name="y")
+        gs = te.placeholder([t, k64, tirx.IntImm("int64", W + 1)], "int32", name="groups")
+        return te.create_prim_func([ys, gs, cuda.expert_gather(ys, gs)]).with_attr("op_pattern", 4)  # OutEWiseFusable
+
+    gv = cx.kernels.get(f"expert_gather_{kk}x{N}", gather)
+    return bb.emit(relax.call_tir(gv, relax.Tuple([y, groups]), relax.TensorType([T, kk, N], "float32")))
 
 
 @lower("rms_norm", "norm")

@@ -53,6 +53,15 @@ def scale_min(b, j):
 
 # Q4_K / Q5_K: kind -> (type_size, offset of qs, offset of qh or None)
 Q45K = {"q4_k": (144, 16, None), "q5_k": (176, 48, 16)}
+Q6K_SIZE = 210
+# Weights per sub-block (one scale factor) of the K-quants whose element is factor · q (- min): Q4_K / Q5_K / Q6_K
+SUBBLOCK = {"q4_k": 32, "q5_k": 32, "q6_k": 16}
+
+
+def q45k_factors(b, j):
+    """(d · sc, dmin · m) of sub-block j of a Q4_K / Q5_K block, float32: the element is d·sc · q - dmin·m."""
+    sc, mn = scale_min(b, j)
+    return b.f16(0) * sc, b.f16(2) * mn
 
 
 def q45k_quant(b, kind):
@@ -69,8 +78,8 @@ def _q45k(kind):
     @element(kind)
     def expr(t, idx):
         b = Block(t[0], idx, 256, Q45K[kind][0])
-        sc, mn = scale_min(b, b.e // 32)
-        return b.f16(0) * sc * f32(q45k_quant(b, kind)) - b.f16(2) * mn
+        scale, low = q45k_factors(b, b.e // 32)
+        return scale * f32(q45k_quant(b, kind)) - low
 
     return expr
 
@@ -87,7 +96,12 @@ def q6k_quant(b):
     return (lo | (hi << const(4, "int32"))) - const(32, "int32")
 
 
+def q6k_factor(b, i):
+    """d · sc of sub-block i (16 weights) of a Q6_K block, float32: the element is d·sc · q."""
+    return b.f16(208) * f32(b.i8(192 + i))
+
+
 @element("q6_k")
 def _q6k(t, idx):
-    b = Block(t[0], idx, 256, 210)
-    return (b.f16(208) * f32(b.i8(192 + b.e // 16))) * f32(q6k_quant(b))
+    b = Block(t[0], idx, 256, Q6K_SIZE)
+    return q6k_factor(b, b.e // 16) * f32(q6k_quant(b))

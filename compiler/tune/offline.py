@@ -31,6 +31,7 @@ def gen(model: str, out_dir: str, target: str = "cuda", arches=None, trials: int
     from tvm.s_tir import meta_schedule as ms
 
     from nextn.compiler.target import host_llvm, make_target
+    from nextn.compiler.lower import cuda
     from nextn.schedules import schedule_pass
 
     from .run import _to_py
@@ -41,7 +42,7 @@ def gen(model: str, out_dir: str, target: str = "cuda", arches=None, trials: int
     scope = _build_scope(target, arches)
     ms_target = tgt if target != "llvm" else tvm.target.Target(host_llvm(os.cpu_count() or 1))
     book = {"target": {"key": target_key(tgt), "kind": target, "str": str(tgt)}, "workloads": []}
-    default = schedule_pass(tgt)
+    default = schedule_pass(tgt, cuda.RULES)
     for wi, w in enumerate(wls):
         wmod = tvm.IRModule({"main": w.func})
         if target == "llvm":

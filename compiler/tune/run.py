@@ -157,6 +157,7 @@ def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32,
 
     from nextn.common.measure import cpu_name
     from nextn.compiler.target import host_llvm, make_target
+    from nextn.compiler.lower import cuda
     from nextn.schedules import schedule_pass
 
     # meta_schedule logs every search iteration at INFO; its per-task logs still go to files under the work dir
@@ -181,7 +182,7 @@ def tune_model(model: str, out_dir: str, target: str = "llvm", trials: int = 32,
     todo = [w for w in wls if w.hash not in have]
     log(f"{len(wls)} distinct kernels, {len(wls) - len(todo)} already in {path}, tuning {len(todo)} "
         f"with {trials} trials each on {key}")
-    default = schedule_pass(tgt)
+    default = schedule_pass(tgt, cuda.RULES)
     it = todo
     if progress:
         from tqdm import tqdm

@@ -34,7 +34,7 @@ from tvm import tirx
 
 from nextn.schedules.loops import static_extent
 
-from .te import DEQUANT, MATMUL
+from .te import DEQUANT, GROUPED, MATMUL
 
 # Activation rows per pass over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8 activations). 4 covers
 # verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (zeros), and at 8 rows a 4-row
@@ -72,7 +72,7 @@ def schedule(func: tirx.PrimFunc, target):
         blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
     except Exception:
         return None
-    deqs, mms = _named(sch, blocks, DEQUANT), _named(sch, blocks, MATMUL)
+    deqs, mms = _named(sch, blocks, DEQUANT), _named(sch, blocks, MATMUL) + _named(sch, blocks, GROUPED)
     if len(deqs) != 1 or len(mms) != 1:
         return None
     deq, mm = deqs[0], mms[0]
@@ -217,15 +217,3 @@ def schedule(func: tirx.PrimFunc, target):
         sch.reverse_compute_at(b, ny, preserve_unit_loops=True)
     return sch
 
-
-def launch_shape(func: tirx.PrimFunc) -> dict[str, object]:
-    """{"blockIdx.x": extent, ..., "threadIdx.x": extent} of a scheduled PrimFunc's thread-bound loops (extents as
-    TIR expressions: a dynamic row count stays symbolic)."""
-    out = {}
-
-    def visit(s):
-        if s.thread_binding is not None:
-            out.setdefault(str(s.thread_binding.thread_tag), s.extent)
-
-    tvm_ffi.structural_walk(func.body, (tirx.For, visit), order="pre")
-    return out

@@ -12,77 +12,141 @@ K-quants' sub-block factors.
 """
 from __future__ import annotations
 
-from tvm import te
+from tvm import te, tirx
 
+from .. import te_ops
 from ..te_ops import _elem
 
 DEQUANT, MATMUL, SCALE, MIN = "dequant", "gemv", "wscale", "wmin"
 
 
-# K-quants whose scale is per sub-block (32 or 16 weights): kind -> sub-block size
-_SUBBLOCK = {"q4_k": 32, "q5_k": 32, "q6_k": 16}
-
-
-def _dequant(w, lead, weight_lead):
+def _dequant(w, lead, weight_lead, keep=None):
     """The DEQUANT stage over (*lead, N, K): weight element (*weight_lead(*l), n, k). For the K-quants the
     float16 x 6- or 8-bit sub-block factors are stages of their own (SCALE, MIN: one value per lead, n and
     sub-block), so a schedule computes them once per sub-block instead of once per element; the element is then
-    scale * q (- min), the same float32 operations in the same order as the format's element expression."""
+    scale * q (- min), the same float32 operations in the same order as the format's element expression.
+    `keep(*l)`: where false, every stage is 0 and reads nothing (a branch around the loads)."""
     *_, N, K = w.shape
     kind = getattr(w, "kind", None)
-    if kind not in _SUBBLOCK:
-        return te.compute((*lead, N, K), lambda *i: _elem(w, *weight_lead(*i[:-2]), i[-2], i[-1]), name=DEQUANT)
+
+    def kept(i, v):
+        return v if keep is None else tirx.if_then_else(keep(*i[:len(lead)]), v, tirx.const(0.0, "float32"))
+
     from nextn.compiler.quant import k_quants
     from nextn.compiler.quant.te import Block, f32
 
-    sub = _SUBBLOCK[kind]
-    size = 210 if kind == "q6_k" else k_quants.Q45K[kind][0]
+    if kind not in k_quants.SUBBLOCK:
+        return te.compute((*lead, N, K), lambda *i: kept(i, _elem(w, *weight_lead(*i[:-2]), i[-2], i[-1])),
+                          name=DEQUANT)
+    sub = k_quants.SUBBLOCK[kind]
+    size = k_quants.Q6K_SIZE if kind == "q6_k" else k_quants.Q45K[kind][0]
 
     def block(i, k):   # i = (*lead, n)
         return Block(w.tensors[0], (*weight_lead(*i[:-1]), i[-1], k), 256, size)
 
     shape = (*lead, N, K // sub)
     if kind == "q6_k":
-        scale = te.compute(shape, lambda *i: (lambda b: b.f16(208) * f32(b.i8(192 + b.e // 16)))(
-            block(i[:-1], i[-1] * sub)), name=SCALE)
-        return te.compute((*lead, N, K), lambda *i: scale[(*i[:-1], i[-1] // sub)] * f32(
-            k_quants.q6k_quant(block(i[:-1], i[-1]))), name=DEQUANT)
+        scale = te.compute(shape, lambda *i: kept(i, k_quants.q6k_factor(block(i[:-1], i[-1] * sub), i[-1] % 16)),
+                           name=SCALE)
+        return te.compute((*lead, N, K), lambda *i: kept(i, scale[(*i[:-1], i[-1] // sub)] * f32(
+            k_quants.q6k_quant(block(i[:-1], i[-1])))), name=DEQUANT)
 
     def factor(i, which):
-        b = block(i[:-1], i[-1] * sub)
-        sc, mn = k_quants.scale_min(b, b.e // 32)
-        return b.f16(0) * sc if which == 0 else b.f16(2) * mn
+        return k_quants.q45k_factors(block(i[:-1], i[-1] * sub), i[-1] % (256 // sub))[which]
 
-    scale = te.compute(shape, lambda *i: factor(i, 0), name=SCALE)
-    low = te.compute(shape, lambda *i: factor(i, 1), name=MIN)
-    return te.compute((*lead, N, K), lambda *i: scale[(*i[:-1], i[-1] // sub)] * f32(
-        k_quants.q45k_quant(block(i[:-1], i[-1]), kind)) - low[(*i[:-1], i[-1] // sub)], name=DEQUANT)
+    scale = te.compute(shape, lambda *i: kept(i, factor(i, 0)), name=SCALE)
+    low = te.compute(shape, lambda *i: kept(i, factor(i, 1)), name=MIN)
+    return te.compute((*lead, N, K), lambda *i: kept(i, scale[(*i[:-1], i[-1] // sub)] * f32(
+        k_quants.q45k_quant(block(i[:-1], i[-1]), kind)) - low[(*i[:-1], i[-1] // sub)]), name=DEQUANT)
 
 
 def mul_mat(w, x):
-    """float32 [..., N] = x [..., K] · w [N, K]ᵀ, or per head for w [B, N, K] and x [..., B, K] (ggml_mul_mat)."""
-    if len(w.shape) == 3:
-        B, N, K = w.shape
-        deq = _dequant(w, (B,), lambda b: (b,))
-        k = te.reduce_axis((0, K), name="k")
-        return te.compute((*x.shape[:-1], N), lambda *i: te.sum(x[(*i[:-1], k)] * deq[i[-2], i[-1], k], axis=k),
-                          name=MATMUL)
-    N, K = w.shape
-    deq = _dequant(w, (), lambda: ())
-    k = te.reduce_axis((0, K), name="k")
-    return te.compute((*x.shape[:-1], N), lambda *i: te.sum(x[(*i[:-1], k)] * deq[i[-1], k], axis=k), name=MATMUL)
+    """te_ops.mul_mat (ggml_mul_mat) reading the DEQUANT stage."""
+    deq = _dequant(w, tuple(w.shape[:-2]), lambda *b: b)
+    return te_ops.mul_mat(w, x, weight=lambda *i: deq[i], name=MATMUL)
 
 
 def mul_mat_id(w, x, ids):
-    """float32 [T, n_used, N]: row t's slot j through expert ids[t, j] of w [X, N, K]; x [T, K] (shared by the
-    slots) or [T, n_used, K] (ggml_mul_mat_id)."""
-    _X, N, K = w.shape
+    """te_ops.mul_mat_id (ggml_mul_mat_id) reading the DEQUANT stage, one weight row set per (row, slot)."""
     T, kk = ids.shape
     deq = _dequant(w, (T, kk), lambda t, j: (ids[t, j].astype("int64"),))
+    return te_ops.mul_mat_id(w, x, ids, weight=lambda *i: deq[i], name=MATMUL)
+
+
+# Rows of a routed-expert group: the verify / prefill rows are taken in windows of GROUP_ROWS consecutive rows, and
+# each expert chosen in a window is read once for all the window's rows that chose it (gemv.TILE_ROWS: one register
+# row tile of the GEMV schedule).
+GROUP_ROWS = 4
+EXPERT_GROUPS, GROUPED, GATHER = "expert_groups", "gemv_grouped", "expert_gather"
+
+
+def _pair(row, slot, kk):
+    return (row * kk + slot).astype("int32")
+
+
+def expert_leaders(ids):
+    """int32 [T, n_used]: for pair (t, j) of `ids` (int32 [T, n_used], distinct experts per row, ggml_mul_mat_id's
+    ids; pair (t, j) is row t's slot j, flat index t·n_used + j), the first pair of its window (rows W⌊t/W⌋ …
+    W⌊t/W⌋ + W - 1, W = GROUP_ROWS) that chose expert ids[t, j]: its group's leader. A kernel of its own (as
+    `expert_groups`): in one PrimFunc it would be a workspace allocated at each call."""
+    T, kk = ids.shape
+    W = GROUP_ROWS
+    r, s = te.reduce_axis((0, W), name="r"), te.reduce_axis((0, kk), name="s")
+
+    def first(t, j):
+        row = t // W * W + r
+        hit = tirx.all(row < T, ids[te.min(row, T - 1), s] == ids[t, j])
+        return te.min(tirx.Select(hit, _pair(row, s, kk), tirx.const(2**31 - 1, "int32")), axis=[r, s])
+
+    return te.compute((T, kk), first, name=EXPERT_GROUPS + "_leaders")
+
+
+def expert_groups(ids, leaders):
+    """int32 [T, n_used, GROUP_ROWS + 1]: the routed-expert groups of `ids` (`expert_leaders`' terms). Entry
+    [t, j, W] is the leader of pair (t, j); for a leader, entry [t, j, r] (r < W) is the pair of window row r that
+    chose the same expert, or -1 (no such row, or past T); for any other pair every r < W entry is -1."""
+    T, kk = ids.shape
+    W = GROUP_ROWS
+    s = te.reduce_axis((0, kk), name="s")
+
+    def member(t, j, q):
+        row = t // W * W + te.min(q, W - 1)
+        hit = tirx.all(leaders[t, j] == _pair(t, j, kk), row < T, ids[te.min(row, T - 1), s] == ids[t, j])
+        entry = tirx.Select(hit, _pair(row, s, kk), tirx.const(-1, "int32"))
+        return te.max(tirx.Select(q < W, entry, leaders[t, j]), axis=s)
+
+    return te.compute((T, kk, W + 1), member, name=EXPERT_GROUPS)
+
+
+def mul_mat_id_grouped(w, x, ids, groups):
+    """float32 [T, n_used, GROUP_ROWS, N]: for each group leader (t, j) (`expert_groups`), the products of its
+    member rows with expert ids[t, j]: [t, j, r, n] = sum_k x[m, (slot,) k] · w(ids[t, j], n, k) for member pair
+    m = groups[t, j, r] >= 0, else 0; every entry of a pair that leads no group is 0 and its weight is never
+    loaded. `mul_mat_id` = `expert_gather` of this. w [X, N, K]; x [T, K] or [T, n_used, K] as mul_mat_id."""
+    _X, N, K = w.shape
+    T, kk = ids.shape
+    W = GROUP_ROWS
+    zero = tirx.const(0.0, "float32")
+    # a pair that leads no group loads no weight (the branch is uniform over a GEMV thread block)
+    deq = _dequant(w, (T, kk), lambda t, j: (ids[t, j].astype("int64"),), keep=lambda t, j: groups[t, j, t % W] >= 0)
     r = te.reduce_axis((0, K), name="k")
-    if len(x.shape) == 2:
-        return te.compute((T, kk, N), lambda t, j, n: te.sum(x[t, r] * deq[t, j, n, r], axis=r), name=MATMUL)
-    return te.compute((T, kk, N), lambda t, j, n: te.sum(x[t, j, r] * deq[t, j, n, r], axis=r), name=MATMUL)
+
+    def xs(t, j, q, k):
+        m = groups[t, j, q].astype("int64")
+        row = te.max(m, tirx.const(0, "int64"))
+        v = x[row // kk, k] if len(x.shape) == 2 else x[row // kk, row % kk, k]
+        return tirx.if_then_else(m >= 0, v, zero)
+
+    return te.compute((T, kk, W, N), lambda t, j, q, n: te.sum(xs(t, j, q, r) * deq[t, j, n, r], axis=r),
+                      name=GROUPED)
+
+
+def expert_gather(y, groups):
+    """float32 [T, n_used, N]: mul_mat_id's output from `mul_mat_id_grouped`'s y: pair (t, j) is the member of
+    row t mod W of the group its leader p = groups[t, j, W] leads."""
+    T, kk, W, N = y.shape
+    lead = lambda t, j: groups[t, j, GROUP_ROWS].astype("int64")   # noqa: E731
+    return te.compute((T, kk, N), lambda t, j, n: y[lead(t, j) // kk, lead(t, j) % kk, t % W, n], name=GATHER)
 
 
 TE_OPS = {"mul_mat": mul_mat, "mul_mat_id": mul_mat_id}
