@@ -79,6 +79,9 @@ def test_continue_final_message(c):
     r = post(c, "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0, "verbose": True,
                                          "add_generation_prompt": False, "continue_final_message": True})
     assert r["__verbose"]["prompt"] == base + "Whill"
+    parts = CHAT + [{"role": "assistant", "content": [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]}]
+    r2 = post(c, "/v1/chat/completions", {"messages": parts, "max_tokens": 1, "verbose": True})
+    assert r2["__verbose"]["prompt"] == base + "Wh\n\nill"
     heuristic = post(c, "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0})
     assert heuristic["choices"][0]["message"] == r["choices"][0]["message"]     # llama-server's prefill: the same
     for body, words in (({"add_generation_prompt": True, "continue_final_message": True}, "add_generation_prompt"),
@@ -120,3 +123,14 @@ def test_return_progress_reports_the_prompt_then_streams(c):
         text = "".join(o["choices"][0]["delta"].get("content") or "" for o in objs if o.get("choices"))
         plain = post(c, "/v1/chat/completions", {**body, "stream": False, "return_progress": False})
         assert text == (plain["choices"][0]["message"]["content"] or "")
+
+
+def test_json_object_with_a_schema_follows_it_and_a_bad_schema_is_a_400(c):
+    msgs = [{"role": "user", "content": "Write an example"}]
+    r = post(c, "/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "temperature": 0,
+                                         "response_format": {"type": "json_object", "schema": {"const": "42"}}})
+    assert r["choices"][0]["message"]["content"] == '"42"'
+    for bad in (123, {"type": 123}, {"type": "hiccup"}):
+        e = c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2,
+                                                 "response_format": {"type": "json_object", "schema": bad}})
+        assert e.status_code == 400 and "response_format" in e.json()["error"]["message"], e.text

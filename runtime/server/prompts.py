@@ -60,7 +60,12 @@ def continues_reasoning(body: dict) -> bool:
 
 def _prefill(message: dict, mode: str) -> str:
     """The text that continues the last assistant message: its reasoning left open ("reasoning_content", or "auto"
-    with reasoning and no content), else its content after its closed reasoning."""
+    with reasoning and no content), else its content after its closed reasoning (llama.cpp
+    common/chat-auto-parser-generator.cpp: the continued message's text parts are joined by a blank line)."""
+    c = message.get("content")
+    if isinstance(c, list):      # text parts joined by a blank line (llama.cpp common_chat_msg::render_content)
+        normalize_messages([message])                  # refuses what is not a text part
+        message = {**message, "content": "\n\n".join(part["text"] for part in c)}
     m = normalize_messages([message])[0]
     content, reasoning = m.get("content") or "", m.get("reasoning_content") or ""
     if mode == "reasoning_content" or (mode == "auto" and reasoning and not content):
