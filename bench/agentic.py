@@ -14,7 +14,7 @@ Each configuration (server x speculation on/off) starts its server, runs, stops 
 from the same minutes of a shared machine. Same -c, -np, KV types, threads and chat template (nextn's GLM-4.5-style
 one: the fixtures carry none) for both; llama-server with --jinja, speculation as `--spec-type draft-mtp`.
 
-    python bench/agentic.py [MODEL.gguf] [--turns 20] [--turn-tokens 120] [--max-tokens 32] [-c 4096] [--rounds 1]
+    python bench/agentic.py [MODEL.gguf] [--turns 20] [--turn-words 40] [--max-tokens 32] [-c 4096] [--rounds 1]
         [-o out/agentic] [--llama-server PATH] [--no-llama]
 
 Writes OUT/agentic.json, OUT/agentic.md (the tables) and OUT/agentic.png (time to first token and decode tok/s per
@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,8 +94,11 @@ def chat(url: str, messages: list, max_tokens: int) -> dict:
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return parse_stream(r, t0)
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return parse_stream(r, t0)
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"{url}: HTTP {e.code}: {e.read()[:300]!r}") from None
 
 
 def replay(url: str, msgs: list, max_tokens: int) -> list[dict]:
@@ -159,7 +163,7 @@ def run_single(kind, a, spec, log_path) -> list[dict]:
     p, url = start(kind, a, spec, 1, a.ctx, log_path)
     try:
         chat(url, [{"role": "user", "content": "warm up"}], 4)
-        return replay(url, conversation(a.turns, a.turn_tokens), a.max_tokens)
+        return replay(url, conversation(a.turns, a.turn_words), a.max_tokens)
     finally:
         stop(p)
 
@@ -172,7 +176,7 @@ def run_concurrent(kind, a, spec, log_path, clients: int = 4) -> dict:
         t0 = time.perf_counter()
 
         def one(k):
-            results[k] = replay(url, conversation(a.turns, a.turn_tokens, session=k + 1), a.max_tokens)
+            results[k] = replay(url, conversation(a.turns, a.turn_words, session=k + 1), a.max_tokens)
 
         th = [threading.Thread(target=one, args=(k,)) for k in range(clients)]
         for t in th:
@@ -250,7 +254,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?", default=os.path.join(ROOT, "artifacts", "tiny-glm4moe-Q8_0.gguf"))
     ap.add_argument("--turns", type=int, default=20)
-    ap.add_argument("--turn-tokens", type=int, default=120, help="words of code per user turn (about tokens)")
+    ap.add_argument("--turn-words", type=int, default=40,
+                    help="code words per user turn (40: ~3.5K tokens at turn 20 with the fixtures' tokenizer, for -c "
+                         "4096; ~200 with -c 20000 reaches the issue's ~16K)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("-c", "--ctx", type=int, default=4096, help="cells per slot (the -np 4 run gets 4x)")
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count())
@@ -284,7 +290,7 @@ def main(argv=None) -> None:
                 runs.setdefault(name, []).append(run_single(kind, a, spec, log))
                 if a.clients:
                     conc.setdefault(name, []).append(run_concurrent(kind, a, spec, log, a.clients))
-    md = [f"model `{os.path.basename(a.model)}`, {a.turns} turns, ~{a.turn_tokens} words per user turn, replies capped "
+    md = [f"model `{os.path.basename(a.model)}`, {a.turns} turns, {a.turn_words} code words per user turn, replies capped "
           f"at {a.max_tokens} tokens, -c {a.ctx} per slot, KV {a.cache_type}, -t {a.threads}, n_max {a.n_max}, "
           f"{a.rounds} round(s) interleaved", "", turn_table(runs), ""]
     if "llama spec" in runs:

@@ -7,7 +7,8 @@ with `-p peer_server_plugin`).
 - The suite's session fixture starts every preset server once to download llama.cpp's test models; the shim serves
   the fixture whatever the preset names, so that warm-up is skipped (`ServerPreset.load_all`).
 - At the end a table per test file: passed, failed, skipped (by the suite itself), not applicable; and, with
-  NEXTN_PEER_SUMMARY=path, the same as JSON with the failed test ids.
+  NEXTN_PEER_SUMMARY=path, the same as JSON with the failed test ids, and as the run goes one JSON line per test
+  (outcome, the failure's last line) in path + "l".
 """
 from __future__ import annotations
 
@@ -75,6 +76,11 @@ def pytest_runtest_logreport(report):
         S.counts[f][outcome] += 1
         if outcome == "failed":
             S.failed.append(report.nodeid)
+        out = os.environ.get("NEXTN_PEER_SUMMARY")
+        if out:      # as the run goes: a run stopped early keeps its results (one JSON line per test)
+            why = report.longreprtext.strip().splitlines()[-1][:300] if outcome == "failed" else ""
+            with open(out + "l", "a") as fh:
+                fh.write(json.dumps({"test": report.nodeid, "outcome": outcome, "why": why}) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -25,6 +25,7 @@ DIR=${NEXTN_PEER_DIR:-$HOME/.cache/nextn-peer}
 OUT=${OUT:-out/peer_server_tests}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+rm -f "$OUT/summary.json" "$OUT/summary.jsonl" "$OUT/servers.log"
 
 TREE=$(bench/peer_llamacpp.sh --source | sed -n 's/^source=//p')
 TESTS=$TREE/tools/server/tests
