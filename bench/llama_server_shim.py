@@ -29,12 +29,12 @@ VALUED = {"--port": "--port", "--host": "--host", "--temp": "--temp", "--seed": 
           "--spec-draft-n-min": "--spec-draft-n-min", "--reasoning-format": "--reasoning-format",
           "--chat-template-file": "--chat-template-file", "--cors-origins": "--cors-origins",
           "--reasoning-budget": "--reasoning-budget", "--top-k": "--top-k", "--top-p": "--top-p",
-          "--min-p": "--min-p", "-sps": "-sps", "--slot-prompt-similarity": "-sps"}
+          "--min-p": "--min-p", "--tags": "--tags", "-sps": "-sps", "--slot-prompt-similarity": "-sps"}
 FLAGS = {"--metrics": "--metrics", "--no-slots": "--no-slots", "--verbose": "--verbose"}
 # taken with their value and dropped: the model source (always $NEXTN_SHIM_MODEL) and settings with no nextn
 # counterpart (batch sizes, GPU layers, flash attention, ...)
 DROP_VALUED = {"--model", "-m", "--model-url", "--hf-repo", "-hf", "--hf-file", "--batch-size", "-b", "--ubatch-size",
-               "-ub", "--n-gpu-layers", "-ngl", "-fa", "--flash-attn", "--pooling", "--tags", "--grp-attn-n",
+               "-ub", "--n-gpu-layers", "-ngl", "-fa", "--flash-attn", "--pooling", "--grp-attn-n",
                "--grp-attn-w", "--lora", "--model-draft", "-md", "--mmproj-url", "--media-path",
                "--sleep-idle-seconds", "--cache-ram", "--models-dir", "--models-max", "--models-preset", "--tools",
                "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json", "--spec-synth-len",

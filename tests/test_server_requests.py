@@ -134,3 +134,13 @@ def test_json_object_with_a_schema_follows_it_and_a_bad_schema_is_a_400(c):
         e = c.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2,
                                                  "response_format": {"type": "json_object", "schema": bad}})
         assert e.status_code == 400 and "response_format" in e.json()["error"]["message"], e.text
+
+
+def test_aliases_and_tags_as_llama_server():
+    from nextn.runtime.server import ServeOptions, make_state
+
+    st = make_state(ServeOptions(model="dir/m.gguf", alias="tinyllama-2, fim,code", tags="chat,fim,small"))
+    assert st.model_name == "code"                        # the first of the sorted set, as llama-server's std::set
+    assert st.aliases == ["code", "fim", "tinyllama-2"] and st.tags == ["chat", "fim", "small"]
+    st = make_state(ServeOptions(model="dir/m.gguf"))
+    assert (st.model_name, st.aliases, st.tags) == ("m.gguf", [], [])

@@ -31,6 +31,8 @@ class ServerState:
     metrics_enabled: bool = False
     slots_enabled: bool = True
     model_name: str = ""
+    aliases: list = field(default_factory=list)     # -a names (sorted), shown by /v1/models
+    tags: list = field(default_factory=list)        # --tags
     model_path: str = ""
     fingerprint: str = ""
     ready: bool = False
