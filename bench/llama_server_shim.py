@@ -97,6 +97,13 @@ def zygote(sock_path: str, log_path: str) -> None:
     import nextn.runtime.server.slots  # noqa: F401
     import tvm  # noqa: F401
     import uvicorn  # noqa: F401
+    for lazy in ("jinja2", "jinja2.sandbox", "jinja2.ext", "tokenizers", "llguidance", "fastapi", "starlette.responses",
+                 "nextn.compiler.entry", "nextn.common.gguf", "nextn.runtime.server.chat_template",
+                 "nextn.runtime.server.grammar", "nextn.runtime.tokenizer"):   # imported by a server's first steps
+        try:
+            __import__(lazy)
+        except ImportError:
+            pass
 
     if os.path.exists(sock_path):
         os.unlink(sock_path)
