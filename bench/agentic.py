@@ -15,7 +15,7 @@ from the same minutes of a shared machine. Same -c, -np, KV types, threads and c
 one: the fixtures carry none) for both; llama-server with --jinja, speculation as `--spec-type draft-mtp`.
 
     python bench/agentic.py [MODEL.gguf] [--turns 20] [--turn-words 40] [--max-tokens 32] [-c 4096] [--rounds 1]
-        [-o out/agentic] [--llama-server PATH] [--no-llama]
+        [-o out/agentic] [--llama-server PATH] [--no-llama] [--cold]
 
 Writes OUT/agentic.json, OUT/agentic.md (the tables) and OUT/agentic.png (time to first token and decode tok/s per
 turn). llama-server: --llama-server, else bench/peer_llamacpp.sh's build ($NEXTN_PEER_DIR/bin/llama-server).
@@ -88,9 +88,9 @@ def parse_stream(lines, t_sent: float, clock=time.perf_counter) -> dict:
     return {"ttft_ms": ttft, "decode_tps": decode, "n_deltas": n, "timings": timings}
 
 
-def chat(url: str, messages: list, max_tokens: int) -> dict:
+def chat(url: str, messages: list, max_tokens: int, cache: bool = True) -> dict:
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, "cache_prompt": cache}
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
@@ -101,11 +101,12 @@ def chat(url: str, messages: list, max_tokens: int) -> dict:
         raise RuntimeError(f"{url}: HTTP {e.code}: {e.read()[:300]!r}") from None
 
 
-def replay(url: str, msgs: list, max_tokens: int) -> list[dict]:
-    """Every turn: the conversation up to its user message; returns one parse_stream result per turn."""
+def replay(url: str, msgs: list, max_tokens: int, cache: bool = True) -> list[dict]:
+    """Every turn: the conversation up to its user message; returns one parse_stream result per turn. `cache`
+    False sends `cache_prompt: false` (every turn prefills the whole conversation: nextn before its prompt cache)."""
     out = []
     for t in range(1, len(msgs), 2):
-        res = chat(url, msgs[:t + 1], max_tokens)
+        res = chat(url, msgs[:t + 1], max_tokens, cache)
         res["turn"] = t // 2 + 1
         out.append(res)
     return out
@@ -159,11 +160,11 @@ def stop(p) -> None:
         p.wait()
 
 
-def run_single(kind, a, spec, log_path) -> list[dict]:
+def run_single(kind, a, spec, log_path, cache: bool = True) -> list[dict]:
     p, url = start(kind, a, spec, 1, a.ctx, log_path)
     try:
         chat(url, [{"role": "user", "content": "warm up"}], 4)
-        return replay(url, conversation(a.turns, a.turn_words), a.max_tokens)
+        return replay(url, conversation(a.turns, a.turn_words), a.max_tokens, cache)
     finally:
         stop(p)
 
@@ -267,6 +268,9 @@ def main(argv=None) -> None:
     ap.add_argument("-o", "--out", default=os.path.join(ROOT, "out", "agentic"))
     ap.add_argument("--llama-server", default=None)
     ap.add_argument("--no-llama", action="store_true", help="nextn only (spec on vs off)")
+    ap.add_argument("--cold", action="store_true",
+                    help="also nextn with speculation and cache_prompt false (every turn re-prefills: the baseline of "
+                         "the issue's 'TTFT >= 5x better than nextn today at turn 20')")
     a = ap.parse_args(argv)
     a.model = os.path.abspath(a.model)
     if not os.path.isfile(a.model):
@@ -290,12 +294,17 @@ def main(argv=None) -> None:
                 runs.setdefault(name, []).append(run_single(kind, a, spec, log))
                 if a.clients:
                     conc.setdefault(name, []).append(run_concurrent(kind, a, spec, log, a.clients))
+        if a.cold:
+            print(f"agentic: round {rnd + 1}: nextn spec cold ...", file=sys.stderr, flush=True)
+            runs.setdefault("nextn spec cold", []).append(run_single("nextn", a, True, log, cache=False))
     md = [f"model `{os.path.basename(a.model)}`, {a.turns} turns, {a.turn_words} code words per user turn, replies capped "
           f"at {a.max_tokens} tokens, -c {a.ctx} per slot, KV {a.cache_type}, -t {a.threads}, n_max {a.n_max}, "
           f"{a.rounds} round(s) interleaved", "", turn_table(runs), ""]
     if "llama spec" in runs:
         md += ["- " + ratio_line(runs, "nextn spec", "llama spec"), "- " + ratio_line(runs, "nextn plain", "llama plain")]
     md += ["- " + ratio_line(runs, "nextn spec", "nextn plain")]
+    if "nextn spec cold" in runs:
+        md += ["- " + ratio_line(runs, "nextn spec", "nextn spec cold", last=1)]
     if conc:
         md += ["", f"| -np {a.clients}, {a.clients} concurrent sessions | aggregate tok/s (median) | wall s |",
                "|---|---:|---:|"]

@@ -144,3 +144,21 @@ def test_aliases_and_tags_as_llama_server():
     assert st.aliases == ["code", "fim", "tinyllama-2"] and st.tags == ["chat", "fim", "small"]
     st = make_state(ServeOptions(model="dir/m.gguf"))
     assert (st.model_name, st.aliases, st.tags) == ("m.gguf", [], [])
+
+
+def test_responses_route_without_v1_streams_progress_and_timings(c):
+    body = {"input": "This is a test" * 10, "max_output_tokens": 6, "temperature": 0, "stream": True,
+            "timings_per_token": True, "return_progress": True}
+    r = c.post("/responses", json=body)
+    assert r.status_code == 200
+    events = [json.loads(line[len("data: "):]) for line in r.text.splitlines() if line.startswith("data: ")]
+    prog = [e for e in events if "prompt_progress" in e]
+    done = events[-1]
+    assert done["type"] in ("response.completed", "response.incomplete") and "timings" in done
+    n_in = done["response"]["usage"]["input_tokens"]
+    assert [e["type"] for e in prog] == ["response.in_progress"] * 2
+    assert prog[0]["prompt_progress"]["processed"] == prog[0]["prompt_progress"]["cache"]
+    assert prog[-1]["prompt_progress"]["processed"] == prog[-1]["prompt_progress"]["total"] == n_in
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas and all("prompt_per_second" in e["timings"] for e in deltas)
+    assert done["timings"]["predicted_n"] == done["response"]["usage"]["output_tokens"]

@@ -56,9 +56,11 @@ def register(app, state) -> None:
         except ApiError as e:        # Anthropic's error object on this route
             return anthropic.error_response(e)
 
-    @app.post("/v1/responses")
     async def responses(request: Request):
         return await _generate(request, state, RESPONSES)
+
+    for path in ("/responses", "/v1/responses"):      # both, as llama-server
+        app.post(path)(responses)
 
     async def input_tokens(request: Request):
         """llama-server's `post_chat_completions_tok`: the chat request's prompt length in tokens, nothing run."""
@@ -315,14 +317,9 @@ class _Writer:
         return error_response(e)
 
     def progress(self, done: bool) -> bytes:
-        """A `prompt_progress` event (llama-server `send_partial_response(slot, {}, true)`): total prompt tokens, cache
-        (reused), processed (cache + evaluated: the cache at the start, the whole prompt once it is evaluated; nextn
-        evaluates a prompt in one scheduler step, so there are two such events), time_ms since the request started."""
-        import time
-
+        """A `prompt_progress` event (llama-server `send_partial_response(slot, {}, true)`; `R.prompt_progress`)."""
         o = self.task.outcome
-        prog = {"total": o.n_prompt, "cache": o.n_cached, "processed": o.n_prompt if done else o.n_cached,
-                "time_ms": int((time.perf_counter() - o.t_start) * 1e3)}
+        prog = R.prompt_progress(o, done)
         if self.kind == COMPLETION:
             obj = R.completion_partial(o, "", None, 0)
             obj["tokens"] = []
