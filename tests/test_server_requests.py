@@ -33,6 +33,12 @@ def test_several_prompts_are_answered_in_order_each_as_if_alone(c):
     r = post(c, "/completion", greedy([a["prompt_ids"], b["prompt_ids"]], 6))
     assert isinstance(r, list) and [x["index"] for x in r] == [0, 1]
     assert r[0]["tokens"] == a["greedy_ids"][:6] and r[1]["tokens"] == b["greedy_ids"][:6]
+    # llama-server's JSON prompt object, alone or among others
+    j = post(c, "/completion", greedy({"prompt_string": "def main():"}, 4))
+    mixed = post(c, "/completion", greedy([{"prompt_string": "def main():"}, "def main():"], 4))
+    assert j["tokens"] == mixed[0]["tokens"] == mixed[1]["tokens"]
+    e = c.post("/completion", json=greedy({"prompt_string": "x", "multimodal_data": "iVBO"}, 2))
+    assert e.status_code == 400 and "multimodal_data" in e.json()["error"]["message"]
     texts = ["def main():", "import os\n"]
     alone = [post(c, "/v1/completions", {"prompt": t, "max_tokens": 5, "temperature": 0})["choices"][0]["text"]
              for t in texts]

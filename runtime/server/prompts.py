@@ -8,17 +8,23 @@ from .errors import ApiError
 
 def prompts_of(state, content) -> list[list[int]]:
     """The prompts of a request as llama-server's `tokenize_input_prompts` reads them: a string, an array of token
-    ids, or an array mixing strings and token ids is one prompt; an array whose items are all strings or arrays is
-    one prompt per item."""
-    if isinstance(content, list) and content and all(isinstance(x, (str, list)) for x in content):
+    ids, an array mixing strings and token ids, or a JSON prompt object is one prompt; an array whose items are all
+    strings, arrays or JSON prompt objects is one prompt per item."""
+    if isinstance(content, list) and content and all(isinstance(x, (str, list, dict)) for x in content):
         return [tokens_of(state, x) for x in content]
     return [tokens_of(state, content)]
 
 
 def tokens_of(state, content) -> list[int]:
-    """One prompt: a string, an array of token ids, or an array mixing strings and token ids (a one-item array of
-    strings or arrays is that item)."""
+    """One prompt: a string, an array of token ids, an array mixing strings and token ids (a one-item array of
+    strings or arrays is that item), or llama-server's JSON prompt object {"prompt_string": ...}."""
     tok = state.model.tokenizer
+    if isinstance(content, dict):       # llama-server's JSON prompt: {"prompt_string", "multimodal_data"}
+        if content.get("multimodal_data"):
+            raise ApiError("multimodal_data: this server has no media input")
+        if not isinstance(content.get("prompt_string"), str):
+            raise ApiError("a JSON prompt object needs 'prompt_string' (a string)")
+        return tok.encode(content["prompt_string"])
     if isinstance(content, str):
         return tok.encode(content)
     if isinstance(content, list) and len(content) == 1 and isinstance(content[0], (str, list)):
