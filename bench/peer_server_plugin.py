@@ -3,7 +3,7 @@ with `-p peer_server_plugin`).
 
 - Not applicable tests are read from docs/server.md (the section "llama.cpp's server tests"): each table row names a
   test file (`unit/test_x.py`) or a test (`unit/test_x.py::test_name`, every parametrization of it) and the reason.
-  They are deselected and counted as "n/a".
+  `unit/test_x.py::test_name[params]` names one parametrization. They are deselected and counted as "n/a".
 - The suite's session fixture starts every preset server once to download llama.cpp's test models; the shim serves
   the fixture whatever the preset names, so that warm-up is skipped (`ServerPreset.load_all`).
 - At the end a table per test file: passed, failed, skipped (by the suite itself), not applicable; and, with
@@ -17,7 +17,7 @@ import json
 import os
 import re
 
-ROW = re.compile(r"^\|\s*`(unit/test_[\w]+\.py(?:::[\w]+)?)`\s*\|\s*(.+?)\s*\|\s*$")
+ROW = re.compile(r"^\|\s*`(unit/test_[\w]+\.py(?:::[\w]+(?:\[[^`]*\])?)?)`\s*\|\s*(.+?)\s*\|\s*$")
 
 
 def read_not_applicable(md_path: str) -> dict[str, str]:
@@ -34,7 +34,7 @@ def read_not_applicable(md_path: str) -> dict[str, str]:
 def not_applicable(nodeid: str, table: dict[str, str]) -> str | None:
     """The reason `nodeid` (unit/test_x.py::test_name[params]) is not applicable, or None."""
     path, _, name = nodeid.partition("::")
-    return table.get(path) or table.get(f"{path}::{name.split('[')[0]}")
+    return table.get(path) or table.get(nodeid) or table.get(f"{path}::{name.split('[')[0]}")
 
 
 class _State:
