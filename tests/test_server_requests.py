@@ -6,6 +6,7 @@ request's own arithmetic (llama-server's semantics: tools/server/server-context.
 from __future__ import annotations
 
 import json
+from unittest.mock import ANY
 
 import httpx
 import pytest
@@ -168,3 +169,11 @@ def test_responses_route_without_v1_streams_progress_and_timings(c):
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert deltas and all("prompt_per_second" in e["timings"] for e in deltas)
     assert done["timings"]["predicted_n"] == done["response"]["usage"]["output_tokens"]
+
+
+def test_a_null_tool_choice_counts_as_absent(c):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    body = {"messages": CHAT, "max_tokens": 4, "temperature": 0, "tools": tools}
+    a, b = post(c, "/v1/chat/completions", {**body, "tool_choice": None}), post(c, "/v1/chat/completions", body)
+    assert a == {**b, "id": ANY, "created": ANY, "timings": ANY, "usage": ANY}
+    assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
