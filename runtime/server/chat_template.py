@@ -3,7 +3,8 @@ shipped in `templates/glm4.jinja` for GGUFs that carry none), rendered as transf
 renders them (transformers `utils/chat_template_utils.py`): jinja2's ImmutableSandboxedEnvironment with
 trim_blocks, lstrip_blocks and loop controls; `tojson` is json.dumps (ensure_ascii False unless asked, no HTML
 escaping); globals `raise_exception(msg)` and `strftime_now(fmt)`; the context carries `messages`, `tools`,
-`date_string` (today as "%d %b %Y", as llama-server gives it), `add_generation_prompt`, `bos_token`, `eos_token`, the
+`date_string` (today as "%d %b %Y") and `datetime` ("%b %d %Y"), as llama-server gives them,
+`add_generation_prompt`, `bos_token`, `eos_token`, the
 request's `chat_template_kwargs` (e.g. `enable_thinking`).
 
 Messages are normalised first as llama-server does (tools/server/server-common.cpp `oaicompat_chat_params_parse`):
@@ -84,9 +85,11 @@ class ChatTemplate:
         import jinja2
 
         msgs = normalize_messages(messages)
-        # date_string: what llama-server's template engine (minja) gives templates that print today's date
+        # date_string, datetime: what llama-server gives templates that print today's date (llama.cpp
+        # common/chat.cpp `common_chat_extra_context`)
+        now = datetime.now()
         ctx = {"bos_token": self.bos_token, "eos_token": self.eos_token,
-               "date_string": datetime.now().strftime("%d %b %Y"), **kwargs,
+               "date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"), **kwargs,
                "messages": msgs, "tools": tools, "add_generation_prompt": add_generation_prompt}
         try:
             return self._template.render(**ctx)
