@@ -128,6 +128,12 @@ def test_return_progress_reports_the_prompt_then_streams(c):
         assert prog[1]["time_ms"] >= prog[0]["time_ms"]
         assert (final["cache_n"] > 0) == (turn == 1)     # the second turn reuses the first one's prompt
         text = "".join(o["choices"][0]["delta"].get("content") or "" for o in objs if o.get("choices"))
+        timed = [json.loads(e) for e in sse_events(c.post("/completion", json={
+            "prompt": body["messages"][0]["content"], "n_predict": 2, "stream": True, "return_progress": True,
+            "timings_per_token": True, "cache_prompt": False}).text)]
+        pt = [o["timings"] for o in timed if "prompt_progress" in o]
+        assert pt[0]["prompt_n"] == 0 and pt[0]["prompt_ms"] == 0.0 and pt[0]["predicted_n"] == 0
+        assert pt[1]["prompt_n"] == timed[-1]["timings"]["prompt_n"] and pt[1]["prompt_ms"] > 0
         plain = post(c, "/v1/chat/completions", {**body, "stream": False, "return_progress": False})
         assert text == (plain["choices"][0]["message"]["content"] or "")
 

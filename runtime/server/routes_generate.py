@@ -329,6 +329,9 @@ class _Writer:
             obj = R.chat_chunk(self.meta, {"role": "assistant", "content": None})
             self.role_sent = True
         obj["prompt_progress"] = prog
+        if self.task.params.timings_per_token:    # llama-server: the first update before any prompt token is decoded
+            t = R.timings(o, 0)
+            obj["timings"] = t if done else {k: (0 if isinstance(v, int) else 0.0) for k, v in t.items()}
         return sse.event(obj)
 
     def tokens(self, toks) -> bytes:
