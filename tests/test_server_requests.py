@@ -183,3 +183,14 @@ def test_a_null_tool_choice_counts_as_absent(c):
     a, b = post(c, "/v1/chat/completions", {**body, "tool_choice": None}), post(c, "/v1/chat/completions", body)
     assert a == {**b, "id": ANY, "created": ANY, "timings": ANY, "usage": ANY}
     assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
+
+
+def test_localhost_origins_as_llama_servers_origin_is_localhost():
+    from nextn.runtime.server.app import is_localhost
+
+    for o in ("http://localhost", "http://localhost:8080", "http://127.0.0.1", "http://127.0.0.1:3000",
+              "http://[::1]", "http://[::1]:3000"):
+        assert is_localhost(o), o
+    for o in ("http://web.mydomain.fr", "http://evil.com", "http://notlocalhost", "http://localhost.evil.com",
+              "http://[::1"):
+        assert not is_localhost(o), o
