@@ -46,6 +46,14 @@ def start_server(artifact, **kw):
 def q8_exact(compiled):
     return compiled("q8-exact", G4 / "tiny-glm4moe-Q8_0.gguf", exact_matmul=True)
 
+
+def serving(compiled, **kw):
+    """A module fixture's body: a server on the exact-matmul Q8_0 artifact (ServeOptions `kw`), yielding a client."""
+    run = start_server(q8_exact(compiled), **kw)
+    with httpx.Client(base_url=run.url, timeout=120) as client:
+        yield client
+    run.stop()
+
 @pytest.fixture(scope="module")
 def server(compiled):
     # --exact-matmul: float activation rows, so greedy outputs are the fixture references' (the default q8_0 rows

@@ -8,18 +8,14 @@ from __future__ import annotations
 import json
 from unittest.mock import ANY
 
-import httpx
 import pytest
 
-from test_server import PROMPTS, post, q8_exact, sse_events, start_server
+from test_server import PROMPTS, post, serving, sse_events
 
 
 @pytest.fixture(scope="module")
 def c(compiled):
-    run = start_server(q8_exact(compiled), ctx_size=4096, n_parallel=2)
-    with httpx.Client(base_url=run.url, timeout=120) as client:
-        yield client
-    run.stop()
+    yield from serving(compiled, ctx_size=4096, n_parallel=2)
 
 
 def greedy(prompt, n, **kw):
