@@ -292,6 +292,8 @@ def test_metrics_counters_equal_the_sum_of_the_responses(client):
     per_pos = sum(v for k, v in d.items() if k.startswith("spec_decode_num_accepted_tokens_per_pos_total["))
     assert per_pos == d["spec_decode_num_accepted_tokens_total"]
     assert d["spec_decode_num_drafts_total"] >= d["spec_decode_num_accepted_tokens_per_pos_total[0]"]
+    assert after["n_busy_slots_per_decode"] == 1.0      # one slot per trunk pass (llama-server batches slots)
+    assert "# TYPE llamacpp:n_busy_slots_per_decode gauge" in client.get("/metrics").text
 
 
 # -- info routes -------------------------------------------------------------------------------------------------
