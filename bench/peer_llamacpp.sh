@@ -4,6 +4,7 @@
 #
 #   bench/peer_llamacpp.sh            # builds on the first run (~15+ min on 2 cores), later runs only print paths
 #   bench/peer_llamacpp.sh | sed -n 's/^llama-bench=//p'                # the path of one tool
+#   bench/peer_llamacpp.sh --source   # only fetch and extract the sdist; prints `source=<llama.cpp tree>`
 #
 # CPU only: CMake Release, GGML_NATIVE (this machine's ISA), LLAMA_CURL=OFF, no GPU backends, static libraries so the
 # binaries do not depend on the build tree. Nothing is downloaded but the sdist (the web UI is not fetched: the server
@@ -50,8 +51,9 @@ built() {
     for t in "${TOOLS[@]}"; do [[ -x $BIN/$t ]] || return 1; done
 }
 
-build() {
-    local src=$DIR/src build=$DIR/build sdist
+# Download (once) and extract the sdist's llama.cpp tree; sets TREE.
+fetch_source() {
+    local src=$DIR/src sdist
     mkdir -p "$src"
     sdist=${NEXTN_PEER_SDIST:-}
     if [[ -z $sdist ]]; then
@@ -62,13 +64,18 @@ build() {
         fi
     fi
     [[ -f $sdist ]] || { say "no sdist at $sdist (expected llama_cpp_python-$VERSION.tar.gz)"; exit 1; }
-    local tree=$src/llama_cpp_python-$VERSION/vendor/llama.cpp
-    if [[ ! -f $tree/CMakeLists.txt ]]; then
+    TREE=$src/llama_cpp_python-$VERSION/vendor/llama.cpp
+    if [[ ! -f $TREE/CMakeLists.txt ]]; then
         say "extracting $sdist"
         tar -xzf "$sdist" -C "$src" "llama_cpp_python-$VERSION/vendor/llama.cpp"
     fi
-    say "configuring $tree -> $build"
-    cmake -S "$tree" -B "$build" -G Ninja "${CMAKE_FLAGS[@]}" >&2
+}
+
+build() {
+    local build=$DIR/build
+    fetch_source
+    say "configuring $TREE -> $build"
+    cmake -S "$TREE" -B "$build" -G Ninja "${CMAKE_FLAGS[@]}" >&2
     say "building ${TOOLS[*]} (nice, ${NEXTN_PEER_JOBS:-$(nproc)} jobs)"
     nice -n 10 cmake --build "$build" -j "${NEXTN_PEER_JOBS:-$(nproc)}" --target "${TOOLS[@]}" >&2
     mkdir -p "$BIN"
@@ -78,6 +85,14 @@ build() {
     say "built into $BIN"
 }
 
+if [[ ${1:-} == --source ]]; then
+    mkdir -p "$DIR"
+    exec 9> "$DIR/.build.lock"
+    flock 9
+    fetch_source
+    echo "source=$TREE"
+    exit 0
+fi
 if [[ ${1:-} == --rebuild ]]; then rm -f "$BIN/.stamp"; fi
 if ! built; then
     mkdir -p "$DIR"

@@ -45,13 +45,17 @@ def register(cli: click.Group) -> None:
               help="Origins whose browser requests may read the answers (comma-separated; *: every origin).")
 @click.option("--slot-save-path", default=None, type=click.Path(file_okay=False, exists=True),
               help="Folder for POST /slots/{id}?action=save|restore files (slot prompt caches).")
+@click.option("-v", "--verbose", is_flag=True, help="Every answer carries `__verbose` (the /completion object, its "
+                                                    "prompt text included), as a request's \"verbose\": true asks.")
 @click.option("--metrics", is_flag=True, help="Enable the Prometheus /metrics endpoint.")
 @click.option("--no-slots", is_flag=True, help="Disable the /slots endpoint.")
 @click.option("--api-key", "api_keys", multiple=True,
               help="API key clients must send (Authorization: Bearer KEY); repeatable or comma-separated.")
 @click.option("--chat-template-file", default=None, type=click.Path(dir_okay=False),
               help="Jinja chat template [default: the GGUF's tokenizer.chat_template, else nextn's GLM-4.5 one].")
-@click.option("-a", "--alias", default=None, help="Model name in responses and /v1/models [default: file name].")
+@click.option("-a", "--alias", default=None, help="Model names, comma-separated: the first in sorted order is the name "
+                                                  "in responses and /v1/models [default: file name].")
+@click.option("--tags", default=None, help="Model tags, comma-separated (informational: /v1/models).")
 @click.option("-md", "--model-draft", "draft", default=None, help="MTP-only GGUF (draft) for a trunk-only model.")
 @kv_cache_options
 @click.option("--device", default="cpu", show_default=True, help="Where to run: cpu, or cuda:N for a CUDA artifact.")
@@ -61,9 +65,9 @@ def register(cli: click.Group) -> None:
 @mtp_index_share_option
 def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
           spec_draft_p_min, spec_draft_sampling, spec_draft_vocab, spec_draft_vocab_file, n_predict, temp, top_k,
-          top_p, min_p, seed, similarity, reasoning_format, reasoning_budget, cors_origins, slot_save_path, metrics,
-          no_slots, api_keys, chat_template_file, alias, draft, cache_type_k, cache_type_v, device, target, arches,
-          mtp_dense_attention, mtp_index_share):
+          top_p, min_p, seed, similarity, reasoning_format, reasoning_budget, cors_origins, slot_save_path, verbose,
+          metrics, no_slots, api_keys, chat_template_file, alias, tags, draft, cache_type_k, cache_type_v, device,
+          target, arches, mtp_dense_attention, mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
     /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
     /v1/models, /slots, /metrics; Anthropic's /v1/messages (+ /v1/messages/count_tokens); OpenAI's /v1/responses."""
@@ -85,12 +89,12 @@ def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draf
     d = ServerDefaults(n_predict=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                        n_max=parse_n_max(spec_draft_n_max), n_min=spec_draft_n_min, p_min=spec_draft_p_min,
                        draft_sampling=spec_draft_sampling, reasoning_format=reasoning_format,
-                       reasoning_budget=reasoning_budget)
+                       reasoning_budget=reasoning_budget, verbose=verbose)
     opt = ServeOptions(model=model, host=host, port=port, ctx_size=ctx_size, n_parallel=n_parallel, threads=threads,
                        draft=draft, device=device, target=target, arches=list(arches) or None,
                        mtp_dense_attention=mtp_dense_attention, mtp_index_share=mtp_index_share,
                        chat_template_file=chat_template_file, api_keys=keys,
-                       metrics=metrics, slots=not no_slots, alias=alias, cache_type_k=cache_type_k,
+                       metrics=metrics, slots=not no_slots, alias=alias, tags=tags, cache_type_k=cache_type_k,
                        cache_type_v=cache_type_v, spec_type=spec_type, slot_prompt_similarity=similarity,
                        cors_origins=tuple(o.strip() for o in cors_origins.split(",") if o.strip()),
                        slot_save_path=slot_save_path, defaults=d, draft_vocab=spec_draft_vocab,

@@ -46,6 +46,14 @@ def start_server(artifact, **kw):
 def q8_exact(compiled):
     return compiled("q8-exact", G4 / "tiny-glm4moe-Q8_0.gguf", exact_matmul=True)
 
+
+def serving(compiled, **kw):
+    """A module fixture's body: a server on the exact-matmul Q8_0 artifact (ServeOptions `kw`), yielding a client."""
+    run = start_server(q8_exact(compiled), **kw)
+    with httpx.Client(base_url=run.url, timeout=120) as client:
+        yield client
+    run.stop()
+
 @pytest.fixture(scope="module")
 def server(compiled):
     # --exact-matmul: float activation rows, so greedy outputs are the fixture references' (the default q8_0 rows
@@ -284,6 +292,8 @@ def test_metrics_counters_equal_the_sum_of_the_responses(client):
     per_pos = sum(v for k, v in d.items() if k.startswith("spec_decode_num_accepted_tokens_per_pos_total["))
     assert per_pos == d["spec_decode_num_accepted_tokens_total"]
     assert d["spec_decode_num_drafts_total"] >= d["spec_decode_num_accepted_tokens_per_pos_total[0]"]
+    assert after["n_busy_slots_per_decode"] == 1.0      # one slot per trunk pass (llama-server batches slots)
+    assert "# TYPE llamacpp:n_busy_slots_per_decode gauge" in client.get("/metrics").text
 
 
 # -- info routes -------------------------------------------------------------------------------------------------
@@ -318,7 +328,9 @@ BAD = [
      "invalid_request_error"),
     ("no prompt", "/completion", b'{"n_predict": 4}', 400, "invalid_request_error"),
     ("bad token id", "/completion", b'{"prompt": [1, 99999999]}', 400, "invalid_request_error"),
-    ("several prompts", "/completion", b'{"prompt": ["a", "b"]}', 400, "invalid_request_error"),
+    ("several prompts streamed", "/completion", b'{"prompt": ["a", "b"], "stream": true}', 400,
+     "invalid_request_error"),
+    ("n_cmpl above the slots", "/completion", b'{"prompt": "a", "n_cmpl": 3}', 400, "invalid_request_error"),
     ("no messages", "/v1/chat/completions", b'{"max_tokens": 4}', 400, "invalid_request_error"),
     ("bad messages", "/v1/chat/completions", b'{"messages": "hi"}', 400, "invalid_request_error"),
     ("unknown role", "/v1/chat/completions", b'{"messages": [{"role": "robot", "content": "x"}]}', 400,

@@ -272,3 +272,10 @@ def test_template_context_has_llama_servers_date_string():
     days = {d.strftime("%d %b %Y") + "|" + d.strftime("%Y-%m-%d") for d in (before, datetime.now())}
     assert got.rsplit("|", 1)[0] in days and got.endswith("|hi")
     assert t.render([{"role": "user", "content": "x"}], date_string="01 Jan 2026").startswith("01 Jan 2026|")
+    # llama-server defines enable_thinking (true unless turned off): templates that test `not enable_thinking`
+    # (DeepSeek-R1's) must not read it as undefined
+    et = ChatTemplate("{% if not enable_thinking %}off{% else %}on{% endif %}", "test")
+    assert et.render([{"role": "user", "content": "x"}]) == "on"
+    assert et.render([{"role": "user", "content": "x"}], enable_thinking=False) == "off"
+    d = ChatTemplate("{{ datetime }}", "test").render([{"role": "user", "content": "x"}])    # llama-server's too
+    assert d in {x.strftime("%b %d %Y") for x in (before, datetime.now())}

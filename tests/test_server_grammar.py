@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
-from test_server import PROMPTS, q8_exact, start_server
+from test_server import PROMPTS, serving
 
 TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
          {"type": "function", "function": {"name": "set_light", "parameters": {"type": "object", "properties": {
@@ -19,10 +18,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {"t
 
 @pytest.fixture(scope="module")
 def c(compiled):
-    run = start_server(q8_exact(compiled), ctx_size=2048, n_parallel=1)
-    with httpx.Client(base_url=run.url, timeout=120) as client:
-        yield client
-    run.stop()
+    yield from serving(compiled, ctx_size=2048, n_parallel=1)
 
 
 def both(c, path, body):

@@ -35,7 +35,8 @@ class ServeOptions:
     api_keys: list = field(default_factory=list)
     metrics: bool = False
     slots: bool = True
-    alias: str | None = None
+    alias: str | None = None             # -a: comma-separated names; the first in sorted order names the model
+    tags: str | None = None              # --tags: comma-separated, informational (/v1/models)
     cache_type_k: str | None = None      # -ctk / -ctv: a GGUF is compiled with them (default f16), an artifact
     cache_type_v: str | None = None      # directory must have them (nextn.runtime.load)
     spec_type: str | None = None         # None: draft-mtp when the model has a NextN block
@@ -96,10 +97,14 @@ def make_state(opt: ServeOptions):
         fp = f"b{version('nextn')}-nextn"
     except Exception:
         fp = "b0-nextn"
-    name = opt.alias or os.path.basename(os.path.normpath(opt.model))
+    # llama-server: aliases are a std::set, the first of it (sorted) is the model's name
+    aliases = sorted({a.strip() for a in (opt.alias or "").split(",") if a.strip()})
+    tags = sorted({t.strip() for t in (opt.tags or "").split(",") if t.strip()})
+    name = aliases[0] if aliases else os.path.basename(os.path.normpath(opt.model))
     opt.defaults.n_parallel = opt.n_parallel
     return ServerState(defaults=opt.defaults, api_keys=list(opt.api_keys), metrics_enabled=opt.metrics,
-                       slots_enabled=opt.slots, model_name=name, model_path=os.path.abspath(opt.model),
+                       slots_enabled=opt.slots, model_name=name, aliases=aliases, tags=tags,
+                       model_path=os.path.abspath(opt.model),
                        fingerprint=fp, cors_origins=tuple(opt.cors_origins), slot_save_path=opt.slot_save_path)
 
 

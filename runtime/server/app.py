@@ -4,9 +4,10 @@ Middlewares, in llama-server's order (tools/server/server-http.cpp): while the m
 `unavailable_error` "Loading model"; with `--api-key` every route except /health and /v1/health needs
 `Authorization: Bearer KEY` (or `X-Api-Key: KEY`), else 401 `authentication_error` "Invalid API Key".
 CORS as llama-server (tools/server/server-http.cpp): a request whose `Origin` is allowed (`--cors-origins`, a
-comma-separated list, default `*`: every origin) gets `Access-Control-Allow-Origin: <its origin>` and
-`Access-Control-Allow-Credentials: true`; an OPTIONS request is a preflight, answered 200 before the loading and
-API key checks (browsers send no credentials in it) with the allowed methods (GET, POST) and headers.
+comma-separated list, default `*`: every origin; `localhost`: any origin on this machine) gets
+`Access-Control-Allow-Origin: <its origin>` and `Access-Control-Allow-Credentials: true`; an OPTIONS request is a
+preflight, answered 200 before the loading and API key checks (browsers send no credentials in it) with
+llama-server's allowed methods (GET, POST, DELETE, OPTIONS) and headers (*).
 Errors are llama-server's objects (`errors.ApiError`); an unknown route (or method) is 404 `not_found_error`
 "File Not Found"; a body that is not JSON is 500 `server_error` as llama-server answers it (its JSON parse error
 is not an invalid-argument error). An unexpected exception in a route is a 500 and the server keeps serving.
@@ -31,6 +32,8 @@ class ServerState:
     metrics_enabled: bool = False
     slots_enabled: bool = True
     model_name: str = ""
+    aliases: list = field(default_factory=list)     # -a names (sorted), shown by /v1/models
+    tags: list = field(default_factory=list)        # --tags
     model_path: str = ""
     fingerprint: str = ""
     ready: bool = False
@@ -44,6 +47,17 @@ class ServerState:
     slot_save_path: str | None = None        # --slot-save-path: the folder of slot save / restore files
 
 
+def is_localhost(origin: str) -> bool:
+    """An Origin on this machine (llama-server `origin_is_localhost`: localhost, 127.0.0.1 or [::1], any port)."""
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(origin).hostname
+    except ValueError:
+        return False
+    return host in ("localhost", "127.0.0.1", "::1")
+
+
 class Gate:
     """Pure ASGI middleware: 503 while loading, then the API key check."""
 
@@ -55,9 +69,12 @@ class Gate:
             return await self.app(scope, receive, send)
         h = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         origin = h.get("origin")
-        if origin is not None and ("*" in self.state.cors_origins or origin in self.state.cors_origins):
-            cors = [(b"access-control-allow-origin", origin.encode("latin-1")),
-                    (b"access-control-allow-credentials", b"true")]
+        allowed = self.state.cors_origins
+        if origin is not None and ("*" in allowed or origin in allowed
+                                   or ("localhost" in allowed and is_localhost(origin))):
+            # header names spelled as llama-server sends them (clients that read them as a plain dict need that)
+            cors = [(b"Access-Control-Allow-Origin", origin.encode("latin-1")),
+                    (b"Access-Control-Allow-Credentials", b"true")]
             inner = send
 
             async def send(message):
@@ -67,9 +84,10 @@ class Gate:
         if scope["method"] == "OPTIONS":
             from starlette.responses import Response
 
-            asked = h.get("access-control-request-headers", "*")
-            r = Response(b"", 200, headers={"Access-Control-Allow-Methods": "GET, POST",
-                                            "Access-Control-Allow-Headers": asked}, media_type="text/html")
+            r = Response(b"", 200, media_type="text/html")
+            # llama-server's defaults (common/common.h cors_methods, cors_headers)
+            r.raw_headers += [(b"Access-Control-Allow-Methods", b"GET, POST, DELETE, OPTIONS"),
+                              (b"Access-Control-Allow-Headers", b"*")]
             return await r(scope, receive, send)
         err = None
         if not self.state.ready:

@@ -242,7 +242,7 @@ def tools_of(body: dict):
         if params is not None and not isinstance(params, dict):
             raise ApiError(f"Field 'tools': function '{fn['name']}': 'parameters' must be a JSON schema object")
         out[fn["name"]] = params or {}
-    choice = body.get("tool_choice", "auto")
+    choice = body.get("tool_choice") or "auto"      # null counts as absent (llama-server json_value)
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
         if choice.get("type") != "function" or name not in out:

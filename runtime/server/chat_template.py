@@ -3,8 +3,9 @@ shipped in `templates/glm4.jinja` for GGUFs that carry none), rendered as transf
 renders them (transformers `utils/chat_template_utils.py`): jinja2's ImmutableSandboxedEnvironment with
 trim_blocks, lstrip_blocks and loop controls; `tojson` is json.dumps (ensure_ascii False unless asked, no HTML
 escaping); globals `raise_exception(msg)` and `strftime_now(fmt)`; the context carries `messages`, `tools`,
-`date_string` (today as "%d %b %Y", as llama-server gives it), `add_generation_prompt`, `bos_token`, `eos_token`, the
-request's `chat_template_kwargs` (e.g. `enable_thinking`).
+`date_string` (today as "%d %b %Y") and `datetime` ("%b %d %Y"), as llama-server gives them,
+`add_generation_prompt`, `bos_token`, `eos_token`, the
+request's `chat_template_kwargs` (e.g. `enable_thinking`, true unless given, as llama-server defines it).
 
 Messages are normalised first as llama-server does (tools/server/server-common.cpp `oaicompat_chat_params_parse`):
 `messages` must be an array; a non-assistant message needs `content`; content is a string, null, or an array of
@@ -84,9 +85,12 @@ class ChatTemplate:
         import jinja2
 
         msgs = normalize_messages(messages)
-        # date_string: what llama-server's template engine (minja) gives templates that print today's date
+        # date_string, datetime: what llama-server gives templates that print today's date (llama.cpp
+        # common/chat.cpp `common_chat_extra_context`)
+        now = datetime.now()
         ctx = {"bos_token": self.bos_token, "eos_token": self.eos_token,
-               "date_string": datetime.now().strftime("%d %b %Y"), **kwargs,
+               "date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"),
+               "enable_thinking": True, **kwargs,     # llama.cpp common_chat_templates_inputs: true unless turned off
                "messages": msgs, "tools": tools, "add_generation_prompt": add_generation_prompt}
         try:
             return self._template.render(**ctx)

@@ -110,8 +110,8 @@ def grammar_of(body: dict, tools: dict | None) -> str | None:
     schema, field = body.get("json_schema"), "json_schema"
     if rf is not None:
         kind = rf.get("type") if isinstance(rf, dict) else None
-        if kind == "json_object":
-            schema, field = {"type": "object"}, "response_format"
+        if kind == "json_object":     # llama-server: its `schema` when given (server-common.cpp), else an object
+            schema, field = rf.get("schema", {"type": "object"}), "response_format"
         elif kind == "json_schema":
             js = rf.get("json_schema") or {}
             schema, field = (js.get("schema") if isinstance(js, dict) else None), "response_format"

@@ -75,6 +75,9 @@ class Metrics:
                  self.predicted_steps / self.predicted_s if self.predicted_s > 0 else 0.0),
                 ("requests_processing", "Number of requests processing", processing),
                 ("requests_deferred", "Number of requests deferred", deferred),
+                # every trunk pass here runs one slot's sequence (slots are stepped in turn, not batched together)
+                ("n_busy_slots_per_decode", "Average number of busy slots per trunk pass (1: one slot per pass)",
+                 1.0 if self.n_decode else 0.0),
             ]
             lines = []
             for kind, items in (("counter", counters), ("gauge", gauges)):

@@ -21,6 +21,7 @@ import secrets
 import string
 import time
 
+from . import responses as R
 from .anthropic import event
 from .chat_output import EventWriter
 from .errors import ApiError
@@ -51,7 +52,8 @@ def to_chat(body: dict) -> dict:
     if body.get("previous_response_id") is not None:
         raise ApiError("previous_response_id: this server stores no responses; send the whole conversation in input")
     out = {k: body[k] for k in ("temperature", "top_p", "top_k", "stream", "cache_prompt", "seed",
-                                "parallel_tool_calls", "chat_template_kwargs", "reasoning_format") if k in body}
+                                "parallel_tool_calls", "chat_template_kwargs", "reasoning_format", "timings_per_token",
+                                "return_progress", "id_slot") if k in body}
     if body.get("max_output_tokens") is not None:
         out["max_tokens"] = body["max_output_tokens"]
     msgs = []
@@ -124,6 +126,7 @@ class ResponsesWriter(EventWriter):
         self.echo = {k: body.get(k) for k in ("instructions", "max_output_tokens", "temperature", "top_p",
                                               "tool_choice", "tools", "parallel_tool_calls")}
         self.seq = 0
+        self.n_seen = 0                       # tokens streamed so far (timings_per_token)
         self.started = False
         self.items: list = []                 # output items so far (the open one last)
         self.open = None                      # the open item's kind: reasoning | message
@@ -148,7 +151,18 @@ class ResponsesWriter(EventWriter):
     # -- streaming ------------------------------------------------------------------------------------------------
     def _ev(self, name: str, **fields) -> bytes:
         self.seq += 1
+        if name == "response.output_text.delta" and self.task.params.timings_per_token:
+            fields["timings"] = R.timings(self.task.outcome, self.n_seen)   # llama-server: asked per token
         return event(name, {"type": name, "sequence_number": self.seq - 1, **fields})
+
+    def tokens(self, toks) -> bytes:
+        self.n_seen += len(toks)
+        return super().tokens(toks)
+
+    def progress(self, done: bool) -> bytes:
+        """`return_progress`: a response.in_progress event carrying llama-server's `prompt_progress`."""
+        return self._begin() + self._ev("response.in_progress", response=self._response("in_progress"),
+                                        prompt_progress=R.prompt_progress(self.task.outcome, done))
 
     def _begin(self) -> bytes:
         if self.started:
@@ -221,7 +235,7 @@ class ResponsesWriter(EventWriter):
     def _end(self, o) -> bytes:
         status = self._status(o)
         return self._ev("response.completed" if status == "completed" else "response.incomplete",
-                        response=self._response(status, o))
+                        response=self._response(status, o), timings=R.timings(o, len(o.tokens)))
 
     def error_event(self, e: ApiError) -> bytes:
         return self._ev("error", code=e.type, message=e.message, param=None)

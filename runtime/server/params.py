@@ -43,6 +43,7 @@ class ServerDefaults(Settings):
     n_parallel: int = 1
     reasoning_format: str = "auto"       # --reasoning-format: none | deepseek | auto (chat_output.py)
     reasoning_budget: int = -1           # --reasoning-budget: -1 unlimited, 0 thinking off (enable_thinking false)
+    verbose: bool = False                # -v/--verbose: every answer carries `__verbose` (a request's verbose wins)
 
 
 @dataclass
@@ -61,6 +62,9 @@ class GenParams(Settings):
     logit_bias: object = None            # float32 [n_vocab] added to the target logits (-inf: banned), or None
     constraint: object = None            # grammar.Constraint (grammar, json_schema, response_format, forced tools)
     id_slot: int = -1                    # the slot to run on (-1: any)
+    return_progress: bool = False        # streaming: prompt_progress events (llama-server `return_progress`)
+    n_cmpl: int = 1                      # completions of each prompt (llama-server `n_cmpl`, OpenAI `n`)
+    verbose: bool = False                # add `__verbose` (the /completion object, its `prompt` included)
 
     def settings_json(self) -> dict:
         """llama-server's `generation_settings` subset that applies here, plus the effective speculative values."""
@@ -146,6 +150,7 @@ def parse_gen_params(body: dict, d: ServerDefaults) -> GenParams:
     p.return_tokens = _bool(body, ("return_tokens",), False)
     p.timings_per_token = _bool(body, ("timings_per_token",), False)
     p.cache_prompt = _bool(body, ("cache_prompt",), True)
+    p.return_progress = _bool(body, ("return_progress",), False) and p.stream    # llama-server: streams only
     p.id_slot = _num(body, ("id_slot",), -1, int, -1, max(0, d.n_parallel - 1), hard=True)
     # probabilities: /completion n_probs; chat logprobs (bool) + top_logprobs; /v1/completions logprobs (int)
     p.n_probs = _num(body, ("n_probs",), 0, int, 0, 1024, hard=True)
@@ -158,9 +163,8 @@ def parse_gen_params(body: dict, d: ServerDefaults) -> GenParams:
         p.n_probs = _num(body, ("logprobs",), 0, int, 0, 20, hard=True)
         p.logprobs = True
     p.logprobs = p.logprobs or p.n_probs > 0
-    n_cmpl = _num(body, ("n_cmpl", "n"), 1, int, 1, max(1, d.n_parallel), hard=True)
-    if n_cmpl != 1:
-        raise ApiError("Field 'n_cmpl': only one completion per request is supported")
+    p.n_cmpl = _num(body, ("n_cmpl", "n"), 1, int, 1, max(1, d.n_parallel), hard=True)
+    p.verbose = _bool(body, ("verbose",), d.verbose)
     # speculation: the server's settings, lowered per request
     p.spec_type, p.draft_sampling = d.spec_type, d.draft_sampling
     p.n_max, p.n_min, p.p_min = d.n_max, d.n_min, d.p_min

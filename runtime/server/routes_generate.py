@@ -26,7 +26,7 @@ from .errors import ApiError, exceed_context
 from .grammar import Constraint, grammar_of, tokenizer_of
 from .http import error_response, json_response, read_json
 from .params import parse_gen_params, parse_logit_bias
-from .prompts import chat_prompt, tokens_of
+from .prompts import chat_prompt, continues_reasoning, prompts_of
 from .slots import Task
 
 COMPLETION, TEXT, CHAT, MESSAGES, RESPONSES = "completion", "text_completion", "chat", "messages", "responses"
@@ -56,9 +56,23 @@ def register(app, state) -> None:
         except ApiError as e:        # Anthropic's error object on this route
             return anthropic.error_response(e)
 
-    @app.post("/v1/responses")
     async def responses(request: Request):
         return await _generate(request, state, RESPONSES)
+
+    for path in ("/responses", "/v1/responses"):      # both, as llama-server
+        app.post(path)(responses)
+
+    async def input_tokens(request: Request):
+        """llama-server's `post_chat_completions_tok`: the chat request's prompt length in tokens, nothing run."""
+        body = await read_json(request)
+        if request.url.path.endswith("/responses/input_tokens"):
+            n = len(state.model.tokenizer.encode(chat_prompt(state, oai_responses.to_chat(body))))
+            return json_response({"input_tokens": n, "object": "response.input_tokens"})
+        return json_response({"input_tokens": len(state.model.tokenizer.encode(chat_prompt(state, body)))})
+
+    for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens", "/responses/input_tokens",
+                 "/v1/responses/input_tokens"):
+        app.post(path)(input_tokens)
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
@@ -80,26 +94,40 @@ async def _generate(request: Request, state, kind: str):
     tok = state.model.tokenizer
     n_vocab = int(state.model.engine.hparams.get("n_vocab") or tok.n_vocab)
     p.logit_bias = parse_logit_bias(body, tok, n_vocab)
-    parser, tools = None, None
+    new_parser, tools = lambda: None, None
     if kind in CHATS:
         tools = tools_of(body)
         reasoning = _reasoning_format(body, state.defaults)
         text = chat_prompt(state, body)
-        parser = ChatOutput(tools, reasoning, in_think=text.rstrip().endswith(THINK_OPEN))
-        ids = state.model.tokenizer.encode(text)
+        in_think = text.rstrip().endswith(THINK_OPEN) or continues_reasoning(body)
+        new_parser = lambda: ChatOutput(tools, reasoning, in_think=in_think)   # noqa: E731 - one per completion
+        prompts = [state.model.tokenizer.encode(text)]
     else:
         if body.get("prompt") is None:
             raise ApiError("'prompt' is required")
-        ids = tokens_of(state, body["prompt"])
-    if not ids:
-        raise ApiError("the prompt is empty")
+        prompts = prompts_of(state, body["prompt"])
+    n_ctx = state.scheduler.n_ctx
+    for ids in prompts:
+        if not ids:
+            raise ApiError("the prompt is empty")
+        if len(ids) >= n_ctx:
+            raise exceed_context(len(ids), n_ctx)
     g = grammar_of(body, tools)
+    eog = frozenset() if p.ignore_eos else (state.chat_eog if kind in CHATS else state.eog)
+    # several prompts and / or n_cmpl > 1: one task per (prompt, completion), index = prompt * n_cmpl + completion
+    jobs = [ids for ids in prompts for _ in range(p.n_cmpl)]
+    meta = R.Meta(state.model_name, state.fingerprint)
+    spec = {"type": p.spec_type, "n_max": p.n_max, "n_min": p.n_min, "p_min": p.p_min}
+    if len(jobs) > 1:
+        if kind not in (COMPLETION, TEXT, CHAT):
+            raise ApiError(f"several completions in one request are not supported on this route (n: {p.n_cmpl})")
+        if p.stream:
+            raise ApiError("several completions in one request (several prompts, n_cmpl > 1) are answered without "
+                           "streaming here; send \"stream\": false")
+        return await _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_parser, n_vocab)
+    ids = jobs[0]
     if g is not None:
         p.constraint = Constraint(tokenizer_of(state), g, n_vocab)
-    n_ctx = state.scheduler.n_ctx
-    if len(ids) >= n_ctx:
-        raise exceed_context(len(ids), n_ctx)
-    eog = frozenset() if p.ignore_eos else (state.chat_eog if kind in CHATS else state.eog)
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
     def post(kind, value):       # called from the scheduler thread
@@ -110,8 +138,7 @@ async def _generate(request: Request, state, kind: str):
 
     task = Task(ids, p, eog, post)
     state.scheduler.submit(task)
-    meta = R.Meta(state.model_name, state.fingerprint)
-    spec = {"type": p.spec_type, "n_max": p.n_max, "n_min": p.n_min, "p_min": p.p_min}
+    parser = new_parser()
     if kind == MESSAGES:
         out = anthropic.MessagesWriter(state, task, parser, state.model_name)
     elif kind == RESPONSES:
@@ -142,6 +169,70 @@ async def _generate(request: Request, state, kind: str):
     from starlette.responses import StreamingResponse
 
     return StreamingResponse(_stream(out, q, state, task, (k, v)), media_type=sse.MEDIA_TYPE)
+
+
+async def _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_parser, n_vocab):
+    """Several completions of one request, run as separate tasks (on any slots) and answered together as
+    llama-server does (server-context.cpp `handle_completions_impl`): `/completion` an array of its objects, each with
+    its `index`; the OpenAI routes one object whose `choices` hold every completion (`index` i), with the first
+    completion's usage and timings. An error of any of them is the answer."""
+    import copy
+
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+    tasks, writers = [], []
+    for i, ids in enumerate(jobs):
+        pi = copy.copy(p)
+        if g is not None:
+            pi.constraint = Constraint(tokenizer_of(state), g, n_vocab)
+
+        def post(k, v, i=i):
+            try:
+                loop.call_soon_threadsafe(q.put_nowait, (i, k, v))
+            except RuntimeError:
+                pass
+
+        tasks.append(Task(ids, pi, eog, post))
+        writers.append(_Writer(state, kind, tasks[-1], meta, spec, new_parser(), index=i))
+    for t in tasks:
+        state.scheduler.submit(t)
+    watch = asyncio.ensure_future(_watch_disconnect_all(request, state, tasks))
+    results = {}
+    try:
+        while len(results) < len(tasks):
+            get = asyncio.ensure_future(q.get())
+            done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if get not in done:
+                get.cancel()
+                return json_response({})      # the client is gone; every task is cancelled
+            i, k, v = get.result()
+            if k == "error":
+                for t in tasks:
+                    state.scheduler.cancel(t)
+                return error_response(v)
+            if k == "done":
+                results[i] = writers[i].final(v)
+    except BaseException:
+        for t in tasks:
+            state.scheduler.cancel(t)
+        raise
+    finally:
+        watch.cancel()
+    objs = [results[i] for i in range(len(tasks))]
+    if kind == COMPLETION:
+        return json_response(objs)
+    first = objs[0]
+    first["choices"] = [o["choices"][0] for o in objs]
+    return json_response(first)
+
+
+async def _watch_disconnect_all(request, state, tasks) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            for t in tasks:
+                state.scheduler.cancel(t)
+            return
 
 
 def _reasoning_format(body, d) -> str:
@@ -184,6 +275,9 @@ async def _stream(out, q, state, task, first):
                 chunk = out.tokens(v)
                 if chunk:
                     yield chunk
+            elif k == "progress":
+                if hasattr(out, "progress"):
+                    yield out.progress(v)
             elif k == "error":
                 done = True
                 yield out.error_event(v)
@@ -203,8 +297,9 @@ async def _stream(out, q, state, task, first):
 class _Writer:
     """Builds one request's response objects of its route family from the token events."""
 
-    def __init__(self, state, kind, task, meta, spec, parser):
+    def __init__(self, state, kind, task, meta, spec, parser, index: int = 0):
         self.state, self.kind, self.task, self.meta, self.spec = state, kind, task, meta, spec
+        self.index = index           # the completion's place among a request's several (its `index` field)
         self.parser = parser         # chat: the reply's reasoning / content / tool calls (chat_output.ChatOutput)
         tok = state.model.tokenizer
         self.text = TextStream(tok.token_to_bytes, task.params.stop)
@@ -220,6 +315,24 @@ class _Writer:
     @staticmethod
     def error_response(e: ApiError):
         return error_response(e)
+
+    def progress(self, done: bool) -> bytes:
+        """A `prompt_progress` event (llama-server `send_partial_response(slot, {}, true)`; `R.prompt_progress`)."""
+        o = self.task.outcome
+        prog = R.prompt_progress(o, done)
+        if self.kind == COMPLETION:
+            obj = R.completion_partial(o, "", None, 0)
+            obj["tokens"] = []
+        elif self.kind == TEXT:
+            obj = R.text_chunk(self.meta, "")
+        else:
+            obj = R.chat_chunk(self.meta, {"role": "assistant", "content": None})
+            self.role_sent = True
+        obj["prompt_progress"] = prog
+        if self.task.params.timings_per_token:    # llama-server: the first update before any prompt token is decoded
+            t = R.timings(o, 0)
+            obj["timings"] = t if done else {k: (0 if isinstance(v, int) else 0.0) for k, v in t.items()}
+        return sse.event(obj)
 
     def tokens(self, toks) -> bytes:
         objs = []
@@ -296,14 +409,24 @@ class _Writer:
             r = R.chat_final(o, self.meta, self.parser.message(), n_gen, self.spec)
         if self.task.params.logprobs:
             self._attach_probs(r, len(o.probs))
+        r["choices"][0]["index"] = self.index
+        if self.task.params.verbose:
+            r["__verbose"] = self._completion(o, content, o.tokens, n_gen)
         return r
 
     def _completion(self, o, content, tokens, n_gen) -> dict:
         tok = self.state.model.tokenizer
         r = R.completion_final(o, self.meta, content=content, tokens=tokens, n_gen=n_gen,
-                               stopping_word=self.text.stopped_by or "", prompt=tok.decode(self.task.prompt_ids),
+                               stopping_word=self.text.stopped_by or "", prompt=_prompt_text(tok, self.task.prompt_ids),
                                settings=self.task.params.settings_json(), spec=self.spec)
         if self.task.params.logprobs and not self.task.params.stream:
             self._attach_probs(r, len(o.probs))
+        r["index"] = self.index
         return r
 
+
+
+def _prompt_text(tok, ids) -> str:
+    """The prompt as llama-server's `prompt` field shows it (detokenized with special tokens: `<|user|>` etc.)."""
+    return b"".join(tok.token_to_bytes(t) or tok.token_text(t).encode("utf-8") for t in ids).decode(
+        "utf-8", errors="replace")

@@ -22,7 +22,7 @@ def valid_filename(name) -> bool:
 def model_info(state) -> dict:
     eng = state.model.engine
     h = eng.hparams
-    return {"id": state.model_name, "aliases": [], "tags": [], "object": "model", "created": int(time.time()),
+    return {"id": state.model_name, "aliases": state.aliases, "tags": state.tags, "object": "model", "created": int(time.time()),
             "owned_by": "nextn",
             "meta": {"vocab_type": 2, "n_vocab": state.model.tokenizer.n_vocab, "n_ctx": state.scheduler.n_ctx,
                      "n_ctx_train": int(h.get("n_ctx_train", 0)), "n_embd": int(h.get("n_embd", 0)),

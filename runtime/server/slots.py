@@ -111,6 +111,8 @@ class Slot:
         self.n_mtp = min(self.n_mtp, n_cached + 1 if spec else n_cached)
         self.cache = list(task.prompt_ids[:n_cached])
         self.t_last_used = time.time()
+        if p.return_progress:     # llama-server's first prompt_progress: the prompt starts (cache known)
+            task.post("progress", False)
         self.steps = decode(self.engine, task.prompt_ids, budget, spec=spec,
                             n_max=p.n_max if spec else 0, temp=p.temperature,
                             seed=None if p.seed < 0 else p.seed & 0xFFFFFFFF, eog_ids=task.eog_ids,
@@ -336,6 +338,8 @@ class Scheduler:
             self._report(s, o)
             return
         o.t_last = now
+        if s.n_gen == 0 and task.params.return_progress:   # the whole prompt is evaluated (one step here)
+            task.post("progress", True)
         s.n_gen += len(toks)
         s.emitted += toks
         task.post("tokens", toks)
