@@ -9,7 +9,7 @@ A bundle is a directory (and, for a GPU machine, its `.tar.xz`, the one file the
                   from the host, the checks (artifact, GGUF, references), the real-width slice
     run.py        launcher (bench/bundle_run.py): checks the host against bundle.json, then runs the device check
                   or the nextn CLI with the bundle's site/ first on sys.path
-    device_check.py
+    device_check.py, realwidth_files.py   the device check and the bench modules it imports (BUNDLED_BENCH)
     site/         the TVM runtime without the compiler (no libtvm_compiler.so), tvm_ffi built for the host's
                   CPython, gguf-py, nextn.common + nextn.runtime only (no nextn.compiler: the runtime-only path),
                   and with --host here numpy, tokenizers, tqdm, yaml, click, typing_extensions too
@@ -55,13 +55,15 @@ HOST_PACKAGES = {"numpy": "numpy>=1.26", "tokenizers": "tokenizers>=0.20", "tqdm
 COPY = {"numpy": ["numpy", "numpy.libs"], "tokenizers": ["tokenizers"], "tqdm": ["tqdm"], "yaml": ["yaml", "_yaml"],
         "click": ["click"], "typing_extensions": ["typing_extensions.py"]}
 HOSTS = {
-    # The GPU machine lent to this project (its KINDS.md page): /opt/torch/.venv/bin/python3, CPython 3.12.
+    # The GPU machine lent to this project (its KINDS.md page): its python3 is CPython 3.12.
     "h200": {"implementation": "cpython", "python": "3.12", "soabi": "cpython-312-x86_64-linux-gnu",
              "machine": "x86_64", "needs": dict(HOST_PACKAGES)},
 }
 TVM_TRIM = ["3rdparty", "include", "src", "web", "lib64", "lib/libtvm_compiler.so", "lib/libtvm_runtime_extra.so"]
 FFI_TRIM = ["3rdparty", "include", "src", "cython", "stub", "share", "cmake"]
 TVM_FFI_PIN = "apache-tvm-ffi==0.1.14.post1"
+# bench/ modules the bundle carries beside run.py: the device check and what it imports.
+BUNDLED_BENCH = ["device_check.py", "realwidth_files.py"]
 
 # name: (fixture dir, GGUF, how it is checked). "fixture": the fixture's references (BF16 weights, exact);
 # "cpu": its own outputs on this CPU from the `--exact-matmul` llvm artifact (float activation rows, as the CUDA
@@ -340,7 +342,8 @@ def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",),
         else:
             plan["realwidth_spec"].append(realwidth_slice(out, rw, target, arches, prebuilt))
     shutil.copy2(os.path.join(ROOT, "bench", "bundle_run.py"), os.path.join(out, "run.py"))
-    shutil.copy2(os.path.join(ROOT, "bench", "device_check.py"), os.path.join(out, "device_check.py"))
+    for mod in BUNDLED_BENCH:
+        shutil.copy2(os.path.join(ROOT, "bench", mod), os.path.join(out, mod))
     with open(os.path.join(out, "bundle.json"), "w") as f:
         json.dump(plan, f, indent=1)
     return plan

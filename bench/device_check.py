@@ -33,6 +33,8 @@ import traceback
 
 import numpy as np
 
+from realwidth_files import realwidth_dir   # beside this file, in bench/ and in the bundle
+
 GB = 1e9
 FULL_ROW_KINDS = ("code-short", "docs-heading")   # prompts whose every row has reference logits
 QUICK_KINDS = ("code-short", "repetitive")
@@ -864,8 +866,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="two prompts, short speed runs (CI's CPU mode)")
     ap.add_argument("--prompts", default=None, help="comma list of prompt kinds for the reference stages")
     ap.add_argument("--only", default=None, help="comma list of stages to run (with what they need)")
-    ap.add_argument("--realwidth-dir", default=os.environ.get("NEXTN_REALWIDTH_DIR", "/tmp/nextn-realwidth"),
-                    help="where the real-width GGUF is generated")
+    ap.add_argument("--realwidth-dir", default=realwidth_dir(),
+                    help="where the real-width GGUF is generated [$NEXTN_REALWIDTH, default ~/.cache/nextn-realwidth]")
     a = ap.parse_args(argv)
     plan_path = a.plan or os.path.join(os.path.dirname(os.path.abspath(__file__)), "bundle.json")
     with open(plan_path) as f:
