@@ -26,7 +26,7 @@ Per file, `--repeat` rounds; each round measures, back to back so that drift hit
      only, as llama-bench's pp and plain decoding: one untimed call, then the best of 2, as llama-bench times pp
      after its warm-up run), and the ms of `Engine.verify` over k+1 = 1..4 rows and of one
      `Engine.mtp_draft` row at the position after that prompt, each the min of 3 round-robin calls
-     (`runtime.depth.time_call`); the rows are distinct random tokens (the depth calibration's repeated token
+     (`nextn.common.timing.round_robin`); the rows are distinct random tokens (the depth calibration's repeated token
      would route every row to the same experts), yet a random-weight file can route distinct tokens alike: the
      table's "experts of verify 4" column gives the distinct experts per MoE layer that the verify of 4 read
      against the 4 x n_expert_used routed (bench/kernel_profile.routed_experts), since a verify's expert bytes
@@ -244,7 +244,7 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type
     """One nextn round on `path` in this process; returns the measurements (see the module doc)."""
     import nextn.runtime as rt
     from nextn.common.manifest import step_read_bytes
-    from nextn.common.timing import time_call
+    from nextn.common.timing import round_robin, time_call
 
     from kernel_profile import routed_experts
 
@@ -278,11 +278,7 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type
     calls = {f"verify_{T}": (lambda T=T: eng.verify(rows[:T], pos)) for T in VERIFY_ROWS}
     if eng.has_mtp:
         calls["draft"] = lambda: eng.mtp_draft([am], hidden[-1:], pos)
-    best = {k: float("inf") for k in calls}
-    for _ in range(3):       # round-robin, so a burst of load hits every size alike
-        for k, f in calls.items():
-            best[k] = min(best[k], time_call(f))
-    out["ms"] = {k: v * 1e3 for k, v in best.items()}
+    out["ms"] = {k: min(v) * 1e3 for k, v in round_robin(calls, 3).items()}
     # what the verify of the most rows read of the routed experts: random-weight files can route every row to the
     # same experts, which a verify ratio alone would not show
     out["verify_experts"] = routed_experts(eng, calls[f"verify_{max(VERIFY_ROWS)}"])

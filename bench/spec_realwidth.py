@@ -163,7 +163,7 @@ def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: 
     """One nextn round on a loaded `Model` (module doc, step 1): {"runs": {label: cell}, "ms": {...},
     "verify_experts": {T: routed_experts}, "kernels": {...} or None}. `prompt`: text or token ids; `inner`:
     generations per configuration, interleaved (the fastest counts; every one is checked against plain)."""
-    from nextn.common.timing import time_call
+    from nextn.common.timing import round_robin
 
     from kernel_profile import profile, routed_experts
 
@@ -194,11 +194,8 @@ def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: 
     if eng.has_mtp:
         calls["draft"] = lambda: eng.mtp_draft([int(chain[P])], hidden[-1:], P)
         calls["draft_2"] = lambda: eng.mtp_draft([int(chain[P - 1]), int(chain[P])], hidden[-2:], P - 1)
-    best = {k: float("inf") for k in calls}
-    for _ in range(REPS):        # round-robin, so a burst of load hits every call alike
-        for k, f in calls.items():
-            best[k] = min(best[k], time_call(f))
-    out = {"runs": runs, "ms": {k: v * 1e3 for k, v in best.items()}, "prompt_tokens": len(ids),
+    out = {"runs": runs, "ms": {k: min(v) * 1e3 for k, v in round_robin(calls, REPS).items()},
+           "prompt_tokens": len(ids),
            "verify_experts": {str(T): routed_experts(eng, calls[f"verify_{T}"]) for T in VERIFY_ROWS},
            "n_expert_used": int(eng.hparams.get("n_expert_used", 1)), "kernels": None}
     if kernels:
