@@ -38,7 +38,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
     """Compile `model` (+ optional MTP-only `draft`) for `target` into `out_dir`; returns `out_dir`.
     `mtp_dense_attention`: glm-dsa NextN block with dense MLA and no indexer (llama.cpp's graph_mtp).
     `cuda_graph` (CUDA only): the one-row steps replay as CUDA graphs (lower/capture_graphs.py).
-    `split_kernels`: the GPU form of the kernels (lower/attention.py; to_relax.SPLIT_OPS as separate kernels);
+    `split_kernels`: the GPU form of the kernels (lower/attention/; to_relax.SPLIT_OPS as separate kernels);
     default: on GPU targets only (on llvm, tests set it to check the GPU form's arithmetic with serial threads).
     `cache_type_k` / `cache_type_v`: KV cache types (llama.cpp -ctk / -ctv: f32, f16, bf16, q8_0; glm-dsa's latent
     and indexer key caches take the K type), fixed here because the kernels read the caches' storage.
@@ -202,7 +202,7 @@ def compile_model(model: str, out_dir: str, target: str = "llvm", draft: str | N
         "max_draft": MAX_DRAFT,   # the deepest draft a request may ask for (common/manifest.py)
         # --spec-draft-vocab: token rows of the `_vocab` draft entries' head (graphs.reduce_head), None without
         "draft_vocab": options["draft_vocab"] if with_mtp and options["draft_vocab"] else None,
-        "kernel_form": form,      # cpu, gpu, or gpu-emulated (the GPU kernels built for llvm; lower/attention.py)
+        "kernel_form": form,      # cpu, gpu, or gpu-emulated (the GPU kernels built for llvm; lower/attention/)
         # the hand-written x86 matmul kernels (compiler/lower/x86): vector width, activation quantization
         "x86_kernels": None if x86 is None else {"vector_bytes": x86.width, "kernels": len(x86.specs),
                                                  "activation_quant": "q8" if x86.quantize_activations else None},
