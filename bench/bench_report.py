@@ -29,6 +29,13 @@ def resolve_files(names, directory, known=()) -> list[str]:
     return sorted(paths, key=os.path.getsize)
 
 
+def file_entry(path: str, info: dict, **fields) -> dict:
+    """A file's report entry before its rounds: name, path, size, arch and trunk layers (`info`:
+    gguf_bytes.gguf_info), then `fields`."""
+    return {"name": os.path.basename(path), "path": os.path.abspath(path), "size": os.path.getsize(path),
+            "arch": info["arch"], "n_layer": info["n_layer"], **fields, "rounds": []}
+
+
 def new_report(a, argv, **extra) -> dict:
     """The head of a run's report: the machine (its load before the run: `loaded`), the settings both engines got
     (`a`: threads, cache_type_k/v, repeat, n_gen, ctx, engines), the command line, the peer's build; `extra`."""

@@ -78,6 +78,16 @@ def memory_check(size: int, headroom_gb: float, available: int | None = None) ->
             f"{available / GB:.1f} GB")
 
 
+def skipped_for_memory(entry: dict, headroom_gb: float, log) -> bool:
+    """Whether the file of report entry `entry` is not measured now (`memory_check`); if so, entry["skipped"] says
+    why and `log` is told."""
+    skip = memory_check(entry["size"], headroom_gb)
+    if skip:
+        log(f"{entry['name']}: skipped: {skip}")
+        entry["skipped"] = skip
+    return bool(skip)
+
+
 def warm_page_cache(path: str, chunk: int = 64 << 20) -> float:
     """Read the whole file once so that the run after it finds its pages in the page cache; returns seconds."""
     t = time.perf_counter()

@@ -68,10 +68,10 @@ from nextn.runtime.threads import physical_cores
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 # the harness, one concern a module (bench/spec_realwidth.py imports the same)
-from bench_report import PROMPT, new_report, peer_tools, resolve_files, run_files  # noqa: E402
+from bench_report import PROMPT, file_entry, new_report, peer_tools, resolve_files, run_files  # noqa: E402
 from gguf_bytes import decode_bytes_from_gguf, gguf_info  # noqa: E402
-from guarded import (RESULT, failure, memory_check, over_budget, run_watched, run_worker, thread_env,  # noqa: E402
-                     warm_page_cache)
+from guarded import (RESULT, failure, over_budget, run_watched, run_worker, skipped_for_memory,  # noqa: E402
+                     thread_env, warm_page_cache)
 from llama_logs import parse_llama_bench, parse_llama_kv  # noqa: E402
 from machine_probe import GB, stream_bandwidth  # noqa: E402
 from realwidth_files import SPEED, realwidth_dir  # noqa: E402
@@ -204,14 +204,9 @@ def first_token(path, a, tools, log, skip_nextn=None, kv_nextn=None) -> dict:
 def measure_file(path, a, tools, log) -> dict:
     """The rounds and the first-token runs of one file (module doc) → its report entry."""
     info = gguf_info(path)
-    entry = {"name": os.path.basename(path), "path": os.path.abspath(path), "size": os.path.getsize(path),
-             "arch": info["arch"], "n_layer": info["n_layer"],
-             "tensor_types": sorted({t for _n, t, _b in info["tensors"]}),
-             "bytes_per_token": {"gguf": decode_bytes_from_gguf(info)}, "rounds": []}
-    skip = memory_check(entry["size"], a.headroom_gb)
-    if skip:
-        log(f"{entry['name']}: skipped: {skip}")
-        entry["skipped"] = skip
+    entry = file_entry(path, info, tensor_types=sorted({t for _n, t, _b in info["tensors"]}),
+                       bytes_per_token={"gguf": decode_bytes_from_gguf(info)})
+    if skipped_for_memory(entry, a.headroom_gb, log):
         return entry
     for r in range(a.repeat):
         log(f"{entry['name']}: round {r + 1}/{a.repeat}: bandwidth")

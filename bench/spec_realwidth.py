@@ -81,9 +81,10 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_report import PROMPT, new_report, peer_tools, resolve_files, run_files  # noqa: E402
+from bench_report import PROMPT, file_entry, new_report, peer_tools, resolve_files, run_files  # noqa: E402
 from gguf_bytes import decode_bytes_from_gguf, gguf_info  # noqa: E402
-from guarded import RESULT, failure, memory_check, over_budget, run_watched, run_worker, thread_env  # noqa: E402
+from guarded import (RESULT, failure, over_budget, run_watched, run_worker, skipped_for_memory,  # noqa: E402
+                     thread_env)
 from llama_logs import parse_completion, parse_speculative  # noqa: E402
 from machine_probe import GB  # noqa: E402
 from realwidth_files import SETS, realwidth_dir  # noqa: E402
@@ -529,13 +530,9 @@ def format_table(report: dict) -> str:
 # -- the run ---------------------------------------------------------------------------------------------------------
 def measure_file(path, a, tools, log) -> dict:
     info = gguf_info(path)
-    entry = {"name": os.path.basename(path), "path": os.path.abspath(path), "size": os.path.getsize(path),
-             "arch": info["arch"], "n_layer": info["n_layer"], "n_expert_used": info["n_expert_used"],
-             "bytes_per_token": {"gguf": decode_bytes_from_gguf(info), "draft": draft_bytes(info)}, "rounds": []}
-    skip = memory_check(entry["size"], a.headroom_gb)
-    if skip:
-        log(f"{entry['name']}: skipped: {skip}")
-        entry["skipped"] = skip
+    entry = file_entry(path, info, n_expert_used=info["n_expert_used"],
+                       bytes_per_token={"gguf": decode_bytes_from_gguf(info), "draft": draft_bytes(info)})
+    if skipped_for_memory(entry, a.headroom_gb, log):
         return entry
     for r in range(a.repeat):
         rnd = {}

@@ -276,3 +276,20 @@ def test_routed_experts_counts_what_a_verify_reads(q8_model):
     assert e["routed"] == 3 * int(hp["n_expert_used"]) and e["calls"] == 2 * n_moe
     assert int(hp["n_expert_used"]) <= e["distinct"] <= e["routed"]
 
+
+
+def test_a_file_that_memory_cannot_hold_is_recorded_as_skipped(tmp_path, monkeypatch):
+    """Both real-width benches start a file's entry the same way (bench_report.file_entry) and skip it, saying why,
+    when MemAvailable cannot hold its pages plus the headroom (guarded.skipped_for_memory)."""
+    f = tmp_path / "x.gguf"
+    f.write_bytes(b"\0" * 4096)
+    entry = bench_report.file_entry(str(f), {"arch": "glm4moe", "n_layer": 2}, bytes_per_token={"gguf": 1})
+    assert list(entry) == ["name", "path", "size", "arch", "n_layer", "bytes_per_token", "rounds"]
+    assert (entry["name"], entry["size"], entry["rounds"]) == ("x.gguf", 4096, [])
+    said = []
+    monkeypatch.setattr(guarded, "meminfo", lambda: {"MemAvailable": int(2.5e9)})
+    assert not guarded.skipped_for_memory(dict(entry), 2.0, said.append) and not said
+    monkeypatch.setattr(guarded, "meminfo", lambda: {"MemAvailable": int(1.5e9)})
+    assert guarded.skipped_for_memory(entry, 2.0, said.append)
+    assert entry["skipped"] == ("needs 0.0 GB (file) + 2.0 GB (--headroom-gb) of memory, MemAvailable is 1.5 GB")
+    assert said == ["x.gguf: skipped: " + entry["skipped"]]
