@@ -22,7 +22,8 @@ def gguf_info(path: str) -> dict:
 
 
 def decode_bytes_from_gguf(info: dict) -> dict:
-    """Bytes per decoded token from the GGUF's tensor sizes (`gguf_info`): NextN blocks (blk.i, i >= n_layer) excluded."""
+    """Bytes per decoded token from the GGUF's tensor sizes (`gguf_info`): NextN blocks (blk.i, i >= n_layer)
+    excluded."""
     def trunk(name):
         return not name.startswith("blk.") or int(name.split(".")[1]) < info["n_layer"]
     from nextn.common.manifest import read_bytes_per_row

@@ -100,7 +100,8 @@ def warm_page_cache(path: str, chunk: int = 64 << 20) -> float:
 
 def over_budget(entry: dict) -> str | None:
     """The status of an earlier nextn round of this file that went over the memory budget, if any."""
-    return next((x["nextn"]["status"] for x in entry["rounds"] if x["nextn"]["status"].startswith("killed: anon")), None)
+    return next((x["nextn"]["status"] for x in entry["rounds"] if x["nextn"]["status"].startswith("killed: anon")),
+                None)
 
 
 def thread_env(threads: int) -> dict:

@@ -13,7 +13,8 @@ def parse_llama_bench(text: str) -> dict:
         if not line.startswith("{"):
             continue
         r = json.loads(line)
-        kind = "pp" if r["n_prompt"] > 0 and r["n_gen"] == 0 else "tg" if r["n_gen"] > 0 and r["n_prompt"] == 0 else None
+        kind = ("pp" if r["n_prompt"] > 0 and r["n_gen"] == 0 else "tg" if r["n_gen"] > 0 and r["n_prompt"] == 0
+                else None)
         if kind:
             out[kind] = float(r["avg_ts"])
             out[f"n_{'prompt' if kind == 'pp' else 'gen'}"] = int(r["n_prompt" if kind == "pp" else "n_gen"])

@@ -244,7 +244,8 @@ def main(argv=None):
     ap.add_argument("--dir", default=DEFAULT_DIR)
     ap.add_argument("--repeat", type=int, default=3, choices=range(1, 100), metavar="N",
                     help="interleaved rounds per file (best counts) [default: 3]")
-    ap.add_argument("-t", "--threads", type=int, default=None, help="threads for both engines [default: physical cores]")
+    ap.add_argument("-t", "--threads", type=int, default=None,
+                    help="threads for both engines [default: physical cores]")
     ap.add_argument("-ctk", "--cache-type-k", default=KV_DEFAULT, choices=KV_TYPES,
                     help=f"KV cache type for K, both engines [default: {KV_DEFAULT}, llama.cpp's]")
     ap.add_argument("-ctv", "--cache-type-v", default=KV_DEFAULT, choices=KV_TYPES,
@@ -258,7 +259,8 @@ def main(argv=None):
     ap.add_argument("--headroom-gb", type=float, default=2.0,
                     help="measure a file only when MemAvailable holds it + this much [default: 2]")
     ap.add_argument("-o", "--output", default=None, help="write the JSON report here (after each file)")
-    ap.add_argument("--table", metavar="REPORT", default=None, help="print the tables of a saved JSON report, measure nothing")
+    ap.add_argument("--table", metavar="REPORT", default=None,
+                    help="print the tables of a saved JSON report, measure nothing")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:

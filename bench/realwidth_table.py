@@ -87,7 +87,8 @@ def _experts(e) -> str:
 def format_table(report: dict) -> str:
     """Markdown: the speed table (one row per file, ratios last), the memory / first-token table (ratios last),
     a line on the machine and the settings, then any failures."""
-    head = ["file", "MB/token GGUF / plan", "read GB/s", "nextn tg", "llama tg", "nextn pp", f"llama pp{report['n_prompt']}",
+    head = ["file", "MB/token GGUF / plan", "read GB/s", "nextn tg", "llama tg", "nextn pp",
+            f"llama pp{report['n_prompt']}",
             "nextn GB/s", "llama GB/s", "verify 2/3/4 rows ÷ decode",
             f"experts of verify {max(VERIFY_ROWS)}: distinct / routed", "draft ÷ decode",
             "tg nextn/llama per round: median (min–max)", "tg nextn/llama", "pp nextn/llama", "nextn/read BW",
