@@ -9,7 +9,8 @@ A bundle is a directory (and, for a GPU machine, its `.tar.xz`, the one file the
                   from the host, the checks (artifact, GGUF, references), the real-width slice
     run.py        launcher (bench/bundle_run.py): checks the host against bundle.json, then runs the device check
                   or the nextn CLI with the bundle's site/ first on sys.path
-    device_check.py
+    device_*.py, realwidth_files.py   the device check (device_check.py) and the bench modules it imports
+                  (BUNDLED_BENCH)
     site/         the TVM runtime without the compiler (no libtvm_compiler.so), tvm_ffi built for the host's
                   CPython, gguf-py, nextn.common + nextn.runtime only (no nextn.compiler: the runtime-only path),
                   and with --host here numpy, tokenizers, tqdm, yaml, click, typing_extensions too
@@ -55,17 +56,20 @@ HOST_PACKAGES = {"numpy": "numpy>=1.26", "tokenizers": "tokenizers>=0.20", "tqdm
 COPY = {"numpy": ["numpy", "numpy.libs"], "tokenizers": ["tokenizers"], "tqdm": ["tqdm"], "yaml": ["yaml", "_yaml"],
         "click": ["click"], "typing_extensions": ["typing_extensions.py"]}
 HOSTS = {
-    # The GPU machine lent to this project (its KINDS.md page): /opt/torch/.venv/bin/python3, CPython 3.12.
+    # The GPU machine lent to this project (its KINDS.md page): its python3 is CPython 3.12.
     "h200": {"implementation": "cpython", "python": "3.12", "soabi": "cpython-312-x86_64-linux-gnu",
              "machine": "x86_64", "needs": dict(HOST_PACKAGES)},
 }
 TVM_TRIM = ["3rdparty", "include", "src", "web", "lib64", "lib/libtvm_compiler.so", "lib/libtvm_runtime_extra.so"]
 FFI_TRIM = ["3rdparty", "include", "src", "cython", "stub", "share", "cmake"]
 TVM_FFI_PIN = "apache-tvm-ffi==0.1.14.post1"
+# bench/ modules the bundle carries beside run.py: the device check and what it imports.
+BUNDLED_BENCH = ["device_check.py", "device_cuda.py", "device_refs.py", "device_stages.py", "device_timing.py",
+                 "realwidth_files.py"]
 
 # name: (fixture dir, GGUF, how it is checked). "fixture": the fixture's references (BF16 weights, exact);
 # "cpu": its own outputs on this CPU from the `--exact-matmul` llvm artifact (float activation rows, as the CUDA
-# kernels compute; tested against the IR interpreter), compared at device_check.GPU_TOL with near-ties marked.
+# kernels compute; tested against the IR interpreter), compared at device_refs.GPU_TOL with near-ties marked.
 CHECKS = {
     "glm4moe-BF16": ("tiny-glm4moe", "tiny-glm4moe-BF16.gguf", "fixture"),
     "glm4moe-Q8_0": ("tiny-glm4moe", "tiny-glm4moe-Q8_0.gguf", "cpu"),
@@ -246,12 +250,12 @@ def record_cpu_expectations(gguf: str, fixture: str, path: str, artifact: str | 
     of a quantized model on the GPU, whose kernels keep activations in float (issue 33: the default llvm artifact
     quantizes them to 8 bits, a different computation)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import device_check
+    import device_refs
     import nextn.runtime as rt
 
     log(f"bundle: recording {os.path.basename(gguf)} on this CPU (llvm, --exact-matmul) ...")
     m = rt.load(artifact or cpu_artifact(gguf, exact=True), ctx_size=4096, log=log)
-    device_check.record_expectations(m, os.path.join(FIXTURES, fixture), path)
+    device_refs.record_expectations(m, os.path.join(FIXTURES, fixture), path)
 
 
 # -- the bundle ------------------------------------------------------------------------------------------------------
@@ -317,7 +321,7 @@ def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",),
             e = dict(entry, name=vname, artifact=f"art/{vname}",
                      role="main" if first and graph else "nograph" if not graph else None)
             if how == "cpu":
-                from device_check import GPU_TOL
+                from device_refs import GPU_TOL
 
                 # "expect-exact-": expectations of an older bundle (int8 activations) are never reused
                 e.update(expect=f"refs/expect-exact-{name}", tol=GPU_TOL, against="cpu run, --exact-matmul")
@@ -340,7 +344,8 @@ def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",),
         else:
             plan["realwidth_spec"].append(realwidth_slice(out, rw, target, arches, prebuilt))
     shutil.copy2(os.path.join(ROOT, "bench", "bundle_run.py"), os.path.join(out, "run.py"))
-    shutil.copy2(os.path.join(ROOT, "bench", "device_check.py"), os.path.join(out, "device_check.py"))
+    for mod in BUNDLED_BENCH:
+        shutil.copy2(os.path.join(ROOT, "bench", mod), os.path.join(out, mod))
     with open(os.path.join(out, "bundle.json"), "w") as f:
         json.dump(plan, f, indent=1)
     return plan

@@ -82,9 +82,9 @@ def main():
 def step_costs(m, prompts, steps: int = 100) -> dict:
     """Median seconds of one-row decode, of a verify of 2..4 rows and of a draft step, at the docs-prose prompt's
     context, and their ratios to decode. Nothing is committed: the timing calls leave every state as it was."""
-    import time
-
     import numpy as np
+
+    from nextn.common.timing import round_robin
 
     eng = m.engine
     p = next((q for q in prompts if q["kind"] == "docs-prose"), prompts[0])
@@ -96,13 +96,7 @@ def step_costs(m, prompts, steps: int = 100) -> dict:
     if eng.has_mtp:
         eng.mtp_rows(ids, np.concatenate([np.zeros((1, hidden.shape[1]), np.float32), hidden[:-1]]), 0)
         calls["draft"] = lambda: eng.mtp_draft([am], hidden[-1:], n)
-    times = {k: [] for k in calls}
-    for _ in range(steps):                      # round-robin: load bursts hit every call alike
-        for k, f in calls.items():
-            t0 = time.perf_counter()
-            f()
-            times[k].append(time.perf_counter() - t0)
-    med = {k: float(np.median(v)) for k, v in times.items()}
+    med = {k: float(np.median(v)) for k, v in round_robin(calls, steps).items()}
     print(f"\nstep costs at {n} cells: decode {med['decode'] * 1e3:.3f} ms; " + ", ".join(
         f"{k} {v / med['decode']:.2f}x" for k, v in med.items() if k != "decode"))
     return {"n_kv": n, "seconds": med, "vs_decode": {k: v / med["decode"] for k, v in med.items()}}

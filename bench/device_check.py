@@ -22,32 +22,25 @@ how CI proves this script's logic. A short table is printed last. Builds nothing
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
 import subprocess
 import sys
 import time
-import traceback
 
 import numpy as np
 
-GB = 1e9
-FULL_ROW_KINDS = ("code-short", "docs-heading")   # prompts whose every row has reference logits
+# beside this file, in bench/ and in the bundle (bench/bundle.py BUNDLED_BENCH)
+from device_cuda import GB, mapped_libraries, nvidia_smi
+from device_refs import compare, expect_want, fixture_want, model_outputs, rel_err, tolerance
+from device_stages import Check
+from device_timing import entry_timings, speed_configs, step_bytes, timed_entry
+from realwidth_files import realwidth_dir
+
 QUICK_KINDS = ("code-short", "repetitive")
-N_MAX = (1, 2, 3)
 BUCKET_PROMPT = 250          # decode from cell 250 over the 256-cell bucket boundary
 BUCKET_STEPS = 12
-LOGIT_TOL = 1e-4             # the fixtures' tolerance: max |Δ| / max |ref| per row
-# Quantized models against their float-activation CPU run (`--exact-matmul` llvm artifact, recorded by bench/bundle.py):
-# the same computation, float32, only the summation order (and the GPU's exp) differ. bench/exact_tolerance.py
-# measures that spread on this CPU as the exact-matmul artifact against the numpy IR interpreter on gguf-py-dequantized
-# weights: at most 6.1e-7 over the bundle's quantized models and their prompts (docs/gpu.md); 1e-5 leaves a factor 16,
-# and stays 350x below what int8-quantized activations change (3.6e-3 to 9.2e-2 here; 3.6e-3 to 2.4e-2 on the H200).
-GPU_TOL = 1e-5
-SPEED_CONFIGS = [("off", "none", 1), ("n_max=1", "draft-mtp", 1), ("n_max=2", "draft-mtp", 2),
-                 ("n_max=3", "draft-mtp", 3), ("auto", "draft-mtp", "auto")]
 # The stages each stage needs (a reference stage opens its own engine: it needs the plugin only).
 NEEDS = {"open": ["plugin"], "load_module": ["open"], "vm_init": ["load_module"], "weights": ["vm_init"],
          "kv": ["weights"], "prefill": ["kv"], "decode_graphs": ["prefill"], "entry_timings": ["prefill"],
@@ -60,347 +53,6 @@ SPEC_VERIFY_ROWS = (2, 3, 4)  # verify of k+1 rows for n_max k = 1..3
 
 def needs(stage: str) -> list[str]:
     return ["plugin"] if stage.startswith(("reference ", "realwidth ")) else NEEDS.get(stage, [])
-
-
-# -- CUDA through ctypes: versions, errors, memory (the runtime library TVM's plugin uses) ------------------------
-class CudaRT:
-    """libcudart / libcuda entry points used for diagnosis; every method answers even when CUDA is absent."""
-
-    def __init__(self):
-        self.rt = self.drv = None
-        self.why = ""
-        for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
-            try:
-                self.rt = ctypes.CDLL(name)
-                break
-            except OSError as e:
-                self.why = str(e)
-        if self.rt is not None:
-            self.rt.cudaGetErrorName.restype = ctypes.c_char_p
-        try:
-            self.drv = ctypes.CDLL("libcuda.so.1")
-        except OSError as e:
-            self.why = self.why or str(e)
-
-    @staticmethod
-    def _version(lib, fn):
-        """cuDriverGetVersion / cudaRuntimeGetVersion(int *version)."""
-        v = ctypes.c_int()
-        return v.value if lib is not None and getattr(lib, fn)(ctypes.byref(v)) == 0 else None
-
-    @staticmethod
-    def _ver(v):
-        return None if v is None else f"{v // 1000}.{v % 1000 // 10}"
-
-    def last_error(self) -> str | None:
-        if self.rt is None:
-            return None
-        e = int(self.rt.cudaGetLastError())
-        return f"{self.rt.cudaGetErrorName(e).decode()} ({e})"
-
-    def versions(self) -> dict:
-        return {"driver_cuda": self._ver(self._version(self.drv, "cuDriverGetVersion")),
-                "runtime_cuda": self._ver(self._version(self.rt, "cudaRuntimeGetVersion"))}
-
-    def capability(self, dev: int = 0) -> str | None:
-        """sm_XY from cudaDeviceGetAttribute(int *value, attr, device): 75 = major, 76 = minor."""
-        if self.rt is None:
-            return None
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        if (self.rt.cudaDeviceGetAttribute(ctypes.byref(major), 75, dev) != 0
-                or self.rt.cudaDeviceGetAttribute(ctypes.byref(minor), 76, dev) != 0):
-            return None
-        return f"sm_{major.value}{minor.value}"
-
-    def mem_info(self) -> dict | None:
-        if self.rt is None:
-            return None
-        free, total = ctypes.c_size_t(), ctypes.c_size_t()
-        if self.rt.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)) != 0:
-            return None
-        return {"free_GB": free.value / GB, "total_GB": total.value / GB}
-
-
-def mapped_libraries(words=("libcuda", "libcudart", "libtvm", "libnvrtc", "ptxjitcompiler", "libnvidia")) -> list:
-    """Shared libraries of this process whose file name holds one of `words` (from /proc/self/maps)."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {ln.split(None, 5)[5].strip() for ln in f if len(ln.split(None, 5)) == 6}
-    except OSError:
-        return []
-    return sorted(p for p in paths if any(w in os.path.basename(p) for w in words))
-
-
-def nvidia_smi() -> str:
-    try:
-        r = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30)
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,"
-                            "clocks.mem,temperature.gpu,power.draw", "--format=csv"],
-                           capture_output=True, text=True, timeout=30)
-        return (r.stdout + r.stderr + q.stdout + q.stderr).strip()
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"nvidia-smi: {e}"
-
-
-# -- the stage runner ------------------------------------------------------------------------------------------------
-class Skip(Exception):
-    """A stage that cannot run because a stage it needs did not succeed."""
-
-
-class Check:
-    """Runs stages one by one, each in its own try; prints and records each; rewrites OUT/device_check.json."""
-
-    def __init__(self, out_dir: str, device: str, n_stages: int):
-        self.out_dir, self.device, self.n_stages = out_dir, device, n_stages
-        self.cuda = CudaRT() if device.startswith("cuda") else None
-        self.results: dict = {"device": device, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "stages": []}
-        self.ok: set[str] = set()
-        os.makedirs(out_dir, exist_ok=True)
-
-    def stage(self, name: str, fn, needs=()):
-        i = len(self.results["stages"]) + 1
-        print(f"[{i:2d}/{self.n_stages}] {name} ...", flush=True)
-        rec = {"stage": name, "status": "ok", "s": 0.0}
-        t0 = time.perf_counter()
-        try:
-            missing = [n for n in needs if n not in self.ok]
-            if missing:
-                raise Skip(f"needs {', '.join(missing)}")
-            rec["result"] = fn() or {}
-            self.ok.add(name)
-        except Skip as e:
-            rec.update(status="skip", error=str(e))
-        except BaseException as e:   # noqa: BLE001 — a stage may die in any way (a native RuntimeError, an assert)
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            rec.update(status="FAIL", error=f"{type(e).__name__}: {e}".strip(), traceback=traceback.format_exc())
-        rec["s"] = time.perf_counter() - t0
-        if self.cuda is not None:
-            rec["cuda_last_error"] = self.cuda.last_error()
-        self.results["stages"].append(rec)
-        if rec["status"] == "ok":
-            print(f"    ok   {rec['s']:.2f} s  {summary(rec['result'])}", flush=True)
-        else:
-            cuda = f" | cudaGetLastError = {rec['cuda_last_error']}" if self.cuda is not None else ""
-            print(f"    {rec['status']:4s} {rec['s']:.2f} s  {rec['error'].splitlines()[0][:400]}{cuda}", flush=True)
-        self.write()
-        return rec
-
-    def write(self):
-        path = os.path.join(self.out_dir, "device_check.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(self.results, f, indent=1, default=_json_default)
-        os.replace(path + ".tmp", path)
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
-
-
-def summary(result: dict, width: int = 300) -> str:
-    """A stage's result on one line: the scalars, not the tables."""
-    parts = []
-    for k, v in result.items():
-        if isinstance(v, float):
-            parts.append(f"{k}={v:.4g}")
-        elif isinstance(v, (int, str, bool)) or v is None:
-            parts.append(f"{k}={v}")
-    s = " ".join(parts)
-    return s if len(s) <= width else s[:width] + " …"
-
-
-# -- measuring -------------------------------------------------------------------------------------------------------
-def rel_err(got, want) -> float:
-    from nextn.common.compare import rel_err as _rel_err
-
-    return _rel_err(got, want)
-
-
-def step_bytes(manifest: dict, entry: str) -> int:
-    """Weight bytes one row of `entry` must read (`nextn.common.manifest.step_read_bytes`)."""
-    from nextn.common.manifest import step_read_bytes
-
-    return int(step_read_bytes(manifest, entry)["total"])
-
-
-def timed_entry(eng, name: str, call, reps: int) -> dict:
-    """Median and min of `reps` calls of `call()`: device time inside entry `name` (the engine synchronizes the
-    device after each call) and wall time of the whole call (inputs, readback)."""
-    call()                                       # warm-up: first launch, graph capture
-    vm, wall = [], []
-    for _ in range(reps):
-        v0, t0 = eng.vm_seconds[name], time.perf_counter()
-        call()
-        wall.append(time.perf_counter() - t0)
-        vm.append(eng.vm_seconds[name] - v0)
-    return {"entry": name, "reps": reps, "median_ms": float(np.median(vm) * 1e3), "min_ms": float(min(vm) * 1e3),
-            "wall_median_ms": float(np.median(wall) * 1e3)}
-
-
-# -- references --------------------------------------------------------------------------------------------------
-def fixture_want(ref_dir: str, kinds) -> dict:
-    """What a BF16 model must reproduce, from the fixture's reference.json + reference_logits.npz."""
-    ref = json.load(open(os.path.join(ref_dir, "reference.json")))
-    npz = np.load(os.path.join(ref_dir, "reference_logits.npz"))
-    want = {}
-    for p in ref["prompts"]:
-        if kinds and p["kind"] not in kinds:
-            continue
-        w = {"prompt_ids": p["prompt_ids"], "n_predict": p["n_predict"], "greedy_ids": p["greedy_ids"],
-             "argmax": p["last_logits_argmax"], "last_logits": npz[f"{p['kind']}/last_logits"],
-             "spec": {str(k): [p["spec"][str(k)][f] for f in ("steps", "drafted", "accepted")] for k in N_MAX}}
-        if f"{p['kind']}/trunk_logits" in npz.files:
-            w["rows"] = {f: npz[f"{p['kind']}/{f}"] for f in ("trunk_logits", "trunk_hidden", "mtp_logits")}
-        want[p["kind"]] = w
-    return want
-
-
-def expect_want(path: str, kinds) -> dict:
-    """What a quantized model must reproduce: its own outputs on the CPU (llvm artifact), recorded by
-    `record_expectations` when the bundle was built."""
-    data = json.load(open(path + ".json"))
-    npz = np.load(path + ".npz")
-    return {k: dict(v, last_logits=npz[f"{k}/last_logits"]) for k, v in data.items() if not kinds or k in kinds}
-
-
-def model_outputs(m, prompts: dict, rows: bool, margins: bool = False) -> dict:
-    """Per prompt kind: last-row logits and argmax, the greedy continuation, greedy speculation at n_max 1..3
-    ((rounds, drafted, accepted) and whether its tokens equal plain decoding); with `rows`, every row's trunk
-    logits, hidden and NextN logits for the full-row kinds; with `margins`, the smallest top-2 gap of the greedy
-    run (`greedy_margin`) and of each speculative run (`spec_margin`). glm-dsa drafts recompute the NextN index at
-    every step (the references' rule); a second n_max 3 run with the shared index must give the same tokens."""
-    from contextlib import nullcontext
-
-    eng = m.engine
-    shared = "mtp_draft_shared" in eng._fn
-    out = {}
-
-    def gaps():
-        return ArgmaxMargins(eng) if margins else nullcontext()
-
-    for kind, p in prompts.items():
-        ids = p["prompt_ids"]
-        _h, last, am = eng.prefill(np.asarray(ids, np.int32), 0)
-        with gaps() as g:
-            plain = m.generate(ids, p["n_predict"], spec_type="none", ignore_eos=True)
-        o = {"last_logits": np.asarray(last), "argmax": int(am), "greedy_ids": list(plain.ids), "spec": {},
-             "spec_equal": {}, "margins": {"greedy_margin": g.min if margins else None, "spec_margin": {}}}
-        if m.has_mtp:
-            eng.share_mtp_index = False
-            try:
-                for k in N_MAX:
-                    with gaps() as g:
-                        r = m.generate(ids, p["n_predict"], spec_type="draft-mtp", n_max=k, ignore_eos=True)
-                    o["spec"][str(k)] = [r.stats.rounds, r.stats.drafted, r.stats.accepted]
-                    o["spec_equal"][str(k)] = r.ids == plain.ids
-                    if margins:
-                        o["margins"]["spec_margin"][str(k)] = g.min
-            finally:
-                eng.share_mtp_index = True
-            if shared:
-                r = m.generate(ids, p["n_predict"], spec_type="draft-mtp", n_max=3, ignore_eos=True)
-                o["spec_equal"]["3 shared index"] = r.ids == plain.ids
-        if rows and "rows" in p:
-            o["rows"] = {"trunk_logits": m.logits(ids), "trunk_hidden": eng.hidden(ids)}
-            if m.has_mtp:
-                o["rows"]["mtp_logits"] = m.mtp_logits(ids)
-        out[kind] = o
-    return out
-
-
-def compare(got: dict, want: dict, exact_acceptance: bool, tol: float = LOGIT_TOL) -> list[dict]:
-    """One line per check: logits within `tol`, argmax, greedy ids, spec ≡ plain, acceptance counts.
-
-    Expectations recorded with margins (`record_expectations`) tell a bug from a near-tie: when every logit of a
-    run stays within tol · max|logit| of the expectation, an argmax can only change where the expectation's top-2
-    gap was at most 2 · tol · max|logit|. A greedy-id or acceptance-count difference on a run whose smallest gap
-    exceeds that is a failure; on a run that had such a near-tie it is reported (`undecided`), not failed."""
-    checks = []
-
-    def check(what, ok, detail="", margin=None):
-        c = {"check": what, "ok": bool(ok), "detail": detail}
-        if not ok and margin is not None and margin <= 2 * tol:
-            c.update(ok=True, undecided=True, detail=f"{detail}; near-tie: the expectation's smallest top-2 gap "
-                                                     f"{margin:.1e} <= 2 x tol, so an argmax may differ")
-        checks.append(c)
-
-    for kind, w in want.items():
-        g = got[kind]
-        e = rel_err(g["last_logits"], w["last_logits"])
-        check(f"{kind} last logits", e < tol and g["argmax"] == w["argmax"],
-              f"rel_err {e:.2e}, argmax {g['argmax']} (want {w['argmax']})", w.get("last_margin"))
-        for f, arr in (w.get("rows") or {}).items():
-            if f in g.get("rows", {}):
-                e = rel_err(g["rows"][f], arr)
-                check(f"{kind} {f}", e < tol, f"rel_err {e:.2e}")
-        same = g["greedy_ids"] == w["greedy_ids"]
-        first = next((i for i, (a, b) in enumerate(zip(g["greedy_ids"], w["greedy_ids"])) if a != b), None)
-        check(f"{kind} greedy ids", same, "" if same else f"first difference at token {first}", w.get("greedy_margin"))
-        for k, eq in g["spec_equal"].items():
-            check(f"{kind} spec n_max={k} == spec off", eq)
-        if exact_acceptance:
-            for k, counts in g["spec"].items():
-                if k in w["spec"]:
-                    check(f"{kind} n_max={k} (rounds, drafted, accepted)", list(counts) == list(w["spec"][k]),
-                          f"{counts} (want {w['spec'][k]})", (w.get("spec_margin") or {}).get(k))
-    return checks
-
-
-def top2_gap(logits) -> float:
-    """Smallest (top-1 − top-2) / max|logit| over the rows of `logits` ([rows, V] or [V]): how close an argmax came
-    to another token (the measure of nextn.common.compare.rel_err)."""
-    lg = np.atleast_2d(np.asarray(logits, np.float32))
-    top = np.sort(lg, axis=1)[:, -2:]
-    return float(((top[:, 1] - top[:, 0]) / np.abs(lg).max(axis=1)).min())
-
-
-class ArgmaxMargins:
-    """Within the block, the smallest top-2 gap of every argmax engine `eng` computes (prefill's last row, verify /
-    decode rows, NextN draft rows), read from the logits each entry point returns."""
-    TAKES = ("prefill", "verify", "decode", "mtp_draft", "draft", "mtp_draft_shared")
-
-    def __init__(self, eng):
-        self.eng, self.min = eng, float("inf")
-
-    def __enter__(self):
-        run = self.run = self.eng._run
-
-        def wrapped(name, *a, **k):
-            out = run(name, *a, **k)
-            if name in self.TAKES:
-                self.min = min(self.min, top2_gap(out[1].numpy()))
-            return out
-
-        self.eng._run = wrapped
-        return self
-
-    def __exit__(self, *_exc):
-        self.eng._run = self.run
-
-
-def record_expectations(m, ref_dir: str, path: str, kinds=None) -> None:
-    """Write PATH.json + PATH.npz: this model's outputs on the fixture prompts (run here, on the CPU; bench/bundle.py
-    runs the `--exact-matmul` artifact, the computation the CUDA kernels implement), the expectation a GPU run of the
-    same GGUF is compared with, with the smallest top-2 gap of the prefill, of the greedy run and of each greedy
-    speculative run (`compare` tells near-ties from bugs with them)."""
-    prompts = fixture_want(ref_dir, kinds)
-    got = model_outputs(m, prompts, rows=False, margins=True)
-    np.savez_compressed(path + ".npz", **{f"{k}/last_logits": v["last_logits"] for k, v in got.items()})
-    keep = {k: {"prompt_ids": prompts[k]["prompt_ids"], "n_predict": prompts[k]["n_predict"],
-                "argmax": v["argmax"], "greedy_ids": v["greedy_ids"], "spec": v["spec"],
-                "last_margin": top2_gap(v["last_logits"]), **v["margins"]} for k, v in got.items()}
-    with open(path + ".json", "w") as f:
-        json.dump(keep, f)
-
-
-def tolerance(check: dict) -> float:
-    """The logits tolerance of a plan's check: its `tol` (bench/bundle.py writes GPU_TOL for the float-activation
-    CPU expectations), else the fixtures' LOGIT_TOL."""
-    return float(check.get("tol", LOGIT_TOL))
 
 
 # -- the check -------------------------------------------------------------------------------------------------------
@@ -815,45 +467,6 @@ class DeviceCheck:
         print(f"\n{len(r['stages']) - len(bad)}/{len(r['stages'])} stages ok" + (f"; not ok: {', '.join(bad)}" if bad else ""))
 
 
-def speed_configs(m, prompt, n: int, reps: int) -> list[dict]:
-    """Greedy decode of `n` tokens after `prompt` (text or ids) per SPEED_CONFIGS (spec off first), best of `reps`
-    after a warm-up (which also calibrates auto): tok/s, acceptance, mean length, whether the tokens equal off's."""
-    rows, plain = [], None
-    for label, spec, k in SPEED_CONFIGS:
-        if spec != "none" and not m.has_mtp:
-            continue
-        m.generate(prompt, 8, spec_type=spec, n_max=k, ignore_eos=True)
-        best = max((m.generate(prompt, n, spec_type=spec, n_max=k, ignore_eos=True) for _ in range(reps)),
-                   key=lambda r: r.tokens_per_s)
-        plain = plain or best
-        rows.append({"config": label, "tok_s": best.tokens_per_s,
-                     "acceptance": best.stats.acceptance if spec != "none" else None,
-                     "mean_len": best.stats.mean_len if spec != "none" else None,
-                     "same_as_off": best.ids == plain.ids, "vm_s": best.vm_s})
-    return rows
-
-
-def entry_timings(eng, reps: int, prompt: int = 64, k: int = 3) -> list[dict]:
-    """Synced per-entry timings: prefill of `prompt` rows, verify of k+1 rows, decode (one row), NextN rows for the
-    prompt, one draft step. Token ids are in-vocabulary values (timing only); the verify rows are distinct tokens
-    (`runtime.depth.spread_tokens`: copies of one token route to the same experts and under-price a verify)."""
-    from nextn.runtime.depth import spread_tokens
-
-    V = int(eng.hparams["n_vocab"])
-    ids = np.arange(7, 7 + prompt, dtype=np.int32) % V
-    h, _last, tok = eng.prefill(ids, 0)
-    rows_k1 = np.asarray(spread_tokens(k + 1, V), np.int32)
-    rows = [timed_entry(eng, "prefill", lambda: eng.prefill(ids, 0), reps) | {"rows": prompt},
-            timed_entry(eng, "verify", lambda: eng.verify(rows_k1, prompt), reps) | {"rows": k + 1},
-            timed_entry(eng, "decode", lambda: eng.verify(np.array([tok], np.int32), prompt), reps) | {"rows": 1}]
-    if eng.has_mtp:
-        hp = np.concatenate([np.zeros_like(h[:1]), h[:-1]])
-        rows.append(timed_entry(eng, "mtp_rows", lambda: eng.mtp_rows(ids, hp, 0), reps) | {"rows": prompt})
-        rows.append(timed_entry(eng, "draft", lambda: eng.mtp_draft(np.array([tok], np.int32), h[-1:], prompt), reps)
-                    | {"rows": 1})
-    return rows
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--plan", default=None, help="plan JSON [default: bundle.json beside this script]")
@@ -864,8 +477,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="two prompts, short speed runs (CI's CPU mode)")
     ap.add_argument("--prompts", default=None, help="comma list of prompt kinds for the reference stages")
     ap.add_argument("--only", default=None, help="comma list of stages to run (with what they need)")
-    ap.add_argument("--realwidth-dir", default=os.environ.get("NEXTN_REALWIDTH_DIR", "/tmp/nextn-realwidth"),
-                    help="where the real-width GGUF is generated")
+    ap.add_argument("--realwidth-dir", default=realwidth_dir(),
+                    help="where the real-width GGUF is generated [$NEXTN_REALWIDTH, default ~/.cache/nextn-realwidth]")
     a = ap.parse_args(argv)
     plan_path = a.plan or os.path.join(os.path.dirname(os.path.abspath(__file__)), "bundle.json")
     with open(plan_path) as f:

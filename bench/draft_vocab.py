@@ -84,7 +84,7 @@ def run_model(arch: str, ns: list[int], n_maxes=(1, 3)) -> dict:
 
 def time_steps(artifact: str, reps: int, pos: int, threads: int | None) -> dict:
     import nextn.runtime as rt
-    from nextn.common.timing import time_call
+    from nextn.common.timing import round_robin
 
     m = rt.load(artifact, ctx_size=max(512, 2 * pos), threads=threads)
     eng = m.engine
@@ -97,10 +97,7 @@ def time_steps(artifact: str, reps: int, pos: int, threads: int | None) -> dict:
     calls = {"decode": lambda: eng._run("verify", [5], pos),
              "draft": lambda: eng._run("mtp_draft", [5], pos, h_prev=h),
              f"draft_vocab ({eng.draft_vocab})": lambda: eng._run("mtp_draft_vocab", [5], pos, h_prev=h)}
-    t = {k: [] for k in calls}
-    for _ in range(reps + 1):
-        for k, f in calls.items():
-            t[k].append(time_call(f))
+    t = round_robin(calls, reps + 1)
     out = {k: {"min_s": min(v[1:]), "median_s": float(np.median(v[1:]))} for k, v in t.items()}
     for k in out:
         out[k]["x_decode_min"] = out[k]["min_s"] / out["decode"]["min_s"]

@@ -32,25 +32,16 @@ def main(argv=None) -> int:
 
     import nextn.runtime as rt
     from nextn.common.compare import rel_err
-    from nextn.compiler.graphs import build_graphs
     from nextn.compiler.ir import interpret
-    from nextn.compiler.ir.graph import resolve_shape
-    from nextn.compiler.loader.model_files import ModelFiles
+    from nextn.compiler.ir.reference import graphs_and_dequantized, prefill_inputs, zero_states
 
     for name in a.models.split(","):
         fixture, gguf, _how = CHECKS[name]
         path = os.path.join(FIXTURES, fixture, gguf)
         exact = rt.load(cpu_artifact(path, exact=True), ctx_size=4096)
         q8act = rt.load(cpu_artifact(path, exact=False), ctx_size=4096)
-        mf = ModelFiles(path, load_mtp=True)
-        graph = build_graphs(mf, with_mtp=True)["prefill"]
-        cache: dict = {}
-
-        def w(n):
-            if n not in cache:
-                cache[n] = mf.load(n, quantized=False).arrays[0]
-            return cache[n]
-
+        graphs, w = graphs_and_dequantized(path)
+        graph = graphs["prefill"]
         prompts = json.load(open(os.path.join(FIXTURES, fixture, "reference.json")))["prompts"]
         kinds = [k for k in a.kinds.split(",") if k] or [p["kind"] for p in prompts if p["kind"] != "long-context"]
         worst = {"exact": 0.0, "q8act": 0.0}
@@ -59,12 +50,8 @@ def main(argv=None) -> int:
                 continue
             ids = np.asarray(p["prompt_ids"], np.int32)
             T = len(ids)
-            st = {n: np.zeros(resolve_shape(s.shape, {"C": T, "P": 2}), np.float32) for n, s in graph.states.items()}
-            inputs = {"tokens": ids, "pos": np.arange(T, dtype=np.int32), "hidden_ids": np.arange(T, dtype=np.int32),
-                      "out_ids": np.array([T - 1], np.int32)}
-            if "rs_plane" in graph.inputs:
-                inputs["rs_plane"] = np.array([0], np.int32)
-            want = interpret.run(graph, inputs, w, st, n_kv=T)["logits"][0]
+            st = zero_states(graph, T, planes=2)
+            want = interpret.run(graph, prefill_inputs(graph, ids), w, st, n_kv=T)["logits"][0]
             e = {"exact": rel_err(exact.engine.prefill(ids, 0)[1], want),
                  "q8act": rel_err(q8act.engine.prefill(ids, 0)[1], want)}
             for k in worst:

@@ -190,7 +190,7 @@ def numpy_read_bandwidth(threads: int) -> float:
     import sys
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from realwidth import stream_bandwidth
+    from machine_probe import stream_bandwidth
 
     return stream_bandwidth(threads)["read_GBps"]
 

@@ -26,7 +26,7 @@ Per file, `--repeat` rounds; each round measures, back to back so that drift hit
      only, as llama-bench's pp and plain decoding: one untimed call, then the best of 2, as llama-bench times pp
      after its warm-up run), and the ms of `Engine.verify` over k+1 = 1..4 rows and of one
      `Engine.mtp_draft` row at the position after that prompt, each the min of 3 round-robin calls
-     (`runtime.depth.time_call`); the rows are distinct random tokens (the depth calibration's repeated token
+     (`nextn.common.timing.round_robin`); the rows are distinct random tokens (the depth calibration's repeated token
      would route every row to the same experts), yet a random-weight file can route distinct tokens alike: the
      table's "experts of verify 4" column gives the distinct experts per MoE layer that the verify of 4 read
      against the 4 x n_expert_used routed (bench/kernel_profile.routed_experts), since a verify's expert bytes
@@ -55,12 +55,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import queue
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 
 import numpy as np
@@ -71,171 +67,18 @@ from nextn.runtime.threads import physical_cores
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+# the harness, one concern a module (bench/spec_realwidth.py imports the same)
+from bench_report import PROMPT, file_entry, new_report, peer_tools, resolve_files, run_files  # noqa: E402
+from gguf_bytes import decode_bytes_from_gguf, gguf_info  # noqa: E402
+from guarded import (RESULT, failure, over_budget, run_watched, run_worker, skipped_for_memory,  # noqa: E402
+                     thread_env, warm_page_cache)
+from llama_logs import parse_llama_bench, parse_llama_kv  # noqa: E402
+from machine_probe import GB, stream_bandwidth  # noqa: E402
 from realwidth_files import SPEED, realwidth_dir  # noqa: E402
+from realwidth_table import VERIFY_ROWS, format_table, summarize  # noqa: E402
 
 DEFAULT_DIR = realwidth_dir()
 KNOWN = [f"{n}.gguf" for n in SPEED]
-VERIFY_ROWS = (1, 2, 3, 4)          # T = k+1 rows for k = 0 (one decode), 1, 2, 3
-PROMPT = "The quick brown fox jumps over the lazy dog, and then"
-GB = 1e9
-
-
-# -- bytes read per decoded token (nextn.common.manifest.read_bytes_per_row) ----------------------------------------
-def gguf_info(path: str) -> dict:
-    """arch, layer counts, expert counts, vocab, and the tensors [(name, ggml type, bytes)] of a GGUF."""
-    from gguf import GGUFReader
-
-    r = GGUFReader(path)
-    arch = str(r.fields["general.architecture"].contents())
-
-    def key(k, default=None):
-        f = r.fields.get(f"{arch}.{k}")
-        return f.contents() if f is not None else default
-
-    n_block = int(key("block_count"))
-    n_nextn = int(key("nextn_predict_layers", 0))
-    embd = next(t for t in r.tensors if t.name == "token_embd.weight")
-    return {"arch": arch, "n_layer": n_block - n_nextn, "n_nextn": n_nextn, "n_expert": int(key("expert_count", 1)),
-            "n_expert_used": int(key("expert_used_count", 1)), "n_vocab": int(embd.shape[-1]),
-            "tensors": [(t.name, t.tensor_type.name, int(t.n_bytes)) for t in r.tensors]}
-
-
-def decode_bytes_from_gguf(info: dict) -> dict:
-    """Bytes per decoded token from the GGUF's tensor sizes (`gguf_info`): NextN blocks (blk.i, i >= n_layer) excluded."""
-    def trunk(name):
-        return not name.startswith("blk.") or int(name.split(".")[1]) < info["n_layer"]
-    from nextn.common.manifest import read_bytes_per_row
-
-    tensors = [(n, b) for n, _t, b in info["tensors"] if trunk(n)]
-    tied = "output.weight" not in {n for n, _t, _b in info["tensors"]}
-    return read_bytes_per_row(tensors, info["n_expert"], info["n_expert_used"], info["n_vocab"], tied)
-
-
-# -- the machine -----------------------------------------------------------------------------------------------------
-def stream_bandwidth(threads: int, read_mb: int = 512, copy_mb: int = 256, reps: int = 5) -> dict:
-    """GB/s of a multi-threaded read (sum) and of a single-threaded copy (read + write bytes), best of `reps`."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    a = np.ones(read_mb * (1 << 20) // 4, np.float32)
-    parts = np.array_split(a, threads)
-    best_read = 0.0
-    with ThreadPoolExecutor(threads) as ex:
-        for _ in range(reps):
-            t = time.perf_counter()
-            list(ex.map(np.sum, parts))
-            best_read = max(best_read, a.nbytes / (time.perf_counter() - t))
-    del a, parts
-    src = np.ones(copy_mb * (1 << 20) // 4, np.float32)
-    dst = np.empty_like(src)
-    best_copy = 0.0
-    for _ in range(reps):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        best_copy = max(best_copy, 2 * src.nbytes / (time.perf_counter() - t))
-    return {"read_GBps": best_read / GB, "copy_GBps": best_copy / GB, "threads": threads}
-
-
-def machine() -> dict:
-    from nextn.common.measure import cpu_name
-
-    mem = meminfo()
-    return {"cpu": cpu_name(), "physical_cores": physical_cores(), "logical_cpus": os.cpu_count(),
-            "cpu_flags": simd_flags(), "mem_total_GB": mem.get("MemTotal", 0) / GB, "loadavg": os.getloadavg(),
-            "host": platform.node(), "nextn_commit": nextn_commit()}
-
-
-def simd_flags() -> list[str]:
-    """The SIMD flags that decide which kernels both engines can use (/proc/cpuinfo)."""
-    want = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16")
-    from nextn.common.measure import cpu_flags
-
-    have = cpu_flags() or set()
-    return [x for x in want if x in have]
-
-
-def nextn_commit() -> str | None:
-    """`git describe` of the checkout this script runs from (which nextn was measured)."""
-    try:
-        r = subprocess.run(["git", "-C", HERE, "describe", "--always", "--dirty"], capture_output=True, text=True,
-                           timeout=30)
-        return r.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def meminfo() -> dict:
-    out = {}
-    with open("/proc/meminfo") as f:
-        for line in f:
-            k, v = line.split(":", 1)
-            out[k] = int(v.split()[0]) * 1024
-    return out
-
-
-def proc_mem(pid: int) -> dict:
-    """VmRSS / RssAnon / VmHWM bytes of a process (empty when it is gone)."""
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                if k in ("VmRSS", "RssAnon", "VmHWM"):
-                    out[k] = int(v.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
-
-
-def run_watched(cmd, budget_bytes: float, env=None, timeout: float = 3600.0, log=None) -> dict:
-    """Run cmd; kill it when its anonymous memory passes budget_bytes or MemAvailable < 1 GB.
-    Returns rc, stdout, stderr, wall_s, peak_rss, peak_anon (sampled), killed (reason or None).
-    peak_rss is the child's own VmHWM, sampled every 0.1 s (a high-water mark: only growth in the last 0.1 s can be
-    missed); wait4's ru_maxrss (`peak_rss_ru`) is only the fallback for a child gone before the first sample,
-    because Linux carries the spawning process's high-water mark over the exec (this script's 0.5 GB bandwidth
-    arrays would show up as the child's peak)."""
-    err = tempfile.TemporaryFile()
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
-    lines: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(x) for x in p.stdout], daemon=True)
-    reader.start()
-    peak_anon, peak_hwm, killed, status, ru = 0, 0, None, None, None
-    while True:
-        pid, st, r = os.wait4(p.pid, os.WNOHANG)
-        if pid:
-            status, ru = st, r
-            break
-        mem = proc_mem(p.pid)
-        peak_anon = max(peak_anon, mem.get("RssAnon", 0))
-        peak_hwm = max(peak_hwm, mem.get("VmHWM", 0))
-        avail = meminfo().get("MemAvailable", 1 << 40)
-        if killed is None:
-            if mem.get("RssAnon", 0) > budget_bytes:
-                killed = f"anonymous memory {mem['RssAnon'] / GB:.1f} GB > budget {budget_bytes / GB:.1f} GB"
-            elif avail < 1e9:
-                killed = f"machine MemAvailable {avail / GB:.2f} GB < 1 GB"
-            elif time.perf_counter() - t0 > timeout:
-                killed = f"timeout {timeout:.0f} s"
-            if killed:
-                if log:
-                    log(f"  killing {os.path.basename(cmd[0])}: {killed}")
-                p.kill()
-        time.sleep(0.1)
-    reader.join(5)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    err.seek(0)
-    return {"rc": p.returncode, "stdout": b"".join(lines.queue).decode(errors="replace"),
-            "stderr": err.read().decode(errors="replace"), "wall_s": time.perf_counter() - t0,
-            "peak_rss": peak_hwm or ru.ru_maxrss * 1024, "peak_rss_ru": ru.ru_maxrss * 1024, "peak_anon": peak_anon,
-            "killed": killed}
-
-
-def failure(res: dict) -> str:
-    """One line on why a `run_watched` process failed: the kill reason, or its exit status and last stderr line."""
-    if res["killed"]:
-        return f"killed: {res['killed']}"
-    tail = [x for x in res["stderr"].strip().splitlines() if x.strip()][-1:] or ["(no output)"]
-    return f"exit {res['rc']}: {tail[0][:300]}"
 
 
 # -- nextn (in a worker process, one per round) ---------------------------------------------------------------------
@@ -244,7 +87,7 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type
     """One nextn round on `path` in this process; returns the measurements (see the module doc)."""
     import nextn.runtime as rt
     from nextn.common.manifest import step_read_bytes
-    from nextn.common.timing import time_call
+    from nextn.common.timing import round_robin, time_call
 
     from kernel_profile import routed_experts
 
@@ -278,11 +121,7 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type
     calls = {f"verify_{T}": (lambda T=T: eng.verify(rows[:T], pos)) for T in VERIFY_ROWS}
     if eng.has_mtp:
         calls["draft"] = lambda: eng.mtp_draft([am], hidden[-1:], pos)
-    best = {k: float("inf") for k in calls}
-    for _ in range(3):       # round-robin, so a burst of load hits every size alike
-        for k, f in calls.items():
-            best[k] = min(best[k], time_call(f))
-    out["ms"] = {k: v * 1e3 for k, v in best.items()}
+    out["ms"] = {k: min(v) * 1e3 for k, v in round_robin(calls, 3).items()}
     # what the verify of the most rows read of the routed experts: random-weight files can route every row to the
     # same experts, which a verify ratio alone would not show
     out["verify_experts"] = routed_experts(eng, calls[f"verify_{max(VERIFY_ROWS)}"])
@@ -290,52 +129,12 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type
 
 
 def nextn_round(path, a, log) -> dict:
-    env = dict(os.environ, TVM_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", path, "--n-gen", str(a.n_gen),
            "--n-prompt", str(a.n_prompt), "--ctx", str(a.ctx), "-ctk", a.cache_type_k, "-ctv", a.cache_type_v]
-    res = run_watched(cmd, a.mem_budget_gb * GB, env=env, log=log)
-    mem = {"peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"], "wall_s": res["wall_s"]}
-    line = next((x for x in reversed(res["stdout"].splitlines()) if x.startswith("RESULT ")), None)
-    if res["rc"] != 0 or line is None:
-        return {"status": failure(res), **mem}
-    return {"status": "ok", **json.loads(line[len("RESULT "):]), **mem}
+    return run_worker(cmd, a.mem_budget_gb * GB, env=thread_env(a.threads), log=log)
 
 
 # -- llama.cpp ------------------------------------------------------------------------------------------------------
-def parse_llama_bench(text: str) -> dict:
-    """llama-bench `-o jsonl` lines → {"pp": tok/s, "tg": tok/s, "n_prompt", "n_gen", "n_threads", "build"}."""
-    out = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        r = json.loads(line)
-        kind = "pp" if r["n_prompt"] > 0 and r["n_gen"] == 0 else "tg" if r["n_gen"] > 0 and r["n_prompt"] == 0 else None
-        if kind:
-            out[kind] = float(r["avg_ts"])
-            out[f"n_{'prompt' if kind == 'pp' else 'gen'}"] = int(r["n_prompt" if kind == "pp" else "n_gen"])
-            out["n_threads"] = int(r["n_threads"])
-            out["build"] = f"{r.get('build_number')} ({r.get('build_commit')})"
-            for k in ("type_k", "type_v", "flash_attn"):
-                if k in r:
-                    out[k] = r[k]
-    return out
-
-
-def parse_llama_kv(stderr: str) -> dict | None:
-    """llama.cpp's KV allocation from a `-v` log: the `llama_kv_cache*: size = X MiB ..., K (t): ..., V (t): ...`
-    lines of the last `llama_context` built (llama-completion builds a throw-away one first while it fits the
-    parameters to memory; glm-dsa has two caches, summed) → {"bytes", "type_k", "type_v"}, or None."""
-    import re
-
-    text = stderr.rsplit("constructing llama_context", 1)[-1]
-    pat = re.compile(r"llama_kv_cache\w*: size =\s*([\d.]+) MiB.*?K \((\w+)\).*?V \((\w+)\)")
-    found = pat.findall(text)
-    if not found:
-        return None
-    return {"bytes": sum(float(m) for m, _k, _v in found) * (1 << 20), "type_k": found[0][1], "type_v": found[0][2]}
-
-
 def llama_round(path, a, tools, log) -> dict:
     if "llama-bench" not in tools:
         return {"status": tools["missing llama-bench"]}
@@ -347,16 +146,6 @@ def llama_round(path, a, tools, log) -> dict:
     if "tg" not in parsed or "pp" not in parsed:
         return {"status": failure(res), **mem}
     return {"status": "ok", **parsed, **mem}
-
-
-def warm_page_cache(path: str, chunk: int = 64 << 20) -> float:
-    """Read the whole file once so that the run after it finds its pages in the page cache; returns seconds."""
-    t = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(chunk)
-        while f.readinto(buf):
-            pass
-    return time.perf_counter() - t
 
 
 def nextn_run_flags(nextn_cli: str) -> dict:
@@ -371,7 +160,7 @@ def nextn_run_flags(nextn_cli: str) -> dict:
 
 def first_token_cmds(path, a, tools, nextn_cli, flags) -> dict:
     """{engine: (argv, env)} of the `-n 1` runs: the same prompt, context, threads and KV types on both sides."""
-    env = dict(os.environ, TVM_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
+    env = thread_env(a.threads)
     nx = [nextn_cli, "run", path, "-p", PROMPT, "-n", "1", "-c", str(a.ctx)]
     nx += ["-t", str(a.threads)] if flags.get("threads") else []
     nx += ["-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "--json"]
@@ -411,186 +200,13 @@ def first_token(path, a, tools, log, skip_nextn=None, kv_nextn=None) -> dict:
     return out
 
 
-# -- summary and table ----------------------------------------------------------------------------------------------
-def summarize(entry: dict) -> dict:
-    """Best of the rounds and the ratios of one file's entry (rounds of nextn, llama, bandwidth)."""
-    def best(rounds, key, fn=max):
-        vals = [r[key] for r in rounds if r.get("status") == "ok" and key in r]
-        return fn(vals) if vals else None
-
-    nx = [r["nextn"] for r in entry["rounds"]]
-    ll = [r["llama"] for r in entry["rounds"]]
-    ok = [r for r in nx if r.get("status") == "ok"]
-    bws = [r["bandwidth"]["read_GBps"] for r in entry["rounds"] if "bandwidth" in r]
-    bw = max(bws) if bws else None
-    s = {"read_GBps": bw, "nextn_tg": best(nx, "decode_tok_s"), "nextn_pp": best(nx, "prefill_tok_s"),
-         "llama_tg": best(ll, "tg"), "llama_pp": best(ll, "pp")}
-    s["ms"] = ms = {k: min(r["ms"][k] for r in ok) for k in ok[0]["ms"]} if ok else {}
-    s["verify_x_decode"] = ({str(T): ms[f"verify_{T}"] / ms["verify_1"] for T in VERIFY_ROWS[1:]}   # JSON keys
-                            if "verify_1" in ms else None)
-    s["draft_x_decode"] = ms["draft"] / ms["verify_1"] if "draft" in ms else None
-    s["verify_experts"] = ok[0].get("verify_experts") if ok else None
-    gg = entry["bytes_per_token"]["gguf"]["total"]
-    plan = ok[0]["plan_bytes_per_token"]["total"] if ok else None
-    s["bytes_per_token_gguf"], s["bytes_per_token_plan"] = gg, plan
-    s["nextn_GBps"] = s["nextn_tg"] * plan / GB if s["nextn_tg"] and plan else None
-    s["llama_GBps"] = s["llama_tg"] * gg / GB if s["llama_tg"] else None
-    div = lambda x, y: x / y if x is not None and y else None   # noqa: E731
-    s["tg_ratio"] = div(s["nextn_tg"], s["llama_tg"])
-    # the same ratio within each round (both engines timed back to back): on a VM whose memory speed drifts
-    # between rounds, the best of each engine may come from different rounds
-    s["tg_ratio_rounds"] = [r["nextn"]["decode_tok_s"] / r["llama"]["tg"] for r in entry["rounds"]
-                            if r["nextn"].get("status") == "ok" and r["llama"].get("status") == "ok"
-                            and r["llama"].get("tg")]
-    s["pp_ratio"] = div(s["nextn_pp"], s["llama_pp"])
-    s["nextn_bw_fraction"] = div(s["nextn_GBps"], bw)
-    s["llama_bw_fraction"] = div(s["llama_GBps"], bw)
-    failed = lambda rounds: next((r["status"] for r in rounds if r.get("status") != "ok"), "no rounds")  # noqa: E731
-    s["nextn_status"] = "ok" if ok else failed(nx)
-    s["llama_status"] = "ok" if s["llama_tg"] is not None else failed(ll)
-    if entry.get("skipped"):
-        s["nextn_status"] = s["llama_status"] = f"skipped: {entry['skipped']}"
-    s.update(summarize_first_token(entry))
-    return s
-
-
-def summarize_first_token(entry: dict) -> dict:
-    """The `-n 1` runs of one file: per engine its wall seconds (`{eng}_ft_s`), peak RSS, KV bytes and types, and
-    peak RSS ÷ (file bytes + KV bytes) (`{eng}_rss_x_file_kv`, the issue-11 target is ≤ 1.05); `ft_ratio` =
-    nextn wall ÷ llama.cpp wall (target ≤ 1.5)."""
-    size = entry.get("size")
-    s = {"file_bytes": size}
-    for eng in ("nextn", "llama"):
-        r = (entry.get("first_token") or {}).get(eng) or {}
-        ok = r.get("status") == "ok"
-        kv = r.get("kv") or {}
-        s[f"{eng}_ft_s"] = r["wall_s"] if ok else None
-        s[f"{eng}_rss"] = r["peak_rss"] if ok else None
-        s[f"{eng}_kv_bytes"] = kv.get("bytes")
-        s[f"{eng}_kv_types"] = f"{kv['type_k']}/{kv['type_v']}" if "type_k" in kv else None
-        s[f"{eng}_rss_x_file_kv"] = (r["peak_rss"] / (size + kv["bytes"])
-                                     if ok and size and kv.get("bytes") is not None else None)
-    s["ft_ratio"] = s["nextn_ft_s"] / s["llama_ft_s"] if s["nextn_ft_s"] and s["llama_ft_s"] else None
-    return s
-
-
-def fmt_num(x, fmt="{:.2f}"):
-    """A table cell: x formatted, or an en dash for None."""
-    return "–" if x is None else fmt.format(x)
-
-
-def _per_round(ratios) -> str:
-    if not ratios:
-        return "–"
-    return f"{float(np.median(ratios)):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
-
-
-def _experts(e) -> str:
-    return "–" if not e else f"{e['distinct']:.1f} / {e['routed']}"
-
-
-def format_table(report: dict) -> str:
-    """Markdown: the speed table (one row per file, ratios last), the memory / first-token table (ratios last),
-    a line on the machine and the settings, then any failures."""
-    head = ["file", "MB/token GGUF / plan", "read GB/s", "nextn tg", "llama tg", "nextn pp", f"llama pp{report['n_prompt']}",
-            "nextn GB/s", "llama GB/s", "verify 2/3/4 rows ÷ decode",
-            f"experts of verify {max(VERIFY_ROWS)}: distinct / routed", "draft ÷ decode",
-            "tg nextn/llama per round: median (min–max)", "tg nextn/llama", "pp nextn/llama", "nextn/read BW",
-            "llama/read BW"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    notes = []
-    for e in report["files"]:
-        s = e["summary"]
-        vx = s.get("verify_x_decode")
-        plan_mb = s["bytes_per_token_plan"] and s["bytes_per_token_plan"] / 1e6
-        cells = [e["name"], f"{s['bytes_per_token_gguf'] / 1e6:.0f} / {fmt_num(plan_mb, '{:.0f}')}",
-                 fmt_num(s["read_GBps"], "{:.1f}"), fmt_num(s["nextn_tg"]), fmt_num(s["llama_tg"]),
-                 fmt_num(s["nextn_pp"], "{:.1f}"), fmt_num(s["llama_pp"], "{:.1f}"), fmt_num(s["nextn_GBps"], "{:.1f}"),
-                 fmt_num(s["llama_GBps"], "{:.1f}"),
-                 " / ".join(fmt_num(vx[str(T)]) for T in VERIFY_ROWS[1:]) if vx else "–",
-                 _experts(s.get("verify_experts")), fmt_num(s.get("draft_x_decode")),
-                 _per_round(s.get("tg_ratio_rounds")), fmt_num(s["tg_ratio"]), fmt_num(s["pp_ratio"]),
-                 fmt_num(s["nextn_bw_fraction"]), fmt_num(s["llama_bw_fraction"])]
-        lines.append("| " + " | ".join(cells) + " |")
-        if e.get("skipped"):
-            notes.append(f"- {e['name']}: skipped: {e['skipped']}")
-            continue
-        for eng in ("nextn", "llama"):
-            if s[f"{eng}_status"] != "ok" and not s[f"{eng}_status"].startswith("not run"):
-                notes.append(f"- {e['name']}: {eng}: {s[f'{eng}_status']}")
-    if any(e.get("first_token") for e in report["files"]):
-        lines += ["", f"| file | file GB | KV GB nextn / llama | KV types nextn / llama | nextn peak RSS GB | "
-                  f"llama peak RSS GB | nextn run -n 1 s | llama-completion -n 1 s | nextn tg | llama tg{report['n_gen']} | "
-                  "RSS ÷ (file+KV) nextn / llama | wall nextn/llama | tg nextn/llama |", "|" + "---|" * 13]
-        for e in report["files"]:
-            s = e["summary"]
-            kv = " / ".join(fmt_num(s[f"{x}_kv_bytes"] and s[f"{x}_kv_bytes"] / GB) for x in ("nextn", "llama"))
-            types = " / ".join(s[f"{x}_kv_types"] or "–" for x in ("nextn", "llama"))
-            cells = [e["name"], fmt_num(e.get("size") and e["size"] / GB), kv, types,
-                     fmt_num(s["nextn_rss"] and s["nextn_rss"] / GB), fmt_num(s["llama_rss"] and s["llama_rss"] / GB),
-                     fmt_num(s["nextn_ft_s"], "{:.1f}"), fmt_num(s["llama_ft_s"], "{:.1f}"), fmt_num(s["nextn_tg"]),
-                     fmt_num(s["llama_tg"]), f"{fmt_num(s['nextn_rss_x_file_kv'])} / {fmt_num(s['llama_rss_x_file_kv'])}",
-                     fmt_num(s["ft_ratio"]), fmt_num(s["tg_ratio"])]
-            lines.append("| " + " | ".join(cells) + " |")
-            for eng, r in (e.get("first_token") or {}).items():
-                if r.get("status") != "ok" and not r["status"].startswith("not run"):
-                    notes.append(f"- {e['name']}: first token, {eng}: {r['status']}")
-    m = report["machine"]
-    kv = f", KV -ctk {report['cache_type_k']} -ctv {report['cache_type_v']}" if "cache_type_k" in report else ""
-    lines += ["", f"{m['cpu']} ({' '.join(m.get('cpu_flags', []))}), {m['physical_cores']} cores, "
-              f"{report['threads']} thread(s) both engines{kv}, -c {report.get('ctx', '?')}, best of "
-              f"{report['repeat']} interleaved rounds, tg = {report['n_gen']} decoded tokens; nextn "
-              f"{m.get('nextn_commit') or '?'}, llama.cpp {(report.get('llama_build') or '?').split()[0]}; loadavg at start "
-              f"{m['loadavg'][0]:.2f} (others' load; ours adds up to {report['threads']})"
-              + (" (machine loaded: read the ratios, not the absolute numbers)" if report["loaded"] else "")]
-    return "\n".join(lines + ([""] + notes if notes else []))
-
-
-def over_budget(entry: dict) -> str | None:
-    """The status of an earlier nextn round of this file that went over the memory budget, if any."""
-    return next((x["nextn"]["status"] for x in entry["rounds"] if x["nextn"]["status"].startswith("killed: anon")), None)
-
-
 # -- the run --------------------------------------------------------------------------------------------------------
-def resolve_files(names, directory, known=None) -> list[str]:
-    """The GGUF paths to measure, smallest first: `names` (paths, or names in `directory`, .gguf optional;
-    SystemExit naming a missing one), or else the files of `known` (default KNOWN) that exist in `directory`."""
-    if not names:
-        cands = [os.path.join(directory, n) for n in (KNOWN if known is None else known)]
-        paths = [p for p in cands if os.path.isfile(p)]
-    else:
-        paths = []
-        for n in names:
-            p = next((c for c in (n, os.path.join(directory, n), os.path.join(directory, f"{n}.gguf"))
-                      if os.path.isfile(c)), n)
-            if not os.path.isfile(p):
-                raise SystemExit(f"realwidth: {n}: no such file (looked in . and {directory})")
-            paths.append(p)
-    return sorted(paths, key=os.path.getsize)
-
-
-def memory_check(size: int, headroom_gb: float, available: int | None = None) -> str | None:
-    """Why a file of `size` bytes is not measured now (None: it may be): its pages and `headroom_gb` of working
-    memory must fit in MemAvailable (which counts the reclaimable page cache, this file's own pages included)."""
-    available = meminfo().get("MemAvailable", 0) if available is None else available
-    need = size + headroom_gb * GB
-    if available >= need:
-        return None
-    return (f"needs {size / GB:.1f} GB (file) + {headroom_gb:.1f} GB (--headroom-gb) of memory, MemAvailable is "
-            f"{available / GB:.1f} GB")
-
-
 def measure_file(path, a, tools, log) -> dict:
     """The rounds and the first-token runs of one file (module doc) → its report entry."""
     info = gguf_info(path)
-    entry = {"name": os.path.basename(path), "path": os.path.abspath(path), "size": os.path.getsize(path),
-             "arch": info["arch"], "n_layer": info["n_layer"],
-             "tensor_types": sorted({t for _n, t, _b in info["tensors"]}),
-             "bytes_per_token": {"gguf": decode_bytes_from_gguf(info)}, "rounds": []}
-    skip = memory_check(entry["size"], a.headroom_gb)
-    if skip:
-        log(f"{entry['name']}: skipped: {skip}")
-        entry["skipped"] = skip
+    entry = file_entry(path, info, tensor_types=sorted({t for _n, t, _b in info["tensors"]}),
+                       bytes_per_token={"gguf": decode_bytes_from_gguf(info)})
+    if skipped_for_memory(entry, a.headroom_gb, log):
         return entry
     for r in range(a.repeat):
         log(f"{entry['name']}: round {r + 1}/{a.repeat}: bandwidth")
@@ -628,7 +244,8 @@ def main(argv=None):
     ap.add_argument("--dir", default=DEFAULT_DIR)
     ap.add_argument("--repeat", type=int, default=3, choices=range(1, 100), metavar="N",
                     help="interleaved rounds per file (best counts) [default: 3]")
-    ap.add_argument("-t", "--threads", type=int, default=None, help="threads for both engines [default: physical cores]")
+    ap.add_argument("-t", "--threads", type=int, default=None,
+                    help="threads for both engines [default: physical cores]")
     ap.add_argument("-ctk", "--cache-type-k", default=KV_DEFAULT, choices=KV_TYPES,
                     help=f"KV cache type for K, both engines [default: {KV_DEFAULT}, llama.cpp's]")
     ap.add_argument("-ctv", "--cache-type-v", default=KV_DEFAULT, choices=KV_TYPES,
@@ -642,13 +259,14 @@ def main(argv=None):
     ap.add_argument("--headroom-gb", type=float, default=2.0,
                     help="measure a file only when MemAvailable holds it + this much [default: 2]")
     ap.add_argument("-o", "--output", default=None, help="write the JSON report here (after each file)")
-    ap.add_argument("--table", metavar="REPORT", default=None, help="print the tables of a saved JSON report, measure nothing")
+    ap.add_argument("--table", metavar="REPORT", default=None,
+                    help="print the tables of a saved JSON report, measure nothing")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
         res = worker(a.worker, a.n_gen, a.n_prompt, a.ctx, seed=0, cache_type_k=a.cache_type_k,
                      cache_type_v=a.cache_type_v)
-        print("RESULT " + json.dumps(res), flush=True)
+        print(RESULT + json.dumps(res), flush=True)
         return
     if a.table:
         with open(a.table) as f:
@@ -660,65 +278,13 @@ def main(argv=None):
     a.threads = a.threads or physical_cores()
     a.engines = set(a.engines.split(","))
     log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
-    sys.path.insert(0, HERE)
-    from peer import PeerMissing, peer_tool
-
-    tools = {}
-    if "llama" in a.engines:
-        for t in ("llama-bench", "llama-completion"):
-            try:
-                tools[t] = peer_tool(t)
-            except PeerMissing as e:
-                tools[f"missing {t}"] = str(e)
-                log(f"realwidth: {e}")
-    files = resolve_files(a.files, a.dir)
+    tools = peer_tools(("llama-bench", "llama-completion"), log, "realwidth") if "llama" in a.engines else {}
+    files = resolve_files(a.files, a.dir, KNOWN)
     if not files:
         raise SystemExit(f"realwidth: no real-width GGUF found in {a.dir} (make them: python bench/realwidth_files.py)")
     report = new_report(a, argv, n_prompt=a.n_prompt)
     run_files(report, files, lambda path: measure_file(path, a, tools, log), summarize, a.output)
     print(format_table(report))
-
-
-def new_report(a, argv, **extra) -> dict:
-    """The head of a run's report: the machine (its load before the run: `loaded`), the settings both engines got
-    (`a`: threads, cache_type_k/v, repeat, n_gen, ctx, engines), the command line, the peer's build; `extra`."""
-    from peer import peer_version
-
-    report = {"machine": machine(), "threads": a.threads, "cache_type_k": a.cache_type_k,
-              "cache_type_v": a.cache_type_v, "repeat": a.repeat, "n_gen": a.n_gen, "ctx": a.ctx,
-              "engines": sorted(a.engines), "argv": sys.argv[1:] if argv is None else list(argv),
-              "llama_build": peer_version(), **extra, "files": []}
-    # Our own processes raise the load during the run, so only the load before it says whether others were busy.
-    report["loaded"] = report["machine"]["loadavg"][0] > 0.5
-    return report
-
-
-def run_files(report: dict, files, measure, summarize, output: str | None, after=None) -> dict:
-    """Measure `files` in turn into report["files"]: entry = measure(path), entry["summary"] = summarize(entry),
-    then after(report) if given; the report is written to `output` after each file (what is measured so far is
-    kept) and at the end, with the load average then."""
-    t0 = time.perf_counter()
-    for path in files:
-        entry = measure(path)
-        entry["summary"] = summarize(entry)
-        report["files"].append(entry)
-        if after is not None:
-            after(report)
-        report["wall_s"] = time.perf_counter() - t0
-        if output:
-            write_report(report, output)
-    report["loadavg_end"] = os.getloadavg()
-    if output:
-        write_report(report, output)
-    return report
-
-
-def write_report(report: dict, path: str) -> None:
-    """Write a JSON report through a .tmp beside it, then renamed: a reader never sees half a report."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=1, default=str)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

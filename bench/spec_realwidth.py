@@ -11,14 +11,15 @@ computes the same graph).
 FILE: paths, or names in --dir (default: bench/realwidth_files.py's folder); default: every predictable file
 (`realwidth_files.py --set spec`) that exists there, smallest first. Make one with
 `python bench/realwidth_files.py glm45air-1-a0.1`. Under the heavy-bench lock on a shared machine:
-`flock "$(python bench/realwidth_files.py --lock)" python bench/spec_realwidth.py ...`. The harness (child
-processes watched for memory, the file selection, the memory guard, the llama.cpp parsers, GGUF byte counts) is
-bench/realwidth.py's, imported.
+`flock "$(python bench/realwidth_files.py --lock)" python bench/spec_realwidth.py ...`. The harness is
+bench/realwidth.py's, imported from its modules: child processes watched for memory and the memory guard
+(guarded.py), the file selection and the report (bench_report.py), the llama.cpp parsers (llama_logs.py), GGUF
+byte counts (gguf_bytes.py).
 
 Per file, `--repeat` rounds, each back to back so that drift hits every configuration alike:
   1. nextn in a fresh process (`nextn.runtime.load`, compiled and cached on the first use), after its populate:
      one short warm-up generation per configuration, then --inner times (the fastest counts) plain, n_max 1..3 and
-     auto, each `Model.generate` of -n tokens after rw.PROMPT, greedy, ignore EOS (what `nextn run --json`
+     auto, each `Model.generate` of -n tokens after bench_report.PROMPT, greedy, ignore EOS (what `nextn run --json`
      reports: tok/s, acceptance, per-position acceptance, `entry_s` = seconds inside each compiled entry point);
      each speculative run's tokens are checked against plain's (`same_as_plain`). Then, on the file's own greedy
      chain (prompt + plain's tokens, so the rows route as real drafts do), the ms of a verify of T = 1..4 rows, of
@@ -48,7 +49,7 @@ decode-time if every entry point cost what its weight bytes cost (plain: 1).
 
 Verify against its bytes (item 2): bytes(T) = every dense weight once + the lm head once + T rows of token_embd +
 each distinct routed expert once (distinct experts from the verify's own expert ids, the same size per layer in
-these files); bytes(1) is one decode's (bench/realwidth.decode_bytes_from_gguf). The per-kernel table puts each
+these files); bytes(1) is one decode's (bench/gguf_bytes.decode_bytes_from_gguf). The per-kernel table puts each
 kernel family's verify ms ÷ decode ms next to the bytes it reads: routed experts (`matmul_id`) distinct(T) ÷
 n_expert_used, every other weight matmul (dense, lm head) 1, the rest (attention, norms, VM bookkeeping) 1 by
 convention; "excess ms" = verify ms − that ratio × decode ms is where the verify pays for more than its bytes.
@@ -80,8 +81,14 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import realwidth as rw  # noqa: E402
+from bench_report import PROMPT, file_entry, new_report, peer_tools, resolve_files, run_files  # noqa: E402
+from gguf_bytes import decode_bytes_from_gguf, gguf_info  # noqa: E402
+from guarded import (RESULT, failure, over_budget, run_watched, run_worker, skipped_for_memory,  # noqa: E402
+                     thread_env)
+from llama_logs import parse_completion, parse_speculative  # noqa: E402
+from machine_probe import GB  # noqa: E402
 from realwidth_files import SETS, realwidth_dir  # noqa: E402
+from realwidth_table import VERIFY_ROWS, fmt_num  # noqa: E402
 
 from nextn.common.kv_types import DEFAULT as KV_DEFAULT  # noqa: E402
 from nextn.common.kv_types import NAMES as KV_TYPES  # noqa: E402
@@ -89,11 +96,9 @@ from nextn.runtime.depth import spread_tokens  # noqa: E402
 from nextn.runtime.threads import physical_cores  # noqa: E402
 
 KNOWN = [f"{n}.gguf" for n in SETS["spec"]]
-VERIFY_ROWS = (1, 2, 3, 4)
 KERNEL_ROWS = (1, 2, 4)                       # per-kernel profile: the decode and these verifies
 REAL_LAYERS = {"glm4moe": 46, "glm-dsa": 78}   # trunk layers of GLM-4.5-Air, GLM-5.2 (HF configs)
 REPS = 5                                       # calls per micro timing and per-kernel profile (min counts)
-GB = rw.GB
 
 
 def configs(n_max) -> list[tuple[str, str, int | str]]:
@@ -158,12 +163,12 @@ def cell(r) -> dict:
             "spec_draft_n_max": j["spec_draft_n_max"], "threads": j["threads"]}
 
 
-def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: str | list = rw.PROMPT,
+def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: str | list = PROMPT,
                   inner: int = 1) -> dict:
     """One nextn round on a loaded `Model` (module doc, step 1): {"runs": {label: cell}, "ms": {...},
     "verify_experts": {T: routed_experts}, "kernels": {...} or None}. `prompt`: text or token ids; `inner`:
     generations per configuration, interleaved (the fastest counts; every one is checked against plain)."""
-    from nextn.common.timing import time_call
+    from nextn.common.timing import round_robin
 
     from kernel_profile import profile, routed_experts
 
@@ -194,11 +199,8 @@ def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: 
     if eng.has_mtp:
         calls["draft"] = lambda: eng.mtp_draft([int(chain[P])], hidden[-1:], P)
         calls["draft_2"] = lambda: eng.mtp_draft([int(chain[P - 1]), int(chain[P])], hidden[-2:], P - 1)
-    best = {k: float("inf") for k in calls}
-    for _ in range(REPS):        # round-robin, so a burst of load hits every call alike
-        for k, f in calls.items():
-            best[k] = min(best[k], time_call(f))
-    out = {"runs": runs, "ms": {k: v * 1e3 for k, v in best.items()}, "prompt_tokens": len(ids),
+    out = {"runs": runs, "ms": {k: min(v) * 1e3 for k, v in round_robin(calls, REPS).items()},
+           "prompt_tokens": len(ids),
            "verify_experts": {str(T): routed_experts(eng, calls[f"verify_{T}"]) for T in VERIFY_ROWS},
            "n_expert_used": int(eng.hparams.get("n_expert_used", 1)), "kernels": None}
     if kernels:
@@ -225,24 +227,18 @@ def worker(path: str, a) -> dict:
 
 
 def nextn_round(path, a, log, kernels: bool) -> dict:
-    env = dict(os.environ, TVM_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", path, "-n", str(a.n_gen), "-c", str(a.ctx),
            "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "--n-max", ",".join(map(str, a.n_max)),
            "--inner", str(a.inner)]
     cmd += [] if kernels else ["--no-kernels"]
-    res = rw.run_watched(cmd, a.mem_budget_gb * GB, env=env, log=log)
-    mem = {"peak_rss": res["peak_rss"], "peak_anon": res["peak_anon"], "wall_s": res["wall_s"]}
-    line = next((x for x in reversed(res["stdout"].splitlines()) if x.startswith("RESULT ")), None)
-    if res["rc"] != 0 or line is None:
-        return {"status": rw.failure(res), **mem}
-    return {"status": "ok", **json.loads(line[len("RESULT "):]), **mem}
+    return run_worker(cmd, a.mem_budget_gb * GB, env=thread_env(a.threads), log=log)
 
 
 # -- llama.cpp -------------------------------------------------------------------------------------------------------
 def llama_cmds(path: str, a, tools: dict) -> dict:
     """{label: argv} of llama.cpp's runs: plain (llama-completion) and draft-mtp n_max k (llama-speculative-simple),
     the same prompt, tokens, threads, context and KV types as nextn's."""
-    common = ["-m", path, "-p", rw.PROMPT, "-n", str(a.n_gen), "-c", str(a.ctx), "-t", str(a.threads),
+    common = ["-m", path, "-p", PROMPT, "-n", str(a.n_gen), "-c", str(a.ctx), "-t", str(a.threads),
               "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "--temp", "0", "--ignore-eos"]
     out = {}
     if "llama-completion" in tools:
@@ -255,50 +251,14 @@ def llama_cmds(path: str, a, tools: dict) -> dict:
     return out
 
 
-def parse_completion(text: str) -> dict:
-    """llama-completion's perf lines (common/sampling.cpp common_perf_print) → {"tok_s": eval runs ÷ eval seconds,
-    "n_eval", "eval_ms", "prompt_tok_s"}; {} when the eval line is missing."""
-    ev = re.search(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs", text.replace("prompt eval time", "prompt_eval"))
-    if not ev:
-        return {}
-    ms, n = float(ev.group(1)), int(ev.group(2))
-    out = {"tok_s": n / ms * 1e3 if ms > 0 else 0.0, "n_eval": n, "eval_ms": ms}
-    pp = re.search(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens", text)
-    if pp and float(pp.group(1)) > 0:
-        out["prompt_tok_s"] = int(pp.group(2)) / float(pp.group(1)) * 1e3
-    return out
-
-
-def parse_speculative(text: str) -> dict:
-    """llama-speculative-simple's summary (examples/speculative-simple: `decoded N tokens in S seconds`,
-    `n_drafted`, `n_accept`) and, at -lv 4, common_speculative_print_stats' `#mean acc len` and `#acc rate/pos`
-    → {"tok_s", "decoded", "decode_s", "drafted", "accepted", "acceptance", "mean_len", "per_pos"}; {} without
-    the decoded line."""
-    d = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
-    if not d:
-        return {}
-    n, s = int(d.group(1)), float(d.group(2))
-    out = {"decoded": n, "decode_s": s, "tok_s": n / s if s > 0 else 0.0}
-    for key, pat in (("drafted", r"n_drafted\s*=\s*(\d+)"), ("accepted", r"n_accept\s*=\s*(\d+)")):
-        m = re.search(pat, text)
-        out[key] = int(m.group(1)) if m else None
-    if out["drafted"]:
-        out["acceptance"] = out["accepted"] / out["drafted"]
-    m = re.search(r"#mean acc len\s*=\s*([\d.]+)", text)
-    out["mean_len"] = float(m.group(1)) if m else None
-    m = re.search(r"#acc rate/pos\s*=\s*\(([^)]*)\)", text)
-    out["per_pos"] = [float(x) for x in m.group(1).split(",") if x.strip()] if m else None
-    return out
-
-
 def llama_round(path, a, tools, log) -> dict:
     out = {}
     for label, cmd in llama_cmds(path, a, tools).items():
-        res = rw.run_watched(cmd, a.mem_budget_gb * GB, log=log)
+        res = run_watched(cmd, a.mem_budget_gb * GB, log=log)
         text = res["stdout"] + "\n" + res["stderr"]
         got = (parse_completion if label == "plain" else parse_speculative)(text) if res["rc"] == 0 else {}
         mem = {"peak_rss": res["peak_rss"], "wall_s": res["wall_s"]}
-        out[label] = {"status": "ok", **got, **mem} if got else {"status": rw.failure(res), **mem}
+        out[label] = {"status": "ok", **got, **mem} if got else {"status": failure(res), **mem}
     for label in ["plain"] + [f"n_max={k}" for k in a.n_max]:
         out.setdefault(label, {"status": "not built: " + ("llama-completion" if label == "plain"
                                                             else "llama-speculative-simple")})
@@ -462,7 +422,7 @@ def projection(files: list[dict]) -> list[dict]:
 
 
 # -- tables ----------------------------------------------------------------------------------------------------------
-_f = rw.fmt_num
+_f = fmt_num
 
 
 def _pos(p) -> str:
@@ -569,24 +529,20 @@ def format_table(report: dict) -> str:
 
 # -- the run ---------------------------------------------------------------------------------------------------------
 def measure_file(path, a, tools, log) -> dict:
-    info = rw.gguf_info(path)
-    entry = {"name": os.path.basename(path), "path": os.path.abspath(path), "size": os.path.getsize(path),
-             "arch": info["arch"], "n_layer": info["n_layer"], "n_expert_used": info["n_expert_used"],
-             "bytes_per_token": {"gguf": rw.decode_bytes_from_gguf(info), "draft": draft_bytes(info)}, "rounds": []}
-    skip = rw.memory_check(entry["size"], a.headroom_gb)
-    if skip:
-        log(f"{entry['name']}: skipped: {skip}")
-        entry["skipped"] = skip
+    info = gguf_info(path)
+    entry = file_entry(path, info, n_expert_used=info["n_expert_used"],
+                       bytes_per_token={"gguf": decode_bytes_from_gguf(info), "draft": draft_bytes(info)})
+    if skipped_for_memory(entry, a.headroom_gb, log):
         return entry
     for r in range(a.repeat):
         rnd = {}
-        if "nextn" in a.engines and not rw.over_budget(entry):
+        if "nextn" in a.engines and not over_budget(entry):
             log(f"{entry['name']}: round {r + 1}/{a.repeat}: nextn")
             n = rnd["nextn"] = nextn_round(path, a, log, kernels=a.kernels and r == 0)
             log(f"  nextn: {n['status']}" + ("".join(f", {k} {c['tok_s']:.2f} tok/s" for k, c in n["runs"].items())
                                              if n["status"] == "ok" else ""))
         else:
-            rnd["nextn"] = {"status": rw.over_budget(entry) or "not run (--engines)"}
+            rnd["nextn"] = {"status": over_budget(entry) or "not run (--engines)"}
         if "llama" in a.engines:
             log(f"{entry['name']}: round {r + 1}/{a.repeat}: llama.cpp")
             q = rnd["llama"] = llama_round(path, a, tools, log)
@@ -630,7 +586,7 @@ def main(argv=None):
     except (ValueError, AssertionError):
         raise SystemExit(f"spec_realwidth: --n-max {a.n_max}: expected a comma list of integers >= 1") from None
     if a.worker:
-        print("RESULT " + json.dumps(worker(a.worker, a)), flush=True)
+        print(RESULT + json.dumps(worker(a.worker, a)), flush=True)
         return
     if a.table:
         with open(a.table) as f:
@@ -643,24 +599,17 @@ def main(argv=None):
     a.threads = a.threads or physical_cores()
     a.engines = set(a.engines.split(","))
     log = lambda s: print(s, file=sys.stderr, flush=True)   # noqa: E731
-    from peer import PeerMissing, peer_tool
-
-    tools = {}
-    if "llama" in a.engines:
-        for t in ("llama-completion", "llama-speculative-simple"):
-            try:
-                tools[t] = peer_tool(t)
-            except PeerMissing as e:
-                log(f"spec_realwidth: {e}")
-    files = rw.resolve_files(a.files, a.dir, known=KNOWN)
+    tools = (peer_tools(("llama-completion", "llama-speculative-simple"), log, "spec_realwidth")
+             if "llama" in a.engines else {})
+    files = resolve_files(a.files, a.dir, known=KNOWN)
     if not files:
         raise SystemExit(f"spec_realwidth: no predictable file in {a.dir} "
                          f"(make one: python bench/realwidth_files.py glm45air-1-a0.1)")
-    report = rw.new_report(a, argv, n_max=a.n_max)
+    report = new_report(a, argv, n_max=a.n_max)
 
     def project(rep):
         rep["projection"] = projection(rep["files"])
-    rw.run_files(report, files, lambda path: measure_file(path, a, tools, log), summarize, a.output, after=project)
+    run_files(report, files, lambda path: measure_file(path, a, tools, log), summarize, a.output, after=project)
     print(format_table(report))
 
 

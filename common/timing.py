@@ -23,3 +23,14 @@ def time_call(f, reps: int = 1) -> float:
         f()
         ts.append(time.perf_counter() - t)
     return min(ts)
+
+
+def round_robin(calls: dict, rounds: int) -> dict:
+    """{key: [wall seconds of each round]} of `rounds` rounds, each calling every f of `calls` ({key: f}) once, in
+    order: interleaved, so that a burst of load on a shared machine hits every call alike (each call must finish
+    its device work before it returns)."""
+    out = {k: [] for k in calls}
+    for _ in range(rounds):
+        for k, f in calls.items():
+            out[k].append(time_call(f))
+    return out

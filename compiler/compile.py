@@ -206,7 +206,7 @@ def manifest(p: Plan, built: Built, model_files: list[dict]) -> dict:
         "max_draft": MAX_DRAFT,   # the deepest draft a request may ask for (common/manifest.py)
         # --spec-draft-vocab: token rows of the `_vocab` draft entries' head (graphs.reduce_head), None without
         "draft_vocab": o.draft_vocab if p.with_mtp and o.draft_vocab else None,
-        "kernel_form": o.kernel_form,   # cpu, gpu, or gpu-emulated (the GPU kernels built for llvm; lower/attention.py)
+        "kernel_form": o.kernel_form,   # cpu, gpu, or gpu-emulated (the GPU kernels built for llvm; lower/attention/)
         # the hand-written x86 matmul kernels (compiler/lower/x86): vector width, activation quantization
         "x86_kernels": None if p.x86 is None else {"vector_bytes": p.x86.width, "kernels": len(p.x86.specs),
                                                    "activation_quant": "q8" if p.x86.quantize_activations else None},

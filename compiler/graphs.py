@@ -29,8 +29,8 @@ ENTRY_POINTS = {
 STATIC = {"decode": {"T": 1}, "draft": {"T": 1}, "mtp_draft_shared": {"T": 1}}
 # Entry points of few rows (one decode step, a verify pass of k + 1 rows, a draft step) whose attention is split
 # over L (flash-decoding: partials per chunk of cells, merged in order), so that a long context spreads over cores
-# or thread blocks. It computes the same bits as the fused form (lower/flash_attn.py); verify and decode, whose
-# rows must agree bit for bit for speculation on ≡ off, also run the very same kernels.
+# or thread blocks. It computes the same bits as the fused form (lower/attention/flash_attn.py); verify and decode,
+# whose rows must agree bit for bit for speculation on ≡ off, also run the very same kernels.
 SPLIT_L = frozenset({"verify", "decode", "mtp_draft", "draft", "mtp_draft_shared"})
 # The entries that draft (their `argmax` is the next draft token): with `draft_vocab` each gets a `_vocab` copy.
 DRAFTING = ("mtp_draft", "draft", "mtp_draft_shared")

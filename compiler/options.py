@@ -39,7 +39,7 @@ class CompileOptions:
     - `exact_matmul` [--exact-matmul] (llvm): float activations in every matmul; by default the CPU's K-quant /
       IQ4_XS / Q8_0 / IQ4_NL / MXFP4 matmuls take int8-quantized activation rows, as ggml-cpu does
       (compiler/lower/x86, nextn.common.quant.activation).
-    - `split_kernels`: the GPU form of the kernels (lower/attention.py; to_relax.SPLIT_OPS as separate kernels);
+    - `split_kernels`: the GPU form of the kernels (lower/attention/; to_relax.SPLIT_OPS as separate kernels);
       None: on GPU targets only (tests set it on llvm to check the GPU form's arithmetic with serial threads).
     - `cuda_graph` [--cuda-graph/--no-cuda-graph] (cuda): the one-row steps replay as CUDA graphs
       (lower/capture_graphs.py).
@@ -74,7 +74,7 @@ class CompileOptions:
     # -- what the options mean ---------------------------------------------------------------------------------------
     @property
     def split(self) -> bool:
-        """Whether the kernels take their GPU form (lower/attention.py; to_relax.SPLIT_OPS as separate kernels)."""
+        """Whether the kernels take their GPU form (lower/attention/; to_relax.SPLIT_OPS as separate kernels)."""
         return self.target in GPU_TARGETS if self.split_kernels is None else self.split_kernels
 
     @property

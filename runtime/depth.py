@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nextn.common.timing import time_call
+from nextn.common.timing import round_robin
 
 
 class FixedDepth:
@@ -165,10 +165,7 @@ def calibrate(engine, k_max: int, reps: int = 5):
     calls = [lambda T=min(k + 1, C): engine.verify(spread_tokens(T, V), 0) for k in range(k_max + 1)]
     if engine.has_mtp:
         calls += [lambda: engine.mtp_draft([0], z[:1], 0), lambda: engine.mtp_rows(spread_tokens(n, V), z[:n], 0)]
-    t = [float("inf")] * len(calls)
-    for _ in range(reps + 1):    # round-robin, so that a burst of load on a shared machine hits every size alike
-        for i, f in enumerate(calls):
-            t[i] = min(t[i], time_call(f))
+    t = [min(v) for v in round_robin(dict(enumerate(calls)), reps + 1).values()]
     draft, row = (t[k_max + 1], t[k_max + 2] / n) if engine.has_mtp else (0.0, 0.0)
     cache[k_max] = (t[:k_max + 1], draft, row)
     return cache[k_max]

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from nextn.common.compare import rel_err
+# the interpreter's side of a comparison; tests import these names from here
+from nextn.compiler.ir.reference import dequantized, graphs_and_dequantized, zero_states  # noqa: F401
 
 FIXTURES = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures"
 # Logits / hidden against the BF16 references: max |got - want| per row within 1e-4 of the row's max |want|
@@ -26,32 +28,11 @@ def reference_logits(model_dir: Path = G4):
     return np.load(model_dir / "reference_logits.npz")
 
 
-def dequantized(mf):
-    """Weight getter for the IR interpreter: each tensor of ModelFiles `mf` dequantized by gguf-py, read once."""
-    cache: dict[str, np.ndarray] = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = mf.load(name, quantized=False).arrays[0]
-        return cache[name]
-
-    return get
-
-
 def quantized_activations(engine) -> dict[str, str]:
     """Weights whose matmuls take int8 activation rows in this engine's artifact, with their row format ("q8",
     "q8_0"): the interpreter's argument."""
     return {b["tensor"]: b["activation"] for b in engine.artifact.manifest["buffer_plan"]["weights"]
             if b.get("activation")}
-
-
-def graphs_and_dequantized(model: Path):
-    """(the IR graphs with MTP, the weights dequantized by gguf-py) of `model`: the interpreter's side."""
-    from nextn.compiler.graphs import build_graphs
-    from nextn.compiler.loader.model_files import ModelFiles
-
-    mf = ModelFiles(model, load_mtp=True)
-    return build_graphs(mf, with_mtp=True), dequantized(mf)
 
 
 def exact_engine(compiled, name: str, model: Path):
@@ -61,16 +42,6 @@ def exact_engine(compiled, name: str, model: Path):
     exact = rt.load(compiled(name, model, exact_matmul=True), ctx_size=4096)
     assert not quantized_activations(exact.engine)
     return exact.engine
-
-
-def zero_states(graphs, n_ctx: int, planes: int = 10) -> dict:
-    """Interpreter state buffers for every state of `graphs` (a Graph or an iterable of them): context `n_ctx`
-    cells, `planes` recurrent planes (ir/graph.py)."""
-    from nextn.compiler.ir.graph import resolve_shape
-
-    graphs = [graphs] if hasattr(graphs, "states") else list(graphs)
-    return {n: np.zeros(resolve_shape(s.shape, {"C": n_ctx, "P": planes}), np.float32)
-            for g in graphs for n, s in g.states.items()}
 
 
 def check_trunk_vs_ir(eng, graphs, w, ids, rows: int):

@@ -23,6 +23,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import bundle as bundle_builder  # noqa: E402
 import device_check  # noqa: E402
+import device_refs  # noqa: E402
+import device_timing  # noqa: E402
 
 STAGES = ["environment", "plugin", "open", "load_module", "vm_init", "weights", "kv", "prefill", "decode_graphs",
           "entry_timings", "reference glm4moe-BF16", "speed", "realwidth"]
@@ -92,7 +94,7 @@ def test_device_check_cpu_mode_in_a_runtime_only_interpreter(bundle, tmp_path):
     st = {s["stage"]: s.get("result", {}) for s in res["stages"]}
     assert st["decode_graphs"]["bit_exact"] and st["decode_graphs"]["steps"] == device_check.BUCKET_STEPS
     assert st["weights"]["bytes"] > 0 and st["kv"]["bytes"] > 0
-    assert st["prefill"]["matches_reference"] and st["prefill"]["rel_err"] < device_check.LOGIT_TOL
+    assert st["prefill"]["matches_reference"] and st["prefill"]["rel_err"] < device_refs.LOGIT_TOL
     assert [x["config"] for x in res["speed"]["rows"]] == ["off", "n_max=1", "n_max=2", "n_max=3", "auto"]
     assert all(x["same_as_off"] and x["tok_s"] > 0 for x in res["speed"]["rows"])
     assert {x["entry"] for x in res["entry_timings"]} == {"prefill", "verify", "decode", "mtp_rows", "draft"}
@@ -188,14 +190,14 @@ def test_quantized_expectations_catch_a_difference(compiled, tmp_path):
 
     m = rt.load(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), ctx_size=4096)
     path = str(tmp_path / "expect")
-    device_check.record_expectations(m, str(G4), path, kinds=["code-short"])
-    want = device_check.expect_want(path, None)
-    got = device_check.model_outputs(m, want, rows=False)
-    checks = device_check.compare(got, want, exact_acceptance=True)
+    device_refs.record_expectations(m, str(G4), path, kinds=["code-short"])
+    want = device_refs.expect_want(path, None)
+    got = device_refs.model_outputs(m, want, rows=False)
+    checks = device_refs.compare(got, want, exact_acceptance=True)
     assert len(checks) == 1 + 1 + 3 + 3 and all(c["ok"] for c in checks)   # logits, ids, spec ≡ off, counts
     want["code-short"]["greedy_ids"][5] += 1
     want["code-short"]["last_logits"] = want["code-short"]["last_logits"] * 1.001
-    bad = [c["check"] for c in device_check.compare(got, want, exact_acceptance=True) if not c["ok"]]
+    bad = [c["check"] for c in device_refs.compare(got, want, exact_acceptance=True) if not c["ok"]]
     assert bad == ["code-short last logits", "code-short greedy ids"]
 
 
@@ -210,7 +212,7 @@ def test_step_bytes_counts_active_experts_and_one_embedding_row(compiled):
     embd = sum(plan[n]["nbytes"] for n in names if plan[n]["tensor"] == "token_embd.weight")
     rest = sum(plan[n]["nbytes"] for n in names) - routed - embd
     want = rest + routed * hp["n_expert_used"] / hp["n_expert"] + embd / hp["n_vocab"]
-    assert routed > 0 and embd > 0 and device_check.step_bytes(man, "decode") == int(want)
+    assert routed > 0 and embd > 0 and device_timing.step_bytes(man, "decode") == int(want)
 
 
 def test_device_writes_in_bounded_chunks(monkeypatch):
@@ -362,31 +364,29 @@ def test_gpu_expectations_are_the_float_activation_run_with_margins(compiled):
     q8 = G4 / "tiny-glm4moe-Q8_0.gguf"
     exact = rt.load(compiled("q8-exact", q8, exact_matmul=True), ctx_size=4096)
     q8act = rt.load(compiled("q8", q8), ctx_size=4096)
-    want = device_check.fixture_want(str(G4), ["code-short"])
+    want = device_refs.fixture_want(str(G4), ["code-short"])
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        device_check.record_expectations(exact, str(G4), f"{d}/expect", kinds=["code-short"])
-        want = device_check.expect_want(f"{d}/expect", None)
+        device_refs.record_expectations(exact, str(G4), f"{d}/expect", kinds=["code-short"])
+        want = device_refs.expect_want(f"{d}/expect", None)
     w = want["code-short"]
     assert set(w["spec_margin"]) == {"1", "2", "3"}
     assert 0 < w["greedy_margin"] <= w["last_margin"] and all(0 < m <= 1 for m in w["spec_margin"].values())
-    tol = device_check.GPU_TOL
-    same = device_check.compare(device_check.model_outputs(exact, want, rows=False), want, True, tol=tol)
+    tol = device_refs.GPU_TOL
+    same = device_refs.compare(device_refs.model_outputs(exact, want, rows=False), want, True, tol=tol)
     assert len(same) == 8 and all(c["ok"] and not c.get("undecided") for c in same)
     # the interpreter (numpy's order) against the recorded logits: well inside the tolerance
     graphs, weights = graphs_and_dequantized(q8)
     ids = np.asarray(w["prompt_ids"], np.int32)
     T = len(ids)
-    from conftest import zero_states
+    from nextn.compiler.ir.reference import prefill_inputs, zero_states
 
-    out = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
-                                            "hidden_ids": np.arange(T, dtype=np.int32),
-                                            "out_ids": np.array([T - 1], np.int32)},
-                        weights, zero_states(graphs["prefill"], T), n_kv=T)
-    assert device_check.rel_err(out["logits"][0], w["last_logits"]) < tol / 5
+    out = interpret.run(graphs["prefill"], prefill_inputs(graphs["prefill"], ids), weights,
+                        zero_states(graphs["prefill"], T), n_kv=T)
+    assert device_refs.rel_err(out["logits"][0], w["last_logits"]) < tol / 5
     # int8 activations: another computation, red at GPU_TOL (3.7e-3 here, as on the H200)
-    red = device_check.compare(device_check.model_outputs(q8act, want, rows=False), want, True, tol=tol)
+    red = device_refs.compare(device_refs.model_outputs(q8act, want, rows=False), want, True, tol=tol)
     logits = next(c for c in red if c["check"] == "code-short last logits")
     assert not logits["ok"] and float(logits["detail"].split()[1].rstrip(",")) > 100 * tol
 
@@ -396,12 +396,12 @@ def test_near_tie_is_reported_not_failed():
     no deviation within tol can move an argmax), and is reported as undecided when it does not."""
     v = np.zeros(8, np.float32)
     v[:3] = [10.0, 9.99995, 1.0]                        # top-2 gap 5e-5 / 10 = 5e-6
-    assert abs(device_check.top2_gap(v) - 5e-6) < 1e-7
+    assert abs(device_refs.top2_gap(v) - 5e-6) < 1e-7
     want = {"p": {"last_logits": v, "argmax": 0, "greedy_ids": [1, 2, 3], "spec": {"1": [3, 3, 2]},
                   "last_margin": 5e-6, "greedy_margin": 1e-3, "spec_margin": {"1": 5e-6}}}
     got = {"p": {"last_logits": v + 1e-6, "argmax": 0, "greedy_ids": [1, 2, 4], "spec": {"1": [3, 3, 1]},
                  "spec_equal": {"1": True}}}
-    res = {c["check"]: c for c in device_check.compare(got, want, True, tol=1e-5)}
+    res = {c["check"]: c for c in device_refs.compare(got, want, True, tol=1e-5)}
     assert res["p last logits"]["ok"]
     assert not res["p greedy ids"]["ok"]                           # gap 1e-3 > 2e-5: a real difference
     counts = res["p n_max=1 (rounds, drafted, accepted)"]
@@ -409,7 +409,7 @@ def test_near_tie_is_reported_not_failed():
     # without margins (the fixtures' own references) every difference fails
     for k in ("last_margin", "greedy_margin", "spec_margin"):
         del want["p"][k]
-    assert [c["ok"] for c in device_check.compare(got, want, True, tol=1e-5)] == [True, False, True, False]
+    assert [c["ok"] for c in device_refs.compare(got, want, True, tol=1e-5)] == [True, False, True, False]
 
 
 def test_bundle_plans_quantized_checks_at_the_gpu_tolerance(compiled, tmp_path, monkeypatch):
@@ -424,9 +424,9 @@ def test_bundle_plans_quantized_checks_at_the_gpu_tolerance(compiled, tmp_path, 
                                 realwidth=None, prebuilt={"glm4moe-Q8_0": exact}, copy_models=False,
                                 exact={"glm4moe-Q8_0": exact})
     c = plan["checks"][0]
-    assert c["expect"] == "refs/expect-exact-glm4moe-Q8_0" and c["tol"] == device_check.GPU_TOL
+    assert c["expect"] == "refs/expect-exact-glm4moe-Q8_0" and c["tol"] == device_refs.GPU_TOL
     assert recorded == [(str(tmp_path / "b" / c["expect"]), exact)]
-    assert device_check.tolerance(c) == device_check.GPU_TOL and device_check.tolerance({}) == device_check.LOGIT_TOL
+    assert device_refs.tolerance(c) == device_refs.GPU_TOL and device_refs.tolerance({}) == device_refs.LOGIT_TOL
 
 
 def test_predictable_realwidth_stage_reports_floor_fractions_and_speculation(bundle, tmp_path):

@@ -13,7 +13,8 @@ import pytest
 import tvm
 
 from nextn.common.kv_types import KV_TYPES
-from nextn.compiler.lower import dsa_kernels, flash_attn as fa, kv_access
+from nextn.compiler.lower.attention import flash_attn as fa, kv_access
+from nextn.compiler.lower.indexer import dsa_kernels
 
 pytestmark = pytest.mark.e2e   # builds TVM kernels or runs the CLI in a subprocess
 

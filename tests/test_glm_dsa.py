@@ -227,7 +227,7 @@ def test_top_k_mask_kernel_matches_interpreter(values):
     import tvm
     from tvm import relax
 
-    from nextn.compiler.lower import dsa_kernels
+    from nextn.compiler.lower.indexer import dsa_kernels
 
     rng = np.random.default_rng(1)
     T, L, k = 40, 300, 50

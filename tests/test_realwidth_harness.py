@@ -4,6 +4,7 @@ the file's bytes), the llama-bench parser, the summary and its table, file selec
 bench/peer.py. No timings are asserted."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -16,8 +17,13 @@ from conftest import G4
 from nextn.common.manifest import read_bytes_per_row, step_read_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench_report  # noqa: E402
+import gguf_bytes  # noqa: E402
+import guarded  # noqa: E402
+import llama_logs  # noqa: E402
 import peer  # noqa: E402
 import realwidth as rw  # noqa: E402
+import realwidth_table  # noqa: E402
 
 
 def independent_decode_bytes(path: Path) -> float:
@@ -50,7 +56,7 @@ def test_decode_bytes_match_an_independent_count(compiled):
     want = independent_decode_bytes(gguf)
     plan = step_read_bytes(manifest, "decode")
     assert plan["total"] == pytest.approx(want, rel=1e-12)
-    assert rw.decode_bytes_from_gguf(rw.gguf_info(str(gguf)))["total"] == pytest.approx(want, rel=1e-12)
+    assert gguf_bytes.decode_bytes_from_gguf(gguf_bytes.gguf_info(str(gguf)))["total"] == pytest.approx(want, rel=1e-12)
     # The routed experts are read in part: less than the whole trunk, more than the trunk without experts.
     assert plan["routed"] > 0 and plan["total"] < manifest["buffer_plan"]["trunk_weight_bytes"]
 
@@ -68,7 +74,7 @@ def test_parse_llama_bench_jsonl():
     common = {"build_commit": "abc", "build_number": 1, "n_threads": 2, "model_size": 4423062304}
     text = "\n".join(["load_backend: noise", json.dumps({**common, "n_prompt": 512, "n_gen": 0, "avg_ts": 61.5}),
                       json.dumps({**common, "n_prompt": 0, "n_gen": 32, "avg_ts": 24.25})])
-    got = rw.parse_llama_bench(text)
+    got = llama_logs.parse_llama_bench(text)
     assert (got["pp"], got["tg"], got["n_prompt"], got["n_gen"], got["n_threads"]) == (61.5, 24.25, 512, 32, 2)
 
 
@@ -84,7 +90,7 @@ def test_summary_and_table():
         {"bandwidth": {"read_GBps": 20.0}, "nextn": _nextn(1.5, 10.0, ms2), "llama": {"status": "ok", "tg": 6.0, "pp": 40.0}},
         {"bandwidth": {"read_GBps": 25.0}, "nextn": _nextn(2.0, 8.0, ms1), "llama": {"status": "ok", "tg": 8.0, "pp": 35.0}}]}
     ok_file["rounds"][0]["nextn"]["verify_experts"] = {"distinct": 12.5, "routed": 32, "calls": 2}
-    s = rw.summarize(ok_file)
+    s = realwidth_table.summarize(ok_file)
     assert (s["nextn_tg"], s["llama_tg"], s["nextn_pp"], s["llama_pp"], s["read_GBps"]) == (2.0, 8.0, 10.0, 40.0, 25.0)
     assert s["tg_ratio"] == pytest.approx(0.25) and s["pp_ratio"] == pytest.approx(0.25)
     assert s["nextn_GBps"] == pytest.approx(2.2) and s["llama_GBps"] == pytest.approx(8.0)
@@ -97,7 +103,7 @@ def test_summary_and_table():
         {"nextn": _nextn(1.0, 1.0, ms1), "llama": {"status": "ok", "tg": 2.0, "pp": 1.0}},
         {"nextn": _nextn(3.0, 1.0, ms1), "llama": {"status": "ok", "tg": 2.0, "pp": 1.0}},
         {"nextn": {"status": "killed"}, "llama": {"status": "ok", "tg": 9.0, "pp": 1.0}}]}
-    sd = rw.summarize(drift)
+    sd = realwidth_table.summarize(drift)
     assert sd["tg_ratio_rounds"] == pytest.approx([0.5, 1.5]) and sd["tg_ratio"] == pytest.approx(1.0 / 3.0)
 
     killed = {"name": "b.gguf", "size": 5e9, "bytes_per_token": {"gguf": {"total": 2e9}}, "rounds": [
@@ -105,7 +111,7 @@ def test_summary_and_table():
          "llama": {"status": "ok", "tg": 4.0, "pp": 20.0}}],
         "first_token": {"nextn": {"status": "not run (killed: anonymous memory 12.3 GB in the rounds)"},
                         "llama": {"status": "exit 139: Segmentation fault", "wall_s": 1.0, "peak_rss": 1e9}}}
-    sk = rw.summarize(killed)
+    sk = realwidth_table.summarize(killed)
     assert sk["nextn_status"].startswith("killed") and sk["llama_status"] == "ok" and sk["tg_ratio"] is None
     assert (sk["nextn_ft_s"], sk["llama_ft_s"], sk["llama_rss_x_file_kv"], sk["ft_ratio"]) == (None, None, None, None)
     # The first-token runs: peak RSS against file + each engine's own KV bytes, nextn's wall over llama.cpp's.
@@ -113,18 +119,18 @@ def test_summary_and_table():
     ok_file["first_token"] = {
         "nextn": {"status": "ok", "wall_s": 30.0, "peak_rss": 6e9, "kv": {"bytes": 0.5e9, "type_k": "f16", "type_v": "f16"}},
         "llama": {"status": "ok", "wall_s": 10.0, "peak_rss": 5e9, "kv": {"bytes": 0.25e9, "type_k": "f16", "type_v": "f16"}}}
-    s = rw.summarize(ok_file)
+    s = realwidth_table.summarize(ok_file)
     assert s["nextn_rss_x_file_kv"] == pytest.approx(6e9 / 5e9) and s["llama_rss_x_file_kv"] == pytest.approx(5e9 / 4.75e9)
     assert s["ft_ratio"] == pytest.approx(3.0) and s["nextn_kv_types"] == "f16/f16"
     skipped = {"name": "c.gguf", "size": 13e9, "bytes_per_token": {"gguf": {"total": 1.3e9}}, "rounds": [],
                "skipped": "needs 13.0 GB (file) + 2.0 GB (--headroom-gb) of memory, MemAvailable is 9.0 GB"}
-    sc = rw.summarize(skipped)
+    sc = realwidth_table.summarize(skipped)
     assert sc["nextn_status"].startswith("skipped") and sc["llama_tg"] is None
     ok_file["summary"], killed["summary"], skipped["summary"] = s, sk, sc
     report = {"files": [ok_file, killed, skipped], "n_prompt": 512, "n_gen": 32, "threads": 2, "repeat": 2,
               "loaded": True, "cache_type_k": "f16", "cache_type_v": "f16",
               "machine": {"cpu": "cpu", "physical_cores": 2, "loadavg": (1.0, 1.0, 1.0)}}
-    table = rw.format_table(report)
+    table = realwidth_table.format_table(report)
     lines = table.splitlines()
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     row = dict(zip(head, [c.strip() for c in lines[2].strip("|").split("|")]))
@@ -133,7 +139,7 @@ def test_summary_and_table():
     assert row["tg nextn/llama per round: median (min–max)"] == "0.25 (0.25–0.25)"
     experts = "experts of verify 4: distinct / routed"
     assert row[experts] == "12.5 / 32"
-    assert rw._per_round([0.5, 1.5, 0.9]) == "0.90 (0.50–1.50)"
+    assert realwidth_table._per_round([0.5, 1.5, 0.9]) == "0.90 (0.50–1.50)"
     row_b = dict(zip(head, [c.strip() for c in lines[3].strip("|").split("|")]))
     assert (row_b["nextn tg"], row_b["llama tg"], row_b["tg nextn/llama"], row_b[experts]) == ("–", "4.00", "–", "–")
     mem = lines.index(next(x for x in lines if x.startswith("| file | file GB")))
@@ -147,7 +153,7 @@ def test_summary_and_table():
     assert not any(x.startswith("- b.gguf: first token, nextn") for x in lines)   # "not run" is said in the rounds
     assert any(x.startswith("- c.gguf: skipped: needs 13.0 GB") for x in lines)
     assert "2 thread(s) both engines, KV -ctk f16 -ctv f16" in table
-    assert rw.format_table(json.loads(json.dumps(report))) == table    # a saved report renders the same table
+    assert realwidth_table.format_table(json.loads(json.dumps(report))) == table    # a saved report renders the same table
 
 
 def test_parse_llama_kv_takes_the_last_context_and_sums_its_caches():
@@ -159,12 +165,12 @@ def test_parse_llama_kv_takes_the_last_context_and_sums_its_caches():
         "0.00.5 I llama_kv_cache: size =    5.00 MiB (  4096 cells,   4 layers,  1/1 seqs), K (q8_0):    5.00 MiB, V (f16):    0.00 MiB",
         "0.00.6 I llama_kv_cache: attn_rot_k = 0, n_embd_head_k_all = 32",
         "0.00.7 I llama_kv_cache: size =    2.50 MiB (  4096 cells,   4 layers,  1/1 seqs), K (q8_0):    2.50 MiB, V (f16):    0.00 MiB"])
-    assert rw.parse_llama_kv(log) == {"bytes": 7.5 * (1 << 20), "type_k": "q8_0", "type_v": "f16"}
-    assert rw.parse_llama_kv("llama_context: constructing llama_context\nno cache lines") is None
+    assert llama_logs.parse_llama_kv(log) == {"bytes": 7.5 * (1 << 20), "type_k": "q8_0", "type_v": "f16"}
+    assert llama_logs.parse_llama_kv("llama_context: constructing llama_context\nno cache lines") is None
 
 
 def test_first_token_runs_get_the_same_settings_on_both_sides():
-    a = rw.argparse.Namespace(threads=2, ctx=4096, cache_type_k="q8_0", cache_type_v="f16")
+    a = argparse.Namespace(threads=2, ctx=4096, cache_type_k="q8_0", cache_type_v="f16")
     tools = {"llama-completion": "/peer/llama-completion"}
     runs = rw.first_token_cmds("/m.gguf", a, tools, "/venv/bin/nextn", {"threads": True})
     nx, env = runs["nextn"]
@@ -181,34 +187,34 @@ def test_first_token_runs_get_the_same_settings_on_both_sides():
 
 
 def test_memory_check_skips_a_file_that_does_not_fit():
-    assert rw.memory_check(int(12.7e9), 2.0, available=int(15e9)) is None
-    why = rw.memory_check(int(12.7e9), 2.0, available=int(14e9))
+    assert guarded.memory_check(int(12.7e9), 2.0, available=int(15e9)) is None
+    why = guarded.memory_check(int(12.7e9), 2.0, available=int(14e9))
     assert why == "needs 12.7 GB (file) + 2.0 GB (--headroom-gb) of memory, MemAvailable is 14.0 GB"
 
 
 def test_a_file_over_the_memory_budget_is_not_loaded_again():
     killed = {"status": "killed: anonymous memory 12.2 GB > budget 12.0 GB"}
     entry = {"rounds": [{"nextn": {"status": "exit 1: some error"}}, {"nextn": killed}]}
-    assert rw.over_budget(entry) == killed["status"]
-    assert rw.over_budget({"rounds": [{"nextn": {"status": "ok"}}, {"nextn": {"status": "exit 1: x"}}]}) is None
+    assert guarded.over_budget(entry) == killed["status"]
+    assert guarded.over_budget({"rounds": [{"nextn": {"status": "ok"}}, {"nextn": {"status": "exit 1: x"}}]}) is None
 
 
 def test_resolve_files_takes_the_known_files_that_exist_smallest_first(tmp_path):
     for name, size in (("glm45air-3.gguf", 30), ("glm45air-1.gguf", 10), ("glm52-1.gguf", 20), ("other.gguf", 1)):
         (tmp_path / name).write_bytes(b"x" * size)
-    got = [os.path.basename(p) for p in rw.resolve_files([], str(tmp_path))]
+    got = [os.path.basename(p) for p in bench_report.resolve_files([], str(tmp_path), rw.KNOWN)]
     assert got == ["glm45air-1.gguf", "glm52-1.gguf", "glm45air-3.gguf"]
-    assert [os.path.basename(p) for p in rw.resolve_files(["other.gguf"], str(tmp_path))] == ["other.gguf"]
+    assert [os.path.basename(p) for p in bench_report.resolve_files(["other.gguf"], str(tmp_path))] == ["other.gguf"]
     with pytest.raises(SystemExit, match="nope.gguf"):
-        rw.resolve_files(["nope.gguf"], str(tmp_path))
+        bench_report.resolve_files(["nope.gguf"], str(tmp_path))
 
 
 def test_run_watched_kills_a_process_over_its_memory_budget():
     hog = "import time; b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(30)"
-    res = rw.run_watched([sys.executable, "-c", hog], budget_bytes=150e6)
+    res = guarded.run_watched([sys.executable, "-c", hog], budget_bytes=150e6)
     assert res["killed"] and "budget" in res["killed"] and res["rc"] != 0
     assert res["peak_anon"] > 150e6
-    fine = rw.run_watched([sys.executable, "-c", "print('RESULT 1')"], budget_bytes=150e6)
+    fine = guarded.run_watched([sys.executable, "-c", "print('RESULT 1')"], budget_bytes=150e6)
     assert (fine["rc"], fine["killed"], fine["stdout"].strip()) == (0, None, "RESULT 1")
 
 
@@ -216,10 +222,10 @@ def test_peak_rss_is_the_childs_own_not_the_spawners():
     big = bytearray(400 << 20)          # raise this process's high-water mark, which a spawned child inherits
     big[::4096] = b"x" * len(big[::4096])
     del big
-    small = rw.run_watched([sys.executable, "-c", "import time; time.sleep(0.6)"], budget_bytes=1e9)
+    small = guarded.run_watched([sys.executable, "-c", "import time; time.sleep(0.6)"], budget_bytes=1e9)
     assert 0 < small["peak_rss"] < 100e6     # (its wait4 ru_maxrss reads > 400 MB on Linux)
     grow = "import time; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(0.6)"
-    assert 200e6 < rw.run_watched([sys.executable, "-c", grow], budget_bytes=1e9)["peak_rss"] < 400e6
+    assert 200e6 < guarded.run_watched([sys.executable, "-c", grow], budget_bytes=1e9)["peak_rss"] < 400e6
 
 
 def test_peer_tool_says_how_to_build_when_absent(tmp_path, monkeypatch):
@@ -270,3 +276,20 @@ def test_routed_experts_counts_what_a_verify_reads(q8_model):
     assert e["routed"] == 3 * int(hp["n_expert_used"]) and e["calls"] == 2 * n_moe
     assert int(hp["n_expert_used"]) <= e["distinct"] <= e["routed"]
 
+
+
+def test_a_file_that_memory_cannot_hold_is_recorded_as_skipped(tmp_path, monkeypatch):
+    """Both real-width benches start a file's entry the same way (bench_report.file_entry) and skip it, saying why,
+    when MemAvailable cannot hold its pages plus the headroom (guarded.skipped_for_memory)."""
+    f = tmp_path / "x.gguf"
+    f.write_bytes(b"\0" * 4096)
+    entry = bench_report.file_entry(str(f), {"arch": "glm4moe", "n_layer": 2}, bytes_per_token={"gguf": 1})
+    assert list(entry) == ["name", "path", "size", "arch", "n_layer", "bytes_per_token", "rounds"]
+    assert (entry["name"], entry["size"], entry["rounds"]) == ("x.gguf", 4096, [])
+    said = []
+    monkeypatch.setattr(guarded, "meminfo", lambda: {"MemAvailable": int(2.5e9)})
+    assert not guarded.skipped_for_memory(dict(entry), 2.0, said.append) and not said
+    monkeypatch.setattr(guarded, "meminfo", lambda: {"MemAvailable": int(1.5e9)})
+    assert guarded.skipped_for_memory(entry, 2.0, said.append)
+    assert entry["skipped"] == ("needs 0.0 GB (file) + 2.0 GB (--headroom-gb) of memory, MemAvailable is 1.5 GB")
+    assert said == ["x.gguf: skipped: " + entry["skipped"]]

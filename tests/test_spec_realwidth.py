@@ -5,6 +5,7 @@ layer count and the tables; and (slow) one nextn round on the tiny fixture, whos
 naive replay of greedy draft-mtp from teacher-forced NextN logits. No timings are asserted."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -17,7 +18,9 @@ from conftest import G4
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import kernel_profile  # noqa: E402
-import realwidth as rw  # noqa: E402
+import bench_report  # noqa: E402
+import gguf_bytes  # noqa: E402
+import llama_logs  # noqa: E402
 import spec_realwidth as sr  # noqa: E402
 
 # the lines llama.cpp prints, in its own formats (common/sampling.cpp common_perf_print; examples/speculative-simple;
@@ -41,22 +44,22 @@ def speculative_log(decoded: int, seconds: float, drafted: int, accepted: int, p
 
 
 def test_parse_llama_logs():
-    got = sr.parse_completion(COMPLETION_LOG)
+    got = llama_logs.parse_completion(COMPLETION_LOG)
     assert got["tok_s"] == pytest.approx(7.5) and got["n_eval"] == 15 and got["prompt_tok_s"] == pytest.approx(40.0)
-    assert sr.parse_completion("no perf lines") == {}
-    got = sr.parse_speculative(speculative_log(17, 2.0, 20, 14, "0.700"))
+    assert llama_logs.parse_completion("no perf lines") == {}
+    got = llama_logs.parse_speculative(speculative_log(17, 2.0, 20, 14, "0.700"))
     assert (got["decoded"], got["drafted"], got["accepted"], got["per_pos"]) == (17, 20, 14, [0.7])
     assert got["tok_s"] == pytest.approx(8.5) and got["acceptance"] == pytest.approx(0.7)
     assert got["mean_len"] == pytest.approx(1.7)
-    three = sr.parse_speculative(speculative_log(30, 3.0, 60, 33, "0.800, 0.550, 0.300"))
+    three = llama_logs.parse_speculative(speculative_log(30, 3.0, 60, 33, "0.800, 0.550, 0.300"))
     assert three["per_pos"] == [0.8, 0.55, 0.3]
-    assert sr.parse_speculative(COMPLETION_LOG) == {}
+    assert llama_logs.parse_speculative(COMPLETION_LOG) == {}
     plain_log = speculative_log(17, 2.0, 20, 14, "0.700").split("\ndraft:")[0]   # without -lv 4: no per-position
-    assert sr.parse_speculative(plain_log)["per_pos"] is None
+    assert llama_logs.parse_speculative(plain_log)["per_pos"] is None
 
 
 def test_llama_runs_get_nextns_settings():
-    a = rw.argparse.Namespace(threads=2, ctx=4096, cache_type_k="q8_0", cache_type_v="f16", n_gen=128, n_max=[1, 3])
+    a = argparse.Namespace(threads=2, ctx=4096, cache_type_k="q8_0", cache_type_v="f16", n_gen=128, n_max=[1, 3])
     tools = {"llama-completion": "/peer/llama-completion", "llama-speculative-simple": "/peer/llama-speculative-simple"}
     cmds = sr.llama_cmds("/m.gguf", a, tools)
     assert list(cmds) == ["plain", "n_max=1", "n_max=3"]
@@ -65,7 +68,7 @@ def test_llama_runs_get_nextns_settings():
         return cmd[cmd.index(flag) + 1]
     for cmd in cmds.values():
         for flag, want in (("-m", "/m.gguf"), ("-t", "2"), ("-c", "4096"), ("-ctk", "q8_0"), ("-ctv", "f16"),
-                           ("-n", "128"), ("-p", rw.PROMPT), ("--temp", "0")):
+                           ("-n", "128"), ("-p", bench_report.PROMPT), ("--temp", "0")):
             assert opt(cmd, flag) == want
         assert "--ignore-eos" in cmd
     assert cmds["plain"][0] == "/peer/llama-completion" and "-no-cnv" in cmds["plain"]
@@ -85,7 +88,7 @@ def test_verify_and_draft_bytes():
 
     path = G4 / "tiny-glm4moe-Q8_0.gguf"
     r = GGUFReader(str(path))
-    info = rw.gguf_info(str(path))
+    info = gguf_bytes.gguf_info(str(path))
     want = 0.0
     for t in r.tensors:
         parts = t.name.split(".")
@@ -96,7 +99,7 @@ def test_verify_and_draft_bytes():
         elif parts[0] == "blk" and int(parts[1]) == info["n_layer"]:
             want += int(t.n_bytes) * (info["n_expert_used"] / info["n_expert"] if len(t.shape) == 3 else 1)
     assert sr.draft_bytes(info) == pytest.approx(want, rel=1e-12)
-    assert 0 < sr.draft_bytes(info) < rw.decode_bytes_from_gguf(info)["total"]
+    assert 0 < sr.draft_bytes(info) < gguf_bytes.decode_bytes_from_gguf(info)["total"]
 
 
 def test_kernel_names_and_excess():
@@ -287,7 +290,7 @@ def test_one_nextn_round_on_the_tiny_fixture(q8_model):
     assert matmuls(k["1"]) == matmuls(k["2"]) == matmuls(k["4"]) and len(matmuls(k["1"])) >= 3
     entry = {"name": "tiny", "arch": "glm4moe", "n_layer": 4, "rounds": [{"nextn": {"status": "ok", **res},
                                                                           "llama": {}}],
-             "bytes_per_token": {"gguf": rw.decode_bytes_from_gguf(rw.gguf_info(str(G4 / "tiny-glm4moe-Q8_0.gguf"))),
+             "bytes_per_token": {"gguf": gguf_bytes.decode_bytes_from_gguf(gguf_bytes.gguf_info(str(G4 / "tiny-glm4moe-Q8_0.gguf"))),
                                  "draft": 1.0}}
     s = sr.summarize(entry)
     for label, sp in s["split"].items():
@@ -298,12 +301,12 @@ def test_one_nextn_round_on_the_tiny_fixture(q8_model):
 
 
 def test_the_files_by_name_and_the_default_set(tmp_path):
-    """rw.resolve_files as this bench uses it: names with or without .gguf, and the predictable set by default."""
+    """bench_report.resolve_files as this bench uses it: names with or without .gguf, and the predictable set by default."""
     for name, size in (("glm45air-4-a0.1.gguf", 30), ("glm45air-1-a0.1.gguf", 10), ("glm45air-1.gguf", 5)):
         (tmp_path / name).write_bytes(b"x" * size)
-    got = rw.resolve_files([], str(tmp_path), known=sr.KNOWN)     # the speed set's glm45air-1 is not among them
+    got = bench_report.resolve_files([], str(tmp_path), known=sr.KNOWN)     # the speed set's glm45air-1 is not among them
     assert [os.path.basename(p) for p in got] == ["glm45air-1-a0.1.gguf", "glm45air-4-a0.1.gguf"]
-    assert [os.path.basename(p) for p in rw.resolve_files(["glm45air-4-a0.1"], str(tmp_path))] == [
+    assert [os.path.basename(p) for p in bench_report.resolve_files(["glm45air-4-a0.1"], str(tmp_path))] == [
         "glm45air-4-a0.1.gguf"]
     with pytest.raises(SystemExit, match="glm52-1-a0"):
-        rw.resolve_files(["glm52-1-a0"], str(tmp_path))
+        bench_report.resolve_files(["glm52-1-a0"], str(tmp_path))

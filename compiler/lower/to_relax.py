@@ -7,7 +7,7 @@ its type's storage (nextn.common.kv_types). States and weights are bound once, a
 runtime builds the two tuples at load (an ffi Array each) and every call passes them as two arguments instead of
 one per buffer (a 46-layer GLM has ~800 weight buffers); the VM unpacks them in C++. States are updated in place
 with `call_tir_inplace`; outputs are returned as a tuple in graph output order. The KV store, attention and the
-DSA index score are hand-written kernels (attention.py); the rest goes through TE.
+DSA index score are hand-written kernels (attention/); the rest goes through TE.
 
 Each IR op (compiler/ir/ops.py) has one lowering, registered with `@lower(op)` as fn(bb, node, args, cx) (`Cx`: the
 symbols, kernels and attention form of the call); the module checks at import that every op of the table has one.
@@ -20,7 +20,9 @@ from nextn.common.manifest import split_dim
 from nextn.compiler.ir import Graph, rope
 from nextn.compiler.ir.ops import check_impls, registry
 
-from . import attention, cuda, dsa_kernels, kda_kernels, te_ops
+from . import attention, cuda, te_ops
+from .indexer import dsa_kernels
+from .recurrent import kda_kernels
 
 LOWER: dict = {}   # op name -> fn(bb, node, args, cx): the node's Relax value
 lower = registry(LOWER, "Relax lowering (compiler/lower/to_relax.py)")
@@ -143,7 +145,7 @@ def _flatten(args):
 # Ops whose single-PrimFunc form keeps a scratch tensor inside the kernel (top-k's ranks): GPU forms get them
 # as separate kernels with the scratch as a Relax tensor, planned statically (a kernel-internal buffer would be a
 # workspace allocated at each call, inside a CUDA graph capture too). Attention and the index score need no such
-# split: their kernels (attention.py) keep everything in registers / shared memory.
+# split: their kernels (attention/) keep everything in registers / shared memory.
 SPLIT_OPS = ("argsort_top_k",)
 
 

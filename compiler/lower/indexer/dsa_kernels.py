@@ -133,13 +133,13 @@ def lightning_indexer_kernel(Hi: int, D: int, k_type: str = "f32", gpu: bool = F
     Per-head scores are reduced as they are produced (no [T, Hi, L] anywhere): a task is (row, chunk of cells);
     each cell's score sums d in order for every head, then the heads in order. CPU: heads as vector lanes over a
     register tile of cells. GPU (`gpu`, or `emulate` for its CPU twin): a block per task, a thread per cell."""
-    from . import kv_access
+    from ..attention import kv_access
 
     kdt, kw = kv_access.storage_dtype(k_type), kv_access.storage_width(k_type, D)
     CH, TL, NTH, KP = INDEX_CHUNK, INDEX_TILE, INDEX_THREADS, int(kpool)
     NEG = -float("inf")
 
-    from .flash_attn import _binders, _stage_macro
+    from ..attention.flash_attn import _binders, _stage_macro
 
     stage = _stage_macro(k_type, D)
     blk, thr, _shared = _binders(emulate)

@@ -24,7 +24,8 @@ from __future__ import annotations
 from tvm import relax, te, tirx
 from tvm.script import tirx as T
 
-from . import attention, kv_access
+from .. import attention
+from ..attention import kv_access
 
 F32 = "float32"
 

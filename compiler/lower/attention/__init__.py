@@ -1,6 +1,6 @@
 """Relax emission of the ops that touch KV caches: the KV store (`set_rows`), attention (`flash_attn_ext`,
 `flash_attn_ext_mla`) and the DSA index score (`lightning_indexer`), as the hand-written kernels of
-flash_attn.py, kv_access.py and dsa_kernels.py.
+flash_attn.py, kv_access.py and ../indexer/dsa_kernels.py.
 
 Kernels come in three builds: "cpu" (llvm), "gpu" (CUDA / ROCm thread blocks), and "gpu-emulated" (the GPU
 kernels with serial threads, built for llvm: the GPU form's arithmetic, testable without a GPU). An entry point's
@@ -14,7 +14,8 @@ from tvm import relax, tirx
 
 from nextn.common.kv_types import KV_TYPES
 
-from . import dsa_kernels, flash_attn, kv_access
+from ..indexer import dsa_kernels
+from . import flash_attn, kv_access
 
 FORMS = ("cpu", "gpu", "gpu-emulated")
 F32 = "float32"

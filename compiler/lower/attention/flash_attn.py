@@ -16,7 +16,7 @@ merged in chunk order (M = max(m, m_c); l = l e^(m-M) + l_c e^(m_c-M); acc likew
 A -inf max makes its exp factor 0. Cells after a row's last causal cell add exact zeros, so processing them or
 not (tiles and chunks past it) changes no bit. exp is one float32 polynomial (`fexp`) in every kernel.
 
-Forms (emitted by attention.py):
+Forms (emitted by attention/__init__.py):
 - fused: one kernel, each task keeps the running merge state (prefill and NextN rows: large T);
 - split: a partial kernel, one task per chunk, writes every chunk's (m, l, acc) to a [T, H, NC, .] tensor, then
   a merge kernel combines them in chunk order: L-parallel, for the one-row steps and verify at long context

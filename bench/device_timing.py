@@ -1,0 +1,69 @@
+"""The device check's timings: one entry point synchronized per call (device time inside it and wall time), the
+entries of a decode round, greedy decode speed per speculation config."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+SPEED_CONFIGS = [("off", "none", 1), ("n_max=1", "draft-mtp", 1), ("n_max=2", "draft-mtp", 2),
+                 ("n_max=3", "draft-mtp", 3), ("auto", "draft-mtp", "auto")]
+
+def step_bytes(manifest: dict, entry: str) -> int:
+    """Weight bytes one row of `entry` must read (`nextn.common.manifest.step_read_bytes`)."""
+    from nextn.common.manifest import step_read_bytes
+
+    return int(step_read_bytes(manifest, entry)["total"])
+
+
+def timed_entry(eng, name: str, call, reps: int) -> dict:
+    """Median and min of `reps` calls of `call()`: device time inside entry `name` (the engine synchronizes the
+    device after each call) and wall time of the whole call (inputs, readback)."""
+    call()                                       # warm-up: first launch, graph capture
+    vm, wall = [], []
+    for _ in range(reps):
+        v0, t0 = eng.vm_seconds[name], time.perf_counter()
+        call()
+        wall.append(time.perf_counter() - t0)
+        vm.append(eng.vm_seconds[name] - v0)
+    return {"entry": name, "reps": reps, "median_ms": float(np.median(vm) * 1e3), "min_ms": float(min(vm) * 1e3),
+            "wall_median_ms": float(np.median(wall) * 1e3)}
+
+
+def speed_configs(m, prompt, n: int, reps: int) -> list[dict]:
+    """Greedy decode of `n` tokens after `prompt` (text or ids) per SPEED_CONFIGS (spec off first), best of `reps`
+    after a warm-up (which also calibrates auto): tok/s, acceptance, mean length, whether the tokens equal off's."""
+    rows, plain = [], None
+    for label, spec, k in SPEED_CONFIGS:
+        if spec != "none" and not m.has_mtp:
+            continue
+        m.generate(prompt, 8, spec_type=spec, n_max=k, ignore_eos=True)
+        best = max((m.generate(prompt, n, spec_type=spec, n_max=k, ignore_eos=True) for _ in range(reps)),
+                   key=lambda r: r.tokens_per_s)
+        plain = plain or best
+        rows.append({"config": label, "tok_s": best.tokens_per_s,
+                     "acceptance": best.stats.acceptance if spec != "none" else None,
+                     "mean_len": best.stats.mean_len if spec != "none" else None,
+                     "same_as_off": best.ids == plain.ids, "vm_s": best.vm_s})
+    return rows
+
+
+def entry_timings(eng, reps: int, prompt: int = 64, k: int = 3) -> list[dict]:
+    """Synced per-entry timings: prefill of `prompt` rows, verify of k+1 rows, decode (one row), NextN rows for the
+    prompt, one draft step. Token ids are in-vocabulary values (timing only); the verify rows are distinct tokens
+    (`runtime.depth.spread_tokens`: copies of one token route to the same experts and under-price a verify)."""
+    from nextn.runtime.depth import spread_tokens
+
+    V = int(eng.hparams["n_vocab"])
+    ids = np.arange(7, 7 + prompt, dtype=np.int32) % V
+    h, _last, tok = eng.prefill(ids, 0)
+    rows_k1 = np.asarray(spread_tokens(k + 1, V), np.int32)
+    rows = [timed_entry(eng, "prefill", lambda: eng.prefill(ids, 0), reps) | {"rows": prompt},
+            timed_entry(eng, "verify", lambda: eng.verify(rows_k1, prompt), reps) | {"rows": k + 1},
+            timed_entry(eng, "decode", lambda: eng.verify(np.array([tok], np.int32), prompt), reps) | {"rows": 1}]
+    if eng.has_mtp:
+        hp = np.concatenate([np.zeros_like(h[:1]), h[:-1]])
+        rows.append(timed_entry(eng, "mtp_rows", lambda: eng.mtp_rows(ids, hp, 0), reps) | {"rows": prompt})
+        rows.append(timed_entry(eng, "draft", lambda: eng.mtp_draft(np.array([tok], np.int32), h[-1:], prompt), reps)
+                    | {"rows": 1})
+    return rows
