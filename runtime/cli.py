@@ -137,7 +137,7 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
                    ignore_eos=ignore_eos, n_min=spec_draft_n_min, p_min=spec_draft_p_min, top_k=top_k, top_p=top_p,
                    min_p=min_p, stop=stops, draft_sampling=spec_draft_sampling, on_tokens=None if as_json else show)
     if as_json:
-        click.echo(json.dumps({**r.to_json(), "kv_cache": m.engine.kv_cache}))
+        click.echo(json.dumps({**r.to_json(), "kv_cache": m.sequence.kv_cache}))
         return
     click.echo(shown.finish())
     s = r.stats
