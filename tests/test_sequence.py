@@ -35,6 +35,7 @@ def _check(g, p, n_max=None):
 
 def test_two_sequences_share_weights_not_states(compiled):
     import nextn.runtime as rt
+    from nextn.runtime.params import SPEC_OFF, SamplingParams, SpecParams
     from nextn.runtime.speculative import decode
 
     m = rt.load(compiled("bf16", G4 / "tiny-glm4moe-BF16.gguf"), ctx_size=1024)
@@ -48,7 +49,8 @@ def test_two_sequences_share_weights_not_states(compiled):
 
     def run(seq, kind, n_max):
         p = PROMPTS[kind]
-        return decode(seq, p["prompt_ids"], p["n_predict"], spec=n_max is not None, n_max=n_max or 0)
+        spec = SPEC_OFF if n_max is None else SpecParams(n_max=n_max)
+        return decode(seq, p["prompt_ids"], SamplingParams(p["n_predict"], ignore_eos=True), spec)
 
     # a speculates on one prompt while b decodes another plainly, one step each in turn
     ga, gb = _interleaved(run(a, "code-module", 3), run(b, "code-short", None))

@@ -50,6 +50,7 @@ class ServeOptions:
 def load_state(state, opt: ServeOptions, log) -> None:
     """Load the model into `state` (app.ServerState) and start the scheduler. Raises NextnError."""
     from ..api import load
+    from ..params import resolve_spec_type
     from .chat_template import GLM_END_OF_TURN, ChatTemplate
     from .slots import Scheduler
 
@@ -62,13 +63,7 @@ def load_state(state, opt: ServeOptions, log) -> None:
              mtp_index_share=opt.mtp_index_share, draft_vocab=opt.draft_vocab, draft_vocab_file=opt.draft_vocab_file,
              max_draft=d.n_max if d.n_max != "auto" else None)   # requests only lower n_max
     loaded = m.loaded
-    if opt.spec_type is None:
-        d.spec_type = "draft-mtp" if m.has_mtp else "none"
-    elif opt.spec_type == "draft-mtp" and not m.has_mtp:
-        raise NextnError(f"{opt.model}: --spec-type draft-mtp needs a NextN block; this model is trunk-only "
-                         f"(give the MTP GGUF with -md, or use --spec-type none)")
-    else:
-        d.spec_type = opt.spec_type
+    d.spec_type = resolve_spec_type(opt.spec_type, m.has_mtp, opt.model, "-md")
     if d.spec_type != "none" and d.n_max != "auto" and d.n_max > m.max_draft:
         log(f"--spec-draft-n-max {d.n_max} lowered to the engine's maximum {m.max_draft}")
         d.n_max = m.max_draft

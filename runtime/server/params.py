@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..params import SPEC_OFF, SamplingParams, SpecParams
 from .errors import ApiError
 
 INT32_MAX = 2**31 - 1
@@ -61,6 +62,18 @@ class GenParams(Settings):
     logit_bias: object = None            # float32 [n_vocab] added to the target logits (-inf: banned), or None
     constraint: object = None            # grammar.Constraint (grammar, json_schema, response_format, forced tools)
     id_slot: int = -1                    # the slot to run on (-1: any)
+
+    def sampling(self, n_predict: int) -> SamplingParams:
+        """The request's sampling for `speculative.decode`, generating at most `n_predict` tokens (the slot's
+        budget for n_predict -1); a seed < 0 is drawn from the OS, others wrap to 32 bits."""
+        return SamplingParams(n_predict, self.temperature, self.top_k, self.top_p, self.min_p,
+                              None if self.seed < 0 else self.seed & 0xFFFFFFFF, tuple(self.stop), self.ignore_eos)
+
+    def spec(self) -> SpecParams:
+        """The request's effective speculation for `speculative.decode` (SPEC_OFF when it is off)."""
+        if self.spec_type != "draft-mtp":
+            return SPEC_OFF
+        return SpecParams(self.spec_type, self.n_max, self.n_min, self.p_min, self.draft_sampling)
 
     def settings_json(self) -> dict:
         """llama-server's `generation_settings` subset that applies here, plus the effective speculative values."""

@@ -100,7 +100,7 @@ class Slot:
 
         p = task.params
         o = task.outcome
-        spec = p.spec_type == "draft-mtp"
+        spec = p.spec()
         n_cached = self.reusable(task.prompt_ids, p)
         o.slot, o.n_prompt, o.t_start = self.id, len(task.prompt_ids), time.perf_counter()
         o.n_cached = n_cached
@@ -108,15 +108,11 @@ class Slot:
         budget = self.n_ctx if p.n_predict < 0 else max(1, p.n_predict)
         self.task, self.n_gen, self.emitted, self.extent = task, 0, [], CacheExtent()
         # until the first step reports, the caches are known to hold the reused prefix only
-        self.n_mtp = min(self.n_mtp, n_cached + 1 if spec else n_cached)
+        self.n_mtp = min(self.n_mtp, n_cached + 1 if spec.enabled else n_cached)
         self.cache = list(task.prompt_ids[:n_cached])
         self.t_last_used = time.time()
-        self.steps = decode(self.seq, task.prompt_ids, budget, spec=spec,
-                            n_max=p.n_max if spec else 0, temp=p.temperature,
-                            seed=None if p.seed < 0 else p.seed & 0xFFFFFFFF, eog_ids=task.eog_ids,
-                            top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, n_min=p.n_min, p_min=p.p_min,
-                            draft_sampling=p.draft_sampling, stop=p.stop, token_bytes=token_bytes,
-                            n_cached=n_cached, extent=self.extent,
+        self.steps = decode(self.seq, task.prompt_ids, p.sampling(budget), spec, eog_ids=task.eog_ids,
+                            token_bytes=token_bytes, n_cached=n_cached, extent=self.extent,
                             on_logits=self._on_logits if p.logprobs else None, logit_bias=p.logit_bias,
                             constraint=p.constraint)
 
