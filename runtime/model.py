@@ -74,13 +74,8 @@ class LoadedModel:
         self.dev = self.device.dev
         self.shape = tvm_ffi.Shape
         self.tensor = self.device.tensor
-        # Weights, in the manifest's buffer plan; NextN-only buffers only when speculation is on.
-        self._plan = [b for b in m["buffer_plan"]["weights"] if self.has_mtp or not b["mtp_only"]]
         self.draft_vocab, self.draft_ids = self._draft_vocab(draft_vocab, draft_vocab_file)
-        self.entries = {name: ep for name, ep in m["entry_points"].items() if ep["graph"] != "mtp" or self.has_mtp}
-        if not self.draft_vocab:   # no reduced head: its entries and its gathered weight are not loaded
-            self.entries = {n: ep for n, ep in self.entries.items() if not n.endswith(VOCAB)}
-            self._plan = [b for b in self._plan if not b.get("rows")]
+        self._plan, self.entries = self._loaded_parts()
         self.weight_bytes = sum(b["nbytes"] for b in self._plan)
         self.inputs_of = {name: [i["name"] for i in ep["inputs"]] for name, ep in self.entries.items()}
         self.keeps_rows = {name: bool(ep.get("keeps_row_states", True)) for name, ep in self.entries.items()}
@@ -107,6 +102,17 @@ class LoadedModel:
         self.budget = budget.check(self, self.n_ctx)   # before anything is allocated: fits, or one line saying what would
         if not staged:
             self.load()
+
+    def _loaded_parts(self) -> tuple[list, dict]:
+        """(the weight buffers of the manifest's plan, the entry points) this model loads: the NextN-only ones only
+        when speculation is on, the reduced draft head's (its `_vocab` entries, its gathered weight) only with it."""
+        m = self.artifact.manifest
+        plan = [b for b in m["buffer_plan"]["weights"] if self.has_mtp or not b["mtp_only"]]
+        entries = {name: ep for name, ep in m["entry_points"].items() if ep["graph"] != "mtp" or self.has_mtp}
+        if not self.draft_vocab:
+            entries = {n: ep for n, ep in entries.items() if not n.endswith(VOCAB)}
+            plan = [b for b in plan if not b.get("rows")]
+        return plan, entries
 
     def _draft_vocab(self, n, path):
         """(N, draft ids int32 [N] or None) of the reduced draft head asked for; see __init__."""
