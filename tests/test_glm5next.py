@@ -674,7 +674,7 @@ def test_serve_index_share_flag(compiled):
                       log=lambda m: None).start_background()
         try:
             assert srv.loaded.wait(120) and srv.error is None, srv.error
-            assert [sl.loaded.share_mtp_index for sl in srv.state.scheduler.slots] == [want, want]
+            assert [sl.seq.model.share_mtp_index for sl in srv.state.scheduler.slots] == [want, want]
         finally:
             srv.stop()
 
