@@ -65,9 +65,9 @@ def main():
     import nextn.runtime as rt
 
     m = rt.load(args.model, ctx_size=512, spec=False, log=lambda s: print(s, file=sys.stderr))
-    eng = m.engine
-    ep = eng.artifact.manifest["entry_points"]["decode"]
-    hp = eng.hparams
+    seq = m.sequence
+    ep = seq.model.artifact.manifest["entry_points"]["decode"]
+    hp = seq.model.hparams
     per = buffers_per_layer(ep["weights"])
     n_dense = int(hp.get("n_lead_dense", 0))
     dense = max((per[i] for i in per if i < n_dense), default=0)

@@ -35,7 +35,7 @@ def main():
     import nextn.runtime as rt
 
     m = rt.load(args.model, ctx_size=4096, log=lambda s: print(s, file=sys.stderr))
-    eng = m.engine
+    seq = m.sequence
     prompts = json.load(open(args.prompts))
     configs = [("off", "none", 0)] + [(f"n_max={k}", "draft-mtp", k) for k in (1, 2, 3)] + [("auto", "draft-mtp", "auto")]
     rows, tot = [], {c[0]: [0, 0.0, 0.0] for c in configs}
@@ -70,9 +70,9 @@ def main():
     print("| " + " | ".join(cells) + " |")
     print("\ncells: tok/s (acceptance, speed-up over spec off); python share of decode time: " + ", ".join(
         f"{c[0]} {tot[c[0]][2] / tot[c[0]][1] * 100:.0f}%" for c in configs))
-    print(f"model {os.path.basename(args.model)}, {eng.weight_bytes / 1e6:.1f} MB weights, n_predict {args.n_predict}, "
+    print(f"model {os.path.basename(args.model)}, {seq.model.weight_bytes / 1e6:.1f} MB weights, n_predict {args.n_predict}, "
           f"best of {args.repeat}, {os.cpu_count()} CPUs")
-    draft_cost = dsa_draft_step_cost(m, prompts, args.repeat) if "mtp_draft_shared" in eng._fn else None
+    draft_cost = dsa_draft_step_cost(m, prompts, args.repeat) if "mtp_draft_shared" in seq.model.fn else None
     costs = step_costs(m, prompts)
     if args.json:
         json.dump({"rows": rows, "model": args.model, "dsa_draft_step": draft_cost, "step_costs": costs},
@@ -86,16 +86,16 @@ def step_costs(m, prompts, steps: int = 100) -> dict:
 
     from nextn.common.timing import round_robin
 
-    eng = m.engine
+    seq = m.sequence
     p = next((q for q in prompts if q["kind"] == "docs-prose"), prompts[0])
     ids = np.asarray(m.tokenizer.encode(p["text"])[-2000:], np.int32)
-    hidden, _lg, am = eng.prefill(ids, 0)
+    hidden, _lg, am = seq.prefill(ids, 0)
     n = len(ids)
-    calls = {"decode": lambda: eng.verify([am], n)}
-    calls |= {f"verify_{k}": (lambda k=k: eng.verify([am] * k, n)) for k in (2, 3, 4)}
-    if eng.has_mtp:
-        eng.mtp_rows(ids, np.concatenate([np.zeros((1, hidden.shape[1]), np.float32), hidden[:-1]]), 0)
-        calls["draft"] = lambda: eng.mtp_draft([am], hidden[-1:], n)
+    calls = {"decode": lambda: seq.verify([am], n)}
+    calls |= {f"verify_{k}": (lambda k=k: seq.verify([am] * k, n)) for k in (2, 3, 4)}
+    if seq.model.has_mtp:
+        seq.mtp_rows(ids, np.concatenate([np.zeros((1, hidden.shape[1]), np.float32), hidden[:-1]]), 0)
+        calls["draft"] = lambda: seq.mtp_draft([am], hidden[-1:], n)
     med = {k: float(np.median(v)) for k, v in round_robin(calls, steps).items()}
     print(f"\nstep costs at {n} cells: decode {med['decode'] * 1e3:.3f} ms; " + ", ".join(
         f"{k} {v / med['decode']:.2f}x" for k, v in med.items() if k != "decode"))
@@ -108,22 +108,22 @@ def dsa_draft_step_cost(m, prompts, repeat: int, steps: int = 50) -> dict:
 
     import numpy as np
 
-    eng = m.engine
+    seq = m.sequence
     p = max(prompts, key=lambda q: len(q["text"]))
-    ids = np.asarray(m.tokenizer.encode(p["text"])[: eng.n_ctx - 8], np.int32)
-    hidden, _lg, am = eng.prefill(ids, 0)
-    eng.mtp_rows(ids, np.concatenate([np.zeros((1, hidden.shape[1]), np.float32), hidden[:-1]]), 0)
+    ids = np.asarray(m.tokenizer.encode(p["text"])[: seq.n_ctx - 8], np.int32)
+    hidden, _lg, am = seq.prefill(ids, 0)
+    seq.mtp_rows(ids, np.concatenate([np.zeros((1, hidden.shape[1]), np.float32), hidden[:-1]]), 0)
     n = len(ids)
     times = {}
     for label, reuse in (("own_indexer", False), ("shared_index", True)):
-        eng.mtp_draft([am], hidden[-1:], n)            # step 0 stores the selection the shared steps read
+        seq.mtp_draft([am], hidden[-1:], n)            # step 0 stores the selection the shared steps read
         ts = []
         for _ in range(max(repeat, 1) * steps):
             t0 = time.perf_counter()
-            eng.mtp_draft([am], hidden[-1:], n + 1, reuse_index=reuse)
+            seq.mtp_draft([am], hidden[-1:], n + 1, reuse_index=reuse)
             ts.append(time.perf_counter() - t0)
         times[label] = float(np.median(ts))
-    top_k = eng.hparams.get("idx_top_k")
+    top_k = seq.model.hparams.get("idx_top_k")
     print(f"\nNextN draft step at n_kv = {n + 2} (indexer top-k {top_k}): NextN indexer "
           f"{times['own_indexer'] * 1e3:.3f} ms, shared index {times['shared_index'] * 1e3:.3f} ms "
           f"({(1 - times['shared_index'] / times['own_indexer']) * 100:.0f}% less per step 1..n_max-1)")

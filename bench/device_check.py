@@ -61,7 +61,7 @@ class DeviceCheck:
         self.plan, self.base, self.a = plan, base, args
         self.kinds = [k for k in (args.prompts or "").split(",") if k] or (list(QUICK_KINDS) if args.quick else None)
         self.ctx = None
-        self.engines: dict = {}
+        self.loaded = self.seq = self.model = None   # the main check's LoadedModel, its Sequence, its api.Model
 
     def path(self, p: str | None) -> str | None:
         return None if p is None else p if os.path.isabs(p) else os.path.normpath(os.path.join(self.base, p))
@@ -166,52 +166,50 @@ class DeviceCheck:
         cuda.load_plugin()
         return {"s": time.perf_counter() - t0, "loaded": [os.path.basename(p) for p in mapped_libraries()]}
 
-    def open_engine(self, check: dict, ctx_size: int):
-        """An engine of `check` whose load steps have not run yet."""
+    def open_model(self, check: dict, ctx_size: int):
+        """A LoadedModel of `check` whose load steps have not run yet."""
         from nextn.runtime.artifact import load_artifact
-        from nextn.runtime.engine import Engine
+        from nextn.runtime.model import LoadedModel
 
-        return Engine(load_artifact(self.path(check["artifact"])), ctx_size, True,
-                      model_path=self.path(check.get("model")), device=self.a.device, staged=True)
+        return LoadedModel(load_artifact(self.path(check["artifact"])), ctx_size, True,
+                           model_path=self.path(check.get("model")), device=self.a.device, staged=True)
 
     def s_open(self, main) -> dict:
-        eng = self.open_engine(main, self.a.ctx)
-        self.engines["main"] = eng
-        return {"artifact": main["artifact"], "target": eng.artifact.manifest["target"]["name"],
-                "arches": ",".join(eng.artifact.manifest["target"].get("arches", [])),
-                "cuda_graph": bool(eng.artifact.manifest.get("cuda_graph")), "n_ctx": eng.n_ctx}
-
-    def _step(self, step: str) -> dict:
-        eng = self.engines["main"]
-        eng.load_step(step)
-        return dict(eng.load_info[step])
+        lm = self.loaded = self.open_model(main, self.a.ctx)
+        return {"artifact": main["artifact"], "target": lm.artifact.manifest["target"]["name"],
+                "arches": ",".join(lm.artifact.manifest["target"].get("arches", [])),
+                "cuda_graph": bool(lm.artifact.manifest.get("cuda_graph")), "n_ctx": lm.n_ctx}
 
     def s_load_module(self, _main):
-        return self._step("load_module")
+        self.loaded.load_module()
+        return dict(self.loaded.load_info["load_module"])
 
     def s_vm_init(self, _main):
-        return self._step("vm_init")
+        self.loaded.vm_init()
+        return dict(self.loaded.load_info["vm_init"])
 
     def s_weights(self, _main):
-        r = self._step("weights")
+        self.loaded.load_weights()
+        r = dict(self.loaded.load_info["weights"])
         r["GBps"] = r["bytes"] / r["s"] / GB if r["s"] > 0 else None
         return r
 
     def s_kv(self, _main):
-        return self._step("kv")
+        self.seq = self.loaded.new_sequence()
+        return dict(self.loaded.load_info["kv"])
 
     def s_prefill(self, main) -> dict:
         from nextn.runtime.api import Model
 
-        eng = self.engines["main"]
+        seq = self.seq
         want = self.want_of(main, ["code-short"])["code-short"]
         ids = np.asarray(want["prompt_ids"], np.int32)
-        eng.prefill(ids, 0)                                   # first call: launches, allocator warm-up
+        seq.prefill(ids, 0)                                   # first call: launches, allocator warm-up
         t0 = time.perf_counter()
-        _h, last, am = eng.prefill(ids, 0)
+        _h, last, am = seq.prefill(ids, 0)
         s = time.perf_counter() - t0
         e = rel_err(last, want["last_logits"])
-        self.model = Model(eng)
+        self.model = Model(self.loaded, seq)
         # reported, not asserted: the reference stage judges the numbers; the stages after this one need a prefill
         # that runs, not one that matches
         return {"tokens": len(ids), "ms": s * 1e3, "rel_err": e, "argmax": am,
@@ -220,19 +218,18 @@ class DeviceCheck:
     def s_decode_graphs(self, main) -> dict:
         """Greedy decode from cell BUCKET_PROMPT for BUCKET_STEPS steps with the no-graph artifact, then with the
         graph one (one-row `decode` replayed as CUDA graphs, L rounded up to 256-cell buckets), bit for bit."""
-        graph = self.engines["main"]
+        graph = self.seq
         ng = self.check_of("nograph") if any(c.get("role") == "nograph" for c in self.plan["checks"]) else main
-        nograph = self.open_engine(ng, self.a.ctx)
-        nograph.load_all()
+        nograph = self.open_model(ng, self.a.ctx).load().new_sequence()
         long = next(p for p in json.load(open(os.path.join(self.path(main["reference"]), "reference.json")))["prompts"]
                     if len(p["prompt_ids"]) >= BUCKET_PROMPT)
         ids = np.asarray(long["prompt_ids"][:BUCKET_PROMPT], np.int32)
         runs = []
-        for eng in (nograph, graph):
-            _h, _last, tok = eng.prefill(ids, 0)
+        for seq in (nograph, graph):
+            _h, _last, tok = seq.prefill(ids, 0)
             rows = []
             for i in range(BUCKET_STEPS):
-                h, lg, am = eng.verify([tok], BUCKET_PROMPT + i)
+                h, lg, am = seq.verify([tok], BUCKET_PROMPT + i)
                 rows.append((np.array(h), lg.numpy().copy(), int(am[0])))
                 tok = int(am[0])
             runs.append(rows)
@@ -250,9 +247,8 @@ class DeviceCheck:
         return res
 
     def s_entry_timings(self, main) -> dict:
-        eng = self.engines["main"]
         reps = 3 if self.a.quick else 20
-        rows = entry_timings(eng, reps)
+        rows = entry_timings(self.seq, reps)
         self.ctx.results["entry_timings"] = rows
         for r in rows:
             print(f"    {r['entry']:18s} rows {r['rows']:4d}  {r['median_ms']:9.3f} ms (min {r['min_ms']:.3f}, "
@@ -263,12 +259,10 @@ class DeviceCheck:
     def reference(self, c: dict) -> dict:
         from nextn.runtime.api import Model
 
-        if c.get("role") == "main" and "main" in self.engines and "prefill" in self.ctx.ok:
+        if c.get("role") == "main" and "prefill" in self.ctx.ok:
             m = self.model
         else:
-            eng = self.open_engine(c, self.a.ctx)
-            eng.load_all()
-            m = Model(eng)
+            m = Model(self.open_model(c, self.a.ctx).load())
         want = self.want_of(c, self.kinds)
         got = model_outputs(m, want, rows=True)
         tol = tolerance(c)
@@ -293,14 +287,14 @@ class DeviceCheck:
     def s_speed(self, main) -> dict:
         """Decode tok/s per config on the main model: best of R runs; fraction of the copy-bandwidth floor."""
         m = self.model
-        eng = m.engine
+        lm = m.loaded
         want = fixture_want(self.path(main["reference"]), ["code-module"])["code-module"]
         ids = want["prompt_ids"]
         n, reps = (16, 1) if self.a.quick else (self.a.n, 3)
         from nextn.common.measure import copy_bandwidth
 
-        bw = copy_bandwidth(eng.dev, (64 << 20) if eng.device.kind == "cpu" else (1 << 30))
-        per_token = step_bytes(eng.artifact.manifest, "decode")
+        bw = copy_bandwidth(lm.dev, (64 << 20) if lm.device.kind == "cpu" else (1 << 30))
+        per_token = step_bytes(lm.artifact.manifest, "decode")
         floor_tps = bw / per_token
         rows = speed_configs(m, ids, n, reps)
         for r in rows:
@@ -319,14 +313,15 @@ class DeviceCheck:
 
     # -- real width ----------------------------------------------------------------------------------------------
     def s_realwidth(self, _main) -> dict:
-        eng, res = self.realwidth_engine(self.plan["realwidth"])
-        man = eng.artifact.manifest
+        seq, res = self.realwidth_sequence(self.plan["realwidth"])
+        lm = seq.model
+        man = lm.artifact.manifest
         from nextn.common.measure import copy_bandwidth
 
-        bw = copy_bandwidth(eng.dev, (256 << 20) if eng.device.kind == "cpu" else (1 << 30), reps=5)
+        bw = copy_bandwidth(lm.dev, (256 << 20) if lm.device.kind == "cpu" else (1 << 30), reps=5)
         res["copy_GBps"] = bw / GB
         reps = 3 if self.a.quick else 20
-        rows = entry_timings(eng, reps, prompt=64, k=3)
+        rows = entry_timings(seq, reps, prompt=64, k=3)
         for r in rows:
             if r["entry"] in ("decode", "verify", "draft"):
                 b = step_bytes(man, r["entry"])
@@ -348,22 +343,23 @@ class DeviceCheck:
         from nextn.runtime.api import Model
         from nextn.runtime.depth import spread_tokens
 
-        eng, res = self.realwidth_engine(rw)
-        man = eng.artifact.manifest
-        bw = copy_bandwidth(eng.dev, (256 << 20) if eng.device.kind == "cpu" else (1 << 30), reps=5)
+        seq, res = self.realwidth_sequence(rw)
+        lm = seq.model
+        man = lm.artifact.manifest
+        bw = copy_bandwidth(lm.dev, (256 << 20) if lm.device.kind == "cpu" else (1 << 30), reps=5)
         res["copy_GBps"] = bw / GB
         reps = 3 if self.a.quick else 20
-        V = int(eng.hparams["n_vocab"])
+        V = int(lm.hparams["n_vocab"])
         ids = np.arange(7, 7 + 64, dtype=np.int32) % V
-        h, _last, tok = eng.prefill(ids, 0)
-        steps = [("decode", 1, lambda: eng.verify(np.array([tok], np.int32), 64))]
-        steps += [("verify", k1, lambda k1=k1: eng.verify(np.asarray(spread_tokens(k1, V), np.int32), 64))
+        h, _last, tok = seq.prefill(ids, 0)
+        steps = [("decode", 1, lambda: seq.verify(np.array([tok], np.int32), 64))]
+        steps += [("verify", k1, lambda k1=k1: seq.verify(np.asarray(spread_tokens(k1, V), np.int32), 64))
                   for k1 in SPEC_VERIFY_ROWS]
-        if eng.has_mtp:
-            steps.append(("draft", 1, lambda: eng.mtp_draft(np.array([tok], np.int32), h[-1:], 64)))
+        if lm.has_mtp:
+            steps.append(("draft", 1, lambda: seq.mtp_draft(np.array([tok], np.int32), h[-1:], 64)))
         rows = []
         for entry, n_rows, call in steps:
-            r = timed_entry(eng, entry, call, reps) | {"rows": n_rows}
+            r = timed_entry(seq, entry, call, reps) | {"rows": n_rows}
             r["floor_ms"] = step_bytes(man, entry) / bw * 1e3
             r["of_floor"] = r["floor_ms"] / r["median_ms"]
             rows.append(r)
@@ -372,7 +368,7 @@ class DeviceCheck:
             r["decodes"] = r["median_ms"] / decode_ms
             print(f"    {r['entry']:8s} rows {r['rows']}  {r['median_ms']:9.3f} ms  = {r['decodes']:.2f} decodes, "
                   f"{r['of_floor']:.3f} of the floor ({r['floor_ms']:.3f} ms)", flush=True)
-        m = Model(eng)
+        m = Model(lm, seq)
         n, best_of = (16, 1) if self.a.quick else (rw.get("n_predict", 128), 2)
         speed = speed_configs(m, SPEC_PROMPT, n, best_of)
         for x in speed:
@@ -388,12 +384,12 @@ class DeviceCheck:
         return res | {f"{r['entry']}{r['rows'] if r['entry'] == 'verify' else ''}_of_floor": r["of_floor"]
                       for r in rows} | {f"{x['config']}_x_off": x["x_off"] for x in speed[1:]}
 
-    def realwidth_engine(self, rw: dict):
-        """(a loaded engine, facts) of a real-width plan slice: its GGUF generated here when the slice has a
+    def realwidth_sequence(self, rw: dict):
+        """(a sequence of a loaded model, facts) of a real-width plan slice: its GGUF generated here when the slice has a
         recipe (`synth` + `args`), checked against the sha256 the artifact was compiled from, or the given model."""
         from nextn.common.hashing import sha256_file   # the generated bytes must be the artifact's
         from nextn.runtime.artifact import load_artifact
-        from nextn.runtime.engine import Engine
+        from nextn.runtime.model import LoadedModel
 
         res = {}
         if rw.get("synth"):    # generate the GGUF here (deterministic: the bytes the artifact was compiled from)
@@ -424,12 +420,12 @@ class DeviceCheck:
             path = self.path(rw["model"])
         res["gguf_GB"] = os.path.getsize(path) / GB
         t0 = time.perf_counter()
-        eng = Engine(load_artifact(self.path(rw["artifact"])), rw.get("ctx", 4096), True, model_path=path,
-                     device=self.a.device, staged=True)
-        eng.load_all()
+        lm = LoadedModel(load_artifact(self.path(rw["artifact"])), rw.get("ctx", 4096), True, model_path=path,
+                         device=self.a.device)
+        seq = lm.new_sequence()
         res["load_s"] = time.perf_counter() - t0
-        res["upload_GBps"] = eng.load_info["weights"]["bytes"] / eng.load_info["weights"]["s"] / GB
-        return eng, res
+        res["upload_GBps"] = lm.load_info["weights"]["bytes"] / lm.load_info["weights"]["s"] / GB
+        return seq, res
 
     # -- the table -----------------------------------------------------------------------------------------------
     def print_table(self):

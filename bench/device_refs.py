@@ -55,22 +55,22 @@ def model_outputs(m, prompts: dict, rows: bool, margins: bool = False) -> dict:
     every step (the references' rule); a second n_max 3 run with the shared index must give the same tokens."""
     from contextlib import nullcontext
 
-    eng = m.engine
-    shared = "mtp_draft_shared" in eng._fn
+    seq = m.sequence
+    shared = "mtp_draft_shared" in seq.model.fn
     out = {}
 
     def gaps():
-        return ArgmaxMargins(eng) if margins else nullcontext()
+        return ArgmaxMargins(seq) if margins else nullcontext()
 
     for kind, p in prompts.items():
         ids = p["prompt_ids"]
-        _h, last, am = eng.prefill(np.asarray(ids, np.int32), 0)
+        _h, last, am = seq.prefill(np.asarray(ids, np.int32), 0)
         with gaps() as g:
             plain = m.generate(ids, p["n_predict"], spec_type="none", ignore_eos=True)
         o = {"last_logits": np.asarray(last), "argmax": int(am), "greedy_ids": list(plain.ids), "spec": {},
              "spec_equal": {}, "margins": {"greedy_margin": g.min if margins else None, "spec_margin": {}}}
         if m.has_mtp:
-            eng.share_mtp_index = False
+            seq.model.share_mtp_index = False
             try:
                 for k in N_MAX:
                     with gaps() as g:
@@ -80,12 +80,12 @@ def model_outputs(m, prompts: dict, rows: bool, margins: bool = False) -> dict:
                     if margins:
                         o["margins"]["spec_margin"][str(k)] = g.min
             finally:
-                eng.share_mtp_index = True
+                seq.model.share_mtp_index = True
             if shared:
                 r = m.generate(ids, p["n_predict"], spec_type="draft-mtp", n_max=3, ignore_eos=True)
                 o["spec_equal"]["3 shared index"] = r.ids == plain.ids
         if rows and "rows" in p:
-            o["rows"] = {"trunk_logits": m.logits(ids), "trunk_hidden": eng.hidden(ids)}
+            o["rows"] = {"trunk_logits": m.logits(ids), "trunk_hidden": seq.hidden(ids)}
             if m.has_mtp:
                 o["rows"]["mtp_logits"] = m.mtp_logits(ids)
         out[kind] = o
@@ -139,15 +139,15 @@ def top2_gap(logits) -> float:
 
 
 class ArgmaxMargins:
-    """Within the block, the smallest top-2 gap of every argmax engine `eng` computes (prefill's last row, verify /
+    """Within the block, the smallest top-2 gap of every argmax the sequence `seq` computes (prefill's last row, verify /
     decode rows, NextN draft rows), read from the logits each entry point returns."""
     TAKES = ("prefill", "verify", "decode", "mtp_draft", "draft", "mtp_draft_shared")
 
-    def __init__(self, eng):
-        self.eng, self.min = eng, float("inf")
+    def __init__(self, seq):
+        self.seq, self.min = seq, float("inf")
 
     def __enter__(self):
-        run = self.run = self.eng._run
+        run = self.run = self.seq._run
 
         def wrapped(name, *a, **k):
             out = run(name, *a, **k)
@@ -155,11 +155,11 @@ class ArgmaxMargins:
                 self.min = min(self.min, top2_gap(out[1].numpy()))
             return out
 
-        self.eng._run = wrapped
+        self.seq._run = wrapped
         return self
 
     def __exit__(self, *_exc):
-        self.eng._run = self.run
+        self.seq._run = self.run
 
 
 def record_expectations(m, ref_dir: str, path: str, kinds=None) -> None:

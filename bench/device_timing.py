@@ -16,16 +16,16 @@ def step_bytes(manifest: dict, entry: str) -> int:
     return int(step_read_bytes(manifest, entry)["total"])
 
 
-def timed_entry(eng, name: str, call, reps: int) -> dict:
-    """Median and min of `reps` calls of `call()`: device time inside entry `name` (the engine synchronizes the
+def timed_entry(seq, name: str, call, reps: int) -> dict:
+    """Median and min of `reps` calls of `call()`: device time inside entry `name` (the sequence synchronizes the
     device after each call) and wall time of the whole call (inputs, readback)."""
     call()                                       # warm-up: first launch, graph capture
     vm, wall = [], []
     for _ in range(reps):
-        v0, t0 = eng.vm_seconds[name], time.perf_counter()
+        v0, t0 = seq.vm_seconds[name], time.perf_counter()
         call()
         wall.append(time.perf_counter() - t0)
-        vm.append(eng.vm_seconds[name] - v0)
+        vm.append(seq.vm_seconds[name] - v0)
     return {"entry": name, "reps": reps, "median_ms": float(np.median(vm) * 1e3), "min_ms": float(min(vm) * 1e3),
             "wall_median_ms": float(np.median(wall) * 1e3)}
 
@@ -48,22 +48,22 @@ def speed_configs(m, prompt, n: int, reps: int) -> list[dict]:
     return rows
 
 
-def entry_timings(eng, reps: int, prompt: int = 64, k: int = 3) -> list[dict]:
+def entry_timings(seq, reps: int, prompt: int = 64, k: int = 3) -> list[dict]:
     """Synced per-entry timings: prefill of `prompt` rows, verify of k+1 rows, decode (one row), NextN rows for the
     prompt, one draft step. Token ids are in-vocabulary values (timing only); the verify rows are distinct tokens
     (`runtime.depth.spread_tokens`: copies of one token route to the same experts and under-price a verify)."""
     from nextn.runtime.depth import spread_tokens
 
-    V = int(eng.hparams["n_vocab"])
+    V = int(seq.model.hparams["n_vocab"])
     ids = np.arange(7, 7 + prompt, dtype=np.int32) % V
-    h, _last, tok = eng.prefill(ids, 0)
+    h, _last, tok = seq.prefill(ids, 0)
     rows_k1 = np.asarray(spread_tokens(k + 1, V), np.int32)
-    rows = [timed_entry(eng, "prefill", lambda: eng.prefill(ids, 0), reps) | {"rows": prompt},
-            timed_entry(eng, "verify", lambda: eng.verify(rows_k1, prompt), reps) | {"rows": k + 1},
-            timed_entry(eng, "decode", lambda: eng.verify(np.array([tok], np.int32), prompt), reps) | {"rows": 1}]
-    if eng.has_mtp:
+    rows = [timed_entry(seq, "prefill", lambda: seq.prefill(ids, 0), reps) | {"rows": prompt},
+            timed_entry(seq, "verify", lambda: seq.verify(rows_k1, prompt), reps) | {"rows": k + 1},
+            timed_entry(seq, "decode", lambda: seq.verify(np.array([tok], np.int32), prompt), reps) | {"rows": 1}]
+    if seq.model.has_mtp:
         hp = np.concatenate([np.zeros_like(h[:1]), h[:-1]])
-        rows.append(timed_entry(eng, "mtp_rows", lambda: eng.mtp_rows(ids, hp, 0), reps) | {"rows": prompt})
-        rows.append(timed_entry(eng, "draft", lambda: eng.mtp_draft(np.array([tok], np.int32), h[-1:], prompt), reps)
+        rows.append(timed_entry(seq, "mtp_rows", lambda: seq.mtp_rows(ids, hp, 0), reps) | {"rows": prompt})
+        rows.append(timed_entry(seq, "draft", lambda: seq.mtp_draft(np.array([tok], np.int32), h[-1:], prompt), reps)
                     | {"rows": 1})
     return rows

@@ -38,9 +38,9 @@ def run_model(arch: str, ns: list[int], n_maxes=(1, 3)) -> dict:
     d = os.path.join(FIXTURES, MODELS[arch])
     ref = json.load(open(os.path.join(d, "reference.json")))
     m = rt.load(os.path.join(d, f"{MODELS[arch]}-BF16.gguf"), ctx_size=4096, cache_type_k="f32", cache_type_v="f32")
-    eng = m.engine
-    ranks = tokenizer_ranks(eng.files.main.fields)
-    draft, rows_call = eng.mtp_draft, eng.mtp_rows
+    seq = m.sequence
+    ranks = tokenizer_ranks(seq.model.files.main.fields)
+    draft, rows_call = seq.mtp_draft, seq.mtp_rows
     count = {"rows": 0, "on": False}
     sel = {"ids": None}
 
@@ -55,8 +55,8 @@ def run_model(arch: str, ns: list[int], n_maxes=(1, 3)) -> dict:
         count["rows"] += len(tokens) if count["on"] else 0
         return rows_call(tokens, *a, **kw)
 
-    eng.mtp_draft, eng.mtp_rows = mtp_draft, mtp_rows
-    out = {"n_vocab": int(eng.hparams["n_vocab"]), "acceptance": {}, "nextn_rows": {}}
+    seq.mtp_draft, seq.mtp_rows = mtp_draft, mtp_rows
+    out = {"n_vocab": int(seq.model.hparams["n_vocab"]), "acceptance": {}, "nextn_rows": {}}
     plain = {p["kind"]: m.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True).ids
              for p in ref["prompts"]}
     for n in [0] + ns:
@@ -87,16 +87,16 @@ def time_steps(artifact: str, reps: int, pos: int, threads: int | None) -> dict:
     from nextn.common.timing import round_robin
 
     m = rt.load(artifact, ctx_size=max(512, 2 * pos), threads=threads)
-    eng = m.engine
-    if not eng.draft_vocab:
+    seq = m.sequence
+    if not seq.model.draft_vocab:
         raise SystemExit(f"{artifact}: compiled without --spec-draft-vocab")
-    eng.wait_populated()
-    E = int(eng.hparams["n_embd"])
-    eng.prefill(list(range(1, pos + 1)), 0)
+    seq.model.wait_populated()
+    E = int(seq.model.hparams["n_embd"])
+    seq.prefill(list(range(1, pos + 1)), 0)
     h = np.random.default_rng(0).standard_normal((1, E)).astype(np.float32)
-    calls = {"decode": lambda: eng._run("verify", [5], pos),
-             "draft": lambda: eng._run("mtp_draft", [5], pos, h_prev=h),
-             f"draft_vocab ({eng.draft_vocab})": lambda: eng._run("mtp_draft_vocab", [5], pos, h_prev=h)}
+    calls = {"decode": lambda: seq._run("verify", [5], pos),
+             "draft": lambda: seq._run("mtp_draft", [5], pos, h_prev=h),
+             f"draft_vocab ({seq.model.draft_vocab})": lambda: seq._run("mtp_draft_vocab", [5], pos, h_prev=h)}
     t = round_robin(calls, reps + 1)
     out = {k: {"min_s": min(v[1:]), "median_s": float(np.median(v[1:]))} for k, v in t.items()}
     for k in out:

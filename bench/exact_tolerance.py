@@ -52,8 +52,8 @@ def main(argv=None) -> int:
             T = len(ids)
             st = zero_states(graph, T, planes=2)
             want = interpret.run(graph, prefill_inputs(graph, ids), w, st, n_kv=T)["logits"][0]
-            e = {"exact": rel_err(exact.engine.prefill(ids, 0)[1], want),
-                 "q8act": rel_err(q8act.engine.prefill(ids, 0)[1], want)}
+            e = {"exact": rel_err(exact.sequence.prefill(ids, 0)[1], want),
+                 "q8act": rel_err(q8act.sequence.prefill(ids, 0)[1], want)}
             for k in worst:
                 worst[k] = max(worst[k], e[k])
             print(f"{name:16s} {p['kind']:14s} T={T:4d}  exact-matmul {e['exact']:.2e}  int8 activations "

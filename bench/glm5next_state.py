@@ -6,7 +6,7 @@ The config is GLM-5.3-Flash's (45 layers: 34 KDA + 11 NoPE MLA with the pooled D
 KDA head dim 128, conv kernel 4, kv_lora 512, indexer 32 x 128, k-pool 4, + the NextN block). Recurrent states
 ([P, ...]: the KDA state and conv windows, float32) are counted per plane, position-indexed ones (latent cache and
 indexer rows in the -ctk type, float32 pooled keys and NextN selection) per cell, by the manifest's accounting.
-Planes: 1 without speculation, n_max + 2 with it (Engine.rs_planes).
+Planes: 1 without speculation, n_max + 2 with it (LoadedModel.rs_planes).
 """
 from __future__ import annotations
 

@@ -28,17 +28,17 @@ import numpy as np
 
 
 @contextmanager
-def instrumented(eng, instrument):
-    """The Relax VM of `eng` calls instrument(func, symbol, before, ret, *args) around every call inside the
+def instrumented(seq, instrument):
+    """The Relax VM of `seq` calls instrument(func, symbol, before, ret, *args) around every call inside the
     block (it returns 0: VMInstrumentReturnKind.NO_OP), and no instrument after it."""
-    eng.vm.set_instrument(instrument)
+    seq.model.vm.set_instrument(instrument)
     try:
         yield
     finally:
-        eng.vm.set_instrument(None)
+        seq.model.vm.set_instrument(None)
 
 
-def profile(eng, call, repeat: int, calls: dict | None = None) -> dict:
+def profile(seq, call, repeat: int, calls: dict | None = None) -> dict:
     """{kernel symbol: best ms per call of `call`, its calls summed} and "(step total)" (the whole call with the
     instrument on). `calls`: filled with {kernel symbol: calls per step} (a kernel runs once per layer, say)."""
     best: dict = defaultdict(lambda: float("inf"))
@@ -55,7 +55,7 @@ def profile(eng, call, repeat: int, calls: dict | None = None) -> dict:
 
     for _ in range(2):
         call()
-    with instrumented(eng, instrument):
+    with instrumented(seq, instrument):
         for _ in range(repeat):
             step = defaultdict(float)
             t = time.perf_counter()
@@ -89,7 +89,7 @@ def by_family(ms: dict, calls: dict | None = None) -> tuple[dict, dict]:
     return dict(out), dict(n)
 
 
-def routed_experts(eng, call) -> dict | None:
+def routed_experts(seq, call) -> dict | None:
     """How many experts one `call` reads per routed-expert kernel call: {"distinct": mean over the calls of the
     distinct expert ids, "routed": rows x n_expert_used, "calls": the calls seen}; None with no routed experts.
     The ids are the last int32 2-D argument, [T, n_used], of each call whose symbol names matmul_id (gate+up
@@ -105,7 +105,7 @@ def routed_experts(eng, call) -> dict | None:
                 seen.append(ids[-1].numpy())
         return 0
 
-    with instrumented(eng, instrument):
+    with instrumented(seq, instrument):
         call()
     if not seen:
         return None
@@ -127,19 +127,19 @@ def main(argv=None):
     import nextn.runtime as rt
 
     m = rt.load(a.gguf, ctx_size=a.ctx, log=lambda s: print(s, file=sys.stderr))
-    eng = m.engine
-    eng.wait_populated()
+    seq = m.sequence
+    seq.model.wait_populated()
     rng = np.random.default_rng(0)
-    V = int(eng.hparams["n_vocab"])
+    V = int(seq.model.hparams["n_vocab"])
     toks = rng.integers(0, V, max(a.prefill, 16)).astype(np.int32)
-    hidden, _lg, am = eng.prefill(toks[:8], 0)
-    steps = {f"verify {T}": (lambda T=T: eng.verify(toks[:T], 8)) for T in map(int, a.verify.split(","))}
-    if a.draft and eng.has_mtp:
-        steps["draft"] = lambda: eng.mtp_draft([am], hidden[-1:], 8)
+    hidden, _lg, am = seq.prefill(toks[:8], 0)
+    steps = {f"verify {T}": (lambda T=T: seq.verify(toks[:T], 8)) for T in map(int, a.verify.split(","))}
+    if a.draft and seq.model.has_mtp:
+        steps["draft"] = lambda: seq.mtp_draft([am], hidden[-1:], 8)
     if a.prefill:
-        steps[f"prefill {a.prefill}"] = lambda: eng.prefill(toks[:a.prefill], 0, last_only=True)
+        steps[f"prefill {a.prefill}"] = lambda: seq.prefill(toks[:a.prefill], 0, last_only=True)
     counts: dict = {}
-    cols = {name: profile(eng, f, a.repeat, counts.setdefault(name, {})) for name, f in steps.items()}
+    cols = {name: profile(seq, f, a.repeat, counts.setdefault(name, {})) for name, f in steps.items()}
     for name in cols:       # the decode's `_rows1` kernels against the verify's `_rowst` ones: by family
         cols[name], counts[name] = by_family(cols[name], counts[name])
     names = list(cols)

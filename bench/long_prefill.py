@@ -37,23 +37,23 @@ def child(args):
     if args.cache_type_k:
         kw = {"cache_type_k": args.cache_type_k, "cache_type_v": args.cache_type_v}
     m = rt.load(args.model, ctx_size=args.ctx, spec=False, **kw)
-    eng = m.engine
+    seq = m.sequence
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    ids = np.random.default_rng(0).integers(16, eng.hparams["n_vocab"], args.length).astype(np.int32)
+    ids = np.random.default_rng(0).integers(16, seq.model.hparams["n_vocab"], args.length).astype(np.int32)
     pos0 = 0
     if args.tail and args.length > args.tail:
         pos0, ids = args.length - args.tail, ids[-args.tail:]
     # as decode does: one chunk of hidden rows at a time (a tree from before `on_hidden` keeps all T rows)
-    kw = {"on_hidden": lambda h, p: None} if "on_hidden" in inspect.signature(eng.prefill).parameters else {}
+    kw = {"on_hidden": lambda h, p: None} if "on_hidden" in inspect.signature(seq.prefill).parameters else {}
     t0 = time.perf_counter()
-    eng.prefill(ids, pos0, **kw)
+    seq.prefill(ids, pos0, **kw)
     dt = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    kc = getattr(eng, "kv_cache", None) or {}
+    kc = getattr(seq, "kv_cache", None) or {}
     print(json.dumps({"length": args.length, "ctx": args.ctx, "rows": len(ids), "prefill_s": dt,
                       "tok_s": len(ids) / dt,
-                      "rss_after_load": rss_loaded, "peak_rss": peak, "weight_bytes": eng.weight_bytes,
-                      "kv_bytes": eng.kv_bytes, "type_k": kc.get("type_k", "f32"), "type_v": kc.get("type_v", "f32")}))
+                      "rss_after_load": rss_loaded, "peak_rss": peak, "weight_bytes": seq.model.weight_bytes,
+                      "kv_bytes": seq.kv_bytes, "type_k": kc.get("type_k", "f32"), "type_v": kc.get("type_v", "f32")}))
 
 
 def main():

@@ -20,12 +20,12 @@ Per file, `--repeat` rounds; each round measures, back to back so that drift hit
   1. the machine's read bandwidth: `-t` numpy threads each summing its share of a 512 MB float32 array (STREAM-like
      "sum"; numpy releases the GIL in reductions), and a single-threaded 256 MB copy;
   2. nextn in a fresh process (`nextn.runtime.load`, compiled and cached on the first round), timed once its
-     background populate of the mapped GGUF is done (`Engine.wait_populated`; llama.cpp's load maps with
+     background populate of the mapped GGUF is done (`LoadedModel.wait_populated`; llama.cpp's load maps with
      MAP_POPULATE): plain decode tok/s (`Model.generate(spec_type="none")`, --n-gen decoded tokens after an 8-token
-     prompt), prefill tok/s (`Engine.prefill(last_only=True)` of --n-prompt random tokens, the last row's output
+     prompt), prefill tok/s (`Sequence.prefill(last_only=True)` of --n-prompt random tokens, the last row's output
      only, as llama-bench's pp and plain decoding: one untimed call, then the best of 2, as llama-bench times pp
-     after its warm-up run), and the ms of `Engine.verify` over k+1 = 1..4 rows and of one
-     `Engine.mtp_draft` row at the position after that prompt, each the min of 3 round-robin calls
+     after its warm-up run), and the ms of `Sequence.verify` over k+1 = 1..4 rows and of one
+     `Sequence.mtp_draft` row at the position after that prompt, each the min of 3 round-robin calls
      (`nextn.common.timing.round_robin`); the rows are distinct random tokens (the depth calibration's repeated token
      would route every row to the same experts), yet a random-weight file can route distinct tokens alike: the
      table's "experts of verify 4" column gives the distinct experts per MoE layer that the verify of 4 read
@@ -94,17 +94,17 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type
     t = time.perf_counter()
     m = rt.load(path, ctx_size=ctx, log=lambda s: print(s, file=sys.stderr), cache_type_k=cache_type_k,
                 cache_type_v=cache_type_v)
+    seq = m.sequence   # its KV is allocated here: part of the load, as llama.cpp's
     load_s = time.perf_counter() - t
-    eng = m.engine
     t = time.perf_counter()
-    populated = eng.wait_populated()
+    populated = seq.model.wait_populated()
     populate_s = time.perf_counter() - t
     rng = np.random.default_rng(seed)
-    V = int(eng.hparams["n_vocab"])
-    out = {"load_s": load_s, "populate": populated, "populate_wait_s": populate_s, "weight_bytes": eng.weight_bytes, "kv_bytes": eng.kv_bytes, "kv_cache": eng.kv_cache,
-           "copied_weight_bytes": getattr(eng.device, "copied_weight_bytes", None),
-           "plan_bytes_per_token": step_read_bytes(eng.artifact.manifest, "decode"), "threads_env":
-           os.environ.get("TVM_NUM_THREADS"), "has_mtp": eng.has_mtp}
+    V = int(seq.model.hparams["n_vocab"])
+    out = {"load_s": load_s, "populate": populated, "populate_wait_s": populate_s, "weight_bytes": seq.model.weight_bytes, "kv_bytes": seq.kv_bytes, "kv_cache": seq.kv_cache,
+           "copied_weight_bytes": getattr(seq.model.device, "copied_weight_bytes", None),
+           "plan_bytes_per_token": step_read_bytes(seq.model.artifact.manifest, "decode"), "threads_env":
+           os.environ.get("TVM_NUM_THREADS"), "has_mtp": seq.model.has_mtp}
     ids = m.tokenizer.encode(PROMPT)[:8]
     m.generate(ids, 3, spec_type="none", ignore_eos=True)                  # warm-up: first calls of each entry
     g = m.generate(ids, n_gen + 1, spec_type="none", ignore_eos=True)    # first token comes from prefill
@@ -113,18 +113,18 @@ def worker(path: str, n_gen: int, n_prompt: int, ctx: int, seed: int, cache_type
     toks = rng.integers(0, V, n_prompt).astype(np.int32)
     # Only the last row's output, as llama-bench's pp (llama_batch_get_one: one output row) and plain decoding's
     # prefill. One untimed call first, as llama-bench's warm-up: first-call costs at this row count are not throughput.
-    eng.prefill(toks, 0, last_only=True)
-    out["prefill_tok_s"] = n_prompt / time_call(lambda: eng.prefill(toks, 0, last_only=True), reps=2)
-    hidden, _lg, am = eng.prefill(toks[:8], 0)
+    seq.prefill(toks, 0, last_only=True)
+    out["prefill_tok_s"] = n_prompt / time_call(lambda: seq.prefill(toks, 0, last_only=True), reps=2)
+    hidden, _lg, am = seq.prefill(toks[:8], 0)
     pos = 8
     rows = rng.integers(0, V, max(VERIFY_ROWS)).astype(np.int32)
-    calls = {f"verify_{T}": (lambda T=T: eng.verify(rows[:T], pos)) for T in VERIFY_ROWS}
-    if eng.has_mtp:
-        calls["draft"] = lambda: eng.mtp_draft([am], hidden[-1:], pos)
+    calls = {f"verify_{T}": (lambda T=T: seq.verify(rows[:T], pos)) for T in VERIFY_ROWS}
+    if seq.model.has_mtp:
+        calls["draft"] = lambda: seq.mtp_draft([am], hidden[-1:], pos)
     out["ms"] = {k: min(v) * 1e3 for k, v in round_robin(calls, 3).items()}
     # what the verify of the most rows read of the routed experts: random-weight files can route every row to the
     # same experts, which a verify ratio alone would not show
-    out["verify_experts"] = routed_experts(eng, calls[f"verify_{max(VERIFY_ROWS)}"])
+    out["verify_experts"] = routed_experts(seq, calls[f"verify_{max(VERIFY_ROWS)}"])
     return out
 
 

@@ -36,9 +36,9 @@ def main(argv=None):
             k, ids = p["kind"], p["prompt_ids"]
             if f"{k}/trunk_logits" in npz.files:
                 err[f"{k} trunk logits"] = rel_err(m.logits(ids), npz[f"{k}/trunk_logits"])
-                err[f"{k} trunk hidden"] = rel_err(m.engine.hidden(ids), npz[f"{k}/trunk_hidden"])
+                err[f"{k} trunk hidden"] = rel_err(m.sequence.hidden(ids), npz[f"{k}/trunk_hidden"])
                 err[f"{k} NextN logits"] = rel_err(m.mtp_logits(ids), npz[f"{k}/mtp_logits"])
-            err[f"{k} last logits"] = rel_err(m.engine.prefill(np.asarray(ids, np.int32), 0)[1], npz[f"{k}/last_logits"])
+            err[f"{k} last logits"] = rel_err(m.sequence.prefill(np.asarray(ids, np.int32), 0)[1], npz[f"{k}/last_logits"])
         worst = sorted(err.items(), key=lambda kv: -kv[1])
         print(f"{d}: max {worst[0][1]:.2e} ({worst[0][0]}); " + ", ".join(f"{k} {v:.1e}" for k, v in worst[1:4]))
 

@@ -172,7 +172,7 @@ def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: 
 
     from kernel_profile import profile, routed_experts
 
-    eng = m.engine
+    seq = m.sequence
     ids = m.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     cfgs = configs(n_max)
     for _label, spec_type, k in cfgs:        # warm-up: each entry's first calls, auto's calibration
@@ -192,22 +192,22 @@ def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: 
     need = P + max(VERIFY_ROWS)
     if len(chain) < need:
         raise SystemExit(f"spec_realwidth: -n {n_gen} is too short: the timings need {need - len(ids)} chain tokens")
-    hidden, _lg, am = eng.prefill(chain[:P], 0)
-    calls = {f"verify_{T}": (lambda T=T: eng.verify(chain[P:P + T], P)) for T in VERIFY_ROWS}
-    V = int(eng.hparams["n_vocab"])
-    calls.update({f"verify_calib_{T}": (lambda T=T: eng.verify(spread_tokens(T, V), P)) for T in VERIFY_ROWS[1:]})
-    if eng.has_mtp:
-        calls["draft"] = lambda: eng.mtp_draft([int(chain[P])], hidden[-1:], P)
-        calls["draft_2"] = lambda: eng.mtp_draft([int(chain[P - 1]), int(chain[P])], hidden[-2:], P - 1)
+    hidden, _lg, am = seq.prefill(chain[:P], 0)
+    calls = {f"verify_{T}": (lambda T=T: seq.verify(chain[P:P + T], P)) for T in VERIFY_ROWS}
+    V = int(seq.model.hparams["n_vocab"])
+    calls.update({f"verify_calib_{T}": (lambda T=T: seq.verify(spread_tokens(T, V), P)) for T in VERIFY_ROWS[1:]})
+    if seq.model.has_mtp:
+        calls["draft"] = lambda: seq.mtp_draft([int(chain[P])], hidden[-1:], P)
+        calls["draft_2"] = lambda: seq.mtp_draft([int(chain[P - 1]), int(chain[P])], hidden[-2:], P - 1)
     out = {"runs": runs, "ms": {k: min(v) * 1e3 for k, v in round_robin(calls, REPS).items()},
            "prompt_tokens": len(ids),
-           "verify_experts": {str(T): routed_experts(eng, calls[f"verify_{T}"]) for T in VERIFY_ROWS},
-           "n_expert_used": int(eng.hparams.get("n_expert_used", 1)), "kernels": None}
+           "verify_experts": {str(T): routed_experts(seq, calls[f"verify_{T}"]) for T in VERIFY_ROWS},
+           "n_expert_used": int(seq.model.hparams.get("n_expert_used", 1)), "kernels": None}
     if kernels:
         ms, n = {}, {}
         for T in KERNEL_ROWS:
             n[str(T)] = {}
-            ms[str(T)] = profile(eng, calls[f"verify_{T}"], REPS, n[str(T)])
+            ms[str(T)] = profile(seq, calls[f"verify_{T}"], REPS, n[str(T)])
         out["kernels"] = {"ms": ms, "calls": n}
     return out
 
@@ -218,10 +218,11 @@ def worker(path: str, a) -> dict:
     t = time.perf_counter()
     m = rt.load(path, ctx_size=a.ctx, log=lambda s: print(s, file=sys.stderr), cache_type_k=a.cache_type_k,
                 cache_type_v=a.cache_type_v)
+    m.sequence         # its KV is allocated here: part of the load, as llama.cpp's
     load_s = time.perf_counter() - t
-    m.engine.wait_populated()
+    m.loaded.wait_populated()
     res = nextn_measure(m, a.n_gen, a.n_max, kernels=a.kernels, inner=a.inner)
-    res.update(load_s=load_s, has_mtp=m.engine.has_mtp, kv_cache=m.engine.kv_cache,
+    res.update(load_s=load_s, has_mtp=m.loaded.has_mtp, kv_cache=m.sequence.kv_cache,
                threads_env=os.environ.get("TVM_NUM_THREADS"))
     return res
 

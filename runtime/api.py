@@ -5,10 +5,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nextn.common.errors import NextnError
 from nextn.common.timing import python_share, tokens_per_s
 
-from .engine import Engine
+from .model import LoadedModel
+from .params import SamplingParams, SpecParams
+from .sequence import Sequence
 from .speculative import SpecStats, decode
 from .threads import runtime_threads, use as use_threads
 
@@ -65,34 +66,46 @@ class GenerateResult:
 
 
 class Model:
-    """A compiled GLM model ready to generate. Build with `nextn.runtime.load`."""
+    """A compiled GLM model ready to generate. Build with `nextn.runtime.load`. `loaded`: the LoadedModel (VM,
+    weights, device; runtime/model.py); `sequence`: the Sequence this API decodes on (its KV, made on first use)."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, loaded: LoadedModel, sequence: Sequence | None = None):
+        self.loaded = loaded
+        self._seq = sequence
         self._tok = None
+
+    @property
+    def sequence(self) -> Sequence:
+        if self._seq is None:
+            self._seq = self.loaded.new_sequence()
+        return self._seq
 
     @property
     def tokenizer(self):
         if self._tok is None:
             from .tokenizer import Tokenizer
 
-            self._tok = Tokenizer.from_gguf_fields(self.engine.files.main.fields, source=self.engine.files.main.path)
+            self._tok = Tokenizer.from_gguf_fields(self.loaded.files.main.fields, source=self.loaded.files.main.path)
         return self._tok
 
     @property
     def has_mtp(self) -> bool:
-        return self.engine.has_mtp
+        return self.loaded.has_mtp
 
     @property
     def max_draft(self) -> int:
-        """The engine's maximum draft depth; a request's n_max may only lower it."""
-        return self.engine.max_draft
+        """The model's maximum draft depth; a request's n_max may only lower it."""
+        return self.loaded.max_draft
 
     def generate(self, prompt: str | list[int], n_predict: int = 64, spec_type: str = "draft-mtp",
                  n_max: int | str = 3, temp: float = 0.0, seed: int | None = None, ignore_eos: bool = False, *,
                  n_min: int = 0, p_min: float = 0.0, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                 stop=(), draft_sampling: str = "greedy", on_tokens=None) -> GenerateResult:
-        """Generate after `prompt` (text, tokenized without any prefix, or token ids).
+                 stop=(), draft_sampling: str = "greedy", on_tokens=None, sampling: SamplingParams | None = None,
+                 spec: SpecParams | None = None) -> GenerateResult:
+        """Generate after `prompt` (text, tokenized without any prefix, or token ids). The options come as two
+        objects (runtime/params.py), or as the keywords they are built from: `sampling` replaces n_predict, temp,
+        seed, ignore_eos, top_k, top_p, min_p and stop; `spec` replaces spec_type, n_max, n_min, p_min and
+        draft_sampling.
 
         `spec_type` "draft-mtp" speculates with the NextN head, "none" decodes plainly. `n_max`: draft depth (an
         int, lowered to `max_draft` if above it — `result.n_max` is the effective value) or "auto" (adaptive
@@ -105,25 +118,10 @@ class Model:
         that completed it). `on_tokens(ids)` is called with each decoding step's emitted tokens as they arrive (for
         streaming; `text_stream.TextStream` turns them into printable text). Raises NextnError for bad values or a
         prompt that does not fit the context."""
-        if spec_type not in ("none", "draft-mtp"):
-            raise NextnError(f"--spec-type '{spec_type}': expected none or draft-mtp")
-        if n_max != "auto" and (isinstance(n_max, bool) or not isinstance(n_max, (int, np.integer)) or n_max < 1):
-            raise NextnError(f"--spec-draft-n-max {n_max}: expected an integer >= 1 or 'auto'")
-        if n_min < 0 or not 0.0 <= p_min <= 1.0:
-            raise NextnError(f"--spec-draft-n-min {n_min} / --spec-draft-p-min {p_min}: expected n_min >= 0 and "
-                             f"0 <= p_min <= 1")
-        if temp < 0 or not 0.0 < top_p <= 1.0 or not 0.0 <= min_p <= 1.0:
-            raise NextnError(f"--temp {temp} / --top-p {top_p} / --min-p {min_p}: expected temp >= 0, "
-                             f"0 < top-p <= 1, 0 <= min-p <= 1")
-        if draft_sampling not in ("greedy", "sample"):
-            raise NextnError(f"draft sampling '{draft_sampling}': expected greedy or sample")
+        spec = (spec or SpecParams(spec_type, n_max, n_min, p_min, draft_sampling)).check()
+        sampling = (sampling or SamplingParams(n_predict, temp, top_k, top_p, min_p, seed, stop, ignore_eos)).check()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        spec = spec_type == "draft-mtp"
-        eff = "auto" if n_max == "auto" else min(int(n_max), self.max_draft)
-        stop = [stop] if isinstance(stop, str) else list(stop)
-        steps = decode(self.engine, ids, n_predict, spec=spec, n_max=eff, temp=temp, seed=seed,
-                       eog_ids=frozenset() if ignore_eos else self.tokenizer.eog_ids, n_min=n_min, p_min=p_min,
-                       top_k=top_k, top_p=top_p, min_p=min_p, draft_sampling=draft_sampling, stop=stop,
+        steps = decode(self.sequence, ids, sampling, spec, eog_ids=self.tokenizer.eog_ids,
                        token_bytes=self.tokenizer.token_to_bytes)
         while True:
             try:
@@ -135,20 +133,22 @@ class Model:
                 on_tokens(toks)
         text = self.tokenizer.decode(g.tokens)
         if g.finish_reason == "stop":
-            text = text[:min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=len(text))]
+            text = text[:min((i for i in (text.find(s) for s in sampling.stop if s) if i >= 0), default=len(text))]
+        on = spec.enabled
+        eff = "auto" if spec.n_max == "auto" else min(int(spec.n_max), self.max_draft)
         return GenerateResult(len(ids), g.tokens, text, g.stats, g.prefill_s, g.decode_s, g.finish_reason,
-                              spec_type, eff if spec else 0, g.vm_s, seed=g.seed,
-                              n_max_requested=n_max if spec else 0, threads=runtime_threads(),
-                              draft_vocab=self.engine.draft_vocab if spec else 0)
+                              spec.type, eff if on else 0, g.vm_s, seed=g.seed,
+                              n_max_requested=spec.n_max if on else 0, threads=runtime_threads(),
+                              draft_vocab=self.loaded.draft_vocab if on else 0)
 
     def logits(self, token_ids) -> np.ndarray:
         """Trunk logits `[T, n_vocab]` float32 for positions 0..T-1."""
-        return self.engine.logits(token_ids)
+        return self.sequence.logits(token_ids)
 
     def mtp_logits(self, token_ids) -> np.ndarray:
         """Teacher-forced NextN logits `[T, n_vocab]` float32 (row p: token p + trunk hidden p-1, zeros at p = 0;
         predicts token p+1)."""
-        return self.engine.mtp_logits(token_ids)
+        return self.sequence.mtp_logits(token_ids)
 
 
 def load(path: str, target: str = "llvm", ctx_size: int | None = None, spec: bool = True,
@@ -177,10 +177,10 @@ def load(path: str, target: str = "llvm", ctx_size: int | None = None, spec: boo
     the ranking (one token id per line, or a JSON list; default: the tokenizer's merge order, runtime/draft_vocab.py).
     Raises NextnError (missing/corrupt files, hash mismatch, unsupported arch, bad tensors, other KV types)."""
     use_threads(threads)
-    m = Model(Engine.open(path, target=target, ctx_size=ctx_size, load_mtp=spec, draft_path=draft, log=log,
-                          arches=arches, device=device, mtp_dense_attention=mtp_dense_attention,
-                          cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_draft=max_draft,
-                          draft_vocab=draft_vocab, draft_vocab_file=draft_vocab_file))
+    m = Model(LoadedModel.open(path, target=target, ctx_size=ctx_size, load_mtp=spec, draft_path=draft, log=log,
+                               arches=arches, device=device, mtp_dense_attention=mtp_dense_attention,
+                               cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_draft=max_draft,
+                               draft_vocab=draft_vocab, draft_vocab_file=draft_vocab_file))
     if mtp_index_share is not None:
-        m.engine.share_mtp_index = bool(mtp_index_share)
+        m.loaded.share_mtp_index = bool(mtp_index_share)
     return m

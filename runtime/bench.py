@@ -79,9 +79,9 @@ def run_bench(model: str, prompts: str | None, out: str, n_predict: int = 64, re
         m.generate(encoded[0][:8], 4, spec_type=spec_type, n_max=k, ignore_eos=True)
 
     report = {"model": model, "n_predict": n_predict, "repeat": repeat, "temp": temp, "seed": seed,
-              "spec_draft_vocab": m.engine.draft_vocab,
+              "spec_draft_vocab": m.loaded.draft_vocab,
               "device": device, "cpus": os.cpu_count(), "threads": runtime_threads(), "prompts": prompts or "house",
-              "configs": [c[0] for c in CONFIGS], "kv_cache": m.engine.kv_cache, "modes": {}}
+              "configs": [c[0] for c in CONFIGS], "kv_cache": m.sequence.kv_cache, "modes": {}}
     bar = tqdm(total=len(modes) * len(plist) * repeat * len(CONFIGS), desc="bench", unit="run", leave=False)
     for mode, t in modes:
         rows = []

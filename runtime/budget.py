@@ -1,8 +1,8 @@
-"""Memory budget: before an engine allocates anything, the bytes it will need against the memory it can have, so a
+"""Memory budget: before a model allocates anything, the bytes it will need against the memory it can have, so a
 context or KV type that does not fit ends in one line that says what would, never in an allocator's error.
 
 What is counted (`Need`):
-- weights the engine holds in its own memory: on a GPU every planned weight buffer (device memory); on the CPU
+- weights the model holds in its own memory: on a GPU every planned weight buffer (device memory); on the CPU
   the buffers that are copies (`weights.copied_bytes`). Weights that are views of the memory-mapped GGUF are file
   pages: the kernel can drop and re-read them, and they are already in MemAvailable once cached, so they are not
   counted against it; they are reported, and when they and the rest exceed MemTotal the line says the weights would
@@ -12,7 +12,7 @@ What is counted (`Need`):
   artifact without it, what `state.state_buffers` allocates (`state.state_bytes`). The manifest's
   `kv_cache.caches` says which type each cache holds; the bytes under another type come from
   `nextn.common.kv_types` (what a smaller KV type would take).
-- workspace: the intermediates of the largest step, a prefill chunk (`Engine.prefill_chunk` rows,
+- workspace: the intermediates of the largest step, a prefill chunk (`LoadedModel.prefill_chunk` rows,
   `workspace_bytes`): an estimate, not a measurement.
 
 Available (`available`): CPU: MemAvailable from /proc/meminfo, lowered to the cgroup's room (memory.max -
@@ -34,7 +34,7 @@ CTX_STEP = 256          # a suggested -c is a multiple of this (llama.cpp pads i
 
 @dataclass
 class Need:
-    weights: int            # weight bytes in the engine's own memory (copies on the CPU, everything on a GPU)
+    weights: int            # weight bytes in the model's own memory (copies on the CPU, everything on a GPU)
     weights_mapped: int     # CPU: weight bytes used in place from the mapped GGUF (file pages, not counted)
     kv: int                 # KV and state buffers for n_ctx cells
     workspace: int          # intermediates of the largest step (estimate)
@@ -101,89 +101,89 @@ def workspace_bytes(hp: dict, rows: int) -> int:
     return 4 * (rows * per_row + int(hp.get("n_vocab", 0)))
 
 
-def need(engine, n_ctx: int, weights: bool = True) -> Need:
-    """What `engine` (before loading) needs for n_ctx cells; `weights=False`: KV only (another sequence). The
-    workspace is that of a prefill chunk of `engine.prefill_chunk` rows."""
+def need(model, n_ctx: int, weights: bool = True) -> Need:
+    """What `model` (before loading) needs for n_ctx cells; `weights=False`: KV only (another sequence). The
+    workspace is that of a prefill chunk of `model.prefill_chunk` rows."""
     from .weights import copied_bytes
 
     if not weights:
         w = mapped = ws = 0
-    elif engine.device.kind == "cpu":
-        w = copied_bytes(engine.files, engine._plan)
-        mapped, ws = engine.weight_bytes - w, workspace_bytes(engine.hparams, engine.prefill_chunk)
+    elif model.device.kind == "cpu":
+        w = copied_bytes(model.files, model._plan)
+        mapped, ws = model.weight_bytes - w, workspace_bytes(model.hparams, model.prefill_chunk)
     else:
-        w, mapped, ws = engine.weight_bytes, 0, workspace_bytes(engine.hparams, engine.prefill_chunk)
-    return Need(w, mapped, kv_bytes(engine, n_ctx), ws, n_ctx)
+        w, mapped, ws = model.weight_bytes, 0, workspace_bytes(model.hparams, model.prefill_chunk)
+    return Need(w, mapped, kv_bytes(model, n_ctx), ws, n_ctx)
 
 
-def kv_bytes_per_cell(engine) -> int:
-    """Bytes one context cell takes in `engine`'s KV and state buffers (the manifest's kv_cache.bytes_per_token)."""
-    bpt = (engine.artifact.manifest.get("kv_cache") or {}).get("bytes_per_token")
+def kv_bytes_per_cell(model) -> int:
+    """Bytes one context cell takes in `model`'s KV and state buffers (the manifest's kv_cache.bytes_per_token)."""
+    bpt = (model.artifact.manifest.get("kv_cache") or {}).get("bytes_per_token")
     if not bpt:
-        one, none = (state.state_bytes(engine._entries, engine._state_sizes(n)) for n in (1, 0))
+        one, none = (state.state_bytes(model.entries, model.state_sizes(n)) for n in (1, 0))
         return one - none
-    return int(bpt["trunk"]) + (int(bpt["nextn"]) if engine.has_mtp else 0)
+    return int(bpt["trunk"]) + (int(bpt["nextn"]) if model.has_mtp else 0)
 
 
-def kv_bytes(engine, n_ctx: int) -> int:
-    """KV and state bytes of `engine` for n_ctx cells: per-cell bytes, plus the states that do not grow with -c."""
-    return state.state_bytes(engine._entries, engine._state_sizes(0)) + n_ctx * kv_bytes_per_cell(engine)
+def kv_bytes(model, n_ctx: int) -> int:
+    """KV and state bytes of `model` for n_ctx cells: per-cell bytes, plus the states that do not grow with -c."""
+    return state.state_bytes(model.entries, model.state_sizes(0)) + n_ctx * kv_bytes_per_cell(model)
 
 
-def _kv_as(engine, n_ctx: int, kv_name: str) -> int | None:
+def _kv_as(model, n_ctx: int, kv_name: str) -> int | None:
     """KV bytes for n_ctx cells if every KV cache held type `kv_name` (manifest kv_cache.caches; None without)."""
-    caches = (engine.artifact.manifest.get("kv_cache") or {}).get("caches")
+    caches = (model.artifact.manifest.get("kv_cache") or {}).get("caches")
     if not caches:
         return None
     from nextn.common.kv_types import KV_TYPES
 
-    return state.state_bytes(engine._entries, engine._state_sizes(n_ctx), retype={s: (KV_TYPES[t], KV_TYPES[kv_name])
+    return state.state_bytes(model.entries, model.state_sizes(n_ctx), retype={s: (KV_TYPES[t], KV_TYPES[kv_name])
                                                                for s, t in caches.items()})
 
 
-def fits(engine, n_ctx: int, avail: int, weights: bool = True) -> str | None:
+def fits(model, n_ctx: int, avail: int, weights: bool = True) -> str | None:
     """None when n_ctx cells fit in `avail` bytes, else what would: a smaller -c and / or a smaller KV type."""
-    n = need(engine, n_ctx, weights)
+    n = need(model, n_ctx, weights)
     if n.total <= avail:
         return None
-    fixed = n.weights + n.workspace + kv_bytes(engine, 0)
-    per_cell = kv_bytes_per_cell(engine)
+    fixed = n.weights + n.workspace + kv_bytes(model, 0)
+    per_cell = kv_bytes_per_cell(model)
     hints = []
     c = (avail - fixed) // per_cell if per_cell else 0
     if c >= CTX_STEP:
         c -= c % CTX_STEP
     if c >= 2:
         hints.append(f"-c {c} would fit")
-    kc = engine.artifact.manifest.get("kv_cache") or {}
+    kc = model.artifact.manifest.get("kv_cache") or {}
     if kc.get("caches"):
         from nextn.common.kv_types import KV_TYPES
 
         have = max(KV_TYPES[t].block_bytes / KV_TYPES[t].block for t in kc["caches"].values())
         for name, t in sorted(KV_TYPES.items(), key=lambda kv: -kv[1].block_bytes / kv[1].block):
-            kv = _kv_as(engine, n_ctx, name)
+            kv = _kv_as(model, n_ctx, name)
             if t.block_bytes / t.block < have and n.weights + n.workspace + kv <= avail:
                 hints.append(f"-ctk {name} -ctv {name} at -c {n_ctx} would fit ({_gib(kv)} of KV)")
                 break
     return "; ".join(hints) or "nothing fits: the weights and workspace alone need more"
 
 
-def check(engine, n_ctx: int, weights: bool = True, what: str = "") -> Need:
-    """NextnError (one line: bytes needed and available, what would fit) unless `engine` fits n_ctx cells. Returns
-    the Need; warns through `engine.log` when mapped weights would not stay in RAM."""
-    n = need(engine, n_ctx, weights)
-    avail, total, source = available(engine.device)
-    hint = fits(engine, n_ctx, avail, weights)
+def check(model, n_ctx: int, weights: bool = True, what: str = "") -> Need:
+    """NextnError (one line: bytes needed and available, what would fit) unless `model` fits n_ctx cells. Returns
+    the Need; warns through `model.log` when mapped weights would not stay in RAM."""
+    n = need(model, n_ctx, weights)
+    avail, total, source = available(model.device)
+    hint = fits(model, n_ctx, avail, weights)
     if hint is not None:
-        kc = engine.artifact.manifest.get("kv_cache") or {}
+        kc = model.artifact.manifest.get("kv_cache") or {}
         types = f" ({kc['type_k']}/{kc['type_v']})" if kc.get("type_k") else ""
         parts = ([f"weights {_gib(n.weights)}"] if weights else []) + [f"KV{types} {_gib(n.kv)}"] + \
                 ([f"workspace {_gib(n.workspace)}"] if weights else [])
         mapped = f"; mapped weights {_gib(n.weights_mapped)} are file pages, not counted" if n.weights_mapped else ""
-        raise NextnError(f"{engine.artifact.path}: {what or 'loading'} at -c {n_ctx} needs {n.total} bytes "
+        raise NextnError(f"{model.artifact.path}: {what or 'loading'} at -c {n_ctx} needs {n.total} bytes "
                          f"({_gib(n.total)}: {' + '.join(parts)}), {avail} bytes ({_gib(avail)}) available "
                          f"({source}); {hint}{mapped}")
     if weights and n.weights_mapped and total and n.total + n.weights_mapped > total:
-        log = getattr(engine, "log", None)
+        log = getattr(model, "log", None)
         if log is not None:
             log(f"warning: mapped weights {_gib(n.weights_mapped)} + {_gib(n.total)} exceed this machine's "
                 f"{_gib(total)} of RAM: weights will be read from disk again for every token")

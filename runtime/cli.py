@@ -101,6 +101,7 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
         ignore_eos, mtp_dense_attention, cache_type_k, cache_type_v, threads, mtp_index_share, as_json):
     """Generate from MODEL (a GGUF, compiled and cached on first use, or an artifact directory)."""
     from .api import load
+    from .params import SamplingParams, SpecParams, resolve_spec_type
 
     if prompt is not None and prompt_file is not None:
         raise NextnError("give either -p or --prompt-file, not both")
@@ -115,16 +116,14 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
     if n_predict < 1:
         raise NextnError(f"-n {n_predict}: expected >= 1")
     n_max = parse_n_max(spec_draft_n_max)
+    sampling = SamplingParams(n_predict, temp, top_k, top_p, min_p, seed, stops, ignore_eos).check()
     want_spec = spec_type != "none"
     m = load(model, target=target, ctx_size=ctx_size, spec=want_spec, draft=draft, arches=list(arches) or None, device=device,
              log=lambda s: click.echo(s, err=True), mtp_dense_attention=mtp_dense_attention, cache_type_k=cache_type_k,
              cache_type_v=cache_type_v, threads=threads, max_draft=n_max if isinstance(n_max, int) else None,
              mtp_index_share=mtp_index_share, draft_vocab=spec_draft_vocab, draft_vocab_file=spec_draft_vocab_file)
-    if spec_type is None:
-        spec_type = "draft-mtp" if m.has_mtp else "none"
-    elif spec_type == "draft-mtp" and not m.has_mtp:
-        raise NextnError(f"{model}: --spec-type draft-mtp needs a NextN block; this model is trunk-only "
-                         f"(give the MTP GGUF with --model-draft, or use --spec-type none)")
+    spec = SpecParams(resolve_spec_type(spec_type, m.has_mtp, model, "--model-draft"), n_max, spec_draft_n_min,
+                      spec_draft_p_min, spec_draft_sampling)
     shown = None if as_json else TextStream(m.tokenizer.token_to_bytes, stops)   # printed as tokens are emitted
 
     def show(toks):
@@ -133,15 +132,13 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
             click.echo(text, nl=False)
             sys.stdout.flush()
 
-    r = m.generate(prompt, n_predict=n_predict, spec_type=spec_type, n_max=n_max, temp=temp, seed=seed,
-                   ignore_eos=ignore_eos, n_min=spec_draft_n_min, p_min=spec_draft_p_min, top_k=top_k, top_p=top_p,
-                   min_p=min_p, stop=stops, draft_sampling=spec_draft_sampling, on_tokens=None if as_json else show)
+    r = m.generate(prompt, sampling=sampling, spec=spec, on_tokens=None if as_json else show)
     if as_json:
-        click.echo(json.dumps({**r.to_json(), "kv_cache": m.engine.kv_cache}))
+        click.echo(json.dumps({**r.to_json(), "kv_cache": m.sequence.kv_cache}))
         return
     click.echo(shown.finish())
     s = r.stats
-    if spec_type == "draft-mtp":
+    if spec.enabled:
         pos = ", ".join(f"{x:.3f}" for x in s.per_pos)
         if r.n_max_requested != r.n_max:
             click.echo(f"--spec-draft-n-max {r.n_max_requested} lowered to the engine's maximum {r.n_max}", err=True)

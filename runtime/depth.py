@@ -6,8 +6,8 @@ Vocabulary:
   1..j were accepted — the conditional form of llama.cpp's `acc per pos`.
 - *expected tokens* E(k) = 1 + sum_{i=1..k} prod_{j<i} alpha[j]: tokens a round of depth k emits on average
   (Leviathan et al. 2023, eq. 1, with per-position rather than constant acceptance).
-- *round cost* c(k) = base(k) × slowdown: base(k) from a one-off calibration of the engine's entry points (verify
-  of k+1 rows + k draft steps; a draft step is timed through `engine.mtp_draft`, so it is the step the engine will
+- *round cost* c(k) = base(k) × slowdown: base(k) from a one-off calibration of the sequence's entry points (verify
+  of k+1 rows + k draft steps; a draft step is timed through `Sequence.mtp_draft`, so it is the step decoding will
   run — the reduced head's `draft_vocab` entry with --spec-draft-vocab, whose lower cost can make a depth pay);
   *slowdown* a moving average of measured round seconds / base(k), one for plain rounds and one for speculative
   rounds (it absorbs the loop's own time and the machine's current load; a measurement counts at most 4x the
@@ -146,26 +146,26 @@ def spread_tokens(T: int, n_vocab: int) -> list[int]:
     return [(1 + i * (n_vocab - 1) // max(T, 1)) % n_vocab for i in range(T)]
 
 
-def calibrated(engine, k_max: int) -> bool:
-    """Whether `calibrate(engine, k_max)` has run (and will not write cells from position 0 again)."""
-    return k_max in engine.__dict__.get("_nextn_round_costs", {})
+def calibrated(seq, k_max: int) -> bool:
+    """Whether `calibrate(seq, k_max)` has run (and will not write cells from position 0 again)."""
+    return k_max in seq.__dict__.get("_nextn_round_costs", {})
 
 
-def calibrate(engine, k_max: int, reps: int = 5):
+def calibrate(seq, k_max: int, reps: int = 5):
     """(seconds of a verify of T = 1..k_max+1 rows, of one draft step, of one NextN catch-up row), min of `reps`
     after a warm-up; the verify and catch-up rows are distinct tokens (`spread_tokens`). Runs at position 0, so
-    call it before prefill: every cell it writes is overwritten before it is read. Cached on the engine per k_max."""
-    cache = engine.__dict__.setdefault("_nextn_round_costs", {})
+    call it before prefill: every cell it writes is overwritten before it is read. Cached on the sequence per k_max."""
+    cache = seq.__dict__.setdefault("_nextn_round_costs", {})
     if k_max in cache:
         return cache[k_max]
 
-    E, C = int(engine.hparams["n_embd"]), engine.n_ctx   # depths past the context are clamped by the loop anyway
-    V = int(engine.hparams["n_vocab"])
+    E, C = int(seq.model.hparams["n_embd"]), seq.n_ctx   # depths past the context are clamped by the loop anyway
+    V = int(seq.model.hparams["n_vocab"])
     n, z = min(32, C), np.zeros((32, E), np.float32)
-    calls = [lambda T=min(k + 1, C): engine.verify(spread_tokens(T, V), 0) for k in range(k_max + 1)]
-    if engine.has_mtp:
-        calls += [lambda: engine.mtp_draft([0], z[:1], 0), lambda: engine.mtp_rows(spread_tokens(n, V), z[:n], 0)]
+    calls = [lambda T=min(k + 1, C): seq.verify(spread_tokens(T, V), 0) for k in range(k_max + 1)]
+    if seq.model.has_mtp:
+        calls += [lambda: seq.mtp_draft([0], z[:1], 0), lambda: seq.mtp_rows(spread_tokens(n, V), z[:n], 0)]
     t = [min(v) for v in round_robin(dict(enumerate(calls)), reps + 1).values()]
-    draft, row = (t[k_max + 1], t[k_max + 2] / n) if engine.has_mtp else (0.0, 0.0)
+    draft, row = (t[k_max + 1], t[k_max + 2] / n) if seq.model.has_mtp else (0.0, 0.0)
     cache[k_max] = (t[:k_max + 1], draft, row)
     return cache[k_max]

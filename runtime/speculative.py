@@ -30,7 +30,7 @@ three trained fixtures' prompts (bench/draft_vocab.py; docs/design.md "Speculati
 rows per round against llama.cpp's 3.00; at n_max 3, 4.28-4.43 against 6.85-6.90.
 
 Rollback: static, position-indexed KV: cells past the committed prefix are overwritten before they are read (the
-rollback is implicit); recurrent trunk states (GLM-5.3-Flash's KDA) roll back by `engine.commit(m)` after each
+rollback is implicit); recurrent trunk states (GLM-5.3-Flash's KDA) roll back by `Sequence.commit(m)` after each
 verify, which keeps the state after row m-1 (a plane choice, no replay).
 """
 from __future__ import annotations
@@ -44,6 +44,7 @@ from nextn.common.errors import NextnError
 from nextn.common.timing import time_call
 
 from .depth import AdaptiveDepth, FixedDepth, calibrate, spread_tokens
+from .params import SamplingParams, SpecParams
 from .sampling import DRAFT, TARGET, CounterRNG, SamplerChain, rejection_sample, sample_and_match
 
 
@@ -173,8 +174,8 @@ class Drafter:
 
     FUSE_ROWS = 2   # a gap this short rides along in the draft-step-0 call (mtp_draft computes logits per row)
 
-    def __init__(self, engine, chain: SamplerChain, rng: CounterRNG, sampled: bool, n_min: int, p_min: float):
-        self.engine, self.chain, self.rng = engine, chain, rng
+    def __init__(self, seq, chain: SamplerChain, rng: CounterRNG, sampled: bool, n_min: int, p_min: float):
+        self.seq, self.chain, self.rng = seq, chain, rng
         self.sampled, self.n_min, self.p_min = sampled and not chain.greedy, n_min, p_min
         self.tok, self.h, self.pos0 = [], [], 0
 
@@ -186,7 +187,7 @@ class Drafter:
 
     def flush(self) -> None:
         if self.tok:
-            self.engine.mtp_rows(self.tok, np.concatenate(self.h), self.pos0)
+            self.seq.mtp_rows(self.tok, np.concatenate(self.h), self.pos0)
         self.tok, self.h = [], []
 
     def propose(self, n_past: int, k: int):
@@ -202,7 +203,7 @@ class Drafter:
         self.tok, self.h = [], []
         drafts, q = [], []
         for i in range(k):
-            h, lg, am = self.engine.mtp_draft(toks, h, pos, reuse_index=i > 0)   # glm-dsa: step 0 selects, 1.. reuse
+            h, lg, am = self.seq.mtp_draft(toks, h, pos, reuse_index=i > 0)   # glm-dsa: step 0 selects, 1.. reuse
             d, qi, p = self._pick(lg, am, n_past + i + 1)
             if p < self.p_min:
                 break
@@ -216,8 +217,8 @@ class Drafter:
     def _pick(self, lg, am, pos: int):
         if self.sampled:
             ids, p = self.chain.probs(lg.numpy()[-1])
-            if self.engine.draft_vocab:   # the reduced head's logits are those of draft_ids, in that order
-                ids = self.engine.draft_ids[ids].astype(np.int64)
+            if self.seq.model.draft_vocab:   # the reduced head's logits are those of draft_ids, in that order
+                ids = self.seq.model.draft_ids[ids].astype(np.int64)
             j = int(np.searchsorted(np.cumsum(p), self.rng.uniform(pos, DRAFT) * p.sum(), side="right"))
             j = min(j, len(p) - 1)
             return int(ids[j]), (ids, p), float(p[j])
@@ -228,21 +229,24 @@ class Drafter:
         return int(am[-1]), None, float(1.0 / np.exp(z - z[-1]).sum())
 
 
-def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | str = 3, temp: float = 0.0,
-           seed: int | None = None, eog_ids=frozenset(), *, top_k: int = 40, top_p: float = 0.95,
-           min_p: float = 0.05, n_min: int = 0, p_min: float = 0.0, draft_sampling: str = "greedy",
-           stop=(), token_bytes=None, controller=None, n_cached: int = 0, extent: CacheExtent | None = None,
-           on_logits=None, logit_bias=None, constraint=None):
+def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: SpecParams = SpecParams(), *,
+           eog_ids=frozenset(), token_bytes=None, controller=None, n_cached: int = 0,
+           extent: CacheExtent | None = None, on_logits=None, logit_bias=None, constraint=None):
     """Decode step by step: a generator that yields the tokens each step emits (a list of ints; the first yield is
     prefill's token, then one yield per verify round: its accepted drafts + the recovered or bonus token, cut by
     the finish rules) and returns the `Generation` when a finish rule fires. Closing it early (`.close()`) stops
-    decoding; the engine's KV past the last committed cell is simply overwritten by the next sequence.
+    decoding; the KV of `seq` past the last committed cell is simply overwritten by the next request.
 
-    Arguments as `generate`. `n_cached` (a server slot's prompt cache, llama-server `cache_prompt`): the trunk KV
-    already holds prompt[:n_cached] and, with `spec`, the NextN KV its trunk-paired rows [0, n_cached] (one more:
-    the row of token n_cached pairs with the trunk hidden of n_cached - 1, which is not kept), so prefill starts at
-    n_cached and the NextN warm-up at n_cached + 1; 0 <= n_cached < len(prompt). `extent`, when given, is updated
-    before every yield (`CacheExtent`). `on_logits(rows, tokens)`, when given, is called before every yield with the
+    `seq`: a runtime/sequence.py Sequence. `sampling` (runtime/params.py): n_predict, the sampler chain, seed, stop
+    strings, ignore_eos; `spec`: speculate when `spec.enabled`, at depth n_max (an int, lowered to the model's
+    max_draft, or "auto": `depth.AdaptiveDepth`), with n_min, p_min, draft_sampling. `eog_ids`: the tokens that end
+    generation (none with sampling.ignore_eos); `token_bytes(t)`: a token's bytes (stop strings); `controller`: a
+    depth controller instead of spec.n_max's. `n_cached` (a server slot's prompt cache, llama-server
+    `cache_prompt`): the trunk KV already holds prompt[:n_cached] and, with speculation, the NextN KV its
+    trunk-paired rows [0, n_cached] (one more: the row of token n_cached pairs with the trunk hidden of n_cached - 1,
+    which is not kept), so prefill starts at n_cached and the NextN warm-up at n_cached + 1; 0 <= n_cached <
+    len(prompt). `extent`, when given, is updated before every yield (`CacheExtent`). `on_logits(rows, tokens)`,
+    when given, is called before every yield with the
     target model's logits of the tokens the step emits (float32 [m, n_vocab]: prefill's last row, or the verify rows
     that chose them; a server's logprobs). `logit_bias` (float32 [n_vocab], -inf bans a token; llama.cpp's
     logit-bias sampler, first in the chain) is added to the target logits before every choice, greedy or sampled;
@@ -256,33 +260,36 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
     prompt = np.asarray(prompt_ids, np.int32)
     if len(prompt) == 0:
         raise NextnError("the prompt is empty")
-    if len(prompt) >= engine.n_ctx:
-        raise NextnError(f"the prompt has {len(prompt)} tokens, but the context holds {engine.n_ctx} (-c); "
+    if len(prompt) >= seq.n_ctx:
+        raise NextnError(f"the prompt has {len(prompt)} tokens, but the context holds {seq.n_ctx} (-c); "
                          f"raise -c or shorten the prompt")
-    if spec and not engine.has_mtp:
+    if spec.enabled and not seq.model.has_mtp:
         raise NextnError("--spec-type draft-mtp needs a NextN block, and this model has none loaded")
     if not 0 <= n_cached < len(prompt):
         raise NextnError(f"n_cached {n_cached}: expected 0 <= n_cached < {len(prompt)} (the prompt's length)")
-    chain, rng = SamplerChain(temp, top_k, top_p, min_p), CounterRNG(seed)
-    auto = spec and n_max == "auto"
-    k_max = (engine.max_draft if auto else int(n_max)) if spec else 0
+    n_predict = sampling.n_predict
+    chain = SamplerChain(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+    rng = CounterRNG(sampling.seed)
+    auto = spec.enabled and spec.n_max == "auto"
+    k_max = (seq.model.max_draft if auto else min(int(spec.n_max), seq.model.max_draft)) if spec.enabled else 0
     # `auto` refreshes verify costs while cost-bound by timing a verify at the next cells (rewritten before read).
     remeasure = lambda T: time_call(   # noqa: E731
-        lambda: engine.verify(spread_tokens(T, int(engine.hparams["n_vocab"])), n_past))
-    depth = controller or (AdaptiveDepth(k_max, calibrate(engine, k_max), remeasure) if auto else FixedDepth(k_max))
-    drafter = Drafter(engine, chain, rng, draft_sampling == "sample", n_min, p_min) if spec else None
-    rules = FinishRules(eog_ids, stop, token_bytes, n_predict)
+        lambda: seq.verify(spread_tokens(T, int(seq.model.hparams["n_vocab"])), n_past))
+    depth = controller or (AdaptiveDepth(k_max, calibrate(seq, k_max), remeasure) if auto else FixedDepth(k_max))
+    drafter = Drafter(seq, chain, rng, spec.draft_sampling == "sample", spec.n_min, spec.p_min) \
+        if spec.enabled else None
+    rules = FinishRules(frozenset() if sampling.ignore_eos else eog_ids, sampling.stop, token_bytes, n_predict)
     stats = SpecStats(n_max=k_max, accepted_at=[0] * k_max, drafted_at=[0] * k_max, events=depth.events)
 
     t0 = time.perf_counter()
     # the trunk hidden before a chunk's first row; None: that row's NextN row is cached (n_cached > 0)
-    before = [np.zeros((1, engine.hparams["n_embd"]), np.float32) if n_cached == 0 else None]
+    before = [np.zeros((1, seq.model.hparams["n_embd"]), np.float32) if n_cached == 0 else None]
 
     def warm_up(h, p):
         """MTP warm-up over the prompt, chunk by chunk: row p pairs token p with trunk hidden p-1 (zeros at p = 0).
         Eager, as llama.cpp's process() after each prompt ubatch (a long prompt never holds all its hidden rows);
         `auto` defers it to a draft (its first rounds may not draft at all)."""
-        if spec:
+        if spec.enabled:
             if before[0] is not None:
                 drafter.add_rows(prompt[p:p + len(h)], np.concatenate([before[0], h[:-1]]), p)
             elif len(h) > 1:
@@ -291,8 +298,8 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
                 drafter.flush()
         before[0] = h[-1:]
 
-    hidden, last_logits, last_argmax = engine.prefill(prompt[n_cached:], n_cached, on_hidden=warm_up,
-                                                      last_only=not spec)
+    hidden, last_logits, last_argmax = seq.prefill(prompt[n_cached:], n_cached, on_hidden=warm_up,
+                                                   last_only=not spec.enabled)
     raw_logits = last_logits
     if logit_bias is not None or constraint is not None:
         last_logits = _target(last_logits[None], logit_bias, constraint, [])[0]
@@ -303,12 +310,12 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
     finish = rules.push(out, id_last)
     if constraint is not None:
         constraint.consume([id_last])
-    vm0, t1 = dict(engine.vm_seconds), time.perf_counter()
+    vm0, t1 = dict(seq.vm_seconds), time.perf_counter()
 
     def mark():
         if extent is not None:
             extent.n_past = n_past
-            if spec:
+            if spec.enabled:
                 extent.n_mtp = drafter.pos0 if drafter.tok else n_past
 
     mark()
@@ -317,15 +324,15 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
     yield [id_last]
 
     while finish is None:
-        if n_past + 1 > engine.n_ctx:   # id_last has no cell left
+        if n_past + 1 > seq.n_ctx:   # id_last has no cell left
             finish = "length"
             break
         tr = time.perf_counter()
         k = 0
-        if spec:
-            k = min(depth.choose(len(out), len(drafter.tok)), n_predict - len(out), engine.n_ctx - n_past - 1)
+        if spec.enabled:
+            k = min(depth.choose(len(out), len(drafter.tok)), n_predict - len(out), seq.n_ctx - n_past - 1)
         drafts, q = [], None
-        if spec:
+        if spec.enabled:
             drafter.add_rows([id_last], pending_h, n_past)
             if k > 0:
                 drafts, q = drafter.propose(n_past, k)
@@ -333,7 +340,7 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
             drafts = drafts[:constraint.validate(drafts)]
             q = q[:len(drafts)] if q is not None else None
         tv = time.perf_counter()
-        hid, logits, am = engine.verify([id_last] + drafts, n_past)
+        hid, logits, am = seq.verify([id_last] + drafts, n_past)
         ts = time.perf_counter()
         # the target rows on the host only when needed (greedy decoding reads the device argmax)
         shaped = logit_bias is not None or constraint is not None
@@ -356,8 +363,8 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
                 break
         if constraint is not None:
             constraint.consume(new[:m])
-        engine.commit(m)        # the trunk keeps rows id_last, d1..d_{m-1} (recurrent states: their plane)
-        if spec and m > 1:      # NextN rows of the emitted drafts, paired with the trunk hidden before each
+        seq.commit(m)           # the trunk keeps rows id_last, d1..d_{m-1} (recurrent states: their plane)
+        if spec.enabled and m > 1:      # NextN rows of the emitted drafts, paired with the trunk hidden before each
             drafter.add_rows(new[:m - 1], hid[:m - 1], n_past + 1)
         pending_h, n_past, id_last = hid[m - 1:m], n_past + m, new[m - 1]
         stats.record(len(drafts), a, m)
@@ -370,7 +377,7 @@ def decode(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | s
             on_logits(raw[:m], new[:m])
         yield new[:m]
     t2 = time.perf_counter()
-    vm_s = {name: engine.vm_seconds[name] - vm0.get(name, 0.0) for name in engine.vm_seconds}
+    vm_s = {name: seq.vm_seconds[name] - vm0.get(name, 0.0) for name in seq.vm_seconds}
     return Generation(out, stats, t1 - t0, t2 - t1, finish, vm_s, rng.seed, n_past)
 
 
@@ -387,12 +394,11 @@ def _target(rows, logit_bias, constraint, drafts):
     return rows
 
 
-def generate(engine, prompt_ids, n_predict: int, spec: bool = True, n_max: int | str = 3, temp: float = 0.0,
-             seed: int | None = None, eog_ids=frozenset(), **kw) -> Generation:
-    """Generate up to `n_predict` tokens after `prompt_ids` (int list); speculate with the NextN head when `spec`
-    at depth `n_max` (int, already clamped by the caller) or "auto" (`depth.AdaptiveDepth`). Keywords: top_k,
-    top_p, min_p, n_min, p_min, draft_sampling, stop, token_bytes, controller (see `decode`). Raises NextnError."""
-    return run_to_end(decode(engine, prompt_ids, n_predict, spec, n_max, temp, seed, eog_ids, **kw))
+def generate(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: SpecParams = SpecParams(),
+             **kw) -> Generation:
+    """Generate up to `sampling.n_predict` tokens after `prompt_ids` (int list) on Sequence `seq`, speculating as
+    `spec` says; keywords as `decode` (eog_ids, token_bytes, controller, ...). Raises NextnError."""
+    return run_to_end(decode(seq, prompt_ids, sampling, spec, **kw))
 
 
 def run_to_end(steps) -> Generation:

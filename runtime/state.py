@@ -5,8 +5,8 @@ and P = the recurrent planes, allocated once and zeroed.
 
 Position-indexed states ([C, ...], [C//k, ...]) roll back for free: cells past the committed prefix are masked
 out (attention reads cells <= pos) and overwritten by the next write. Recurrent states ([P, ...]) cannot be
-truncated: a call keeps the state after each of its last rows in its own plane and the engine commits one
-(`Engine.commit`). Zeroed, not left as garbage: with L rounded up to a bucket, masked cells are read, and a masked
+truncated: a call keeps the state after each of its last rows in its own plane and the sequence commits one
+(`Sequence.commit`). Zeroed, not left as garbage: with L rounded up to a bucket, masked cells are read, and a masked
 NaN would still poison P·V (0 × NaN).
 """
 from __future__ import annotations

@@ -35,57 +35,57 @@ def quantized_activations(engine) -> dict[str, str]:
             if b.get("activation")}
 
 
-def exact_engine(compiled, name: str, model: Path):
+def exact_sequence(compiled, name: str, model: Path):
     """The --exact-matmul build of `model` (float activations, checked), loaded: what matches the interpreter."""
     import nextn.runtime as rt
 
     exact = rt.load(compiled(name, model, exact_matmul=True), ctx_size=4096)
-    assert not quantized_activations(exact.engine)
-    return exact.engine
+    assert not quantized_activations(exact.loaded)
+    return exact.sequence
 
 
-def check_trunk_vs_ir(eng, graphs, w, ids, rows: int):
+def check_trunk_vs_ir(seq, graphs, w, ids, rows: int):
     """Compiled `prefill` over `ids`, then `verify` of `rows` rows continuing its KV, against the interpreter
     (1e-5 relative, argmax equal). Returns the interpreter's KV states."""
     from nextn.compiler.ir import interpret
 
     T = len(ids)
-    st = zero_states(graphs["prefill"], eng.n_ctx, eng.rs_planes)
+    st = zero_states(graphs["prefill"], seq.n_ctx, seq.model.rs_planes)
 
     def rs():   # recurrent states (glm5next): the engine's committed plane, which the call reads
-        return {"rs_plane": np.array([eng.rs_plane], np.int32)} if "rs_plane" in graphs["prefill"].inputs else {}
+        return {"rs_plane": np.array([seq.rs_plane], np.int32)} if "rs_plane" in graphs["prefill"].inputs else {}
 
-    h1, last1, am1 = eng.prefill(ids, 0, last_only=True)   # plain decoding's prefill: its last row, the same bits
+    h1, last1, am1 = seq.prefill(ids, 0, last_only=True)   # plain decoding's prefill: its last row, the same bits
     want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
                                              "hidden_ids": np.arange(T, dtype=np.int32),
                                              "out_ids": np.array([T - 1], np.int32), **rs()}, w, st, n_kv=T)
-    h, last, am = eng.prefill(ids, 0)
+    h, last, am = seq.prefill(ids, 0)
     assert rel_err(h, want["hidden"]) < 1e-5
     assert rel_err(last, want["logits"][0]) < 1e-5 and am == want["argmax"][0]
     assert h1.shape == (1, h.shape[1]) and (h1 == h[-1:]).all() and (last1 == last).all() and am1 == am
     verify_rows = np.array([am, 17, 99, 5][:rows], np.int32)
     want = interpret.run(graphs["verify"], {"tokens": verify_rows, "pos": np.arange(T, T + rows, dtype=np.int32),
                                             **rs()}, w, st, n_kv=T + rows)
-    _h, lg, amv = eng.verify(verify_rows, T)
+    _h, lg, amv = seq.verify(verify_rows, T)
     assert rel_err(lg.numpy(), want["logits"]) < 1e-5
     assert (amv == want["argmax"]).all()
     return st
 
 
-def check_mtp_vs_ir(eng, graphs, w, ids):
+def check_mtp_vs_ir(seq, graphs, w, ids):
     """Compiled `mtp_rows` (teacher-forced, random h_prev) then one `mtp_draft` step, against the interpreter."""
     from nextn.compiler.ir import interpret
 
     T = len(ids)
-    h_prev = np.random.default_rng(0).standard_normal((T, eng.hparams["n_embd"])).astype(np.float32)
-    st = zero_states([graphs["mtp_rows"], graphs["mtp_draft"]], eng.n_ctx)   # glm-dsa's draft has one more state
+    h_prev = np.random.default_rng(0).standard_normal((T, seq.model.hparams["n_embd"])).astype(np.float32)
+    st = zero_states([graphs["mtp_rows"], graphs["mtp_draft"]], seq.n_ctx)   # glm-dsa's draft has one more state
     want = interpret.run(graphs["mtp_rows"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32), "h_prev": h_prev,
                                               "out_ids": np.array([T - 1], np.int32)}, w, st, n_kv=T)
-    got = eng.mtp_rows(ids, h_prev, 0)
+    got = seq.mtp_rows(ids, h_prev, 0)
     assert rel_err(got, want["h_nextn"]) < 1e-5
     want = interpret.run(graphs["mtp_draft"], {"tokens": ids[:1], "pos": np.array([T], np.int32),
                                                "h_prev": got[-1:]}, w, st, n_kv=T + 1)
-    h, lg, am = eng.mtp_draft(ids[:1], got[-1:], T)
+    h, lg, am = seq.mtp_draft(ids[:1], got[-1:], T)
     assert rel_err(h, want["h_nextn"]) < 1e-5
     assert rel_err(lg.numpy(), want["logits"]) < 1e-5 and am[0] == want["argmax"][0]
 
@@ -96,15 +96,15 @@ def check_logits(model, model_dir: Path, kind: str) -> None:
     npz = reference_logits(model_dir)
     ids = next(p for p in reference(model_dir)["prompts"] if p["kind"] == kind)["prompt_ids"]
     assert rel_err(model.logits(ids), npz[f"{kind}/trunk_logits"]) < REF_TOL
-    assert rel_err(model.engine.hidden(ids), npz[f"{kind}/trunk_hidden"]) < REF_TOL
+    assert rel_err(model.sequence.hidden(ids), npz[f"{kind}/trunk_hidden"]) < REF_TOL
     assert rel_err(model.mtp_logits(ids), npz[f"{kind}/mtp_logits"]) < REF_TOL
 
 
 def record_rounds(model, monkeypatch) -> list:
     """Record each round of `model.generate` as [drafted ids, accepted] from the engine's verify / commit calls
     (accepted counts emitted tokens only, as SpecStats: a finish rule may cut a round)."""
-    eng, log = model.engine, []
-    verify, commit = eng.verify, eng.commit
+    seq, log = model.sequence, []
+    verify, commit = seq.verify, seq.commit
 
     def v(tokens, pos0):
         h, lg, am = verify(tokens, pos0)
@@ -117,8 +117,8 @@ def record_rounds(model, monkeypatch) -> list:
             log[-1][1] = n
         return commit(n)
 
-    monkeypatch.setattr(eng, "verify", v)
-    monkeypatch.setattr(eng, "commit", c)
+    monkeypatch.setattr(seq, "verify", v)
+    monkeypatch.setattr(seq, "commit", c)
     return log
 
 

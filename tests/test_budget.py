@@ -38,7 +38,7 @@ def _held(art) -> int:
 
     import nextn.runtime as rt
 
-    eng = rt.load(art, ctx_size=256).engine
+    eng = rt.load(art, ctx_size=256).loaded
     m = np.frombuffer(eng.files.main.shards[0].buf, np.uint8)
     lo, hi = m.ctypes.data, m.ctypes.data + m.nbytes
     size = {b["buffer"]: b["nbytes"] for b in eng._plan}
@@ -55,7 +55,7 @@ def test_too_small_says_needed_available_and_what_fits(art, monkeypatch):
     import nextn.runtime as rt
     from nextn.common.errors import NextnError
     from nextn.runtime.budget import CTX_STEP, workspace_bytes
-    from nextn.runtime.engine import PREFILL_CHUNK
+    from nextn.runtime.sequence import PREFILL_CHUNK
 
     m = _hp(art)
     per_cell = _kv_per_cell(m)
@@ -90,12 +90,13 @@ def test_a_server_slot_is_counted_before_it_is_allocated(art, monkeypatch):
     from nextn.common.errors import NextnError
 
     m = rt.load(art, ctx_size=512)
+    m.sequence                                                   # the first: counted in the load's budget
     _fake(monkeypatch, 511 * _kv_per_cell(_hp(art)))            # one cell short of another 512-cell slot
     with pytest.raises(NextnError, match="another sequence's KV") as e:
-        m.engine.sequence()
+        m.loaded.new_sequence()
     assert "-c 256 would fit" in str(e.value)
     _fake(monkeypatch, 512 * _kv_per_cell(_hp(art)))
-    m.engine.sequence()
+    m.loaded.new_sequence()
 
 
 def test_cli_huge_context_is_one_line(art):
@@ -123,10 +124,10 @@ def test_budget_counts_what_is_allocated(art):
     import nextn.runtime as rt
 
     m = rt.load(art, ctx_size=777)
-    assert m.engine.budget.kv == m.engine.kv_bytes == 777 * _kv_per_cell(_hp(art))
+    assert m.loaded.budget.kv == m.sequence.kv_bytes == 777 * _kv_per_cell(_hp(art))
     m = rt.load(art, ctx_size=300, spec=False)                  # NextN caches not allocated, not counted
     h = _hp(art)["hparams"]
-    assert m.engine.budget.kv == m.engine.kv_bytes == 300 * h["n_layer"] * 2 * h["n_head_kv"] * h["head_dim"] * 4
+    assert m.loaded.budget.kv == m.sequence.kv_bytes == 300 * h["n_layer"] * 2 * h["n_head_kv"] * h["head_dim"] * 4
 
 
 def test_a_smaller_kv_type_that_fits(compiled, monkeypatch):
@@ -135,7 +136,7 @@ def test_a_smaller_kv_type_that_fits(compiled, monkeypatch):
     import nextn.runtime as rt
     from nextn.common.errors import NextnError
     from nextn.runtime.budget import CTX_STEP, workspace_bytes
-    from nextn.runtime.engine import PREFILL_CHUNK
+    from nextn.runtime.sequence import PREFILL_CHUNK
 
     art = compiled("q8-kv-f16", Q8, kv="f16")
     m = _hp(art)

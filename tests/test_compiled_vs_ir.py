@@ -8,7 +8,7 @@ activation rows on the compiled model's KV rows (test_default_build_follows_the_
 import numpy as np
 import pytest
 
-from conftest import (G4, check_mtp_vs_ir, check_trunk_vs_ir, exact_engine, graphs_and_dequantized, quantized_activations,
+from conftest import (G4, check_mtp_vs_ir, check_trunk_vs_ir, exact_sequence, graphs_and_dequantized, quantized_activations,
                       reference)
 
 
@@ -25,20 +25,20 @@ def graphs_and_weights():
 
 @pytest.fixture(scope="module")
 def setup(compiled, graphs_and_weights):
-    return (exact_engine(compiled, "q8-exact", Q8), *graphs_and_weights)
+    return (exact_sequence(compiled, "q8-exact", Q8), *graphs_and_weights)
 
 
 def test_prefill_then_verify(setup):
-    eng, graphs, w = setup
+    seq, graphs, w = setup
     ids = np.asarray(PROMPT, np.int32)
-    st = check_trunk_vs_ir(eng, graphs, w, ids, rows=3)
+    st = check_trunk_vs_ir(seq, graphs, w, ids, rows=3)
     for name in ("k.0", "v.3"):   # the KV store wrote the same cells
-        np.testing.assert_allclose(eng.states[name].numpy()[:len(ids) + 3], st[name][:len(ids) + 3], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(seq.states[name].numpy()[:len(ids) + 3], st[name][:len(ids) + 3], rtol=0, atol=1e-5)
 
 
 def test_mtp_rows_then_draft(setup):
-    eng, graphs, w = setup
-    check_mtp_vs_ir(eng, graphs, w, np.asarray(PROMPT, np.int32))
+    seq, graphs, w = setup
+    check_mtp_vs_ir(seq, graphs, w, np.asarray(PROMPT, np.int32))
 
 
 def test_q8_close_to_bf16_reference(q8_model):
@@ -62,14 +62,14 @@ def test_default_build_follows_the_q8_0_activation_semantics(q8_model, graphs_an
     from nextn.compiler.ir import interpret
 
     graphs, w = graphs_and_weights
-    acts = quantized_activations(q8_model.engine)
+    acts = quantized_activations(q8_model.loaded)
     assert acts and set(acts.values()) == {"q8_0"} and all(n.startswith(("blk.", "output")) for n in acts)
     agree = []
     for kind in ("code-short", "docs-heading"):
         ids = np.asarray(next(p for p in reference()["prompts"] if p["kind"] == kind)["prompt_ids"], np.int32)
         T = len(ids)
         got = q8_model.logits(ids)
-        st = {n: q8_model.engine.states[n].numpy() for n in graphs["prefill"].states}
+        st = {n: q8_model.sequence.states[n].numpy() for n in graphs["prefill"].states}
         want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
                                                  "hidden_ids": np.arange(T, dtype=np.int32),
                                                  "out_ids": np.arange(T, dtype=np.int32)}, w, st, n_kv=T,

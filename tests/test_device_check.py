@@ -272,18 +272,23 @@ def test_memmap_view_uploads_without_a_host_copy(tmp_path):
     assert np.array_equal(t.numpy().reshape(-1), a)
 
 
-def test_staged_engine_steps_run_in_order(compiled):
+def test_staged_load_steps_run_in_order(compiled):
     from nextn.common.errors import NextnError
     from nextn.runtime.artifact import load_artifact
-    from nextn.runtime.engine import Engine
+    from nextn.runtime.model import LoadedModel
 
-    eng = Engine(load_artifact(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf")), 256, staged=True)
-    with pytest.raises(NextnError, match="load step weights needs load_module, vm_init first"):
-        eng.load_step("weights")
-    eng.load_all()
-    assert list(eng.load_info) == list(Engine.LOAD_STEPS)
-    assert eng.load_info["weights"]["bytes"] == eng.weight_bytes and eng.load_info["kv"]["bytes"] == eng.kv_bytes
-    _h, _last, am = eng.prefill(np.asarray(reference()["prompts"][2]["prompt_ids"], np.int32), 0)
+    m = LoadedModel(load_artifact(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf")), 256, staged=True)
+    with pytest.raises(NextnError, match="load step weights needs vm_init first"):
+        m.load_weights()
+    with pytest.raises(NextnError, match="load step kv needs weights first"):
+        m.new_sequence()
+    m.load_module()
+    m.vm_init()
+    m.load_weights()
+    seq = m.new_sequence()
+    assert list(m.load_info) == ["load_module", "vm_init", "weights", "kv"]
+    assert m.load_info["weights"]["bytes"] == m.weight_bytes and m.load_info["kv"]["bytes"] == seq.kv_bytes
+    _h, _last, am = seq.prefill(np.asarray(reference()["prompts"][2]["prompt_ids"], np.int32), 0)
     assert am >= 0
 
 

@@ -69,20 +69,20 @@ def test_reduced_head_ids_are_numpy_argmax_over_its_rows(compiled):
     """The `_vocab` entries' logits are the full head's logits of the draft ids' rows, and their argmax is
     draft_ids[argmax over those rows] (numpy), for a multi-row call (step 0 with a gap) and a one-row step."""
     m = _load(compiled, "glm4moe")
-    eng = m.engine
-    assert eng.draft_vocab == N and eng.draft_ids.tolist() == tokenizer_ranks(eng.files.main.fields)[:N].tolist()
+    seq = m.sequence
+    assert seq.model.draft_vocab == N and seq.model.draft_ids.tolist() == tokenizer_ranks(seq.model.files.main.fields)[:N].tolist()
     ids = reference()["prompts"][0]["prompt_ids"]
-    h = eng.hidden(ids)
+    h = seq.hidden(ids)
     h_prev = np.concatenate([np.zeros((1, h.shape[1]), np.float32), h[:-1]])
     for rows in (slice(0, 3), slice(3, 4)):
         t, hp, p0 = ids[rows], h_prev[rows], rows.start
-        full = eng._run("mtp_draft", t, p0, h_prev=hp)[1].numpy()       # the full head, same rows and KV
-        _h, lg, am = eng.mtp_draft(t, hp, p0)
-        assert eng.vm_seconds["mtp_draft_vocab" if len(t) > 1 else "draft_vocab"] > 0
-        want = full[:, eng.draft_ids]
+        full = seq._run("mtp_draft", t, p0, h_prev=hp)[1].numpy()       # the full head, same rows and KV
+        _h, lg, am = seq.mtp_draft(t, hp, p0)
+        assert seq.vm_seconds["mtp_draft_vocab" if len(t) > 1 else "draft_vocab"] > 0
+        want = full[:, seq.model.draft_ids]
         np.testing.assert_allclose(lg.numpy(), want, rtol=0, atol=1e-5 * np.abs(want).max())
-        assert am.tolist() == eng.draft_ids[np.argmax(want, axis=1)].tolist()
-        assert am.tolist() == eng.draft_ids[np.argmax(lg.numpy(), axis=1)].tolist()
+        assert am.tolist() == seq.model.draft_ids[np.argmax(want, axis=1)].tolist()
+        assert am.tolist() == seq.model.draft_ids[np.argmax(lg.numpy(), axis=1)].tolist()
 
 
 def _check_lossless(m, p):
@@ -99,7 +99,7 @@ def test_spec_on_equals_off_with_reduced_head_glm4moe(compiled):
     m = _load(compiled, "glm4moe")
     for p in reference()["prompts"]:
         _check_lossless(m, p)
-    assert m.engine.vm_seconds["draft_vocab"] > 0 and m.engine.vm_seconds["draft"] == 0
+    assert m.sequence.vm_seconds["draft_vocab"] > 0 and m.sequence.vm_seconds["draft"] == 0
 
 
 @pytest.mark.slow
@@ -108,7 +108,7 @@ def test_spec_on_equals_off_with_reduced_head(compiled, arch):
     m = _load(compiled, arch)
     for p in reference(FILES[arch].parent)["prompts"]:
         _check_lossless(m, p)
-    assert m.engine.vm_seconds["mtp_draft_shared_vocab"] > 0      # draft steps 1.. reuse step 0's DSA selection
+    assert m.sequence.vm_seconds["mtp_draft_shared_vocab"] > 0      # draft steps 1.. reuse step 0's DSA selection
 
 
 def test_reduced_acceptance_equals_full_head_restricted_to_its_rows(compiled, monkeypatch):
@@ -116,9 +116,9 @@ def test_reduced_acceptance_equals_full_head_restricted_to_its_rows(compiled, mo
     draft ids in numpy (so docs/design.md's acceptance table, measured that way for other N, holds for them)."""
     m = _load(compiled, "glm4moe")
     full = _load(compiled, "glm4moe", draft_vocab=0)       # the same artifact, drafting with the full head
-    assert full.engine.draft_vocab == 0
-    sel = m.engine.draft_ids
-    draft = full.engine.mtp_draft
+    assert full.loaded.draft_vocab == 0
+    sel = m.loaded.draft_ids
+    draft = full.sequence.mtp_draft
 
     def restricted(*a, **kw):
         h, lg, _am = draft(*a, **kw)
@@ -126,7 +126,7 @@ def test_reduced_acceptance_equals_full_head_restricted_to_its_rows(compiled, mo
 
     p = reference()["prompts"][0]
     got = m.generate(p["prompt_ids"], p["n_predict"], n_max=3, ignore_eos=True).stats
-    monkeypatch.setattr(full.engine, "mtp_draft", restricted)
+    monkeypatch.setattr(full.sequence, "mtp_draft", restricted)
     want = full.generate(p["prompt_ids"], p["n_predict"], n_max=3, ignore_eos=True).stats
     assert (got.rounds, got.drafted, got.accepted) == (want.rounds, want.drafted, want.accepted)
 
@@ -143,7 +143,7 @@ def test_bad_draft_vocab_requests(compiled, tmp_path):
         rt.load(path, draft_vocab_file=str(f))
     f.write_text("\n".join(map(str, range(8191, -1, -1))))   # a file's ranks, not the tokenizer's
     m = rt.load(path, draft_vocab_file=str(f))
-    assert m.engine.draft_ids.tolist() == list(range(8191, 8191 - N, -1))
+    assert m.loaded.draft_ids.tolist() == list(range(8191, 8191 - N, -1))
     p = reference()["prompts"][0]
     plain = m.generate(p["prompt_ids"], 16, spec_type="none", ignore_eos=True)
     assert m.generate(p["prompt_ids"], 16, n_max=2, ignore_eos=True).ids == plain.ids
@@ -183,10 +183,10 @@ def test_calibrate_times_the_reduced_draft_entry(compiled):
     from nextn.runtime.depth import calibrate
 
     m = _load(compiled, "glm4moe")
-    before = dict(m.engine.vm_seconds)
-    calibrate(m.engine, 2)
-    assert m.engine.vm_seconds["draft_vocab"] > before["draft_vocab"]
-    assert m.engine.vm_seconds["draft"] == before["draft"]
+    before = dict(m.sequence.vm_seconds)
+    calibrate(m.sequence, 2)
+    assert m.sequence.vm_seconds["draft_vocab"] > before["draft_vocab"]
+    assert m.sequence.vm_seconds["draft"] == before["draft"]
 
 
 # -- the command line ----------------------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ def test_cli_run_json_reports_the_draft_vocab_and_rejects_a_bad_file(compiled, t
 
 
 def test_serve_with_reduced_draft_head(compiled):
-    """`nextn serve --spec-draft-vocab N`: the server's engine drafts with the reduced head and its greedy
+    """`nextn serve --spec-draft-vocab N`: the server's slot drafts with the reduced head and its greedy
     completions equal the reference's plain greedy continuation, with drafts made."""
     import httpx
     from test_server import start_server
@@ -221,13 +221,13 @@ def test_serve_with_reduced_draft_head(compiled):
     path = compiled(f"dv{N}-glm4moe", FILES["glm4moe"], draft_vocab=N)
     run = start_server(path, ctx_size=4096, draft_vocab=N, defaults={"n_max": 3})
     try:
-        assert run.state.model.engine.draft_vocab == N
+        assert run.state.model.loaded.draft_vocab == N
         p = reference()["prompts"][0]
         body = {"prompt": p["prompt_ids"], "n_predict": p["n_predict"], "temperature": 0, "ignore_eos": True,
                 "return_tokens": True}
         r = httpx.post(run.url + "/completion", json=body, timeout=120).json()
         assert r["tokens"] == p["greedy_ids"]
         assert r["timings"]["draft_n"] > 0
-        assert run.state.model.engine.vm_seconds["draft_vocab"] > 0
+        assert run.state.scheduler.slots[0].seq.vm_seconds["draft_vocab"] > 0
     finally:
         run.stop()

@@ -389,7 +389,7 @@ def test_greedy_and_speculative(g5n, kind, monkeypatch):
     """Last logits, greedy continuation, and spec on ≡ off at n_max 1, 2, 3 with the reference's rounds (drafted
     ids and accepted count of every round), with the GGUF's index sharing."""
     p = PROMPTS[kind]
-    _h, last, am = g5n.engine.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
+    _h, last, am = g5n.sequence.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
     assert rel_err(last, reference_logits(D)[f"{kind}/last_logits"]) < REF_TOL and am == p["last_logits_argmax"]
     check_greedy_and_speculative(g5n, p, monkeypatch)
 
@@ -398,10 +398,10 @@ def test_long_context_sparse(g5n, monkeypatch):
     """2220 tokens (the indexer selects 24 of up to 555 pools per row): last logits (all rows and last row only),
     greedy, speculation."""
     p = PROMPTS["long-context"]
-    h, last, am = g5n.engine.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
+    h, last, am = g5n.sequence.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
     assert rel_err(last, reference_logits(D)["long-context/last_logits"]) < REF_TOL and am == p["last_logits_argmax"]
     # plain decoding's prefill (5 chunks, each one's last layer on its last row, base.hidden_ids): the same bits
-    h1, last1, am1 = g5n.engine.prefill(np.asarray(p["prompt_ids"], np.int32), 0, last_only=True)
+    h1, last1, am1 = g5n.sequence.prefill(np.asarray(p["prompt_ids"], np.int32), 0, last_only=True)
     assert (h1 == h[-1:]).all() and (last1 == last).all() and am1 == am
     check_greedy_and_speculative(g5n, p, monkeypatch)
 
@@ -409,22 +409,22 @@ def test_long_context_sparse(g5n, monkeypatch):
 @pytest.mark.parametrize("kind", sorted(k for k in PROMPTS if PROMPTS[k].get("spec_no_index_share")))
 def test_index_share_off_matches_reference(g5n, kind, monkeypatch):
     """With index sharing off the NextN indexer runs at every draft step: the reference's spec_no_index_share."""
-    eng = g5n.engine
-    assert eng.share_mtp_index is True                     # the GGUF's attention.indexer.index_share_mtp
+    seq = g5n.sequence
+    assert seq.model.share_mtp_index is True                     # the GGUF's attention.indexer.index_share_mtp
     try:
-        eng.share_mtp_index = False
+        seq.model.share_mtp_index = False
         check_greedy_and_speculative(g5n, PROMPTS[kind], monkeypatch, "spec_no_index_share")
     finally:
-        eng.share_mtp_index = True
+        seq.model.share_mtp_index = True
 
 
 def test_states_are_static_and_in_the_manifest(g5n):
     """Per KDA layer the recurrent and conv states ([P, ...] planes), per MLA layer the latent cache and the
     indexer rows and pooled keys ([C, ...], [C/kpool, ...]); the NextN block its own; verify / decode keep the
     state after each row, prefill (chunked) after its last."""
-    eng, c = g5n.engine, g5c.Glm5NextConfig.from_json(g5n.engine.hparams)
-    C, P = eng.n_ctx, eng.rs_planes
-    assert P == eng.max_draft + 2
+    seq, c = g5n.sequence, g5c.Glm5NextConfig.from_json(g5n.loaded.hparams)
+    C, P = seq.n_ctx, seq.model.rs_planes
+    assert P == seq.model.max_draft + 2
     want = {}
     for il, kind in enumerate(c.layer_kinds):
         if kind == g5c.KDA:
@@ -436,9 +436,9 @@ def test_states_are_static_and_in_the_manifest(g5n):
     n = c.n_layer
     want |= {f"nextn.kv.{n}": (C, 1, c.kv_lora), f"nextn.ik.{n}": (C, 1, c.idx_hd), f"nextn.ig.{n}": (C, 1, c.idx_hd),
              f"nextn.ikp.{n}": (C // c.idx_kpool, 1, c.idx_hd), "nextn.index_mask": (C,)}
-    assert {k: tuple(v.shape) for k, v in eng.states.items()} == want
-    assert eng.recurrent == {k for k in want if k.startswith(("ssm.", "conv_"))}
-    eps = eng.artifact.manifest["entry_points"]
+    assert {k: tuple(v.shape) for k, v in seq.states.items()} == want
+    assert seq.recurrent == {k for k in want if k.startswith(("ssm.", "conv_"))}
+    eps = seq.model.artifact.manifest["entry_points"]
     assert [eps[e]["keeps_row_states"] for e in ("prefill", "verify", "decode")] == [False, True, True]
     assert all(("rs_plane" in [i["name"] for i in ep["inputs"]]) == (ep["graph"] == "trunk") for ep in eps.values())
 
@@ -449,11 +449,11 @@ def test_planes_follow_the_draft_depth(compiled):
     path = compiled("g5n-bf16", BF16)
     p = PROMPTS["docs-heading"]
     plain = rt.load(path, spec=False)
-    assert plain.engine.rs_planes == 1 and plain.engine.states["ssm.0"].shape[0] == 1
+    assert plain.loaded.rs_planes == 1 and plain.sequence.states["ssm.0"].shape[0] == 1
     assert plain.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True).ids == p["greedy_ids"]
     m3 = rt.load(path, max_draft=3, mtp_index_share=False)
-    assert m3.engine.rs_planes == 5 and m3.max_draft == 3 and m3.engine.share_mtp_index is False
-    m3.engine.share_mtp_index = True
+    assert m3.loaded.rs_planes == 5 and m3.max_draft == 3 and m3.loaded.share_mtp_index is False
+    m3.loaded.share_mtp_index = True
     r = m3.generate(p["prompt_ids"], p["n_predict"], n_max=3, ignore_eos=True)
     want = p["spec"]["3"]
     assert r.ids == p["greedy_ids"] and (r.stats.rounds, r.stats.drafted, r.stats.accepted) == (
@@ -461,16 +461,16 @@ def test_planes_follow_the_draft_depth(compiled):
     assert m3.generate(p["prompt_ids"], 8, n_max=5, ignore_eos=True).n_max == 3
 
 
-def _committed_states(eng):
+def _committed_states(seq):
     """The committed part of every trunk state: the committed plane of each recurrent state, the cells (and
     complete pools) below the committed position of each position-indexed one."""
-    n, kp = eng.rs_pos, eng.hparams["idx_kpool"]
+    n, kp = seq.rs_pos, seq.model.hparams["idx_kpool"]
     out = {}
-    for name, s in eng.states.items():
+    for name, s in seq.states.items():
         if name.startswith("nextn."):
             continue
         a = s.numpy()
-        out[name] = a[eng.rs_plane] if name in eng.recurrent else a[:n // kp] if name.startswith("ikp.") else a[:n]
+        out[name] = a[seq.rs_plane] if name in seq.recurrent else a[:n // kp] if name.startswith("ikp.") else a[:n]
     return out
 
 
@@ -485,55 +485,55 @@ def test_rollback_every_state_equals_fresh_recompute(g5n, compiled):
     every committed trunk state equals a fresh prefill of the committed tokens (no replay happened: the engine
     only changed plane). Then a speculative generation with rejected drafts: the same, and its text is plain
     decoding's."""
-    eng = g5n.engine
-    fresh = rt.load(compiled("g5n-bf16", BF16), ctx_size=4096).engine
+    seq = g5n.sequence
+    fresh = rt.load(compiled("g5n-bf16", BF16), ctx_size=4096).sequence
     rng = np.random.default_rng(3)
     toks = list(PROMPTS["docs-heading"]["prompt_ids"])
-    _h, _lg, id_last = eng.prefill(np.asarray(toks, np.int32), 0)
+    _h, _lg, id_last = seq.prefill(np.asarray(toks, np.int32), 0)
     keeps = [0, 3, 1, 2, 0, 3, 2, 1]
     for keep in keeps:
         drafts = [int(t) for t in rng.integers(0, 8192, 3)]
-        calls = dict(eng.vm_seconds)
-        _h, _lg, am = eng.verify([id_last] + drafts, len(toks))
-        eng.commit(keep + 1)
-        assert {k for k in eng.vm_seconds if eng.vm_seconds[k] != calls[k]} == {"verify"}   # one call per round
+        calls = dict(seq.vm_seconds)
+        _h, _lg, am = seq.verify([id_last] + drafts, len(toks))
+        seq.commit(keep + 1)
+        assert {k for k in seq.vm_seconds if seq.vm_seconds[k] != calls[k]} == {"verify"}   # one call per round
         toks += [id_last] + drafts[:keep]
         id_last = int(am[keep])
         fresh.prefill(np.asarray(toks, np.int32), 0)
-        assert eng.rs_pos == fresh.rs_pos == len(toks)
-        _assert_states_equal(_committed_states(eng), _committed_states(fresh))
+        assert seq.rs_pos == fresh.rs_pos == len(toks)
+        _assert_states_equal(_committed_states(seq), _committed_states(fresh))
     p = PROMPTS["docs-prose"]
     r = g5n.generate(p["prompt_ids"], 40, spec_type="draft-mtp", n_max=3, ignore_eos=True)
     assert r.stats.drafted - r.stats.accepted >= 10 and r.ids == p["greedy_ids"][:40]
     fresh.prefill(np.asarray(p["prompt_ids"] + r.ids[:-1], np.int32), 0)
-    _assert_states_equal(_committed_states(eng), _committed_states(fresh))
+    _assert_states_equal(_committed_states(seq), _committed_states(fresh))
 
 
 def test_commit_checks(g5n):
     """A commit keeps only rows whose state the call kept; a trunk call continues at the committed position."""
-    eng = g5n.engine
+    seq = g5n.sequence
     ids = np.asarray(PROMPTS["code-short"]["prompt_ids"], np.int32)
-    eng.prefill(ids, 0)
+    seq.prefill(ids, 0)
     with pytest.raises(NextnError, match="continue there"):
-        eng.verify([1, 2], len(ids) + 3)
-    eng._run("prefill", [1, 2, 3], len(ids), hidden_ids=np.arange(3, dtype=np.int32), out_ids=np.array([2], np.int32))
+        seq.verify([1, 2], len(ids) + 3)
+    seq._run("prefill", [1, 2, 3], len(ids), hidden_ids=np.arange(3, dtype=np.int32), out_ids=np.array([2], np.int32))
     with pytest.raises(NextnError, match="kept the recurrent state after its last 1 row"):
-        eng.commit(2)
-    eng.commit(3)
-    assert eng.rs_pos == len(ids) + 3
+        seq.commit(2)
+    seq.commit(3)
+    assert seq.rs_pos == len(ids) + 3
 
 
 def test_prefill_chunked_equals_verify_recurrent(g5n):
     """The same 211 rows through prefill (chunked KDA) and through verify (the recurrence): hidden states and the
     committed recurrent states agree within float32 rounding."""
-    eng = g5n.engine
+    seq = g5n.sequence
     ids = np.asarray(PROMPTS["docs-prose"]["prompt_ids"], np.int32)
-    h_chunked = eng.prefill(ids, 0)[0]
-    s_chunked = _committed_states(eng)
-    h_rec = eng.verify(ids, 0)[0]
-    eng.commit(len(ids))
+    h_chunked = seq.prefill(ids, 0)[0]
+    s_chunked = _committed_states(seq)
+    h_rec = seq.verify(ids, 0)[0]
+    seq.commit(len(ids))
     assert rel_err(h_chunked, h_rec) < 1e-5
-    _assert_states_equal(_committed_states(eng), s_chunked)
+    _assert_states_equal(_committed_states(seq), s_chunked)
 
 
 @pytest.mark.slow
@@ -541,7 +541,7 @@ def test_gpu_form_on_the_cpu(compiled, monkeypatch):
     """The GPU artifacts' arithmetic built for llvm (attention, index score and top-k as separate kernels; the KDA
     recurrence for prefill too): logits and speculation as the references."""
     m = rt.load(compiled("g5n-bf16-split", BF16, split_kernels=True), ctx_size=4096)
-    assert m.engine.artifact.manifest["entry_points"]["prefill"]["keeps_row_states"] is True
+    assert m.loaded.artifact.manifest["entry_points"]["prefill"]["keeps_row_states"] is True
     p = PROMPTS["docs-heading"]
     npz = reference_logits(D)
     assert rel_err(m.logits(p["prompt_ids"]), npz["docs-heading/trunk_logits"]) < REF_TOL
@@ -556,10 +556,10 @@ def test_q8_compiled_vs_ir_every_entry_point(compiled):
     from nextn.compiler.graphs import build_graphs
 
     m = rt.load(compiled("glm5next-q8-exact", Q8, exact_matmul=True), ctx_size=256)   # float activation rows
-    eng = m.engine
+    seq = m.sequence
     mf = ModelFiles(Q8, load_mtp=True)
     graphs, w = build_graphs(mf, with_mtp=True), dequantized(mf)
-    st = zero_states(graphs.values(), eng.n_ctx, eng.rs_planes)
+    st = zero_states(graphs.values(), seq.n_ctx, seq.model.rs_planes)
     ids = np.asarray(PROMPTS["docs-heading"]["prompt_ids"], np.int32)
     T = len(ids)
     rs = [0]
@@ -576,33 +576,33 @@ def test_q8_compiled_vs_ir_every_entry_point(compiled):
         assert rel_err(got, want) < 1e-5
 
     want = ir("prefill", ids, 0, hidden_ids=np.arange(T, dtype=np.int32), out_ids=np.array([T - 1], np.int32))
-    h, last, am = eng.prefill(ids, 0)
-    rs[0] = (rs[0] + 1) % eng.rs_planes
+    h, last, am = seq.prefill(ids, 0)
+    rs[0] = (rs[0] + 1) % seq.model.rs_planes
     close(h, want["hidden"]), close(last, want["logits"][0])
     assert am == want["argmax"][0]
     rows = [am, 17, 99, 5]
     want = ir("verify", rows, T)
-    h, lg, amv = eng.verify(rows, T)
+    h, lg, amv = seq.verify(rows, T)
     close(h, want["hidden"]), close(lg.numpy(), want["logits"])
     assert (amv == want["argmax"]).all()
-    eng.commit(2)
-    rs[0] = (rs[0] + 1 + 2) % eng.rs_planes
+    seq.commit(2)
+    rs[0] = (rs[0] + 1 + 2) % seq.model.rs_planes
     want = ir("decode", [int(amv[1])], T + 2)
-    h, lg, amd = eng.verify([int(amv[1])], T + 2)
+    h, lg, amd = seq.verify([int(amv[1])], T + 2)
     close(lg.numpy(), want["logits"])
-    assert eng.vm_seconds["decode"] > 0 and amd[0] == want["argmax"][0]
-    eng.commit(1)
-    hp = np.random.default_rng(0).standard_normal((T + 3, eng.hparams["n_embd"])).astype(np.float32)
+    assert seq.vm_seconds["decode"] > 0 and amd[0] == want["argmax"][0]
+    seq.commit(1)
+    hp = np.random.default_rng(0).standard_normal((T + 3, seq.model.hparams["n_embd"])).astype(np.float32)
     want = ir("mtp_rows", ids, 0, h_prev=hp[:T], out_ids=np.array([T - 1], np.int32))
-    close(eng.mtp_rows(ids, hp[:T], 0), want["h_nextn"])
+    close(seq.mtp_rows(ids, hp[:T], 0), want["h_nextn"])
     for entry, tokens, pos0, reuse in (("draft", [7], T, False), ("mtp_draft_shared", [8], T + 1, True),
                                        ("mtp_draft", [9, 10], T + 2, False)):
         want = ir(entry, tokens, pos0, h_prev=hp[pos0 - T:pos0 - T + len(tokens)])
-        h, lg, am = eng.mtp_draft(tokens, hp[pos0 - T:pos0 - T + len(tokens)], pos0, reuse_index=reuse)
+        h, lg, am = seq.mtp_draft(tokens, hp[pos0 - T:pos0 - T + len(tokens)], pos0, reuse_index=reuse)
         close(h, want["h_nextn"]), close(lg.numpy(), want["logits"])
-        assert (am == want["argmax"]).all() and eng.vm_seconds[entry] > 0, entry
+        assert (am == want["argmax"]).all() and seq.vm_seconds[entry] > 0, entry
     for name, a in st.items():   # (the NextN selection holds -inf: equal as such)
-        np.testing.assert_allclose(eng.states[name].numpy(), a, rtol=0,
+        np.testing.assert_allclose(seq.states[name].numpy(), a, rtol=0,
                                    atol=1e-5 * max(1.0, np.abs(a[np.isfinite(a)]).max()), err_msg=name)
 
 
@@ -649,8 +649,8 @@ def test_trunk_only_plus_mtp_only_pair_equals_bundle(compiled):
     decodes plainly."""
     pair = rt.load(compiled("g5n-pair", TRUNK, MTP))
     bundle = rt.load(compiled("glm5next-q8", Q8))
-    assert pair.engine.share_mtp_index is True
-    cfg = [g5c.Glm5NextConfig.from_json(m.engine.hparams) for m in (pair, bundle)]
+    assert pair.loaded.share_mtp_index is True
+    cfg = [g5c.Glm5NextConfig.from_json(m.loaded.hparams) for m in (pair, bundle)]
     assert cfg[0].clamp(4, False) == cfg[1].clamp(4, False) == 10.0 and cfg[0].clamp(3, False) == 10.0
     check_split_layout(pair, bundle, rt.load(compiled("g5n-trunk", TRUNK), spec=False), PROMPTS["docs-prose"])
 
@@ -674,7 +674,7 @@ def test_serve_index_share_flag(compiled):
                       log=lambda m: None).start_background()
         try:
             assert srv.loaded.wait(120) and srv.error is None, srv.error
-            assert [sl.engine.share_mtp_index for sl in srv.state.scheduler.slots] == [want, want]
+            assert [sl.seq.model.share_mtp_index for sl in srv.state.scheduler.slots] == [want, want]
         finally:
             srv.stop()
 

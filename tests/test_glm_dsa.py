@@ -265,8 +265,8 @@ def test_trunk_and_mtp_logits(dsa, kind):
 
 def test_mtp_dense_attention_equals_indexer_when_short(dsa, dsa_dense):
     """--mtp-dense-attention (llama.cpp's graph_mtp) and the NextN indexer agree when n_kv <= top_k."""
-    assert dsa_dense.engine.artifact.manifest["options"] == {"mtp_dense_attention": True}
-    assert not any("ik" in s or "index" in s for s in dsa_dense.engine.states if s.startswith("nextn."))
+    assert dsa_dense.loaded.artifact.manifest["options"] == {"mtp_dense_attention": True}
+    assert not any("ik" in s or "index" in s for s in dsa_dense.sequence.states if s.startswith("nextn."))
     ids = PROMPTS["docs-heading"]["prompt_ids"]
     assert rel_err(dsa_dense.mtp_logits(ids), reference_logits(D)["docs-heading/mtp_logits"]) < REF_TOL
     np.testing.assert_allclose(dsa_dense.mtp_logits(ids), dsa.mtp_logits(ids), rtol=0, atol=1e-6)
@@ -276,7 +276,7 @@ def test_mtp_dense_attention_equals_indexer_when_short(dsa, dsa_dense):
 def test_greedy_and_speculative(dsa, kind):
     """Last logits, greedy continuation and spec on ≡ spec off with the reference acceptance (n_kv <= top_k)."""
     p = PROMPTS[kind]
-    _h, last, am = dsa.engine.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
+    _h, last, am = dsa.sequence.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
     assert rel_err(last, reference_logits(D)[f"{kind}/last_logits"]) < REF_TOL and am == p["last_logits_argmax"]
     check_greedy_and_speculative(dsa, p)
 
@@ -285,31 +285,31 @@ def test_long_context_sparse(dsa, bf16_files):
     """2220 tokens > top_k 2048: last logits and greedy text equal the reference; acceptance equals it with the
     NextN index recomputed every step (the reference rule); with sharing on, the text is still identical and the
     shared-index draft entry is what runs at steps 1..n_max-1."""
-    p, eng = PROMPTS["long-context"], dsa.engine
+    p, seq = PROMPTS["long-context"], dsa.sequence
     assert len(p["prompt_ids"]) > bf16_files[0].config.idx_top_k
-    _h, last, am = eng.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
+    _h, last, am = seq.prefill(np.asarray(p["prompt_ids"], np.int32), 0)
     assert rel_err(last, reference_logits(D)["long-context/last_logits"]) < REF_TOL and am == p["last_logits_argmax"]
     plain = dsa.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True)
     assert plain.ids == p["greedy_ids"]
     try:
-        eng.share_mtp_index = False
+        seq.model.share_mtp_index = False
         r = dsa.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=3, ignore_eos=True)
         want = p["spec"]["3"]
         assert r.ids == plain.ids
         assert (r.stats.rounds, r.stats.drafted, r.stats.accepted) == (want["steps"], want["drafted"], want["accepted"])
         assert r.vm_s.get("mtp_draft_shared", 0.0) == 0.0
-        eng.share_mtp_index = True
+        seq.model.share_mtp_index = True
         r = dsa.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=3, ignore_eos=True)
         assert r.ids == plain.ids
         assert r.vm_s["mtp_draft_shared"] > 0.0
     finally:
-        eng.share_mtp_index = True
+        seq.model.share_mtp_index = True
 
 
 def test_kv_states_trunk_and_nextn_separate(dsa, bf16_files):
     """Trunk cache: trunk layers only (latent KV + indexer keys on full layers); NextN cache: the NextN layer only."""
-    c, st = bf16_files[0].config, dsa.engine.states
-    C = dsa.engine.n_ctx
+    c, st = bf16_files[0].config, dsa.sequence.states
+    C = dsa.sequence.n_ctx
     want = {f"kv.{i}": (C, 1, c.kv_lora + c.n_rot) for i in range(c.n_layer)}
     want |= {f"ik.{i}": (C, 1, c.idx_hd) for i in range(c.n_layer) if c.idx_full[i]}
     want |= {f"nextn.kv.{c.n_layer}": (C, 1, c.kv_lora + c.n_rot), f"nextn.ik.{c.n_layer}": (C, 1, c.idx_hd),
@@ -363,8 +363,8 @@ def _check_compiled_vs_ir(m, path):
     mf = ModelFiles(path, load_mtp=True)
     graphs, weights = build_graphs(mf, with_mtp=True), dequantized(mf)
     ids = np.asarray(PROMPTS["code-short"]["prompt_ids"], np.int32)
-    check_trunk_vs_ir(m.engine, graphs, weights, ids, rows=3)
-    check_mtp_vs_ir(m.engine, graphs, weights, ids)
+    check_trunk_vs_ir(m.sequence, graphs, weights, ids, rows=3)
+    check_mtp_vs_ir(m.sequence, graphs, weights, ids)
 
 
 def test_q8_0_compiled_vs_ir(compiled):
@@ -382,6 +382,6 @@ def test_trunk_only_plus_mtp_only_pair_equals_bundle(compiled):
 
     pair = rt.load(compiled("dsa-pair", D / "tiny-glm-dsa-trunk-Q8_0.gguf", D / "mtp-tiny-glm-dsa-Q8_0.gguf"))
     bundle = rt.load(compiled("dsa-q8", D / "tiny-glm-dsa-Q8_0.gguf"))
-    assert any(k.startswith("nextn.") for k in pair.engine.states)
+    assert any(k.startswith("nextn.") for k in pair.sequence.states)
     p = next(x for x in reference(D)["prompts"] if x["kind"] == "docs-prose")
     check_split_layout(pair, bundle, rt.load(compiled("dsa-trunk", D / "tiny-glm-dsa-trunk-Q8_0.gguf"), spec=False), p)

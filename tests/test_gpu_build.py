@@ -178,7 +178,7 @@ def test_no_cuda_graph_and_context_limit(cuda_art, tmp_path):
     from nextn.compiler.compile import compile_model
     from nextn.compiler.options import CompileOptions
     from nextn.runtime.artifact import load_artifact
-    from nextn.runtime.engine import Engine
+    from nextn.runtime.model import LoadedModel
     from nextn.common.errors import NextnError
 
     out, dump = str(tmp_path / "art"), str(tmp_path / "ir")
@@ -190,7 +190,7 @@ def test_no_cuda_graph_and_context_limit(cuda_art, tmp_path):
     assert workspaces(dump) == []   # without graphs too: flash attention allocates no device memory
     max_ctx = _manifest(cuda_art[0])["cuda_graph"]["max_ctx"]
     with pytest.raises(NextnError, match=f"larger than the {max_ctx} cells .* --no-cuda-graph"):
-        Engine(load_artifact(cuda_art[0]), max_ctx + 1)
+        LoadedModel(load_artifact(cuda_art[0]), max_ctx + 1)
 
 
 def test_rocm_gfx942_code_object(rocm_art):

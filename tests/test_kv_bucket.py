@@ -31,8 +31,8 @@ def test_kv_bucket_and_fixed_inputs_are_bit_exact(arch, compiled):
     m = rt.load(compiled(f"{arch}-q8", path), ctx_size=512)
     prompts = [p for p in reference(path.parent)["prompts"] if len(p["prompt_ids"]) < 400][:3]
     want = _run(m, prompts)
-    e = m.engine
-    e.kv_bucket, e.static_inputs = 64, {"decode", "draft", "mtp_draft_shared"}
+    e = m.sequence
+    e.model.kv_bucket, e.model.static_inputs = 64, {"decode", "draft", "mtp_draft_shared"}
     assert e.n_kv(1) == 64 and e.n_kv(64) == 64 and e.n_kv(65) == 128 and e.n_kv(500) == 512   # capped at n_ctx
     got = _run(m, prompts)
     assert len(e._inbuf) >= 2                      # the one-row steps did go through fixed buffers
@@ -78,11 +78,11 @@ def test_split_kernels_form(arch, compiled):
     path = CASES[arch]
     # float activation rows (exact_matmul): equal to the interpreter and the references
     m = rt.load(compiled(f"{arch}-split-exact", path, split_kernels=True, exact_matmul=True), ctx_size=512)
-    assert m.engine.artifact.manifest["kernel_form"] == "gpu-emulated"
+    assert m.loaded.artifact.manifest["kernel_form"] == "gpu-emulated"
     mf = ModelFiles(path, load_mtp=True)
     ref = reference(path.parent)
     p = next(p for p in ref["prompts"] if p["kind"] == "code-short")
-    check_trunk_vs_ir(m.engine, build_graphs(mf, with_mtp=True), dequantized(mf),
+    check_trunk_vs_ir(m.sequence, build_graphs(mf, with_mtp=True), dequantized(mf),
                       np.asarray(p["prompt_ids"], np.int32), rows=3)
     plain = m.generate(p["prompt_ids"], p["n_predict"], spec_type="none", ignore_eos=True)
     assert plain.ids == p["greedy_ids"]

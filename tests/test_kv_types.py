@@ -61,11 +61,11 @@ def artifact():
     return get
 
 
-def decoded(eng) -> dict:
-    """Every state buffer of `eng` as float32 values (q8_0 through gguf-py's dequantize)."""
-    kc = eng.artifact.manifest["kv_cache"]["caches"]
+def decoded(seq) -> dict:
+    """Every state buffer of `seq` as float32 values (q8_0 through gguf-py's dequantize)."""
+    kc = seq.model.artifact.manifest["kv_cache"]["caches"]
     out = {}
-    for name, buf in eng.states.items():
+    for name, buf in seq.states.items():
         a = buf.numpy()
         if kc.get(name) == "q8_0":
             out[name] = gguf.quants.dequantize(a.reshape(a.shape[0], -1), gguf.GGMLQuantizationType.Q8_0).reshape(
@@ -117,7 +117,7 @@ def test_compiled_vs_ir_on_the_same_cache(arch, kv, artifact):
     from nextn.compiler.graphs import build_graphs
     from nextn.compiler.loader.model_files import ModelFiles
 
-    eng = rt.load(artifact(arch, kv), ctx_size=512).engine
+    seq = rt.load(artifact(arch, kv), ctx_size=512).sequence
     mf = ModelFiles(MODELS[arch], load_mtp=True)
     graphs, w = build_graphs(mf, True, kv_types=(kv, kv)), dequantized(mf)
     ids = np.asarray(next(p for p in reference(MODELS[arch].parent)["prompts"] if p["kind"] == "code-short")["prompt_ids"],
@@ -125,35 +125,35 @@ def test_compiled_vs_ir_on_the_same_cache(arch, kv, artifact):
     T = len(ids)
 
     def plane(graph):   # the committed recurrent plane, as the engine passes it (glm5next)
-        return {"rs_plane": np.array([eng.rs_plane], np.int32)} if "rs_plane" in graph.inputs else {}
+        return {"rs_plane": np.array([seq.rs_plane], np.int32)} if "rs_plane" in graph.inputs else {}
 
-    own = zero_states(graphs.values(), eng.n_ctx, eng.rs_planes)
+    own = zero_states(graphs.values(), seq.n_ctx, seq.model.rs_planes)
     interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
                                       "hidden_ids": np.arange(T, dtype=np.int32),
                                       "out_ids": np.array([T - 1], np.int32), **plane(graphs["prefill"])}, w, own, n_kv=T)
     rs = plane(graphs["prefill"])
-    h, last, am = eng.prefill(ids, 0)
-    st = decoded(eng)
-    assert_rows_close(kv, st, own, T, eng.artifact.manifest["kv_cache"]["caches"])
+    h, last, am = seq.prefill(ids, 0)
+    st = decoded(seq)
+    assert_rows_close(kv, st, own, T, seq.model.artifact.manifest["kv_cache"]["caches"])
     want = interpret.run(graphs["prefill"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32),
                                              "hidden_ids": np.arange(T, dtype=np.int32),
                                              "out_ids": np.array([T - 1], np.int32), **rs}, w, st, n_kv=T, keep_kv=True)
     assert rel_err(h, want["hidden"]) < 1e-5 and rel_err(last, want["logits"][0]) < 1e-5 and am == want["argmax"][0]
     rows = np.array([am, 17, 99], np.int32)
     rs = plane(graphs["verify"])
-    _h, lg, amv = eng.verify(rows, T)
-    st = decoded(eng)
+    _h, lg, amv = seq.verify(rows, T)
+    st = decoded(seq)
     want = interpret.run(graphs["verify"], {"tokens": rows, "pos": np.arange(T, T + 3, dtype=np.int32), **rs}, w, st,
                          n_kv=T + 3, keep_kv=True)
     assert rel_err(lg.numpy(), want["logits"]) < 1e-5 and (amv == want["argmax"]).all()
-    h_prev = np.random.default_rng(0).standard_normal((T, eng.hparams["n_embd"])).astype(np.float32)
-    got = eng.mtp_rows(ids, h_prev, 0)
-    st = decoded(eng)
+    h_prev = np.random.default_rng(0).standard_normal((T, seq.model.hparams["n_embd"])).astype(np.float32)
+    got = seq.mtp_rows(ids, h_prev, 0)
+    st = decoded(seq)
     want = interpret.run(graphs["mtp_rows"], {"tokens": ids, "pos": np.arange(T, dtype=np.int32), "h_prev": h_prev,
                                               "out_ids": np.array([T - 1], np.int32)}, w, st, n_kv=T, keep_kv=True)
     assert rel_err(got, want["h_nextn"]) < 1e-5
-    hd, lg, am = eng.mtp_draft(ids[:1], got[-1:], T)
-    st = decoded(eng)
+    hd, lg, am = seq.mtp_draft(ids[:1], got[-1:], T)
+    st = decoded(seq)
     want = interpret.run(graphs["mtp_draft"], {"tokens": ids[:1], "pos": np.array([T], np.int32), "h_prev": got[-1:]},
                          w, st, n_kv=T + 1, keep_kv=True)
     assert rel_err(hd, want["h_nextn"]) < 1e-5 and rel_err(lg.numpy(), want["logits"]) < 1e-5 and am[0] == want["argmax"][0]
@@ -179,7 +179,7 @@ def test_manifest_types_and_bytes_per_token(arch, kv, artifact):
     from nextn.compiler.loader.model_files import ModelFiles
 
     m = rt.load(artifact(arch, kv), ctx_size=300)
-    kc = m.engine.artifact.manifest["kv_cache"]
+    kc = m.loaded.artifact.manifest["kv_cache"]
     assert (kc["type_k"], kc["type_v"]) == (kv, kv)
     c = ModelFiles(MODELS[arch]).config
     want = expected_bytes_per_token(arch, c, kv)
@@ -187,10 +187,10 @@ def test_manifest_types_and_bytes_per_token(arch, kv, artifact):
     assert set(kc["caches"].values()) == {kv}
     # what the engine allocated: every state buffer, whose cells are each `bytes_per_token`, plus the float32
     # recurrent states (glm5next), one plane per draft row + 2
-    rec = kc["recurrent_bytes_per_plane"] * m.engine.rs_planes
-    assert m.engine.kv_bytes == 300 * kc["bytes_per_token"]["total"] + rec
-    assert (rec > 0) == (arch == "glm5next") and m.engine.kv_cache["recurrent_bytes"] == rec
-    assert {str(s.dtype) for n, s in m.engine.states.items() if n in kc["caches"]} == {KV_TYPES[kv].storage_dtype}
+    rec = kc["recurrent_bytes_per_plane"] * m.loaded.rs_planes
+    assert m.sequence.kv_bytes == 300 * kc["bytes_per_token"]["total"] + rec
+    assert (rec > 0) == (arch == "glm5next") and m.sequence.kv_cache["recurrent_bytes"] == rec
+    assert {str(s.dtype) for n, s in m.sequence.states.items() if n in kc["caches"]} == {KV_TYPES[kv].storage_dtype}
 
 
 def check_greedy(m, p, depths=(1, 3), agree=True):

@@ -102,7 +102,7 @@ def test_mtp_weights_not_read_when_spec_off(compiled, monkeypatch):
     assert m.has_mtp and len(on) == len(set(on))
     nextn = {t for t in on if t.startswith(block)}
     assert nextn and set(on) - nextn == set(off)   # spec on reads the trunk's tensors plus the NextN block
-    assert m.engine.weight_bytes > rt.load(art, spec=False).engine.weight_bytes
+    assert m.loaded.weight_bytes > rt.load(art, spec=False).loaded.weight_bytes
     pair = compiled("pair", G4 / "tiny-glm4moe-trunk-Q8_0.gguf", G4 / "mtp-tiny-glm4moe-Q8_0.gguf")
     m, off, opened = _tensors_read(monkeypatch, lambda: rt.load(pair, spec=False))
     assert not m.has_mtp and opened == ["tiny-glm4moe-trunk-Q8_0.gguf"]

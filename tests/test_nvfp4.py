@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import badgguf
-from conftest import FIXTURES, check_mtp_vs_ir, check_trunk_vs_ir, dequantized, exact_engine, reference, \
+from conftest import FIXTURES, check_mtp_vs_ir, check_trunk_vs_ir, dequantized, exact_sequence, reference, \
     reference_logits, zero_states
 from nextn.common.errors import NextnError
 from nextn.compiler.graphs import build_graphs
@@ -151,19 +151,19 @@ def test_head_scale_and_draft_vocab(tmp_path, dsa_file):
 
 
 @pytest.fixture(scope="module")
-def dsa_engine(compiled, dsa_file):
-    return exact_engine(compiled, "nvfp4-glm-dsa-exact", dsa_file)
+def dsa_sequence(compiled, dsa_file):
+    return exact_sequence(compiled, "nvfp4-glm-dsa-exact", dsa_file)
 
 
 @pytest.mark.parametrize("kind", ["code-short", "docs-heading"])
-def test_compiled_equals_interpreter(dsa_engine, dsa_file, kind):
+def test_compiled_equals_interpreter(dsa_sequence, dsa_file, kind):
     """The compiled NVFP4 model (kernels reading the file's NVFP4 bytes, scales in the graph) against the numpy IR
     interpreter on gguf-py's dequantization of the same tensors: trunk prefill + verify, NextN rows + a draft."""
     mf = ModelFiles(dsa_file, load_mtp=True)
     graphs, w = build_graphs(mf, with_mtp=True), dequantized(mf)
     ids = np.array(next(p for p in reference(DSA)["prompts"] if p["kind"] == kind)["prompt_ids"], np.int32)
-    check_trunk_vs_ir(dsa_engine, graphs, w, ids, 3)
-    check_mtp_vs_ir(dsa_engine, graphs, w, ids)
+    check_trunk_vs_ir(dsa_sequence, graphs, w, ids, 3)
+    check_mtp_vs_ir(dsa_sequence, graphs, w, ids)
 
 
 def _argmax_agreement(logits, want) -> float:

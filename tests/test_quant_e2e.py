@@ -16,7 +16,7 @@ import gguf
 import numpy as np
 import pytest
 
-from conftest import (FIXTURES, G4, check_mtp_vs_ir, check_trunk_vs_ir, exact_engine, graphs_and_dequantized,
+from conftest import (FIXTURES, G4, check_mtp_vs_ir, check_trunk_vs_ir, exact_sequence, graphs_and_dequantized,
                       quantized_activations, reference, reference_logits, zero_states)
 
 import nextn.runtime as rt
@@ -49,13 +49,13 @@ def graphs_and_weights():
 @pytest.fixture(scope="module")
 def setup(compiled, graphs_and_weights):
     """The --exact-matmul build (float activations), the graphs and the dequantized weights."""
-    return (exact_engine(compiled, "q4km-exact", Q4KM), *graphs_and_weights)
+    return (exact_sequence(compiled, "q4km-exact", Q4KM), *graphs_and_weights)
 
 
 def test_fixture_mixes_types(q4km_model):
     types = collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(str(Q4KM)).tensors)
     assert {"Q4_K", "Q5_K", "Q6_K", "Q8_0", "F32"} <= set(types)
-    kinds = {b["kind"] for b in q4km_model.engine.artifact.manifest["buffer_plan"]["weights"]}
+    kinds = {b["kind"] for b in q4km_model.loaded.artifact.manifest["buffer_plan"]["weights"]}
     assert {"q4_k", "q5_k", "q6_k", "q8_0", "f32"} <= kinds
 
 
@@ -63,9 +63,9 @@ def test_weights_stay_quantized(arch_model):
     """Runtime weight buffers are within 5 % of the GGUF's tensor data (no float copy of the model)."""
     _d, path, m = arch_model
     gguf_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors)
-    assert m.engine.has_mtp   # every tensor of the bundle is loaded
-    ratio = m.engine.weight_bytes / gguf_bytes
-    print(f"{path.name}: weight buffers {m.engine.weight_bytes} B, GGUF tensor data {gguf_bytes} B, ratio {ratio:.4f}")
+    assert m.loaded.has_mtp   # every tensor of the bundle is loaded
+    ratio = m.loaded.weight_bytes / gguf_bytes
+    print(f"{path.name}: weight buffers {m.loaded.weight_bytes} B, GGUF tensor data {gguf_bytes} B, ratio {ratio:.4f}")
     assert abs(ratio - 1) < 0.05, ratio
 
 
@@ -84,7 +84,7 @@ def test_default_build_follows_the_quantized_activation_semantics(q4km_model, gr
     from nextn.compiler.ir import interpret
 
     graphs, w = graphs_and_weights
-    q8 = quantized_activations(q4km_model.engine)
+    q8 = quantized_activations(q4km_model.loaded)
     assert q8 and all(n.startswith(("blk.", "output")) for n in q8)
     for kind in ("code-short", "docs-heading"):
         ids = np.asarray(PROMPTS[kind], np.int32)

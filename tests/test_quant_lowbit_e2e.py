@@ -87,7 +87,7 @@ def test_lowbit_weights_are_views_of_the_file(default):
     weight buffer is a view into the mapped file except the codebook tables: weight bytes = the file's tensor
     bytes + the tables, nothing copied at load."""
     name, m = default
-    eng = m.engine
+    eng = m.loaded
     tensors = gguf.GGUFReader(str(path_of(name))).tensors
     types = collections.Counter(t.tensor_type.name for t in tensors)
     want, has_q8 = FILES[name]
@@ -122,7 +122,7 @@ def test_lowbit_weights_are_views_of_the_file(default):
 @pytest.mark.parametrize("kind", ["code-short", "docs-heading", "one-token"])
 def test_greedy_equals_float_reference(exact, kind):
     name, m, graphs, w = exact
-    assert not quantized_activations(m.engine)
+    assert not quantized_activations(m.loaded)
     want = interpreter_greedy(graphs, w, PROMPTS[kind], N_PREDICT)
     got = m.generate(PROMPTS[kind], N_PREDICT, spec_type="none", ignore_eos=True).ids
     same = sum(a == b for a, b in zip(got, want))

@@ -249,16 +249,16 @@ def test_kernel_profile_times_each_kernel_of_a_step(q8_model):
     the output without it (the instrument only watches)."""
     import kernel_profile
 
-    eng = q8_model.engine
-    eng.prefill([1, 2, 3, 4, 5, 6, 7, 8], 0)
-    before = eng.verify([9, 10, 11], 8)[1].numpy()
-    times = kernel_profile.profile(eng, lambda: eng.verify([9, 10, 11], 8), repeat=2)
+    seq = q8_model.sequence
+    seq.prefill([1, 2, 3, 4, 5, 6, 7, 8], 0)
+    before = seq.verify([9, 10, 11], 8)[1].numpy()
+    times = kernel_profile.profile(seq, lambda: seq.verify([9, 10, 11], 8), repeat=2)
     total = times.pop("(step total)")
     assert any(s.startswith("x86_matmul_") and "_rowst" in s for s in times)
     assert 0 < sum(times.values()) <= total
     during = []
-    assert np.array_equal(eng.verify([9, 10, 11], 8)[1].numpy(), before)
-    times = kernel_profile.profile(eng, lambda: during.append(eng.verify([9, 10, 11], 8)[1].numpy()), repeat=1)
+    assert np.array_equal(seq.verify([9, 10, 11], 8)[1].numpy(), before)
+    times = kernel_profile.profile(seq, lambda: during.append(seq.verify([9, 10, 11], 8)[1].numpy()), repeat=1)
     assert all(np.array_equal(d, before) for d in during) and len(during) == 3
 
 
@@ -268,10 +268,10 @@ def test_routed_experts_counts_what_a_verify_reads(q8_model):
     experts the ids name: at least one row's n_expert_used (a row's ids are distinct), at most all of them."""
     import kernel_profile
 
-    eng = q8_model.engine
-    hp = eng.hparams
-    eng.prefill([1, 2, 3, 4, 5, 6, 7, 8], 0)
-    e = kernel_profile.routed_experts(eng, lambda: eng.verify([9, 10, 11], 8))
+    seq = q8_model.sequence
+    hp = seq.model.hparams
+    seq.prefill([1, 2, 3, 4, 5, 6, 7, 8], 0)
+    e = kernel_profile.routed_experts(seq, lambda: seq.verify([9, 10, 11], 8))
     n_moe = int(hp["n_layer"]) - int(hp["n_lead_dense"])   # trunk layers (the NextN block is apart)
     assert e["routed"] == 3 * int(hp["n_expert_used"]) and e["calls"] == 2 * n_moe
     assert int(hp["n_expert_used"]) <= e["distinct"] <= e["routed"]

@@ -20,7 +20,7 @@ def test_trunk_logits_and_hidden(bf16_model, kind):
     npz = reference_logits()
     ids = PROMPTS[kind]["prompt_ids"]
     assert rel_err(bf16_model.logits(ids), npz[f"{kind}/trunk_logits"]) < REF_TOL
-    assert rel_err(bf16_model.engine.hidden(ids), npz[f"{kind}/trunk_hidden"]) < REF_TOL
+    assert rel_err(bf16_model.sequence.hidden(ids), npz[f"{kind}/trunk_hidden"]) < REF_TOL
 
 
 @pytest.mark.parametrize("kind", FULL_KINDS)
@@ -35,7 +35,7 @@ def test_mtp_logits(bf16_model, kind):
 def test_last_logits(bf16_model, kind):
     npz = reference_logits()
     ids = PROMPTS[kind]["prompt_ids"]
-    _h, last, am = bf16_model.engine.prefill(np.asarray(ids, np.int32), 0)
+    _h, last, am = bf16_model.sequence.prefill(np.asarray(ids, np.int32), 0)
     assert rel_err(last, npz[f"{kind}/last_logits"]) < REF_TOL
     assert am == PROMPTS[kind]["last_logits_argmax"]
 

@@ -247,7 +247,7 @@ def _log_softmax(z):
 
 def test_n_probs_are_the_target_models_with_and_without_drafting(one, compiled):
     """Each emitted token's logprob and its row's best 3, against the whole sequence's logits computed apart
-    (Engine.logits, teacher-forced, another engine of the same artifact), the same with drafting on and off."""
+    (Sequence.logits, teacher-forced, another model of the same artifact), the same with drafting on and off."""
     import nextn.runtime as rt
 
     _, c = one
@@ -255,7 +255,7 @@ def test_n_probs_are_the_target_models_with_and_without_drafting(one, compiled):
     on = post(c, "/completion", greedy(ids, 12, n_probs=3))
     off = post(c, "/completion", greedy(ids, 12, n_probs=3, **{"speculative.n_max": 0}))
     assert on["timings"]["draft_n"] > 0 and on["tokens"] == off["tokens"]
-    ref = rt.load(q8_exact(compiled), ctx_size=512).engine.logits(ids + on["tokens"])
+    ref = rt.load(q8_exact(compiled), ctx_size=512).sequence.logits(ids + on["tokens"])
     for r in (on, off):
         probs = r["completion_probabilities"]
         assert [p["id"] for p in probs] == r["tokens"]

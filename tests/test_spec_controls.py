@@ -2,6 +2,7 @@
 controller and its never-lose gate, and the finish rules inside an accepted block (EOS → stop → -n, context)."""
 from conftest import G4, reference
 from nextn.runtime.depth import AdaptiveDepth
+from nextn.runtime.params import SPEC_OFF, SamplingParams, SpecParams
 from nextn.runtime.speculative import generate
 
 PROMPTS = {p["kind"]: p for p in reference()["prompts"]}
@@ -53,10 +54,10 @@ def test_adaptive_depth_gate_switches_and_probes():
 
 
 def test_auto_is_lossless_while_switching(q8_model):
-    eng = q8_model.engine
-    plain = generate(eng, P["prompt_ids"], 40, spec=False)
+    seq = q8_model.sequence
+    plain = generate(seq, P["prompt_ids"], SamplingParams(40), SPEC_OFF)
     ctl = AdaptiveDepth(3, ([1e-4] * 4, 1e-6), interval=2, max_interval=4, alpha0=0.9)   # favours speculation
-    r = generate(eng, P["prompt_ids"], 40, spec=True, n_max="auto", controller=ctl)
+    r = generate(seq, P["prompt_ids"], SamplingParams(40), SpecParams(n_max="auto"), controller=ctl)
     assert r.tokens == plain.tokens
     assert r.stats.rounds > 0 and r.stats.emitted == len(r.tokens) - 1
     assert r.stats.accepted <= r.stats.drafted == sum(r.stats.drafted_at)
@@ -96,18 +97,22 @@ def test_stop_string_inside_accepted_block(q8_model):
         assert r.ids == full.ids[:j + 1]
         assert r.text == q8_model.tokenizer.decode(full.ids)[:q8_model.tokenizer.decode(full.ids).find(s)]
         assert r.stats.emitted == len(r.ids) - 1 and r.stats.accepted <= r.stats.emitted
-    g = generate(q8_model.engine, P["prompt_ids"], 48, n_max=3, stop=[s], token_bytes=q8_model.tokenizer.token_to_bytes)
+    g = generate(q8_model.sequence, P["prompt_ids"], SamplingParams(48, stop=[s]), SpecParams(n_max=3),
+                 token_bytes=q8_model.tokenizer.token_to_bytes)
     assert g.tokens == full.ids[:j + 1] and g.n_past == len(P["prompt_ids"]) + j
 
 
 def test_finish_precedence_eos_then_stop_then_length(q8_model):
     full, j, s, _blocks = _stop_inside_block(q8_model)
     tb = q8_model.tokenizer.token_to_bytes
-    eos = generate(q8_model.engine, P["prompt_ids"], j + 1, n_max=3, eog_ids={full.ids[j]}, stop=[s], token_bytes=tb)
+    eos = generate(q8_model.sequence, P["prompt_ids"], SamplingParams(j + 1, stop=[s]), SpecParams(n_max=3),
+                   eog_ids={full.ids[j]}, token_bytes=tb)
     assert (eos.finish_reason, eos.tokens) == ("eos", full.ids[:j + 1])
-    stop = generate(q8_model.engine, P["prompt_ids"], j + 1, n_max=3, stop=[s], token_bytes=tb)
+    stop = generate(q8_model.sequence, P["prompt_ids"], SamplingParams(j + 1, stop=[s]), SpecParams(n_max=3),
+                    token_bytes=tb)
     assert (stop.finish_reason, stop.tokens) == ("stop", full.ids[:j + 1])
-    length = generate(q8_model.engine, P["prompt_ids"], j, n_max=3, stop=[s], token_bytes=tb)
+    length = generate(q8_model.sequence, P["prompt_ids"], SamplingParams(j, stop=[s]), SpecParams(n_max=3),
+                      token_bytes=tb)
     assert (length.finish_reason, length.tokens) == ("length", full.ids[:j])
     assert length.stats.emitted == j - 1 and length.stats.accepted <= j - 1
 
@@ -117,7 +122,7 @@ def test_draft_stops_at_the_context_end(compiled):
 
     ids = P["prompt_ids"]
     small = rt.load(compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf"), ctx_size=len(ids) + 6)
-    want = generate(small.engine, ids, 40, spec=False)
+    want = generate(small.sequence, ids, SamplingParams(40), SPEC_OFF)
     for n_max in (3, "auto"):
         r = small.generate(ids, 40, n_max=n_max, ignore_eos=True)
         assert r.finish_reason == "length" and len(r.ids) == 7
@@ -129,13 +134,15 @@ def test_calibrate_times_verifies_of_distinct_tokens():
     every row to the same experts and under-priced real verifies (1.07 vs 1.33 decodes at T = 2 on glm45air-4).
     The calibration rows must be T distinct valid ids (the NextN catch-up rows likewise: the gate charges a deferred
     prompt gap at that rate)."""
+    import types
+
     from nextn.runtime.depth import calibrate
 
     seen = []
 
-    class Fake:
-        hparams = {"n_embd": 8, "n_vocab": 151552}
-        n_ctx, has_mtp = 64, True
+    class Fake:   # a Sequence: its model's facts, its calls
+        model = types.SimpleNamespace(hparams={"n_embd": 8, "n_vocab": 151552}, has_mtp=True)
+        n_ctx = 64
 
         def verify(self, tokens, pos0):
             seen.append(list(tokens))

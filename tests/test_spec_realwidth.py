@@ -281,7 +281,7 @@ def test_one_nextn_round_on_the_tiny_fixture(q8_model):
         rounds, accepted, p, out = rounds + 1, accepted + min(ok, m), p + m, out + m
     one = runs["n_max=1"]
     assert (one["rounds"], one["accepted"], one["drafted"]) == (rounds, accepted, rounds)
-    used = int(q8_model.engine.hparams["n_expert_used"])
+    used = int(q8_model.loaded.hparams["n_expert_used"])
     assert res["verify_experts"]["1"]["distinct"] == used and res["verify_experts"]["4"]["routed"] == 4 * used
     k = res["kernels"]["ms"]
 

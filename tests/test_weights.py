@@ -20,7 +20,7 @@ def _address(t) -> int:
 
 
 def _check_views(model):
-    eng = model.engine
+    eng = model.loaded
     lo, hi = _mapped_range(eng)
     plan = {b["buffer"]: b for b in eng.artifact.manifest["buffer_plan"]["weights"]}
     in_map = [name for name, t in eng._weights.items() if lo <= _address(t) < hi]
@@ -45,7 +45,7 @@ def test_bf16_weights_stay_16_bit(bf16_model):
     """The BF16 fixture's matrices are uint16 views (bf16 bits; the kernels widen as they read); only its 1-D
     BF16 tensors (norms, biases: read by elementwise ops) are widened to float32, a few KB."""
     plan = _check_views(bf16_model)
-    eng = bf16_model.engine
+    eng = bf16_model.loaded
     r = gguf.GGUFReader(G4 / "tiny-glm4moe-BF16.gguf")
     types = {t.name: t.tensor_type.name for t in r.tensors}
     for b in plan.values():
@@ -71,10 +71,10 @@ def test_the_budget_predicts_the_copies(q8_model, bf16_model, tmp_path):
         return sum(plan[n]["nbytes"] for n, t in eng._weights.items() if not lo <= _address(t) < hi)
 
     for m in (q8_model, bf16_model):
-        assert copied_bytes(m.engine.files, m.engine._plan) == outside(m.engine) == m.engine.budget.weights
+        assert copied_bytes(m.loaded.files, m.loaded._plan) == outside(m.loaded) == m.loaded.budget.weights
     a16 = badgguf.copy_gguf(G4 / "tiny-glm4moe-Q8_0.gguf", tmp_path / "a16.gguf",
                             {"general.alignment": (16, gguf.GGUFValueType.UINT32)})
-    eng = rt.load(str(a16), ctx_size=256).engine
+    eng = rt.load(str(a16), ctx_size=256).loaded
     assert any(t.data_offset % 32 for t in eng.files.main.tensors.values())
     assert copied_bytes(eng.files, eng._plan) == outside(eng) == eng.device.copied_weight_bytes > 0
 
@@ -103,4 +103,4 @@ def test_populate_maps_every_page_of_the_file():
 
 
 def test_the_cpu_engine_populates_its_mapped_files(q8_model):
-    assert q8_model.engine.wait_populated(timeout=60) in ("populate", "willneed")
+    assert q8_model.loaded.wait_populated(timeout=60) in ("populate", "willneed")

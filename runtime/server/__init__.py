@@ -1,6 +1,6 @@
 """`nextn serve`: a llama-server–compatible HTTP server (OpenAI chat and completions, llama-server's /completion,
 streaming, speculation stats, parallel slots). Data flow: HTTP (app.py, routes_*.py) → params.py → slots.py
-(one scheduler thread, N engine sequences) → runtime/speculative.py `decode` → responses.py / sse.py.
+(one scheduler thread, N sequences of one loaded model) → runtime/speculative.py `decode` → responses.py / sse.py.
 
 `start(...)` loads the model in a background thread while the HTTP server already answers (503 until loaded);
 `serve(...)` runs it until interrupted. The runtime reaches the compiler only through `nextn.compiler.entry`
@@ -51,6 +51,7 @@ class ServeOptions:
 def load_state(state, opt: ServeOptions, log) -> None:
     """Load the model into `state` (app.ServerState) and start the scheduler. Raises NextnError."""
     from ..api import load
+    from ..params import resolve_spec_type
     from .chat_template import GLM_END_OF_TURN, ChatTemplate
     from .slots import Scheduler
 
@@ -62,28 +63,21 @@ def load_state(state, opt: ServeOptions, log) -> None:
              cache_type_k=opt.cache_type_k, cache_type_v=opt.cache_type_v, threads=opt.threads,
              mtp_index_share=opt.mtp_index_share, draft_vocab=opt.draft_vocab, draft_vocab_file=opt.draft_vocab_file,
              max_draft=d.n_max if d.n_max != "auto" else None)   # requests only lower n_max
-    eng = m.engine
-    if opt.spec_type is None:
-        d.spec_type = "draft-mtp" if m.has_mtp else "none"
-    elif opt.spec_type == "draft-mtp" and not m.has_mtp:
-        raise NextnError(f"{opt.model}: --spec-type draft-mtp needs a NextN block; this model is trunk-only "
-                         f"(give the MTP GGUF with -md, or use --spec-type none)")
-    else:
-        d.spec_type = opt.spec_type
+    loaded = m.loaded
+    d.spec_type = resolve_spec_type(opt.spec_type, m.has_mtp, opt.model, "-md")
     if d.spec_type != "none" and d.n_max != "auto" and d.n_max > m.max_draft:
         log(f"--spec-draft-n-max {d.n_max} lowered to the engine's maximum {m.max_draft}")
         d.n_max = m.max_draft
-    if per_slot is None and opt.n_parallel > 1:
-        eng.resize_context(eng.n_ctx // opt.n_parallel)
-    engines = [eng] + [eng.sequence() for _ in range(opt.n_parallel - 1)]
+    ctx = per_slot or loaded.n_ctx // opt.n_parallel
+    sequences = [loaded.new_sequence(ctx) for _ in range(opt.n_parallel)]
     tok = m.tokenizer
     turn_ends = {tok.token_id(t) for t in GLM_END_OF_TURN} - {None}
     state.eog, state.chat_eog = tok.eog_ids, frozenset(tok.eog_ids | turn_ends)
-    state.template = ChatTemplate.load(eng.files.main.fields, opt.chat_template_file,
+    state.template = ChatTemplate.load(loaded.files.main.fields, opt.chat_template_file,
                                        tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
                                        tok.token_text(tok.eos_id))
     state.model = m
-    state.scheduler = Scheduler(engines, tok.token_to_bytes, log=log, speculative=d.spec_type != "none",
+    state.scheduler = Scheduler(sequences, tok.token_to_bytes, log=log, speculative=d.spec_type != "none",
                                 similarity=opt.slot_prompt_similarity)
     state.scheduler.start()
 

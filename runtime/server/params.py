@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..params import SPEC_OFF, SamplingParams, SpecParams
 from .errors import ApiError
 
 INT32_MAX = 2**31 - 1
@@ -65,6 +66,18 @@ class GenParams(Settings):
     return_progress: bool = False        # streaming: prompt_progress events (llama-server `return_progress`)
     n_cmpl: int = 1                      # completions of each prompt (llama-server `n_cmpl`, OpenAI `n`)
     verbose: bool = False                # add `__verbose` (the /completion object, its `prompt` included)
+
+    def sampling(self, n_predict: int) -> SamplingParams:
+        """The request's sampling for `speculative.decode`, generating at most `n_predict` tokens (the slot's
+        budget for n_predict -1); a seed < 0 is drawn from the OS, others wrap to 32 bits."""
+        return SamplingParams(n_predict, self.temperature, self.top_k, self.top_p, self.min_p,
+                              None if self.seed < 0 else self.seed & 0xFFFFFFFF, tuple(self.stop), self.ignore_eos)
+
+    def spec(self) -> SpecParams:
+        """The request's effective speculation for `speculative.decode` (SPEC_OFF when it is off)."""
+        if self.spec_type != "draft-mtp":
+            return SPEC_OFF
+        return SpecParams(self.spec_type, self.n_max, self.n_min, self.p_min, self.draft_sampling)
 
     def settings_json(self) -> dict:
         """llama-server's `generation_settings` subset that applies here, plus the effective speculative values."""

@@ -92,7 +92,7 @@ async def _generate(request: Request, state, kind: str):
         body = oai_responses.to_chat(body)
     p = parse_gen_params(body, state.defaults)
     tok = state.model.tokenizer
-    n_vocab = int(state.model.engine.hparams.get("n_vocab") or tok.n_vocab)
+    n_vocab = int(state.model.loaded.hparams.get("n_vocab") or tok.n_vocab)
     p.logit_bias = parse_logit_bias(body, tok, n_vocab)
     new_parser, tools = lambda: None, None
     if kind in CHATS:

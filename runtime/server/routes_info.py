@@ -20,13 +20,13 @@ def valid_filename(name) -> bool:
 
 
 def model_info(state) -> dict:
-    eng = state.model.engine
-    h = eng.hparams
+    loaded = state.model.loaded
+    h = loaded.hparams
     return {"id": state.model_name, "aliases": state.aliases, "tags": state.tags, "object": "model", "created": int(time.time()),
             "owned_by": "nextn",
             "meta": {"vocab_type": 2, "n_vocab": state.model.tokenizer.n_vocab, "n_ctx": state.scheduler.n_ctx,
                      "n_ctx_train": int(h.get("n_ctx_train", 0)), "n_embd": int(h.get("n_embd", 0)),
-                     "size": int(eng.weight_bytes), "arch": eng.artifact.manifest.get("arch", "")}}
+                     "size": int(loaded.weight_bytes), "arch": loaded.artifact.manifest.get("arch", "")}}
 
 
 def speculative_info(state) -> dict:

@@ -1,6 +1,6 @@
 """Parallel slots: one compiled module and one set of weights, N sequences with their own static state.
 
-Each slot owns an engine *sequence* (`Engine.sequence()`: its own trunk and NextN KV buffers, same VM and weights),
+Each slot owns a *sequence* (`LoadedModel.new_sequence()`: its own trunk and NextN KV buffers, the model's VM and weights),
 and runs one request at a time as a `speculative.decode` generator, which carries that request's speculation state,
 sampler RNG and counters. One background thread, the scheduler, steps the busy slots round-robin, one decode step
 (prefill, or one verify round) per turn, so the asyncio loop that serves HTTP never waits on the model and a long
@@ -61,11 +61,11 @@ def common_prefix(a, b) -> int:
 
 
 class Slot:
-    """One engine sequence and its prompt cache: `cache` the tokens whose trunk KV cells the sequence holds,
+    """One sequence (runtime/sequence.py) and its prompt cache: `cache` the tokens whose trunk KV cells the sequence holds,
     `n_mtp` how many of them have their NextN rows too (`speculative.CacheExtent`)."""
 
-    def __init__(self, i: int, engine, speculative: bool = False):
-        self.id, self.engine, self.speculative = i, engine, speculative
+    def __init__(self, i: int, seq, speculative: bool = False):
+        self.id, self.seq, self.speculative = i, seq, speculative
         self.task: Task | None = None
         self.steps = None
         self.n_gen = 0
@@ -75,11 +75,11 @@ class Slot:
         self.extent = None
         self.t_last_used = 0.0
         # recurrent states (glm5next's KDA) hold the state at one position only: no prefix of it can be reused
-        self.can_reuse = not getattr(engine, "recurrent", None)
+        self.can_reuse = not seq.recurrent
 
     @property
     def n_ctx(self) -> int:
-        return self.engine.n_ctx
+        return self.seq.n_ctx
 
     def reusable(self, prompt, p: GenParams) -> int:
         """Prompt tokens this slot need not evaluate again (llama-server `cache_prompt`): the longest common prefix
@@ -90,7 +90,7 @@ class Slot:
             return 0
         n = common_prefix(self.cache, prompt)
         if p.spec_type == "draft-mtp":
-            if p.n_max == "auto" and not calibrated(self.engine, self.engine.max_draft):
+            if p.n_max == "auto" and not calibrated(self.seq, self.seq.model.max_draft):
                 return 0     # depth.calibrate runs first, writing cells from position 0
             return max(0, min(n, self.n_mtp) - 1)
         return min(n, len(prompt) - 1)
@@ -100,7 +100,7 @@ class Slot:
 
         p = task.params
         o = task.outcome
-        spec = p.spec_type == "draft-mtp"
+        spec = p.spec()
         n_cached = self.reusable(task.prompt_ids, p)
         o.slot, o.n_prompt, o.t_start = self.id, len(task.prompt_ids), time.perf_counter()
         o.n_cached = n_cached
@@ -108,17 +108,13 @@ class Slot:
         budget = self.n_ctx if p.n_predict < 0 else max(1, p.n_predict)
         self.task, self.n_gen, self.emitted, self.extent = task, 0, [], CacheExtent()
         # until the first step reports, the caches are known to hold the reused prefix only
-        self.n_mtp = min(self.n_mtp, n_cached + 1 if spec else n_cached)
+        self.n_mtp = min(self.n_mtp, n_cached + 1 if spec.enabled else n_cached)
         self.cache = list(task.prompt_ids[:n_cached])
         self.t_last_used = time.time()
         if p.return_progress:     # llama-server's first prompt_progress: the prompt starts (cache known)
             task.post("progress", False)
-        self.steps = decode(self.engine, task.prompt_ids, budget, spec=spec,
-                            n_max=p.n_max if spec else 0, temp=p.temperature,
-                            seed=None if p.seed < 0 else p.seed & 0xFFFFFFFF, eog_ids=task.eog_ids,
-                            top_k=p.top_k, top_p=p.top_p, min_p=p.min_p, n_min=p.n_min, p_min=p.p_min,
-                            draft_sampling=p.draft_sampling, stop=p.stop, token_bytes=token_bytes,
-                            n_cached=n_cached, extent=self.extent,
+        self.steps = decode(self.seq, task.prompt_ids, p.sampling(budget), spec, eog_ids=task.eog_ids,
+                            token_bytes=token_bytes, n_cached=n_cached, extent=self.extent,
                             on_logits=self._on_logits if p.logprobs else None, logit_bias=p.logit_bias,
                             constraint=p.constraint)
 
@@ -153,7 +149,7 @@ class Slot:
         """Write the cache's tokens and the sequence's state buffers (whole) to `path` (numpy .npz); returns bytes."""
         if not self.can_reuse:
             raise ApiError("this model's slots keep no prompt cache (its recurrent state exists at one position only)")
-        arrays = {f"state.{k}": v.numpy() for k, v in self.engine.states.items()}
+        arrays = {f"state.{k}": v.numpy() for k, v in self.seq.states.items()}
         with open(path, "wb") as f:
             np.savez(f, tokens=np.asarray(self.cache, np.int32), n_mtp=np.int64(self.n_mtp), **arrays)
         return os.path.getsize(path)
@@ -169,7 +165,7 @@ class Slot:
             raise ApiError(f"slot file {os.path.basename(path)!r} not found", "not_found_error") from None
         except (OSError, ValueError) as e:
             raise ApiError(f"slot file {os.path.basename(path)!r} is not a saved slot: {e}") from None
-        states = self.engine.states
+        states = self.seq.states
         want = {f"state.{k}": (tuple(v.shape), str(v.dtype)) for k, v in states.items()}
         have = {k: (tuple(v.shape), str(v.dtype)) for k, v in data.items() if k.startswith("state.")}
         if want != have or "tokens" not in data or len(data["tokens"]) > self.n_ctx:
@@ -196,9 +192,9 @@ class Slot:
 class Scheduler:
     """Start with `start()`; `submit(task)` from any thread; `cancel(task)` when its client is gone."""
 
-    def __init__(self, engines, token_bytes, metrics: Metrics | None = None, log=None, speculative: bool = False,
+    def __init__(self, sequences, token_bytes, metrics: Metrics | None = None, log=None, speculative: bool = False,
                  similarity: float = 0.1):
-        self.slots = [Slot(i, e, speculative) for i, e in enumerate(engines)]
+        self.slots = [Slot(i, q, speculative) for i, q in enumerate(sequences)]
         self.similarity = similarity     # --slot-prompt-similarity
         self.token_bytes = token_bytes
         self.metrics = metrics or Metrics()
@@ -208,7 +204,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="nextn-scheduler", daemon=True)
-        self.threads = 0                 # CPU threads of this thread's TVM pool (the one every engine call uses)
+        self.threads = 0                 # CPU threads of this thread's TVM pool (the one every model call uses)
         self._started = threading.Event()
 
     @property
@@ -239,7 +235,7 @@ class Scheduler:
             self._cv.notify()
 
     def call(self, fn):
-        """Run fn() on the scheduler thread between decode steps (the only thread that touches the engines); returns
+        """Run fn() on the scheduler thread between decode steps (the only thread that touches the sequences); returns
         a concurrent.futures.Future of its result."""
         import concurrent.futures
 
@@ -262,7 +258,7 @@ class Scheduler:
     def _run(self) -> None:
         from ..threads import in_this_thread
 
-        self.threads = in_this_thread()    # this thread's pool makes every engine call: sized by -t
+        self.threads = in_this_thread()    # this thread's pool makes every model call: sized by -t
         self._started.set()
         while True:
             with self._cv:
