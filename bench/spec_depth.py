@@ -26,9 +26,9 @@ checked against plain's tokens (`same_as_plain`); then the entry points at posit
 REPS round-robin calls): a decode (verify of 1 row), a verify of 2 and 3 rows (the chain's next tokens), a draft
 step (`mtp_draft`, one NextN row), so "at D ÷ at 64" is what the attention over D cells adds.
 
-llama.cpp: `llama-bench -m F -d D1,D2 -n N -p 0 -fa on -r 1 -t -ctk -ctv -o jsonl` (tg tok/s at each depth; its
-own warm-up; it fills the depth by a real prefill) and, for each depth in --llama-spec-depth (default: every
-depth), `llama-speculative-simple -f PROMPT_D --spec-type draft-mtp --spec-draft-n-max k -fa on -n N -c CTX` for
+llama.cpp, per depth, shallowest first: `llama-bench -m F -d D -n N -p 0 -fa on -r 1 -t -ctk -ctv -o jsonl` (tg
+tok/s at depth D, as `-d D1,D2` gives it, one process per depth so that --timeout stops only the deepest; its own
+warm-up; it fills the depth by a real prefill) and, where D is in --llama-spec-depth (default: every depth), `llama-speculative-simple -f PROMPT_D --spec-type draft-mtp --spec-draft-n-max k -fa on -n N -c CTX` for
 each k (decoded tokens ÷ decode seconds, acceptance; its real prefill of the D-token prompt is not timed in tok/s:
 the depth it reports, `encoded N tokens`, is kept). PROMPT_D: rw.PROMPT repeated, cut to D tokens by nextn's
 tokenizer (the file's vocabulary) and written back as text; llama.cpp's own count is reported.
@@ -187,8 +187,8 @@ def parse_encoded(text: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def bench_cmd(path: str, a, tool: str) -> list[str]:
-    return [tool, "-m", path, "-d", ",".join(map(str, a.depth)), "-n", str(a.n_gen), "-p", "0", "-fa", "on",
+def bench_cmd(path: str, a, tool: str, D: int) -> list[str]:
+    return [tool, "-m", path, "-d", str(D), "-n", str(a.n_gen), "-p", "0", "-fa", "on",
             "-r", "1", "-t", str(a.threads), "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "-o", "jsonl"]
 
 
@@ -226,14 +226,19 @@ def prompt_files(path: str, depths, folder: str) -> dict:
 
 
 def llama_round(path, a, tools, prompts: dict, log) -> dict:
-    out = {"bench": {}, "spec": {}}
-    if "llama-bench" in tools:
-        res = rw.run_watched(bench_cmd(path, a, tools["llama-bench"]), a.mem_budget_gb * GB, log=log,
-                             timeout=a.timeout)
-        got = parse_bench_depths(res["stdout"]) if res["rc"] == 0 else {}
-        out["bench"] = {"status": "ok" if got else rw.failure(res), "depths": got, "wall_s": res["wall_s"]}
-    if "llama-speculative-simple" in tools:
-        for D in a.llama_spec_depth:
+    """llama.cpp at each depth, shallowest first: llama-bench at D (one process per depth, so a --timeout on the
+    deepest costs only that one), then draft-mtp n_max k at D where D is in --llama-spec-depth."""
+    out = {"bench": {"depths": {}, "status": {}}, "spec": {}}
+    for D in a.depth:
+        if "llama-bench" in tools:
+            res = rw.run_watched(bench_cmd(path, a, tools["llama-bench"], D), a.mem_budget_gb * GB, log=log,
+                                 timeout=a.timeout)
+            got = parse_bench_depths(res["stdout"]) if res["rc"] == 0 else {}
+            out["bench"]["depths"].update(got)
+            out["bench"]["status"][str(D)] = "ok" if got else rw.failure(res)
+            log(f"  llama-bench depth {D}: " + (f"tg {got[str(D)]['tg']:.2f} tok/s" if str(D) in got
+                                                 else out["bench"]["status"][str(D)]) + f" ({res['wall_s']:.0f} s)")
+        if "llama-speculative-simple" in tools and D in a.llama_spec_depth:
             for k in a.n_max:
                 res = rw.run_watched(spec_cmd(path, a, tools["llama-speculative-simple"], prompts[D], k),
                                      a.mem_budget_gb * GB, log=log, timeout=a.timeout)
@@ -243,7 +248,7 @@ def llama_round(path, a, tools, prompts: dict, log) -> dict:
                 cellv.update(wall_s=res["wall_s"], encoded=parse_encoded(text))
                 out["spec"].setdefault(str(D), {})[f"n_max={k}"] = cellv
                 log(f"  llama draft-mtp depth {D} n_max {k}: " + (f"{got['tok_s']:.2f} tok/s" if got
-                                                                  else cellv["status"]))
+                                                                  else cellv["status"]) + f" ({res['wall_s']:.0f} s)")
     return out
 
 
