@@ -144,6 +144,13 @@ def worker(path: str, a) -> dict:
     base = m.tokenizer.encode(rw.PROMPT)
     out = {"depths": {}, "load_s": load_s, "n_ctx": m.engine.n_ctx, "kv_cache": m.engine.kv_cache,
            "threads_env": os.environ.get("TVM_NUM_THREADS")}
+    if m.engine.has_mtp:     # what `auto` pays once per load before its first generation (outside tok/s)
+        from nextn.runtime.depth import calibrate
+
+        t = time.perf_counter()
+        costs = calibrate(m.engine, m.engine.max_draft)
+        out["calibrate"] = {"s": time.perf_counter() - t, "k_max": m.engine.max_draft, "verify_s": costs[0],
+                            "draft_s": costs[1], "row_s": costs[2]}
     for D in a.depth:
         print(f"nextn: depth {D}", file=sys.stderr, flush=True)
         out["depths"][str(D)] = nextn_depth(m, D, a.n_gen, a.n_max, a.tail, a.inner, base)
@@ -300,8 +307,16 @@ _f = rw.fmt_num
 def format_table(report: dict) -> str:
     """Markdown: the entry points at depth ÷ at SHALLOW, then the speed table with its ratios last; a line on the
     machine and settings; failures."""
-    L = ["nextn's entry points at depth D ÷ at position " f"{SHALLOW} (min of {REPS} calls; what attention over D "
-         "cells adds):", "", "| file | D | decode ms at D | decode | verify 2 | verify 3 | draft step |",
+    L = []
+    for e in report["files"]:
+        c = next((r["nextn"]["calibrate"] for r in e.get("rounds", []) if r["nextn"].get("calibrate")), None)
+        if c:
+            L += [f"{e['name']}: `auto`'s calibration at load (k_max {c['k_max']}): {c['s']:.1f} s = "
+                  f"{c['s'] / c['verify_s'][0]:.0f} decodes at position 0 (verify of 1..{c['k_max'] + 1} rows "
+                  f"{' / '.join(f'{x * 1e3:.0f}' for x in c['verify_s'])} ms, draft step {c['draft_s'] * 1e3:.0f} ms, "
+                  f"NextN row {c['row_s'] * 1e3:.1f} ms)", ""]
+    L += ["nextn's entry points at depth D ÷ at position " f"{SHALLOW} (min of {REPS} calls; what attention over D "
+          "cells adds):", "", "| file | D | decode ms at D | decode | verify 2 | verify 3 | draft step |",
          "|" + "---|" * 7]
     notes = []
     for e in report["files"]:
