@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
@@ -114,27 +113,6 @@ def _stage_macro(kv_type: str, D: int):
     return stage
 
 
-def _prefetch_macro(kv_type: str, D: int):
-    """T.macro: software prefetch (into L2, llvm.prefetch locality 2) of row (cell, kh) of a cache of `kv_type`,
-    one per 64-byte line. A task reads one KV head's row of each cell, rows Hkv * width apart (2 KB for GLM-4.5-Air's
-    8 f16 heads of 128), so every cell is a new 4 KB page half the time and the hardware prefetcher (which stops at
-    page boundaries) fetches nothing ahead: without it, the staging loads were ~45 % of the split kernel's time at
-    L = 8192 (perf, one thread). Reads nothing, so it changes no bit."""
-    w = kv_access.storage_width(kv_type, D)
-    step = max(1, 512 // tvm.DataType(kv_access.storage_dtype(kv_type)).bits)    # elements per 64-byte line
-    n = (w + step - 1) // step
-
-    @T.macro
-    def pf(buf, cell, kh):
-        for e in T.unroll(n):
-            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(buf[cell, kh, e * step]),
-                                          T.int32(0), T.int32(2), T.int32(1)))
-    return pf
-
-
-PREFETCH_TILES = 2   # tiles ahead of the one staged whose K / V rows the CPU kernel prefetches
-
-
 def _storage(a: AttnShape):
     """(K dtype, K width, V dtype, V width) of the cache buffers (MLA: the V argument is the K cache itself)."""
     kdt, vdt = kv_access.storage_dtype(a.k_type), kv_access.storage_dtype(a.v_type)
@@ -184,10 +162,10 @@ def _entry(a: AttnShape, split: bool, body):
 def cpu_rows_per_task(a: AttnShape, split: bool, one_row: bool = False) -> int:
     """Rows per CPU task: (rows x heads) vector lanes filled up to a multiple of 16 and at least 32 (the heads of a
     GQA group share each staged K / V tile, so do the rows); 1 for the split form of a one-row entry (`one_row`:
-    decode, draft). A split verify of several rows thus reads each chunk's K / V once for all its rows, not once
-    per row (GLM-4.5-Air shape, f16, L 8192, 2 threads, loaded machine: 4 rows 187 -> 84 ms; 2 rows, whose second
-    half of the lanes is padding, 116 -> 120 ms). A lane count that is not a multiple of 16 (2 rows x 12 heads)
-    ran 6x slower."""
+    decode, draft). A split verify of several rows thus stages each chunk's K / V once for all its rows, not once
+    per row (GLM-4.5-Air shape, f16, one thread, CPU time, loaded machine: L 8192, 2 / 3 / 4 rows 35 / 44 / 65 ->
+    31 / 26 / 38 ms; L 32768, 161 / 213 / 239 -> 136 / 111 / 105 ms). A lane count that is not a multiple of 16
+    (2 rows x 12 heads) ran 6x slower."""
     if split and one_row:
         return 1
     for rb in range(1, 17):
@@ -207,15 +185,13 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
     every lane's arithmetic is the scalar recurrence of the module docstring, so grouping changes no bit."""
     H, Hkv, Dk, Dv, G = a.H, a.Hkv, a.Dk, a.Dv, a.lanes
     g, NG = a.group, a.group // a.lanes
-    RB = rows_per_task or cpu_rows_per_task(a, split)
+    RB = rows_per_task or (1 if split else cpu_rows_per_task(a, split))
     NL = RB * G                                    # lanes per task
     VW = VEC if NL % VEC == 0 else NL              # lanes per vector chunk
     TL, CH = TILE, CHUNK
     _kdt, kw, _vdt, vw = _storage(a)
     stage_k = _stage_macro(a.k_type, Dk)
     stage_v = _stage_macro(a.v_type, Dv)
-    pf_k, pf_v = _prefetch_macro(a.k_type, Dk), _prefetch_macro(a.v_type, Dv)
-    PF = PREFETCH_TILES * TILE
     scale, has_mask, v_from_k = float(a.scale), a.mask, a.v_from_k
     VT = Dk if v_from_k else Dv   # width of the staged V tile (MLA: V is the K tile)
 
@@ -279,10 +255,6 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                         for d in T.vectorized(Dv):
                             accc[ln, d] = T.float32(0)
                     for tile in range((T.min(nr[RB] - ch * CH, T.int64(CH)) + TL - 1) // TL):
-                        for j in range(TL):
-                            pf_k(k, T.min(ch * CH + tile * TL + PF + j, nr[RB] - 1), kh)
-                            if not v_from_k:
-                                pf_v(v, T.min(ch * CH + tile * TL + PF + j, nr[RB] - 1), kh)
                         for j in range(TL):
                             stage_k(kt, j, k, T.min(ch * CH + tile * TL + j, nr[RB] - 1), kh)
                             if not v_from_k:
