@@ -4,7 +4,7 @@ tokens, against `llama-bench -d D -n N -p 0 -fa on` (plain decoding at depth) an
 file (`synth_realwidth.py --mtp-mix ALPHA`, see bench/spec_realwidth.py), in one interleaved run.
 
     python bench/spec_depth.py [FILE ...] [--depth 8192,32768] [-n 32] [-t THREADS] [-c 32768]
-                               [-ctk f16 -ctv f16] [--n-max 1,2] [--tail 256] [--llama-spec-depth 8192]
+                               [-ctk f16 -ctv f16] [--n-max 1,2] [--tail 64] [--llama-spec-depth 8192]
                                [--repeat 1] [--inner 2] [--engines nextn,llama] [-o report.json]
     python bench/spec_depth.py --table report.json
 
@@ -406,8 +406,8 @@ def main(argv=None):
     ap.add_argument("--depth", default="8192,32768", help="prompt depths, comma list [default: 8192,32768]")
     ap.add_argument("--llama-spec-depth", default=None,
                     help="depths of llama.cpp's draft-mtp runs (each a real prefill) [default: every --depth]")
-    ap.add_argument("--tail", type=int, default=256,
-                    help="nextn: prompt rows actually prefilled, the rest taken as cached; 0: all [default: 256]")
+    ap.add_argument("--tail", type=int, default=64,
+                    help="nextn: prompt rows actually prefilled, the rest taken as cached; 0: all [default: 64]")
     ap.add_argument("--repeat", type=int, default=1, choices=range(1, 100), metavar="N")
     ap.add_argument("--inner", type=int, default=2, choices=range(1, 100), metavar="N",
                     help="nextn generations per configuration and depth, interleaved (fastest counts) [default: 2]")
