@@ -200,7 +200,9 @@ def bench_cmd(path: str, a, tool: str, D: int) -> list[str]:
 
 
 def spec_cmd(path: str, a, tool: str, prompt_file: str, k: int) -> list[str]:
-    return [tool, "-m", path, "-f", prompt_file, "-n", str(a.n_gen), "-c", str(ctx_for(a.ctx, a.depth, a.n_gen)),
+    # -b: llama-speculative-simple decodes the whole prompt in one batch ("the prompt exceeds the batch size")
+    c = str(ctx_for(a.ctx, a.depth, a.n_gen))
+    return [tool, "-m", path, "-f", prompt_file, "-n", str(a.n_gen), "-c", c, "-b", c,
             "-t", str(a.threads), "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "-ctkd", a.cache_type_k,
             "-ctvd", a.cache_type_v, "-fa", "on", "--temp", "0", "--ignore-eos", "--spec-type", "draft-mtp",
             "--spec-draft-n-max", str(k), "-lv", "4"]

@@ -44,7 +44,7 @@ def test_commands_and_context():
     assert b[b.index("-d") + 1] == "8192" and b[b.index("-fa") + 1] == "on" and b[b.index("-p") + 1] == "0"
     assert b[b.index("-ctk") + 1] == "q8_0" and b[b.index("-n") + 1] == "32"
     s = sd.spec_cmd("/m.gguf", a, "/peer/llama-speculative-simple", "/tmp/p.txt", 2)
-    for flag, want in (("-f", "/tmp/p.txt"), ("-c", str(32768 + 48)), ("-ctkd", "q8_0"), ("-ctvd", "f16"),
+    for flag, want in (("-f", "/tmp/p.txt"), ("-c", str(32768 + 48)), ("-b", str(32768 + 48)), ("-ctkd", "q8_0"), ("-ctvd", "f16"),
                        ("--spec-draft-n-max", "2"), ("--spec-type", "draft-mtp"), ("-fa", "on"), ("-t", "1")):
         assert s[s.index(flag) + 1] == want, flag
 
