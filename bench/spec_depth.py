@@ -28,7 +28,8 @@ step (`mtp_draft`, one NextN row), so "at D ÷ at 64" is what the attention over
 
 llama.cpp, per depth, shallowest first: `llama-bench -m F -d D -n N -p 0 -fa on -r 1 -t -ctk -ctv -o jsonl` (tg
 tok/s at depth D, as `-d D1,D2` gives it, one process per depth so that --timeout stops only the deepest; its own
-warm-up; it fills the depth by a real prefill) and, where D is in --llama-spec-depth (default: every depth), `llama-speculative-simple -f PROMPT_D --spec-type draft-mtp --spec-draft-n-max k -fa on -n N -c CTX` for
+warm-up; it fills the depth by a real prefill) and, where D is in --llama-spec-depth (default: every depth),
+`llama-speculative-simple -f PROMPT_D --spec-type draft-mtp --spec-draft-n-max k -fa on -n N -c CTX -b CTX` for
 each k (decoded tokens ÷ decode seconds, acceptance; its real prefill of the D-token prompt is not timed in tok/s:
 the depth it reports, `encoded N tokens`, is kept). PROMPT_D: rw.PROMPT repeated, cut to D tokens by nextn's
 tokenizer (the file's vocabulary) and written back as text; llama.cpp's own count is reported.

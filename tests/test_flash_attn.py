@@ -1,9 +1,9 @@
 """The flash-attention, DSA index-score and KV-store kernels against naive numpy written here (independent of the
 IR and of the kernels): awkward sizes (L not a multiple of the tile or chunk, L = 1, T > 1 causal rows, fully
 masked tiles, fully masked rows), every KV type, every form (CPU fused with 1 or 3 rows per task, CPU split over
-L with 1, 2 or 4 rows per task, and the GPU kernels built for the CPU with serial threads). Row independence, bit for bit, is what keeps
-speculation on ≡ off: a row gives the same bits alone or among others, with L exactly its length or longer, and
-in every form of one target."""
+L with 1, 2 or 4 rows per task, and the GPU kernels built for the CPU with serial threads). Row independence, bit for
+bit, is what keeps speculation on ≡ off: a row gives the same bits alone or among others, with L exactly its length
+or longer, and in every form of one target."""
 from __future__ import annotations
 
 import gguf

@@ -20,7 +20,8 @@ from nextn.runtime.tokenizer import Tokenizer  # noqa: E402
 
 
 def bench_line(depth: int, ts: float, n_gen: int = 32) -> str:
-    """One llama-bench `-o jsonl` line of a tg test at depth (the fields spec_depth reads, as llama-bench names them)."""
+    """One llama-bench `-o jsonl` line of a tg test at depth (the fields spec_depth reads, as llama-bench names
+    them)."""
     return json.dumps({"build_commit": "abc", "build_number": 1, "n_threads": 1, "type_k": "f16", "type_v": "f16",
                        "flash_attn": True, "n_prompt": 0, "n_gen": n_gen, "n_depth": depth, "avg_ts": ts})
 
@@ -44,7 +45,8 @@ def test_commands_and_context():
     assert b[b.index("-d") + 1] == "8192" and b[b.index("-fa") + 1] == "on" and b[b.index("-p") + 1] == "0"
     assert b[b.index("-ctk") + 1] == "q8_0" and b[b.index("-n") + 1] == "32"
     s = sd.spec_cmd("/m.gguf", a, "/peer/llama-speculative-simple", "/tmp/p.txt", 2)
-    for flag, want in (("-f", "/tmp/p.txt"), ("-c", str(32768 + 48)), ("-b", str(32768 + 48)), ("-ctkd", "q8_0"), ("-ctvd", "f16"),
+    for flag, want in (("-f", "/tmp/p.txt"), ("-c", str(32768 + 48)), ("-b", str(32768 + 48)), ("-ctkd", "q8_0"),
+                       ("-ctvd", "f16"),
                        ("--spec-draft-n-max", "2"), ("--spec-type", "draft-mtp"), ("-fa", "on"), ("-t", "1")):
         assert s[s.index(flag) + 1] == want, flag
 
