@@ -1,9 +1,9 @@
 """The flash-attention, DSA index-score and KV-store kernels against naive numpy written here (independent of the
 IR and of the kernels): awkward sizes (L not a multiple of the tile or chunk, L = 1, T > 1 causal rows, fully
 masked tiles, fully masked rows), every KV type, every form (CPU fused with 1 or 3 rows per task, CPU split over
-L, and the GPU kernels built for the CPU with serial threads). Row independence, bit for bit, is what keeps
-speculation on ≡ off: a row gives the same bits alone or among others, with L exactly its length or longer, and
-in every form of one target."""
+L with 1, 2 or 4 rows per task, and the GPU kernels built for the CPU with serial threads). Row independence, bit for
+bit, is what keeps speculation on ≡ off: a row gives the same bits alone or among others, with L exactly its length
+or longer, and in every form of one target."""
 from __future__ import annotations
 
 import gguf
@@ -51,14 +51,16 @@ def _compile(funcs: dict):
     return tvm.compile(tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()}), target=TARGET)
 
 
-FORMS = [("cpu", False, 1), ("cpu", False, 3), ("cpu", True, 1), ("gpu", False, 1), ("gpu", True, 1)]
+FORMS = [("cpu", False, 1), ("cpu", False, 3), ("cpu", True, 1), ("cpu", True, 2), ("cpu", True, 4), ("gpu", False, 1),
+         ("gpu", True, 1)]
 
 
 def build_forms(a: fa.AttnShape):
     mods = {}
     for target, split, rb in FORMS:
         if target == "cpu":
-            f = {"p": fa.cpu_kernel(a, True), "m": fa.cpu_merge_kernel(a)} if split else {"f": fa.cpu_kernel(a, False, rb)}
+            f = {"p": fa.cpu_kernel(a, True, rb), "m": fa.cpu_merge_kernel(a)} if split else \
+                {"f": fa.cpu_kernel(a, False, rb)}
         else:
             f = {"p": fa.gpu_kernel(a, True, emulate=True), "m": fa.gpu_merge_kernel(a, emulate=True)} if split else \
                 {"f": fa.gpu_kernel(a, False, emulate=True)}

@@ -105,8 +105,10 @@ def emit_attention(k: Kernels, n, args, sym, split: bool):
                    lambda: flash_attn.gpu_kernel(a, False, k.emulate) if gpu else flash_attn.cpu_kernel(a, False))
         return k.bb.emit(relax.call_tir(gv, ins, out))
     nc = tirx.floordiv(L + (flash_attn.CHUNK - 1), flash_attn.CHUNK)
-    gp = k.get(f"flash_attn_partial_{kind}_{a.tag()}",
-               lambda: flash_attn.gpu_kernel(a, True, k.emulate) if gpu else flash_attn.cpu_kernel(a, True))
+    one_row = isinstance(T, (int, tirx.IntImm)) and int(T) == 1     # decode, draft: static T = 1
+    rb = 1 if gpu else flash_attn.cpu_rows_per_task(a, True, one_row)
+    gp = k.get(f"flash_attn_partial_{kind}_{a.tag()}" + (f"_r{rb}" if rb > 1 else ""),
+               lambda: flash_attn.gpu_kernel(a, True, k.emulate) if gpu else flash_attn.cpu_kernel(a, True, rb))
     gm = k.get(f"flash_attn_merge_{kind}_h{a.H}_d{a.Dv}",
                lambda: flash_attn.gpu_merge_kernel(a, k.emulate) if gpu else flash_attn.cpu_merge_kernel(a))
     part = k.bb.emit(relax.call_tir(gp, ins, [relax.TensorType([T, a.H, nc, a.Dv], F32),
