@@ -15,7 +15,7 @@ The context of both engines is -c, raised to D + n + 16 where a depth needs it (
 to d + n). Per file, `--repeat` rounds, each: nextn (one process), then llama.cpp.
 
 nextn (one process, `nextn.runtime.load` at that context): per depth D, a prompt of D token ids (the file's chain
-from rw.PROMPT, repeated). Its first D - tail cells are taken as already in the KV cache (`speculative.decode`'s
+from PROMPT, repeated). Its first D - tail cells are taken as already in the KV cache (`speculative.decode`'s
 `n_cached`, the prompt cache a server slot uses): prefill runs only the last `tail` rows (at positions D - tail..,
 attending over every cell before them), so a 32K depth costs seconds, not the half hour a 2-core prefill of 32K
 tokens would. The decode reads all D cells in every step either way (the kernels' work does not depend on the cells'
@@ -31,7 +31,7 @@ tok/s at depth D, as `-d D1,D2` gives it, one process per depth so that --timeou
 warm-up; it fills the depth by a real prefill) and, where D is in --llama-spec-depth (default: every depth),
 `llama-speculative-simple -f PROMPT_D --spec-type draft-mtp --spec-draft-n-max k -fa on -n N -c CTX -b CTX` for
 each k (decoded tokens ÷ decode seconds, acceptance; its real prefill of the D-token prompt is not timed in tok/s:
-the depth it reports, `encoded N tokens`, is kept). PROMPT_D: rw.PROMPT repeated, cut to D tokens by nextn's
+the depth it reports, `encoded N tokens`, is kept). PROMPT_D: PROMPT repeated, cut to D tokens by nextn's
 tokenizer (the file's vocabulary) and written back as text; llama.cpp's own count is reported.
 
 Ratios (the table, last columns): nextn ÷ llama at each depth and configuration (plain: nextn plain ÷ llama-bench
@@ -51,7 +51,10 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import realwidth as rw  # noqa: E402
+from bench_report import PROMPT, new_report, resolve_files, run_files  # noqa: E402
+from guarded import failure, run_watched, skipped_for_memory  # noqa: E402
+from machine_probe import GB  # noqa: E402
+from realwidth_table import fmt_num  # noqa: E402
 import spec_realwidth as sr  # noqa: E402
 from realwidth_files import realwidth_dir  # noqa: E402
 
@@ -62,7 +65,6 @@ from nextn.runtime.threads import physical_cores  # noqa: E402
 DEFAULT_FILE = "glm45air-1-a0.1.gguf"
 SHALLOW = 64          # the position the entry points are also timed at (attention over few cells)
 REPS = 5              # round-robin calls per entry-point timing (min counts)
-GB = rw.GB
 
 
 def ctx_for(ctx: int, depths, n_gen: int) -> int:
@@ -142,7 +144,7 @@ def worker(path: str, a) -> dict:
                 cache_type_v=a.cache_type_v)
     load_s = time.perf_counter() - t
     m.engine.wait_populated()
-    base = m.tokenizer.encode(rw.PROMPT)
+    base = m.tokenizer.encode(PROMPT)
     out = {"depths": {}, "load_s": load_s, "n_ctx": m.engine.n_ctx, "kv_cache": m.engine.kv_cache,
            "threads_env": os.environ.get("TVM_NUM_THREADS")}
     if m.engine.has_mtp:     # what `auto` pays once per load before its first generation (outside tok/s)
@@ -163,11 +165,11 @@ def nextn_round(path, a, log) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", path, "-n", str(a.n_gen), "-c", str(a.ctx),
            "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, "--n-max", ",".join(map(str, a.n_max)),
            "--inner", str(a.inner), "--depth", ",".join(map(str, a.depth)), "--tail", str(a.tail)]
-    res = rw.run_watched(cmd, a.mem_budget_gb * GB, env=env, log=log, timeout=a.timeout)
+    res = run_watched(cmd, a.mem_budget_gb * GB, env=env, log=log, timeout=a.timeout)
     mem = {"peak_rss": res["peak_rss"], "wall_s": res["wall_s"]}
     line = next((x for x in reversed(res["stdout"].splitlines()) if x.startswith("RESULT ")), None)
     if res["rc"] != 0 or line is None:
-        return {"status": rw.failure(res), **mem}
+        return {"status": failure(res), **mem}
     return {"status": "ok", **json.loads(line[len("RESULT "):]), **mem}
 
 
@@ -210,7 +212,7 @@ def spec_cmd(path: str, a, tool: str, prompt_file: str, k: int) -> list[str]:
 
 
 def prompt_files(path: str, depths, folder: str) -> dict:
-    """{D: path of a text file of ~D tokens} (module doc): rw.PROMPT repeated, cut to D tokens by nextn's tokenizer
+    """{D: path of a text file of ~D tokens} (module doc): PROMPT repeated, cut to D tokens by nextn's tokenizer
     (the GGUF's vocabulary), decoded back to text."""
     import gguf
 
@@ -218,7 +220,7 @@ def prompt_files(path: str, depths, folder: str) -> dict:
 
     fields = {key: f.contents() for key, f in gguf.GGUFReader(path).fields.items() if key.startswith("tokenizer.")}
     tok = Tokenizer.from_gguf_fields(fields, source=path)
-    unit = rw.PROMPT + " "
+    unit = PROMPT + " "
     ids = tok.encode(unit * (max(depths) * 5 // 4 // max(1, len(tok.encode(unit))) + 2))
     out = {}
     for D in depths:
@@ -241,20 +243,20 @@ def llama_round(path, a, tools, prompts: dict, log) -> dict:
     out = {"bench": {"depths": {}, "status": {}}, "spec": {}}
     for D in a.depth:
         if "llama-bench" in tools:
-            res = rw.run_watched(bench_cmd(path, a, tools["llama-bench"], D), a.mem_budget_gb * GB, log=log,
+            res = run_watched(bench_cmd(path, a, tools["llama-bench"], D), a.mem_budget_gb * GB, log=log,
                                  timeout=a.timeout)
             got = parse_bench_depths(res["stdout"]) if res["rc"] == 0 else {}
             out["bench"]["depths"].update(got)
-            out["bench"]["status"][str(D)] = "ok" if got else rw.failure(res)
+            out["bench"]["status"][str(D)] = "ok" if got else failure(res)
             log(f"  llama-bench depth {D}: " + (f"tg {got[str(D)]['tg']:.2f} tok/s" if str(D) in got
                                                  else out["bench"]["status"][str(D)]) + f" ({res['wall_s']:.0f} s)")
         if "llama-speculative-simple" in tools and D in a.llama_spec_depth:
             for k in a.n_max:
-                res = rw.run_watched(spec_cmd(path, a, tools["llama-speculative-simple"], prompts[D], k),
+                res = run_watched(spec_cmd(path, a, tools["llama-speculative-simple"], prompts[D], k),
                                      a.mem_budget_gb * GB, log=log, timeout=a.timeout)
                 text = res["stdout"] + "\n" + res["stderr"]
                 got = sr.parse_speculative(text) if res["rc"] == 0 else {}
-                cellv = {"status": "ok", **got} if got else {"status": rw.failure(res)}
+                cellv = {"status": "ok", **got} if got else {"status": failure(res)}
                 cellv.update(wall_s=res["wall_s"], encoded=parse_encoded(text))
                 out["spec"].setdefault(str(D), {})[f"n_max={k}"] = cellv
                 log(f"  llama draft-mtp depth {D} n_max {k}: " + (f"{got['tok_s']:.2f} tok/s" if got
@@ -304,7 +306,7 @@ def summarize(entry: dict) -> dict:
     return out
 
 
-_f = rw.fmt_num
+_f = fmt_num
 
 
 def format_table(report: dict) -> str:
@@ -367,10 +369,7 @@ def format_table(report: dict) -> str:
 def measure_file(path, a, tools, log) -> dict:
     entry = {"name": os.path.basename(path), "path": os.path.abspath(path), "size": os.path.getsize(path),
              "rounds": []}
-    skip = rw.memory_check(entry["size"], a.headroom_gb)
-    if skip:
-        log(f"{entry['name']}: skipped: {skip}")
-        entry["skipped"] = skip
+    if skipped_for_memory(entry, a.headroom_gb, log):
         return entry
     with tempfile.TemporaryDirectory() as folder:
         prompts = prompt_files(path, a.llama_spec_depth, folder) if a.llama_spec_depth and "llama" in a.engines \
@@ -455,13 +454,13 @@ def main(argv=None):
                 tools[t] = peer_tool(t)
             except PeerMissing as e:
                 log(f"spec_depth: {e}")
-    files = rw.resolve_files(a.files or [DEFAULT_FILE], a.dir)
+    files = resolve_files(a.files or [DEFAULT_FILE], a.dir)
     if not files:
         raise SystemExit(f"spec_depth: no file found in {a.dir} (make one: python bench/realwidth_files.py "
                          f"glm45air-1-a0.1)")
-    report = rw.new_report(a, argv, n_max=a.n_max, depths=a.depth, tail=a.tail,
+    report = new_report(a, argv, n_max=a.n_max, depths=a.depth, tail=a.tail,
                            ctx_used=ctx_for(a.ctx, a.depth, a.n_gen), llama_spec_depths=a.llama_spec_depth)
-    rw.run_files(report, files, lambda path: measure_file(path, a, tools, log), summarize, a.output)
+    run_files(report, files, lambda path: measure_file(path, a, tools, log), summarize, a.output)
     print(format_table(report))
 
 

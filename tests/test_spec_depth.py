@@ -3,6 +3,7 @@ prompt count, the commands both engines get, the D-token prompt files (read back
 summary's ratios against hand-computed values and the table. No timings are asserted."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -13,8 +14,8 @@ import pytest
 from conftest import G4
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import realwidth as rw  # noqa: E402
 import spec_depth as sd  # noqa: E402
+from machine_probe import machine  # noqa: E402
 
 from nextn.runtime.tokenizer import Tokenizer  # noqa: E402
 
@@ -37,7 +38,7 @@ def test_parse_bench_depths_and_encoded():
 
 
 def test_commands_and_context():
-    a = rw.argparse.Namespace(depth=[8192, 32768], n_gen=32, ctx=32768, threads=1, cache_type_k="q8_0",
+    a = argparse.Namespace(depth=[8192, 32768], n_gen=32, ctx=32768, threads=1, cache_type_k="q8_0",
                               cache_type_v="f16", n_max=[1, 2])
     assert sd.ctx_for(a.ctx, a.depth, a.n_gen) == 32768 + 32 + 16      # raised: the deepest prompt + -n must fit
     assert sd.ctx_for(40000, [8192], 32) == 40000
@@ -95,7 +96,7 @@ def test_summary_ratios_and_table():
     assert r["n_max=1"]["nextn_llama"] == pytest.approx(6.0 / 1.6)
     assert r["n_max=1"]["nextn_own_plain"] == pytest.approx(6.0 / 4.0)
     assert r["n_max=1"]["llama_own_plain"] == pytest.approx(1.6 / 2.0)
-    report = {"files": [{**entry, "summary": sd.summarize(entry)}], "machine": rw.machine(), "threads": 1,
+    report = {"files": [{**entry, "summary": sd.summarize(entry)}], "machine": machine(), "threads": 1,
               "cache_type_k": "f16", "cache_type_v": "f16", "ctx_used": 32816, "n_gen": 32, "tail": 256,
               "repeat": 2, "loaded": True}
     t = sd.format_table(report)
