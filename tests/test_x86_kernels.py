@@ -223,7 +223,7 @@ def test_int_row_groups_and_vnni(kind, width):
     assert np.array_equal(y2.view(np.uint32), y.view(np.uint32))
 
 
-LANE_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).__class__.__name__ in ("IQ4XS", "IQ4NLInt", "MXFP4Int"))
+LANE_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).path.multi_row)   # IQ4_XS, Q8_0, IQ4_NL, MXFP4
 
 
 @pytest.mark.e2e
