@@ -1,8 +1,8 @@
-"""The unsigned K-quants (Q4_K, Q5_K, Q6_K) on "q8" activation rows: the formats (how a (weight row, block) is
-decoded straight from ggml's block_q4_K / block_q5_K / block_q6_K bytes, ggml/src/ggml-common.h) and their row
-loop: a weight row's blocks against a group of rows, u8 x s8 -> i16 pairs (pmaddubsw) then i16 x sub-block scale
+"""The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) on "q8" activation rows, their quants taken unsigned: the formats
+(how a (weight row, block) is decoded straight from ggml's block_q2_K .. block_q6_K bytes, ggml/src/ggml-common.h)
+and their row loop: a weight row's blocks against a group of rows, u8 x s8 -> i16 pairs (pmaddubsw) then i16 x sub-block scale
 -> i32 (pmaddwd), one int->float conversion and one FMA per term and block, rows two at a time through VNNI where
-the quants allow. The same idea as ggml-cpu's ggml_vec_dot_q4_K_q8_K (ggml-cpu/arch/x86/quants.c)."""
+the quants allow. The same idea as ggml-cpu's ggml_vec_dot_q4_K_q8_K and its siblings (ggml-cpu/arch/x86/quants.c)."""
 from __future__ import annotations
 
 from tvm import tirx
@@ -238,6 +238,89 @@ class Q6K(KQuant):
         factor d, so it joins the block sum before the conversion (None: no factor of its own). |32 sc| <= 4096."""
         return T.Bind(st["sc"] * const(-32, "int16", 16)), None
 
+
+
+class Q2K(KQuant):
+    """Q2_K (84 B): scales[16] (per 16 weights: the scale in the low nibble, the min in the high) | qs[64] | d f16 |
+    dmin f16: w = d sc q - dmin m, q = bits 2j, 2j + 1 of qs[32h + l] for weight 128h + 32j + l (ggml
+    dequantize_row_q2_K), so the quants of 32 weights are one shift and mask of 32 bytes, in element order ("q8"
+    rows as they are). The mins are a term with a factor of its own, -dmin sum_g m_g (sum of the 16 activations
+    of g), as ggml_vec_dot_q2_K_q8_K takes them from the row's bsums."""
+    type_size = 84
+    q_max = 3
+    xs_merged = False
+
+    def setup(self, kern, n, s):
+        b = T.Bind(n * kern.row_bytes + s * 84)
+        sb = T.Bind(kern.w[n, ramp(s * 84, 16)])
+        return {"sm": T.Bind(tirx.Cast("int16x16", sb & u8(15, 16))),
+                "mins": T.Bind(tirx.Cast("int16x16", sb >> u8(4, 16))),
+                "d": T.Bind(f16(kern.w16, b // 2 + 40)), "dmin": T.Bind(f16(kern.w16, b // 2 + 41))}
+
+    def low_bits(self, kern, n, s, at, h):
+        """[(uint8 quants of `width` bytes: the 2 bits at `at` + 32h of weights 128h + 32j .., j)] per vector."""
+        qs = T.Bind(kern.w[n, ramp(s * self.type_size + at + 32 * h, 32)])
+        if kern.width == 32:
+            return [((qs >> u8(2 * j)) & u8(3), j) for j in range(4)]
+        qs2 = T.Bind(tirx.vectorcombine("uint8x64", qs, qs))
+        return [(_shift_halves(qs2, 2 * j, 2 * j + 2) & u8(3, 64), j) for j in (0, 2)]
+
+    def chunks(self, kern, st, n, s):
+        out = []
+        per = kern.width // 16      # groups of 16 weights per vector
+        for h in range(2):
+            for q, j in self.low_bits(kern, n, s, 16, h):
+                g = 8 * h + 2 * j
+                out.append((T.Bind(q), 128 * h + 32 * j, T.Bind(_scales(st["sm"], list(range(g, g + per)),
+                                                                        kern.width))))
+        return out
+
+    def xs_term(self, st):
+        return st["mins"], -st["dmin"]
+
+
+class Q3K(Q2K):
+    """Q3_K (110 B): hmask[32] | qs[64] | scales[12] (16 6-bit scales, ggml's kmask1 / kmask2 packing) | d f16:
+    w = d (sc - 32) q, q = (Q2_K's 2 bits of qs) - 4 where bit 4h + j of hmask[l] is clear, weight 128h + 32j + l
+    (dequantize_row_q3_K). The quants go as u = q + 4 in 0..7 (the hmask bit as bit 2); the -4 is one correction
+    per block, -4 d sum_g (sc_g - 32) (sum of the 16 activations of g), an integer with the block sum's factor d
+    (as Q6_K's -32; ggml_vec_dot_q3_K_q8_K subtracts it per weight instead)."""
+    type_size = 110
+    q_max = 7
+    xs_merged = True
+
+    def setup(self, kern, n, s):
+        b = T.Bind(n * kern.row_bytes + s * 110)
+        # the 12 scale bytes as words u0 u1 u2 (blocks are 2-byte aligned: three pairs of u16), then as in ggml:
+        # byte i of [(u0 & m4) | (u2 & m2) << 4, (u1 & m4) | (u2 >> 2 & m2) << 4, (u0 >> 4 & m4) | (u2 >> 4 & m2)
+        # << 4, (u1 >> 4 & m4) | (u2 >> 6 & m2) << 4] is 6-bit scale 4w + i
+        w16 = kern.w16u[ramp((b + 96) // 2, 6)]
+        u = T.Bind(tirx.reinterpret("uint32x4", tirx.Shuffle([w16, const(0, "uint16", 2)], list(range(8)))))
+        u32 = lambda *v: tirx.Shuffle([const(x, "uint32") for x in v], list(range(4)))   # noqa: E731
+        lo = (tirx.Shuffle([u], [0, 1, 0, 1]) >> u32(0, 0, 4, 4)) & u32(*[0x0F0F0F0F] * 4)
+        hi = ((tirx.Shuffle([u], [2, 2, 2, 2]) >> u32(0, 2, 4, 6)) & u32(*[0x03030303] * 4)) << u32(4, 4, 4, 4)
+        sc = tirx.Cast("int16x16", tirx.reinterpret("uint8x16", lo | hi)) - const(32, "int16", 16)
+        return {"sm": T.Bind(sc), "d": T.Bind(f16(kern.w16, b // 2 + 54))}
+
+    def chunks(self, kern, st, n, s):
+        out = []
+        per = kern.width // 16
+        hm = T.Bind(kern.w[n, ramp(s * 110, 32)])
+        hm2 = T.Bind(tirx.vectorcombine("uint8x64", hm, hm)) if kern.width == 64 else None
+        for h in range(2):
+            for q, j in self.low_bits(kern, n, s, 32, h):
+                if kern.width == 32:
+                    hb = (hm >> u8(4 * h + j)) & u8(1)
+                else:
+                    hb = _shift_halves(hm2, 4 * h + j, 4 * h + j + 1) & u8(1, 64)
+                g = 8 * h + 2 * j
+                out.append((T.Bind(q | (hb << u8(2, kern.width))), 128 * h + 32 * j,
+                            T.Bind(_scales(st["sm"], list(range(g, g + per)), kern.width))))
+        return out
+
+    def xs_term(self, st):
+        """-4 (sc - 32) per 16 activations, joining the block sum (None: no factor of its own); |4 (sc - 32)| <= 128."""
+        return T.Bind(st["sm"] * const(-4, "int16", 16)), None
 
 
 def _pairs(kern, fmt) -> bool:
