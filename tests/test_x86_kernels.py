@@ -24,7 +24,7 @@ WIDTH = x86.vector_width(TARGET)
 pytestmark = pytest.mark.skipif(WIDTH is None, reason="this CPU has no AVX2")   # CI's and this machine's have it
 WIDTHS = sorted({32, WIDTH}) if WIDTH else []
 F16_FIELDS = {"Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0],
-              "Q8_0": [0], "IQ4_NL": [0], "MXFP4": [],
+              "Q8_0": [0], "Q4_0": [0], "IQ4_NL": [0], "MXFP4": [],
               "IQ2_XXS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_S": [0], "IQ2_XS": [0], "IQ1_S": [0],
               "IQ1_M": []}     # IQ1_M: its d is the top nibbles of the scale words (random_weight)
 RNG = np.random.default_rng(0)
@@ -442,12 +442,13 @@ def test_matmul_heads(kind, exact):
         assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), t
 
 
-@pytest.mark.parametrize("kind", ["q2_k", "q3_k"])
-def test_q2_k_q3_k_take_q8_rows_unless_exact_matmul(kind):
-    """Q2_K and Q3_K matmuls (dense and routed) go to the x86 K-quant kernels on "q8" rows in element order when the
-    artifact quantizes activations (their manifest "activation" is nextn.common.quant's "q8"); under
-    --exact-matmul they keep the TE element path (float32 activations), and so does a K the 256-blocks do not
-    divide."""
+@pytest.mark.parametrize("kind,acts,layout,k_off", [("q2_k", "q8", "q8", 480), ("q3_k", "q8", "q8", 480),
+                                                   ("q4_0", "q8_0", "q8_0_g8", 200)])
+def test_q2_k_q3_k_q4_0_take_int8_rows_unless_exact_matmul(kind, acts, layout, k_off):
+    """Q2_K and Q3_K matmuls (dense and routed) go to the x86 K-quant kernels on "q8" rows in element order, Q4_0's
+    to the 32-block kernels on "q8_0" rows (in groups of 8 blocks: "q8_0_g8"), when the artifact quantizes
+    activations (their manifest "activation" is nextn.common.quant's); under --exact-matmul they keep the TE
+    element path (float32 activations), and so does a K the blocks do not divide."""
     from nextn.common.quant import FORMATS
     from nextn.compiler.ir import Graph
     from nextn.compiler.lower.x86.emit import X86Lowering
@@ -459,9 +460,10 @@ def test_q2_k_q3_k_take_q8_rows_unless_exact_matmul(kind):
     assert X86Lowering(WIDTH).handles(mm, kind) and X86Lowering(WIDTH).handles(mid, kind)
     assert not X86Lowering(WIDTH, quantize_activations=False).handles(mm, kind)
     assert not X86Lowering(WIDTH, quantize_activations=False).handles(mid, kind)
-    assert not X86Lowering(WIDTH).handles(g.mul_mat(g.weight("w2", (64, 480)), g.input("x2", ("T", 480), "float32")),
-                                          kind)
-    assert x86.KernelSpec("matmul", kind, 64, 512).acts == "q8" == x86.act_layout(kind) == FORMATS[kind].activation
+    off = g.mul_mat(g.weight("w2", (64, k_off)), g.input("x2", ("T", k_off), "float32"))    # K off the block
+    assert not X86Lowering(WIDTH).handles(off, kind)
+    assert x86.KernelSpec("matmul", kind, 64, 512).acts == acts == FORMATS[kind].activation
+    assert x86.act_layout(kind) == layout
 
 
 def test_matmul_heads_routing_and_key():

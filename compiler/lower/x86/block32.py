@@ -1,7 +1,7 @@
-"""The 32-weight block formats on the integer path (Q8_0, IQ4_NL, MXFP4) against "q8_0_g8" activation rows: each
-full group of 8 blocks as IQ4_XS takes a block (lanes.py: one vpdpbusd per 64 bytes and row, one FMA per group),
-the blocks after the last group one at a time (ggml-cpu's ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_iq4_nl_q8_0 /
-ggml_vec_dot_mxfp4_q8_0 on x86: an exact int32 sum per block, one FMA by d_w x d_x)."""
+"""The 32-weight block formats on the integer path (Q8_0, Q4_0, IQ4_NL, MXFP4) against "q8_0_g8" activation rows:
+each full group of 8 blocks as IQ4_XS takes a block (lanes.py: one vpdpbusd per 64 bytes and row, one FMA per
+group), the blocks after the last group one at a time (ggml-cpu's ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_q4_0_q8_0 /
+ggml_vec_dot_iq4_nl_q8_0 / ggml_vec_dot_mxfp4_q8_0 on x86: an exact int32 sum per block, one FMA by d_w x d_x)."""
 from __future__ import annotations
 
 from tvm import tirx
@@ -165,6 +165,13 @@ class IQ4NLInt(Block32):
     def negative(self, idx, lanes):
         """Lanes whose quant is negative: kvalues_iq4nl is ascending, negative for the indices 0..7."""
         return idx < u8(8, lanes)
+
+
+class Q40Int(IQ4NLInt):
+    """Q4_0 (18 B): d f16 | qs[16]: w = d (q - 8), q the nibble (lo nibbles weights 0..15, hi nibbles 16..31,
+    ggml dequantize_row_q4_0): IQ4_NL's layout with the table q - 8, ascending as kvalues_iq4nl (negative for the
+    indices 0..7), against "q8_0" rows as ggml_vec_dot_q4_0_q8_0."""
+    table = tuple(range(-8, 8))
 
 
 class MXFP4Int(IQ4NLInt):

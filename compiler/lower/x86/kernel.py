@@ -1,8 +1,8 @@
 """The prologue every x86 matmul kernel shares: its knobs, what a format declares (`Format`) and what its family's
 row loop offers the loop nest (`RowPath`), the kernel being built (`Kern`), the argument shapes of a weight and of
 its activation rows, typed views of the weight bytes, the format's tables, and the software prefetch of the weight
-stream. The loop nest is tiles.py; the formats and row loops, one module per path family: kquant.py (Q4_K, Q5_K,
-Q6_K), lanes.py (IQ4_XS), block32.py (Q8_0, IQ4_NL, MXFP4 on "q8_0" rows), codebook.py (IQ1_S .. IQ3_S),
+stream. The loop nest is tiles.py; the formats and row loops, one module per path family: kquant.py (Q2_K ..
+Q6_K), lanes.py (IQ4_XS), block32.py (Q8_0, Q4_0, IQ4_NL, MXFP4 on "q8_0" rows), codebook.py (IQ1_S .. IQ3_S),
 floats.py (the float path); formats.py names them by GGUF kind."""
 from __future__ import annotations
 
