@@ -7,11 +7,11 @@ in the same run.
     python bench/quant_gemv.py --target cuda|rocm [--arch sm_90] ...        (GPU: the element-expression kernels)
 
 CPU (llvm): each format is timed with the kernel the compiler gives a model's matmul: the x86 kernels
-(compiler/lower/x86; K-quants, IQ4_XS and the codebook formats IQ1_S .. IQ3_S on "q8" int8 activation rows, Q8_0 /
-IQ4_NL / MXFP4 on "q8_0" rows, the float path with --exact) where they apply, else the TE element-expression kernel
-(Q2_K, Q3_K, Q4_0, Q4_1, Q5_0, Q5_1; the codebook formats with --exact). The weight is cycled through
-enough copies (--stream-mb, 8x this CPU's 32 MB L3) to come from memory, as in decoding a model far larger than the
-cache. GB/s = the weight's GGUF bytes / time (best round).
+(compiler/lower/x86; K-quants Q2_K .. Q6_K, IQ4_XS and the codebook formats IQ1_S .. IQ3_S on "q8" int8 activation
+rows, Q8_0 / Q4_0 / IQ4_NL / MXFP4 on "q8_0" rows, the float path with --exact) where they apply, else the TE
+element-expression kernel (Q4_1, Q5_0, Q5_1; the other integer formats, Q8_0 / IQ4_NL / MXFP4 aside, with
+--exact). The weight is cycled through enough copies (--stream-mb, 8x this CPU's 32 MB L3) to come from memory,
+as in decoding a model far larger than the cache. GB/s = the weight's GGUF bytes / time (best round).
 
 The ceiling is a probe per case (`probe_kernel`): a TVM kernel that reads (sums) the very same weight copies, in
 the same work items (tiles of tile_n weight rows, each a contiguous stream) on the same threads with the same
@@ -20,7 +20,8 @@ rounds, and "of probe" is the median over the rounds of the kernel's GB/s over t
 "of numpy" = GB/s over bench/realwidth.py's reference (`threads` numpy sums over 512 MB, which reads less than
 a prefetching kernel streams), for continuity with its tables; the header also prints a TVM sum of 1 GiB without
 prefetch. "vs Q8_0" = GB/s over Q8_0's on the same shape in the same run (Q8_0 is timed first, also when
---types leaves it out). --element also times the element kernel for comparison. --rows R times R activation
+--types leaves it out). --element also times the element kernel for comparison ("x elem": the kernel's GB/s over
+the element kernel's, same run). --rows R times R activation
 rows (a verify of R-1 drafts). --threads sets TVM_NUM_THREADS (default: it, or every core).
 On a GPU: the element kernels and the device's copy bandwidth (read + write), as before.
 """
@@ -154,15 +155,14 @@ def probe_kernel(shape, dtype, n_items: int, prefetch_kb: int, prefetch_level: i
 
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     lines = nbytes // 64
-    k = kernel.Kern()
-    k.prefetch, k.prefetch_level, k.row_bytes = prefetch_kb * 1024, prefetch_level, 0
+    kern = kernel.Kern(prefetch=prefetch_kb * 1024, prefetch_level=prefetch_level, row_bytes=0)
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("read_probe")
             T.func_attr({"global_symbol": "read_probe", "tirx.noalias": True})
             w = T.arg("w", T.buffer(shape, dtype, align=32))
             out = T.arg("out", T.buffer((n_items, 8), "uint64"))
-            k.w8 = T.decl_buffer((nbytes,), "int8", data=w.data)
+            kern.w8 = T.decl_buffer((nbytes,), "int8", data=w.data)
             w64 = T.decl_buffer((lines * 8,), "uint64", data=w.data, align=32)
             with T.parallel(0, n_items) as it:
                 acc = T.decl_buffer((8,), "uint64")
@@ -171,13 +171,13 @@ def probe_kernel(shape, dtype, n_items: int, prefetch_kb: int, prefetch_level: i
                 hi = T.Bind((tirx.Cast("int64", it) + 1) * lines // n_items)
                 with T.serial(0, (hi - lo) // PROBE_UNROLL) as i:     # PROBE_UNROLL lines a step
                     ln = T.Bind(lo + i * PROBE_UNROLL)
-                    kernel.prefetch(k, 0, ln * 64, 64 * PROBE_UNROLL)
+                    kernel.prefetch(kern, 0, ln * 64, 64 * PROBE_UNROLL)
                     v = w64[tirx.Ramp(ln * 8, 1, 8)]
                     for u in range(1, PROBE_UNROLL):
                         v = v + w64[tirx.Ramp((ln + u) * 8, 1, 8)]
                     T.buffer_store(acc, acc[tirx.Ramp(0, 1, 8)] + v, [tirx.Ramp(0, 1, 8)])
                 with T.serial(lo + (hi - lo) // PROBE_UNROLL * PROBE_UNROLL, hi) as ln:
-                    kernel.prefetch(k, 0, ln * 64, 64)
+                    kernel.prefetch(kern, 0, ln * 64, 64)
                     T.buffer_store(acc, acc[tirx.Ramp(0, 1, 8)] + w64[tirx.Ramp(ln * 8, 1, 8)], [tirx.Ramp(0, 1, 8)])
                 T.buffer_store(out, acc[tirx.Ramp(0, 1, 8)], [it, tirx.Ramp(0, 1, 8)])
     f = tvm.compile(tvm.IRModule({"read_probe": ib.get()}), target=make_target("llvm")).mod["read_probe"]
@@ -343,7 +343,7 @@ def main():
     print("GB/s = GGUF weight bytes / time; probe = a read of the same weight copies with the same tiles, threads "
           "and prefetch, no decode")
     print(f"{'type':7} {'N x K':>13} {'path':10} {'us':>9} {'GB/s':>6} {'probe':>6} {'of probe':>8} {'of numpy':>8} "
-          f"{'vs Q8_0':>7}  {'element GB/s':>12}  {'max rel':>8}")
+          f"{'vs Q8_0':>7}  {'element GB/s':>12} {'x elem':>6}  {'max rel':>8}")
     results, q8 = [], {}
     types = args.types.split(",")
     for ttype in ["Q8_0"] + [t for t in types if t != "Q8_0"]:   # Q8_0 first: the "vs Q8_0" baseline per shape
@@ -360,7 +360,7 @@ def main():
             if ttype not in types:
                 continue
             results.append(r)
-            el = f"{r['element_gbs']:12.2f}" if "element_gbs" in r else " " * 12
+            el = f"{r['element_gbs']:12.2f} {r['vs_element']:6.2f}" if "element_gbs" in r else " " * 19
             print(f"{ttype:7} {f'{n}x{k}':>13} {r['path']:10} {r['us']:9.0f} {r['gbs']:6.2f} {r['probe_gbs']:6.2f} "
                   f"{r['of_probe']:8.3f} {r['gbs'] / np0:8.3f} {r['vs_q8_0']:7.3f}  {el}  {r['max_rel']:8.1e}",
                   flush=True)

@@ -96,11 +96,7 @@ def tuning_ingest(cand_dir: str, out: str, log=print) -> int:
 
 
 def tuning_show(path: str) -> dict:
-    """The validated log at `path` (LOG_DIR or FILE.json), for printing; an x86 knob record that names no kernel of
-    this nextn (`tune.log.names_kernel`) carries `not_applied`: why."""
+    """The validated log at `path` (LOG_DIR or FILE.json), for printing."""
     from .tune import log as tlog
 
-    book = tlog.read(path)
-    book["x86_knobs"] = [r if tlog.names_kernel(r) else dict(r, not_applied=tlog.NOT_APPLIED)
-                         for r in book.get("x86_knobs", [])]
-    return book
+    return tlog.read(path)

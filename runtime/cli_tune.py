@@ -156,7 +156,5 @@ def show(log):
         noise = "not measured" if r["noise"] is None else f"{r['noise']:.1%}"
         kb = ",".join(f"{k}={v}" for k, v in r["knobs"].items())
         verdict = f"kept [{kb}]" if r["kept"] else f"default kept (best challenger [{kb}])"
-        if r.get("not_applied"):
-            verdict += f" (not applied: {r['not_applied']})"
         click.echo(f"  {r['key']}  {r['target']['key']}  {verdict}  {per}; "
                    f"noise {noise}, {r['rounds']} round(s)")

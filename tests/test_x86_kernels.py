@@ -23,9 +23,10 @@ TARGET = make_target("llvm")
 WIDTH = x86.vector_width(TARGET)
 pytestmark = pytest.mark.skipif(WIDTH is None, reason="this CPU has no AVX2")   # CI's and this machine's have it
 WIDTHS = sorted({32, WIDTH}) if WIDTH else []
-F16_FIELDS = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q8_0": [0], "IQ4_NL": [0], "MXFP4": [],
-               "IQ2_XXS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_S": [0], "IQ2_XS": [0], "IQ1_S": [0],
-               "IQ1_M": [], "NVFP4": []}     # IQ1_M: its d is the top nibbles of the scale words (random_weight)
+F16_FIELDS = {"Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0],
+              "Q8_0": [0], "Q4_0": [0], "IQ4_NL": [0], "MXFP4": [],
+              "IQ2_XXS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_S": [0], "IQ2_XS": [0], "IQ1_S": [0],
+              "IQ1_M": [], "NVFP4": []}     # IQ1_M: its d is the top nibbles of the scale words (random_weight)
 RNG = np.random.default_rng(0)
 
 
@@ -159,9 +160,9 @@ def test_matmul_id(kind, exact, shared_x):
         assert np.array_equal(a1[0].view(np.uint32), y1[t].view(np.uint32))
 
 
-@pytest.mark.parametrize("kind,exact", [("q4_k", False), ("q6_k", False), ("iq4_xs", False), ("q8_0", False),
-                                        ("q8_0", True), ("f16", True), ("iq2_xxs", False)],
-                         ids=["q4_k-int", "q6_k-int", "iq4_xs-int", "q8_0-int", "q8_0-float", "f16-float",
+@pytest.mark.parametrize("kind,exact", [("q3_k", False), ("q4_k", False), ("q6_k", False), ("iq4_xs", False),
+                                        ("q8_0", False), ("q8_0", True), ("f16", True), ("iq2_xxs", False)],
+                         ids=["q3_k-int", "q4_k-int", "q6_k-int", "iq4_xs-int", "q8_0-int", "q8_0-float", "f16-float",
                               "iq2_xxs-int"])
 @pytest.mark.e2e
 def test_every_tuned_knob_keeps_the_row_bits(kind, exact):
@@ -228,7 +229,7 @@ def test_int_row_groups_and_vnni(kind, width):
     assert np.array_equal(y2.view(np.uint32), y.view(np.uint32))
 
 
-LANE_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).__class__.__name__ in ("IQ4XS", "IQ4NLInt", "MXFP4Int"))
+LANE_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).path.multi_row)   # IQ4_XS, Q8_0, IQ4_NL, MXFP4
 
 
 @pytest.mark.e2e
@@ -444,6 +445,30 @@ def test_matmul_heads(kind, exact):
     for t in range(Tn):
         (y1,) = run(one, w, *[a[t * H:(t + 1) * H] for a in acts], outs=[(1, H, N)])
         assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), t
+
+
+@pytest.mark.parametrize("kind,acts,layout,k_off", [("q2_k", "q8", "q8", 480), ("q3_k", "q8", "q8", 480),
+                                                   ("q4_0", "q8_0", "q8_0_g8", 200)])
+def test_q2_k_q3_k_q4_0_take_int8_rows_unless_exact_matmul(kind, acts, layout, k_off):
+    """Q2_K and Q3_K matmuls (dense and routed) go to the x86 K-quant kernels on "q8" rows in element order, Q4_0's
+    to the 32-block kernels on "q8_0" rows (in groups of 8 blocks: "q8_0_g8"), when the artifact quantizes
+    activations (their manifest "activation" is nextn.common.quant's); under --exact-matmul they keep the TE
+    element path (float32 activations), and so does a K the blocks do not divide."""
+    from nextn.common.quant import FORMATS
+    from nextn.compiler.ir import Graph
+    from nextn.compiler.lower.x86.emit import X86Lowering
+
+    g = Graph("t")
+    mm = g.mul_mat(g.weight("w", (64, 512)), g.input("x", ("T", 512), "float32"))
+    mid = g.mul_mat_id(g.weight("we", (4, 64, 512)), g.input("xe", ("T", 512), "float32"),
+                       g.input("ids", ("T", 2), "int32"))
+    assert X86Lowering(WIDTH).handles(mm, kind) and X86Lowering(WIDTH).handles(mid, kind)
+    assert not X86Lowering(WIDTH, quantize_activations=False).handles(mm, kind)
+    assert not X86Lowering(WIDTH, quantize_activations=False).handles(mid, kind)
+    off = g.mul_mat(g.weight("w2", (64, k_off)), g.input("x2", ("T", k_off), "float32"))    # K off the block
+    assert not X86Lowering(WIDTH).handles(off, kind)
+    assert x86.KernelSpec("matmul", kind, 64, 512).acts == acts == FORMATS[kind].activation
+    assert x86.act_layout(kind) == layout
 
 
 def test_matmul_heads_routing_and_key():

@@ -29,8 +29,8 @@ def _codebook(name: str, dtype, ksigns: bool):
 
 
 for _kind, _block, _size, _act in [
-    ("q8_0", 32, 34, "q8_0"), ("q4_0", 32, 18, None), ("q4_1", 32, 20, None), ("q5_0", 32, 22, None),
-    ("q5_1", 32, 24, None), ("q2_k", 256, 84, None), ("q3_k", 256, 110, None), ("q4_k", 256, 144, "q8"),
+    ("q8_0", 32, 34, "q8_0"), ("q4_0", 32, 18, "q8_0"), ("q4_1", 32, 20, None), ("q5_0", 32, 22, None),
+    ("q5_1", 32, 24, None), ("q2_k", 256, 84, "q8"), ("q3_k", 256, 110, "q8"), ("q4_k", 256, 144, "q8"),
     ("q5_k", 256, 176, "q8"), ("q6_k", 256, 210, "q8"), ("iq4_nl", 32, 18, "q8_0"), ("iq4_xs", 256, 136, "q8"),
 ]:
     register(QuantFormat(_kind, _kind.upper(), _block, _size, activation=_act))

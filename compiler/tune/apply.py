@@ -76,8 +76,7 @@ def x86_knobs(tuning_log: str | None, target, log=None):
     """spec -> x86.Knobs from the log's kept knob records for `target` (None without one: the default knobs). A
     record's missing knob fields (a log older than a knob) take the spec's default values, and so do the knobs
     that change a row's bits (`x86.bit_knobs`; a log made before they were fixed may set them: a weight's decode
-    and verify kernels must give equal rows, and `log` says how many records had one). Kept records whose
-    key names no kernel of this nextn (`log.not_applied`) are not applied, and `log` says so in one line."""
+    and verify kernels must give equal rows, and `log` says how many records had one)."""
     if not tuning_log:
         return lambda spec: None
     import dataclasses
@@ -89,10 +88,6 @@ def x86_knobs(tuning_log: str | None, target, log=None):
 
     book, key = tlog.read(tuning_log), target_key(target)
     records = tlog.knob_records(book, key)
-    stale = tlog.not_applied(book, key)
-    if stale and log is not None:
-        log(f"tuning log: {len(stale)} x86 knob record(s) not applied, {tlog.NOT_APPLIED}: {', '.join(stale[:3])}"
-            f"{', ...' if len(stale) > 3 else ''}; retune them (nextn tune)")
     width = x86.vector_width(target)
     told = set()
 

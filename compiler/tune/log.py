@@ -14,11 +14,9 @@
 kernels (compiler/tune/knobs.py): per row count in `rows`, the default's and these knobs' seconds per call and
 the speedup default / knobs (medians over `rounds` interleaved rounds, compiler/tune/decide.py), and the
 default's own relative noise. `kept` false: these knobs (the best challenger) did not beat the default by more
-than the noise, so the kernel keeps its default; the record says so and by how much. Schema 1 (no `x86_knobs`),
-2 (knob records of one timing each, all kept) and 3 (kernel keys without the activation row format) logs still
-read, upgraded in memory (`noise` null: not measured; keys as `x86.legacy_key` gives them). A schema <= 3 record
-of a Q8_0 / IQ4_NL / MXFP4 kernel keeps its old key, which names no kernel of this nextn (`names_kernel`): it may
-have tuned the float kernel those kinds had before they moved to "q8_0" rows, so it is reported and not applied. A log is data, never code: reading it parses JSON only, checks every field's type against this
+than the noise, so the kernel keeps its default; the record says so and by how much. Only schema 4 reads: the
+earlier schemas were never in a release, and their kernel keys did not say which of a kind's kernels they tuned.
+A log is data, never code: reading it parses JSON only, checks every field's type against this
 schema, rejects unknown fields, checks that every trace instruction is a registered schedule primitive, and never
 unpickles or evaluates anything. Merge keeps the fastest record per (workload, target key) and per (x86 kernel
 key, target key) the kept one with the highest speedup.
@@ -33,12 +31,11 @@ from nextn.common.errors import NextnError
 
 FORMAT = "nextn-tuning-log"
 SCHEMA = 4
-READS = (1, 2, 3, 4)
+READS = (SCHEMA,)
 LOG_FILE = "log.json"
 MAX_BYTES = 256 << 20
 _TOP = {"format", "schema", "nextn_version", "tvm_version", "records", "x86_knobs"}
-_KNOB_REC_2 = {"key", "target", "knobs", "run_secs", "default_secs"}
-_KNOB_REC = _KNOB_REC_2 | {"kept", "rows", "speedups", "noise", "rounds"}
+_KNOB_REC = {"key", "target", "knobs", "run_secs", "default_secs", "kept", "rows", "speedups", "noise", "rounds"}
 _REC = {"workload_hash", "name", "workload", "target", "trace", "args_info", "run_secs"}
 _TGT = {"key", "kind", "mcpu", "arch", "device_name", "json"}
 
@@ -85,8 +82,8 @@ def validate(log, where: str, check_kinds: bool = True) -> dict:
     if log.get("format") != FORMAT:
         raise NextnError(f"{where}: not a nextn tuning log (format {log.get('format')!r}, expected {FORMAT!r})")
     if log.get("schema") not in READS:
-        raise NextnError(f"{where}: tuning log schema {log.get('schema')!r}, this nextn reads schemas "
-                         f"{', '.join(map(str, READS))}")
+        raise NextnError(f"{where}: tuning log schema {log.get('schema')!r}, this nextn reads schema "
+                         f"{', '.join(map(str, READS))}; tune again (nextn tune)")
     extra = set(log) - _TOP
     if extra:
         raise NextnError(f"{where}: unknown field(s) {sorted(extra)}; a tuning log holds data fields only")
@@ -136,7 +133,7 @@ def _validate_knobs(recs, where: str, schema: int) -> None:
     from nextn.compiler.lower.x86 import Knobs
 
     fields = {f.name: type(f.default) for f in dataclasses.fields(Knobs)}
-    want = _KNOB_REC if schema >= 3 else _KNOB_REC_2
+    want = _KNOB_REC
     if not isinstance(recs, list):
         raise NextnError(f"{where}: 'x86_knobs' must be a list")
     for i, r in enumerate(recs):
@@ -164,11 +161,9 @@ def _validate_knobs(recs, where: str, schema: int) -> None:
                 raise NextnError(f"{w}: knob '{name}' must be {'true or false' if fields[name] is bool else 'an integer in 1..4096'}")
         if "width" in kb and kb["width"] not in (32, 64):
             raise NextnError(f"{w}: knob 'width' must be 32 or 64 (vector bytes)")
-        for f in ("run_secs", "default_secs") + (("speedups",) if schema >= 3 else ()):
+        for f in ("run_secs", "default_secs", "speedups"):
             if not isinstance(r[f], list) or not r[f] or not all(_positive(x) for x in r[f]):
                 raise NextnError(f"{w}: '{f}' must be a non-empty list of positive numbers")
-        if schema < 3:
-            continue
         if not isinstance(r["rows"], list) or not r["rows"] or \
                 not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in r["rows"]):
             raise NextnError(f"{w}: 'rows' must be a non-empty list of positive integers")
@@ -185,37 +180,6 @@ def _validate_knobs(recs, where: str, schema: int) -> None:
 
 def _positive(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
-
-
-def _upgrade(log: dict) -> dict:
-    """A validated schema 1 / 2 / 3 log in the current schema (in memory): schema 2 knob records were kept after
-    one timing each, at 1 row (rows1 kernels) or 4 (symbolic rows), their noise not measured; keys before schema 4
-    lack the kernel's activation row format: `x86.legacy_key` gives it, or the record keeps its old key (named no
-    one kernel: not applied, `names_kernel`)."""
-    import re
-
-    from nextn.compiler.lower.x86 import legacy_key
-
-    if log["schema"] >= SCHEMA:
-        return log
-    out = dict(log, schema=SCHEMA, x86_knobs=[])
-    for r in log.get("x86_knobs", []):
-        r = dict(r, key=legacy_key(r["key"]) or r["key"])
-        if log["schema"] < 3:
-            m = re.search(r":rows(\d+)", r["key"])
-            d, t = min(r["default_secs"]), min(r["run_secs"])
-            r.update(kept=True, rows=[int(m.group(1)) if m else 4], default_secs=[d], run_secs=[t],
-                     speedups=[d / t], noise=None, rounds=1)
-        out["x86_knobs"].append(r)
-    return out
-
-
-def names_kernel(r: dict) -> bool:
-    """Whether x86 knob record `r` (of a read log) names a kernel of this nextn: its key has the activation row
-    format (`KernelSpec.key`); an older key that named different kernels over time does not."""
-    from nextn.compiler.lower.x86 import legacy_key
-
-    return legacy_key(r["key"]) == r["key"]
 
 
 def log_file(path: str) -> str:
@@ -238,7 +202,7 @@ def read(path: str, check_kinds: bool = True) -> dict:
         log = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise NextnError(f"{path}: not JSON ({e.__class__.__name__}); tuning logs are JSON data only") from None
-    return _upgrade(validate(log, path, check_kinds))
+    return validate(log, path, check_kinds)
 
 
 def write(log: dict, path: str) -> str:
@@ -278,7 +242,7 @@ def merge(logs: list[dict]) -> dict:
     knobs: dict[tuple, dict] = {}
     rank = lambda r: (r["kept"], speedup(r))   # noqa: E731
     for log in logs:
-        for r in _upgrade(log).get("x86_knobs", []):
+        for r in log.get("x86_knobs", []):
             k = (r["key"], r["target"]["key"])
             if k not in knobs or rank(r) > rank(knobs[k]):
                 knobs[k] = r
@@ -287,20 +251,8 @@ def merge(logs: list[dict]) -> dict:
 
 
 def knob_records(log: dict, target_key: str) -> dict[str, dict]:
-    """{x86 kernel key: knobs} of the kept knob records of `target_key` (a record that kept the default is none,
-    and so is one whose key names no kernel of this nextn: `not_applied`)."""
-    return {r["key"]: r["knobs"] for r in _upgrade(log).get("x86_knobs", [])
-            if r["target"]["key"] == target_key and r["kept"] and names_kernel(r)}
-
-
-def not_applied(log: dict, target_key: str) -> list[str]:
-    """Keys of the kept knob records of `target_key` that name no kernel of this nextn (`names_kernel`)."""
-    return [r["key"] for r in _upgrade(log).get("x86_knobs", [])
-            if r["target"]["key"] == target_key and r["kept"] and not names_kernel(r)]
-
-
-NOT_APPLIED = ("made before Q8_0 / IQ4_NL / MXFP4 moved to q8_0 activation rows, their keys do not say which kernel "
-               "they tuned (the float kernel, if older)")
+    """{x86 kernel key: knobs} of the kept knob records of `target_key` (a record that kept the default is none)."""
+    return {r["key"]: r["knobs"] for r in log.get("x86_knobs", []) if r["target"]["key"] == target_key and r["kept"]}
 
 
 def for_target(log: dict, target_key: str) -> tuple[dict[str, dict], int]:

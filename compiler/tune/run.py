@@ -269,11 +269,6 @@ def _tune_x86(model, tgt, draft, book, key, out_dir, only, max_kernels, log, pro
     bench = bench or kn.KernelBench
     verify_rows = kn.VERIFY_ROWS if verify_rows is None else tuple(verify_rows)
     prefill_rows = kn.PREFILL_ROWS if prefill_rows is None else prefill_rows
-    stale = [r for r in book.get("x86_knobs", []) if r["target"]["key"] == key and not tlog.names_kernel(r)]
-    if stale:    # their kernels are tuned again below, under keys that say which kernel they are
-        book["x86_knobs"] = [r for r in book["x86_knobs"] if not any(r is x for x in stale)]
-        log(f"dropping {len(stale)} x86 knob record(s) for this target, {tlog.NOT_APPLIED}: "
-            f"{', '.join(r['key'] for r in stale[:3])}{', ...' if len(stale) > 3 else ''}")
     have = {r["key"] for r in book.get("x86_knobs", []) if r["target"]["key"] == key}
     todo = [(s, p) for s, p in x86_kernels(model, tgt, draft, only, max_kernels) if s.key not in have]
     log(f"{len(todo)} x86 kernel(s) to tune (knobs: {', '.join(f.name for f in dataclasses.fields(x86.Knobs))}; "

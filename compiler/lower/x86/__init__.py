@@ -6,7 +6,7 @@ experts); everything else keeps the TE element
 expression path (`nextn.compiler.quant`). Integer kinds (`INT_KINDS`) multiply int8-quantized activation rows
 when the artifact quantizes activations: "q8" rows (`quantize_rows`, per 256) for the K-quants, IQ4_XS and the
 codebook formats (codebook.py: IQ1_S .. IQ3_S), "q8_0"
-rows (`quantize_rows_q8_0`, per 32) for Q8_0, IQ4_NL and MXFP4 (semantics in `nextn.common.quant.activation`).
+rows (`quantize_rows_q8_0`, per 32) for Q8_0, Q4_0, IQ4_NL and MXFP4 (semantics in `nextn.common.quant.activation`).
 Without quantized activations (--exact-matmul) the 32-block kinds take the float path (they are in `FLOAT_KINDS`
 too) and the others the element path. Vector width: 64 bytes on AVX-512BW, else 32 (`vector_width`);
 VNNI (`has_vnni`) changes instructions, never results.
@@ -14,8 +14,8 @@ VNNI (`has_vnni`) changes instructions, never results.
 from __future__ import annotations
 
 from .batched import matmul_heads
-from .formats import FLOAT_FORMATS, INT_FORMATS, format_of
-from .kernel import Knobs, act_args, act_layout, weight_arg
+from .formats import FLOAT_FORMATS, INT_FORMATS, act_args, act_layout, format_of, weight_arg
+from .kernel import Knobs
 from .matmul import matmul, matmul_id
 from .quantize import quantize_rows, quantize_rows_q8_0
 
@@ -70,7 +70,7 @@ def activation_rows(kind: str, x, exact: bool = False) -> list:
 
 
 __all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "act_layout", "activation_rows",
-           "bit_knobs", "default_knobs", "format_of", "has_vnni", "legacy_key", "matmul", "matmul_heads", "matmul_id",
+           "bit_knobs", "default_knobs", "format_of", "has_vnni", "matmul", "matmul_heads", "matmul_id",
            "quantize_rows", "quantize_rows_q8_0", "takes_w_rows", "vector_width", "weight_arg"]
 
 
@@ -110,7 +110,7 @@ class KernelSpec:
     def key(self) -> str:
         """The kernel's name in tuning logs: `x86.OP:KIND/ACTS:N..:K..:rows1|T` (+ `:X..:used..:shared|slots:w..`
         for matmul_id, `:H..` for matmul_heads). ACTS, the activation row format ("q8", "q8_0", "f32"), says which
-        of a kind's kernels it is, so knobs tuned on one kernel never reach another (`legacy_key`)."""
+        of a kind's kernels it is, so knobs tuned on one kernel never reach another."""
         r = "T" if self.rows is None else str(self.rows)
         base = f"x86.{self.op}:{self.kind}/{self.acts}:N{self.N}:K{self.K}:rows{r}"
         if self.op == "matmul_id":
@@ -141,51 +141,21 @@ class KernelSpec:
         return n * (1 if dtype == "uint8" else 4 if dtype == "float32" else 2) * self.n_weights
 
 
-# Kinds whose key without the row format (tuning logs of schema <= 3) named two kernels in turn: the float kernel
-# until Q8_0, IQ4_NL and MXFP4 moved to "q8_0" activation rows (commit feaeb2c), the integer kernel after.
-RETAGGED_KINDS = INT_KINDS & FLOAT_KINDS
-
-
-def legacy_key(key: str) -> str | None:
-    """The current key of a kernel key written without the activation row format (tuning logs of schema <= 3:
-    `x86.OP:KIND:N..:...`), or None where it names no one kernel: `...:exact` was the float kernel (KIND/f32);
-    a plain key of `RETAGGED_KINDS` meant the float kernel before feaeb2c and the integer one after, so its
-    knobs (the float path's `unroll`, say) may belong to another kernel; any other kind has had one kernel, its
-    key gets that kernel's row format. A key that has the row format is returned as it is."""
-    parts = key.split(":")
-    if len(parts) < 3 or not parts[0].startswith("x86."):
-        return None
-    kind = parts[1]
-    if "/" in kind:
-        return key
-    if parts[-1] == "exact":
-        return ":".join([parts[0], f"{kind}/f32", *parts[2:-1]]) if kind in RETAGGED_KINDS else None
-    if kind in RETAGGED_KINDS or kind not in KINDS:
-        return None
-    return ":".join([parts[0], f"{kind}/{format_of(kind).acts}", *parts[2:]])
-
-
 def takes_w_rows(spec: KernelSpec) -> bool:
-    """Whether Knobs.w_rows changes `spec`'s kernel (lanes.multi_row: IQ4_XS, the grouped Q8_0 / IQ4_NL / MXFP4)."""
-    from .lanes import multi_row
-
-    return multi_row(format_of(spec.kind, spec.exact))
+    """Whether Knobs.w_rows changes `spec`'s kernel (RowPath.multi_row: IQ4_XS, the grouped Q8_0 / IQ4_NL / MXFP4)."""
+    return format_of(spec.kind, spec.exact).path.multi_row
 
 
 def bit_knobs(spec: KernelSpec) -> tuple[str, ...]:
-    """The Knobs fields that change the bits of `spec`'s rows: `width` (the float lanes a row accumulates in:
-    8 at 32 bytes, 16 at 64 for the K-quants and IQ4_XS; the float path's vectors) except on the grouped 32-block
-    integer path (Q8_0, IQ4_NL, MXFP4: exact int32 lane sums at either width) and the codebook formats (one int32 x 8
-    per block and row at either width, codebook.py), and `unroll` on the float path
-    (blocks per accumulation step). A weight's one-row decode kernel and its row-count verify kernel must
-    give equal rows (lossless speculation), and they are tuned as two kernels, so these knobs stay at
+    """The Knobs fields that change the bits of `spec`'s rows (its path's `bit_knobs`, kernel.RowPath): `width`
+    (the float lanes a row accumulates in: 8 at 32 bytes, 16 at 64 for the K-quants and IQ4_XS; the float path's
+    vectors) except on the grouped 32-block integer path (Q8_0, IQ4_NL, MXFP4: exact int32 lane sums at either
+    width) and the codebook formats (one int32 x 8 per block and row at either width, codebook.py), and `unroll`
+    on the float path (blocks per accumulation step). A weight's one-row decode kernel and its row-count verify
+    kernel must give equal rows (lossless speculation), and they are tuned as two kernels, so these knobs stay at
     `default_knobs`, the same for both (compiler/tune: not searched, not applied from a log). The other knobs
     (tile_n, row_group, w_rows, prefetch) change only the order of memory reads (tests/test_x86_kernels.py)."""
-    from .codebook import Codebook
-
-    fmt = format_of(spec.kind, spec.exact)
-    same = hasattr(fmt, "group_quants") or isinstance(fmt, Codebook)   # the codebook formats: 8 lanes at either width
-    return (() if same else ("width",)) + (("unroll",) if fmt.acts == "f32" else ())
+    return format_of(spec.kind, spec.exact).path.bit_knobs
 
 
 def default_knobs(spec: KernelSpec, width: int) -> Knobs:
@@ -200,6 +170,6 @@ def default_knobs(spec: KernelSpec, width: int) -> Knobs:
     prefetch_level: Knobs' 2 (into L2, kernel.prefetch) for all, the routed down experts (one short activation row per
     slot) too: on GLM-4.5-Air's Q8_0 / IQ4_NL down experts L2 took 1.09-1.31x less time than L1 at 1-8 rows
     (Zen 4, 2 threads, bench/x86_rows.py --against, two interleaved runs)."""
-    lanes = hasattr(format_of(spec.kind, spec.exact), "lane_quants")
-    two = (spec.op == "matmul_id" or lanes) and spec.rows is None and width == 64 and takes_w_rows(spec)
+    path = format_of(spec.kind, spec.exact).path
+    two = (spec.op == "matmul_id" or path.w_rows_dense == 2) and spec.rows is None and width == 64 and path.multi_row
     return Knobs(width=width, w_rows=2 if two else 1)

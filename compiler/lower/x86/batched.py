@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from tvm.tirx.script import builder as T
 
-from .codebook import constants
-from .kernel import Knobs, bind_acts, kernel, views
+from .formats import format_of
+from .kernel import Knobs, bind_acts, declare_tables, kernel, views
 from .tiles import tile
 
 
@@ -22,17 +22,18 @@ def matmul_heads(kind: str, H: int, N: int, K: int, rows: int | None = None, kno
     """y float32 [T, H, N] with y[t, h] = w[h] · x[t * H + h] for a weight w [H, N, K] of format `kind`.
     Arguments: w, act_args for T*H rows (x [T, H, K] flattened), y. `rows`: a static T, or None (symbolic);
     `vnni`, `exact`: as `matmul.matmul`."""
-    with kernel(name, kind, (H, N), K, rows, knobs, vnni, exact) as (fmt, k, Tr, (w,)):
-        bind_acts(k, kind, Tr * H, K)
+    fmt = format_of(kind, exact)
+    with kernel(name, fmt, kind, (H, N), K, rows, knobs, vnni) as (kern, Tr, (w,)):
+        bind_acts(kern, fmt, Tr * H, K)
         y = T.arg("y", T.buffer((Tr, H, N), "float32", align=32))
         with T.sblock("root"):
-            k.w = T.decl_buffer((H * N, k.row_bytes), "uint8", data=w.data, align=32)
-            views(k, w.data, H * N * k.row_bytes)
-            k.y = T.decl_buffer((Tr * H, N), "float32", data=y.data, align=32)
-            constants(k, fmt)
-            with T.parallel(0, H * k.n_tiles) as it:
-                h = T.Bind(it // k.n_tiles)
-                nt = T.Bind(it % k.n_tiles)
-                tile(k, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i * H + h,
+            kern.w = T.decl_buffer((H * N, kern.row_bytes), "uint8", data=w.data, align=32)
+            views(kern, w.data, H * N * kern.row_bytes)
+            kern.y = T.decl_buffer((Tr * H, N), "float32", data=y.data, align=32)
+            declare_tables(kern, fmt)
+            with T.parallel(0, H * kern.n_tiles) as it:
+                h = T.Bind(it // kern.n_tiles)
+                nt = T.Bind(it % kern.n_tiles)
+                tile(kern, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i * H + h,
                      lambda i, n: [i * H + h, n], wrow=lambda n: h * N + n)
-    return k.func
+    return kern.func

@@ -1,46 +1,354 @@
-"""The unsigned K-quants (Q4_K, Q5_K, Q6_K) on "q8" activation rows: a weight row's blocks against a group of
-rows, one int->float conversion and one FMA per term, rows two at a time through VNNI where the quants allow."""
+"""The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) on "q8" activation rows, their quants taken unsigned: the formats
+(how a (weight row, block) is decoded straight from ggml's block_q2_K .. block_q6_K bytes, ggml/src/ggml-common.h)
+and their row loop: a weight row's blocks against a group of rows, u8 x s8 -> i16 pairs (pmaddubsw) then i16 x sub-block scale
+-> i32 (pmaddwd), one int->float conversion and one FMA per term and block, rows two at a time through VNNI where
+the quants allow. The same idea as ggml-cpu's ggml_vec_dot_q4_K_q8_K and its siblings (ggml-cpu/arch/x86/quants.c)."""
 from __future__ import annotations
 
 from tvm import tirx
 from tvm.tirx.script import builder as T
 
-from .kernel import prefetch
-from .vec import (PAIR_LANES, const, dot_packed, dot_pair, dot_u8s8, fma, fold_packed, fold_pairs, hsum_pairwise, madd,
-                  ramp)
+from .kernel import Format, RowPath, prefetch
+from .vec import (PAIR_LANES, const, dot_packed, dot_pair, dot_u8s8, f16, fma, fold_packed, fold_pairs, hsum_pairwise,
+                  madd, ramp, u8)
 
 
-def _pairs(k, fmt) -> bool:
+def _shr(v, by):
+    """uint8 x 32 v >> by, `by` a Python int or an expression (a loop variable's: as a 16-bit shift by a
+    register, vpsrlw, where AVX2 has no byte shift; each byte also takes bits of its neighbour, which the
+    callers mask off)."""
+    if isinstance(by, int):
+        return v >> u8(by)
+    w = tirx.reinterpret("uint16x16", v) >> tirx.Broadcast(tirx.Cast("uint16", by), 16)
+    return tirx.reinterpret("uint8x32", w)
+
+
+
+def _scales(sc16, groups, width):
+    """The i16 scale vector for pmaddwd: scale `g` of int16x16 `sc16` repeated over the i16 lanes of its weights,
+    for the sub-blocks `groups` that one vector of `width` bytes covers."""
+    per = width // 2 // len(groups)
+    return tirx.Shuffle([sc16, sc16], [g for g in groups for _ in range(per)])
+
+
+def _scales_u8(b16, groups, width):
+    """`_scales` of the zero-extended bytes of uint8 x 16 `b16`, as one byte shuffle with zeros (no widening
+    of each vector after it)."""
+    per = width // 2 // len(groups)
+    idx = [i for g in groups for _ in range(per) for i in (g, 16)]
+    return tirx.reinterpret(f"int16x{width // 2}", tirx.Shuffle([b16] + [u8(0, 16)] * (width // 16 - 1), idx))
+
+
+def _shift_halves(v, a, b, left=False):
+    """uint8 x 64 v with the bytes of its low 32 shifted by a and of its high 32 by b, as 16-bit shifts (one
+    vpsrlvw / vpsllvw; AVX-512BW has no byte shifts): each byte also takes bits of its neighbour, which the
+    callers mask off."""
+    amounts = tirx.Shuffle([const(a, "uint16")] * 16 + [const(b, "uint16")] * 16, list(range(32)))
+    w = tirx.reinterpret("uint16x32", v)
+    return tirx.reinterpret("uint8x64", (w << amounts) if left else (w >> amounts))
+
+
+
+class KQuantPath(RowPath):
+    """`kquant_rows`: one weight row at a time (a tile's rows share the activation pairs' terms, `tile_terms`),
+    its float lanes per row `kquant_lanes`, K whole or in chunks of blocks."""
+
+    def acc_lanes(self, kern, fmt):
+        return [kquant_lanes(kern, fmt)]
+
+    def tile_terms(self, kern, fmt, rows):
+        return kquant_pair_terms(kern, fmt, rows)
+
+    def rows(self, kern, fmt, ns, rows, outs, terms):
+        (n,), (outs,) = ns, outs
+        acc = T.decl_buffer((len(rows) * kquant_lanes(kern, fmt),), "float32")
+        kquant_zero(kern, fmt, acc, 0, len(rows))
+        kquant_rows(kern, fmt, n, rows, acc, 0, pair_terms=terms)
+        paired = kquant_paired(kern, fmt, len(rows))
+        for r, out in enumerate(outs):
+            T.buffer_store(kern.y, kquant_out(kern, fmt, acc, 0, r, r < paired), out)
+
+    def chunk_zero(self, kern, fmt, accs, nn, n_rows):
+        kquant_zero(kern, fmt, accs[0], nn * n_rows * kquant_lanes(kern, fmt), n_rows)
+
+    def chunk_pass(self, kern, fmt, nns, ns, rows, accs, chunk, terms, ahead):
+        kquant_rows(kern, fmt, ns[0], rows, accs[0], nns[0] * len(rows) * kquant_lanes(kern, fmt), chunk, terms, ahead)
+
+    def chunk_out(self, kern, fmt, accs, nn, r, n_rows):
+        paired = kquant_paired(kern, fmt, n_rows)
+        return kquant_out(kern, fmt, accs[0], nn * n_rows * kquant_lanes(kern, fmt), r, r < paired)
+
+
+class KQuant(Format):
+    """An unsigned K-quant on "q8" activation rows (`kquant_rows`): `setup` binds what a (row, block) shares across
+    activation rows, `chunks` gives [(u8 quants x width, offset of their first activation in the block, i16
+    scales, each constant over 16 bytes)], whose products weighted by their scales make the block sum (factor d),
+    and `xs_term` the block's term on the row's 16-value sums. The factors must not depend on the row (they are
+    taken once per block). `n_steps` > 0: the format also gives its chunks as a loop (`step_setup`,
+    `step_chunks`: `_steps32`). `q_max`: the largest quant (`_pairs`); `xs_merged`: xs_term has no factor of its
+    own."""
+    path = KQuantPath()
+    block = 256
+    acts = "q8"
+    n_steps = 0
+    q_max: int
+    xs_merged: bool
+
+
+def _at(j):
+    """The position in a "q8_q4k" block of sub-block 2j (j a Python int or a loop variable); 2j + 1's is 64 on
+    (activation.Q4K_ORDER: per 128 values the sub-blocks 0, 2, 1, 3)."""
+    return 128 * (j // 2) + 32 * (j % 2)
+
+
+class Q4K(KQuant):
+    """Q4_K (144 B): d f16 | dmin f16 | 12 B of 8 (6-bit scale, 6-bit min) | qs[128]: w = d*sc*q - dmin*m per
+    32 weights; lo nibbles of qs[32j..32j+32) are sub-block 2j, hi nibbles 2j+1 (get_scale_min_k4). Its
+    activation rows are "q8" rows in the order 64 bytes of qs unpack to ("q8_q4k", activation.Q4K_ORDER)."""
+    type_size, qs_at, qh_at = 144, 16, None
+    layout = "q8_q4k"
+    q_max = 15          # the largest quant (kquant._pairs)
+    xs_merged = False   # xs_term has a factor of its own
+
+    def setup(self, kern, n, s):
+        b = T.Bind(n * kern.row_bytes + s * self.type_size)
+        # the 12 scale bytes as words u0 u1 u2 (after d, dmin) in one vector, the 4 words of
+        # get_scale_min_k4's bytes by lanes: [u0 & m6, (u2 & m4) | ((u0 >> 6) & m2) << 4, u1 & m6, ...]
+        hdr = T.Bind(kern.w32[ramp(b // 4, 4)])          # d | dmin, u0, u1, u2
+        u32 = lambda *v: tirx.Shuffle([const(x, "uint32") for x in v], list(range(4)))   # noqa: E731
+        lo = (tirx.Shuffle([hdr], [1, 3, 2, 3]) >> u32(0, 0, 0, 4)) & u32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F)
+        hi = ((tirx.Shuffle([hdr], [0, 1, 0, 2]) >> u32(6, 6, 6, 6)) & u32(0, 0x03030303, 0, 0x03030303)) << u32(4, 4, 4, 4)
+        sb = T.Bind(tirx.reinterpret("uint8x16", lo | hi))
+        sm = T.Bind(tirx.Cast("int16x16", sb))
+        dd = T.Bind(tirx.Cast("float32x8", tirx.reinterpret("float16x8", hdr)))     # d, dmin: one conversion
+        d, dmin = T.Bind(tirx.Shuffle([dd], [0])), T.Bind(tirx.Shuffle([dd], [1]))
+        return {"sm": sm, "sb": sb, "d": d, "dmin": dmin,
+                "mins": T.Bind(tirx.Shuffle([sm], [8 + i // 2 for i in range(16)]))}   # min j over 2 x 16 sums
+
+    def _quants(self, kern, n, s, j):
+        v = T.Bind(kern.w[n, ramp(s * self.type_size + self.qs_at + 32 * j, 32)])
+        lo, hi = v & u8(15), (v >> u8(4)) & u8(15)
+        if self.qh_at is not None:     # Q5_K: bits 2j, 2j+1 of qh[l] are bit 4 of elements 64j + l, 64j + 32 + l
+            qh = T.Bind(kern.w[n, ramp(s * self.type_size + self.qh_at, 32)])
+            lo = lo | ((_shr(qh, 2 * j) & u8(1)) << u8(4))
+            hi = hi | ((_shr(qh, 2 * j + 1) & u8(1)) << u8(4))
+        return lo, hi
+
+    def _quants64(self, kern, n, s, h):
+        """(lo, hi): the quants of qs[64h .. 64h + 64) as two uint8 x 64, lo its low nibbles (sub-blocks 4h, 4h + 2)
+        and hi its high ones (4h + 1, 4h + 3): the activation positions 128h and 128h + 64 of a "q8_q4k" row. One
+        64-byte load, a mask, a 16-bit shift and a mask; Q5_K's bit 4 from qh's 32 bytes in both halves
+        (`_shift_halves`)."""
+        raw = T.Bind(kern.w[n, ramp(s * self.type_size + self.qs_at + 64 * h, 64)])
+        hi16 = tirx.reinterpret("uint16x32", raw) >> const(4, "uint16", 32)
+        lo, hi = raw & u8(15, 64), tirx.reinterpret("uint8x64", hi16) & u8(15, 64)
+        if self.qh_at is not None:     # bit b of qh[l]: bit 4 of element l of sub-block b
+            qh = T.Bind(kern.w[n, ramp(s * self.type_size + self.qh_at, 32)])
+            qh2 = T.Bind(tirx.vectorcombine("uint8x64", qh, qh))
+            lo = lo | ((_shift_halves(qh2, 4 * h, 4 * h + 2) & u8(1, 64)) << u8(4, 64))
+            hi = hi | ((_shift_halves(qh2, 4 * h + 1, 4 * h + 3) & u8(1, 64)) << u8(4, 64))
+        return lo, hi
+
+    def chunks(self, kern, st, n, s):
+        out = []
+        if kern.width == 64:
+            for h in range(2):
+                lo, hi = self._quants64(kern, n, s, h)
+                out.append((T.Bind(lo), 128 * h, T.Bind(_scales_u8(st["sb"], [4 * h, 4 * h + 2], 64))))
+                out.append((T.Bind(hi), 128 * h + 64, T.Bind(_scales_u8(st["sb"], [4 * h + 1, 4 * h + 3], 64))))
+            return out
+        for j in range(4):
+            lo, hi = self._quants(kern, n, s, j)
+            out.append((T.Bind(lo), _at(j), T.Bind(_scales(st["sm"], [2 * j], 32))))
+            out.append((T.Bind(hi), _at(j) + 64, T.Bind(_scales(st["sm"], [2 * j + 1], 32))))
+        return out
+
+    n_steps = 4         # kquant._steps32: sub-blocks 2j, 2j + 1 per step
+
+    def step_setup(self, kern, st):
+        """The block's scales in a local buffer, which `step_chunks` indexes by the loop variable."""
+        st["sbuf"] = T.decl_buffer((16,), "int16")
+        T.buffer_store(st["sbuf"], st["sm"], [ramp(0, 16)])
+
+    def step_chunks(self, kern, st, n, s, j):
+        """The two chunks of `chunks` (32 bytes) that step j, a loop variable, takes: sub-blocks 2j, 2j + 1."""
+        lo, hi = self._quants(kern, n, s, j)
+        return [(T.Bind(lo), _at(j), T.Bind(tirx.Broadcast(st["sbuf"][2 * j], 16))),
+                (T.Bind(hi), _at(j) + 64, T.Bind(tirx.Broadcast(st["sbuf"][2 * j + 1], 16)))]
+
+    def xs_term(self, st):
+        """(int16 x 16 weights of the row's 16-value sums `xs`, float factor or None): the block's
+        -dmin * sum_j m_j * (sum of sub-block j), a term with its own factor (kquant.kquant_rows)."""
+        return st["mins"], -st["dmin"]
+
+
+class Q5K(Q4K):
+    """Q5_K (176 B): as Q4_K, with qh[32] (bit 4 of every quant) between the scales and qs."""
+    type_size, qs_at, qh_at = 176, 48, 16
+    q_max = 31
+
+
+class Q6K(KQuant):
+    """Q6_K (210 B): ql[128] | qh[64] | 16 int8 scales | d f16: w = d*sc*(q - 32) per 16 weights. The -32 is one
+    correction per block: -32 d sum_g sc_g (sum of the 16 activations of g)."""
+    type_size = 210
+    q_max = 63
+    xs_merged = True
+
+    def setup(self, kern, n, s):
+        b = T.Bind(n * kern.row_bytes + s * 210)
+        return {"sc": T.Bind(tirx.Cast("int16x16", kern.w8[ramp(b + 192, 16)])),
+                "d": T.Bind(f16(kern.w16, b // 2 + 104))}
+
+    def chunks(self, kern, st, n, s):
+        if kern.width == 64:
+            return self._chunks64(kern, st, n, s)
+        out = []
+        for h in range(2):      # halves of 128 weights: ql[64h, 64h + 64), qh[32h, 32h + 32)
+            ql0 = T.Bind(kern.w[n, ramp(s * 210 + 64 * h, 32)])
+            ql1 = T.Bind(kern.w[n, ramp(s * 210 + 64 * h + 32, 32)])
+            qh = T.Bind(kern.w[n, ramp(s * 210 + 128 + 32 * h, 32)])
+            q = [(ql0 & u8(15)) | ((qh & u8(3)) << u8(4)),                   # weights 128h + [0, 32)
+                 (ql1 & u8(15)) | (((qh >> u8(2)) & u8(3)) << u8(4)),       # [32, 64)
+                 (ql0 >> u8(4)) | (((qh >> u8(4)) & u8(3)) << u8(4)),       # [64, 96)
+                 (ql1 >> u8(4)) | ((qh >> u8(6)) << u8(4))]                  # [96, 128)
+            g = 8 * h
+            for i in range(4):
+                out.append((T.Bind(q[i]), 128 * h + 32 * i, T.Bind(_scales(st["sc"], [g + 2 * i, g + 2 * i + 1], 32))))
+        return out
+
+    def _chunks64(self, kern, st, n, s):
+        """`chunks` at 64 bytes: per half h, weights 128h + [0, 64) are ql's lo nibbles | qh bits (0, 1) and (2, 3)
+        as bits 4, 5, weights 128h + [64, 128) ql's hi nibbles | qh bits (4, 5) and (6, 7), each as one vector:
+        ql's 64 bytes and qh's 32 in both halves (`_shift_halves`), no insert of two halves."""
+        out = []
+        for h in range(2):
+            ql = T.Bind(kern.w[n, ramp(s * 210 + 64 * h, 64)])
+            qh = T.Bind(kern.w[n, ramp(s * 210 + 128 + 32 * h, 32)])
+            qh2 = tirx.vectorcombine("uint8x64", qh, qh)
+            q01 = (ql & u8(15, 64)) | (_shift_halves(qh2, 4, 2, left=True) & u8(0x30, 64))
+            q23 = (_shift_halves(ql, 4, 4) & u8(15, 64)) | (_shift_halves(qh2, 0, 2) & u8(0x30, 64))
+            g = 8 * h
+            for i, q in enumerate((q01, q23)):
+                out.append((T.Bind(q), 128 * h + 64 * i, T.Bind(_scales(st["sc"], [g + 4 * i + m for m in range(4)], 64))))
+        return out
+
+    def xs_term(self, st):
+        """The -32 of every quant, -32 sum_g sc_g (sum of the 16 activations of g): an integer with the block sum's
+        factor d, so it joins the block sum before the conversion (None: no factor of its own). |32 sc| <= 4096."""
+        return T.Bind(st["sc"] * const(-32, "int16", 16)), None
+
+
+
+class Q2K(KQuant):
+    """Q2_K (84 B): scales[16] (per 16 weights: the scale in the low nibble, the min in the high) | qs[64] | d f16 |
+    dmin f16: w = d sc q - dmin m, q = bits 2j, 2j + 1 of qs[32h + l] for weight 128h + 32j + l (ggml
+    dequantize_row_q2_K), so the quants of 32 weights are one shift and mask of 32 bytes, in element order ("q8"
+    rows as they are). The mins are a term with a factor of its own, -dmin sum_g m_g (sum of the 16 activations
+    of g), as ggml_vec_dot_q2_K_q8_K takes them from the row's bsums."""
+    type_size = 84
+    q_max = 3
+    xs_merged = False
+
+    def setup(self, kern, n, s):
+        b = T.Bind(n * kern.row_bytes + s * 84)
+        sb = T.Bind(kern.w[n, ramp(s * 84, 16)])
+        return {"sm": T.Bind(tirx.Cast("int16x16", sb & u8(15, 16))),
+                "mins": T.Bind(tirx.Cast("int16x16", sb >> u8(4, 16))),
+                "d": T.Bind(f16(kern.w16, b // 2 + 40)), "dmin": T.Bind(f16(kern.w16, b // 2 + 41))}
+
+    def low_bits(self, kern, n, s, at, h):
+        """[(uint8 quants of `width` bytes: the 2 bits at `at` + 32h of weights 128h + 32j .., j)] per vector."""
+        qs = T.Bind(kern.w[n, ramp(s * self.type_size + at + 32 * h, 32)])
+        if kern.width == 32:
+            return [((qs >> u8(2 * j)) & u8(3), j) for j in range(4)]
+        qs2 = T.Bind(tirx.vectorcombine("uint8x64", qs, qs))
+        return [(_shift_halves(qs2, 2 * j, 2 * j + 2) & u8(3, 64), j) for j in (0, 2)]
+
+    def chunks(self, kern, st, n, s):
+        out = []
+        per = kern.width // 16      # groups of 16 weights per vector
+        for h in range(2):
+            for q, j in self.low_bits(kern, n, s, 16, h):
+                g = 8 * h + 2 * j
+                out.append((T.Bind(q), 128 * h + 32 * j, T.Bind(_scales(st["sm"], list(range(g, g + per)),
+                                                                        kern.width))))
+        return out
+
+    def xs_term(self, st):
+        return st["mins"], -st["dmin"]
+
+
+class Q3K(Q2K):
+    """Q3_K (110 B): hmask[32] | qs[64] | scales[12] (16 6-bit scales, ggml's kmask1 / kmask2 packing) | d f16:
+    w = d (sc - 32) q, q = (Q2_K's 2 bits of qs) - 4 where bit 4h + j of hmask[l] is clear, weight 128h + 32j + l
+    (dequantize_row_q3_K). The quants go as u = q + 4 in 0..7 (the hmask bit as bit 2); the -4 is one correction
+    per block, -4 d sum_g (sc_g - 32) (sum of the 16 activations of g), an integer with the block sum's factor d
+    (as Q6_K's -32; ggml_vec_dot_q3_K_q8_K subtracts it per weight instead)."""
+    type_size = 110
+    q_max = 7
+    xs_merged = True
+
+    def setup(self, kern, n, s):
+        b = T.Bind(n * kern.row_bytes + s * 110)
+        # the 12 scale bytes as words u0 u1 u2 (blocks are 2-byte aligned: three pairs of u16), then as in ggml:
+        # byte i of [(u0 & m4) | (u2 & m2) << 4, (u1 & m4) | (u2 >> 2 & m2) << 4, (u0 >> 4 & m4) | (u2 >> 4 & m2)
+        # << 4, (u1 >> 4 & m4) | (u2 >> 6 & m2) << 4] is 6-bit scale 4w + i
+        w16 = kern.w16u[ramp((b + 96) // 2, 6)]
+        u = T.Bind(tirx.reinterpret("uint32x4", tirx.Shuffle([w16, const(0, "uint16", 2)], list(range(8)))))
+        u32 = lambda *v: tirx.Shuffle([const(x, "uint32") for x in v], list(range(4)))   # noqa: E731
+        lo = (tirx.Shuffle([u], [0, 1, 0, 1]) >> u32(0, 0, 4, 4)) & u32(*[0x0F0F0F0F] * 4)
+        hi = ((tirx.Shuffle([u], [2, 2, 2, 2]) >> u32(0, 2, 4, 6)) & u32(*[0x03030303] * 4)) << u32(4, 4, 4, 4)
+        sc = tirx.Cast("int16x16", tirx.reinterpret("uint8x16", lo | hi)) - const(32, "int16", 16)
+        return {"sm": T.Bind(sc), "d": T.Bind(f16(kern.w16, b // 2 + 54))}
+
+    def chunks(self, kern, st, n, s):
+        out = []
+        per = kern.width // 16
+        hm = T.Bind(kern.w[n, ramp(s * 110, 32)])
+        hm2 = T.Bind(tirx.vectorcombine("uint8x64", hm, hm)) if kern.width == 64 else None
+        for h in range(2):
+            for q, j in self.low_bits(kern, n, s, 32, h):
+                if kern.width == 32:
+                    hb = (hm >> u8(4 * h + j)) & u8(1)
+                else:
+                    hb = _shift_halves(hm2, 4 * h + j, 4 * h + j + 1) & u8(1, 64)
+                g = 8 * h + 2 * j
+                out.append((T.Bind(q | (hb << u8(2, kern.width))), 128 * h + 32 * j,
+                            T.Bind(_scales(st["sm"], list(range(g, g + per)), kern.width))))
+        return out
+
+    def xs_term(self, st):
+        """-4 (sc - 32) per 16 activations, joining the block sum (None: no factor of its own); |4 (sc - 32)| <= 128."""
+        return T.Bind(st["sm"] * const(-4, "int16", 16)), None
+
+
+def _pairs(kern, fmt) -> bool:
     """Rows two at a time through vec.dot_pair (`kquant_rows`): VNNI at 64 bytes and quants of at most
     `fmt.q_max` (a sum of 4 products with int8 activations below 2^15)."""
-    return k.vnni and k.width == 64 and 4 * fmt.q_max * 127 < 1 << 15
+    return kern.vnni and kern.width == 64 and 4 * fmt.q_max * 127 < 1 << 15
 
 
-def kquant(k, fmt) -> bool:
-    """The unsigned super-block formats on "q8" rows (Q4_K, Q5_K, Q6_K: `fmt.xs_term`) go through `kquant_rows`."""
-    return k.acts == "q8" and hasattr(fmt, "xs_term")
-
-
-def kquant_lanes(k, fmt) -> int:
+def kquant_lanes(kern, fmt) -> int:
     """Float accumulator lanes per row of `kquant_rows`: 8 (block sum and xs term in one integer, or at 32-byte
     width in one vector of their lanes added pairwise: `_hadd`), else 8 + 8."""
-    return 8 if fmt.xs_merged or k.width == 32 else 16
+    return 8 if fmt.xs_merged or kern.width == 32 else 16
 
 
-def kquant_paired(k, fmt, n_rows: int) -> int:
+def kquant_paired(kern, fmt, n_rows: int) -> int:
     """How many of a group's rows `kquant_rows` takes in pairs (the first ones)."""
-    return 2 * (n_rows // 2) if _pairs(k, fmt) else 0
+    return 2 * (n_rows // 2) if _pairs(kern, fmt) else 0
 
 
-def kquant_zero(k, fmt, acc, base, n_rows):
+def kquant_zero(kern, fmt, acc, base, n_rows):
     """Zeroed accumulators for `kquant_rows`, stored as they are read (so they stay in registers)."""
-    n_l, paired = kquant_lanes(k, fmt), kquant_paired(k, fmt, n_rows)
+    n_l, paired = kquant_lanes(kern, fmt), kquant_paired(kern, fmt, n_rows)
     units = [(r * n_l + 16 * j, 16) for r in range(0, paired, 2) for j in range(n_l // 8)]
     for off, m in units + [(r * n_l, n_l) for r in range(paired, n_rows)]:
         T.buffer_store(acc, const(0.0, "float32", m), [ramp(base + off, m)])
 
 
-def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=None):
+def kquant_rows(kern, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=None):
     """Weight row n against "q8" activation rows `rows` for the unsigned K-quants. Per block (of `blocks`, a
     (first, end) range; all by default) and row: the block sum's 8 int32 lanes (`dot_u8s8` folded to 8, or
     `dot_pair` for two rows at once: the same lanes) and the xs term's 8 (`fmt.xs_term`: weights of the row's
@@ -53,40 +361,40 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=
     base + r * lanes (a pair's two rows side by side). `pair_terms`: the pairs' activation terms of every
     block, computed once for all the weight rows of a tile (`kquant_pair_terms`; None: computed here). `ahead`:
     the prefetch distance in bytes (kernel.prefetch)."""
-    L = k.width // 4
-    n_l = kquant_lanes(k, fmt)
-    n_pairs = kquant_paired(k, fmt, len(rows)) // 2
-    with T.serial(*(blocks or (0, k.n_blocks))) as s:
-        prefetch(k, n, s * fmt.type_size, fmt.type_size, ahead)
-        st = fmt.setup(k, n, s)
-        if k.width == 32 and len(rows) > 1 and hasattr(fmt, "step_chunks"):
-            sums = _steps32(k, fmt, st, n, s, rows)
+    L = kern.width // 4
+    n_l = kquant_lanes(kern, fmt)
+    n_pairs = kquant_paired(kern, fmt, len(rows)) // 2
+    with T.serial(*(blocks or (0, kern.n_blocks))) as s:
+        prefetch(kern, n, s * fmt.type_size, fmt.type_size, ahead)
+        st = fmt.setup(kern, n, s)
+        if kern.width == 32 and len(rows) > 1 and fmt.n_steps:
+            sums = _steps32(kern, fmt, st, n, s, rows)
         else:
-            chunks = fmt.chunks(k, st, n, s)
+            chunks = fmt.chunks(kern, st, n, s)
             # a row alone (the one-row decode kernel, a group of 1) takes the block's chunks two at a time where
             # VNNI pairs rows (vec.dot_packed: 6 multiplies for 4 chunks, not 8, half the scale vectors), folded
             # to the same integer lanes; beside a pair it measured 0.85-0.97x (bench/x86_rows.py, 3 rows)
-            packed = _pairs(k, fmt) and len(rows) == 1 and len(chunks) % 2 == 0
+            packed = _pairs(kern, fmt) and len(rows) == 1 and len(chunks) % 2 == 0
             sums = [None for _ in rows]
             if packed:
-                x = lambda off: k.xq[rows[0], ramp(fmt.block * s + off, 64)]   # noqa: E731
+                x = lambda off: kern.xq[rows[0], ramp(fmt.block * s + off, 64)]   # noqa: E731
                 for (wa, oa, sa), (wb, ob, sb) in zip(chunks[0::2], chunks[1::2]):
                     sums[0] = dot_packed(sums[0], (wa, x(oa), sa), (wb, x(ob), sb))
             else:
                 for w, off, scv in chunks:
-                    xs = [k.xq[t, ramp(fmt.block * s + off, k.width)] for t in rows]
+                    xs = [kern.xq[t, ramp(fmt.block * s + off, kern.width)] for t in rows]
                     for p in range(n_pairs):
                         sums[2 * p] = dot_pair(sums[2 * p], w, xs[2 * p], xs[2 * p + 1], scv)
                     for i in range(2 * n_pairs, len(rows)):
-                        sums[i] = dot_u8s8(sums[i], w, xs[i], k.width, scv, k.vnni)
+                        sums[i] = dot_u8s8(sums[i], w, xs[i], kern.width, scv, kern.vnni)
         v16, f2 = fmt.xs_term(st)
         d = st["d"]
-        xsum = [k.xs[t, ramp(16 * s, 16)] for t in rows]
+        xsum = [kern.xs[t, ramp(16 * s, 16)] for t in rows]
         if n_pairs:
             v32 = T.Bind(tirx.Shuffle([v16, v16], [4 * c + i for c in range(4) for _ in range(2) for i in range(4)]))
         for p in range(n_pairs):
             if pair_terms is None:
-                xsp, xdp = _pair_terms(k, rows[2 * p], rows[2 * p + 1], s)
+                xsp, xdp = _pair_terms(kern, rows[2 * p], rows[2 * p + 1], s)
             else:
                 xsp, xdp = pair_terms.load(s, p)
             xt = madd(xsp, v32, 64)
@@ -97,13 +405,13 @@ def kquant_rows(k, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=
             if f2 is not None:
                 T.buffer_store(acc, fma(tirx.Broadcast(f2, 16) * xdp, tirx.Cast("float32x16", xt),
                                         acc[ramp(at + 16, 16)]), [ramp(at + 16, 16)])
-        if k.width == 32:       # (no pairs: they take VNNI at 64 bytes)
-            _rows32(k, rows, sums, xsum, v16, d, f2, acc, base, s)
+        if kern.width == 32:       # (no pairs: they take VNNI at 64 bytes)
+            _rows32(kern, rows, sums, xsum, v16, d, f2, acc, base, s)
         else:
             for i in range(2 * n_pairs, len(rows)):
                 xt = madd(v16, xsum[i], 32)
                 at = base + i * n_l
-                xd = tirx.Broadcast(k.xd[rows[i], s], n_l)
+                xd = tirx.Broadcast(kern.xd[rows[i], s], n_l)
                 if f2 is None:
                     main = fold_packed(sums[i]) if packed else fold_pairs(sums[i], L, 8)
                     fac, iv = tirx.Broadcast(d, 8) * xd, main + xt
@@ -133,7 +441,7 @@ def pair_lanes(a, b):
     return tirx.Shuffle([a, b], [p if p in PAIR_LANES[0] else 16 + p for p in range(16)])
 
 
-def _steps32(k, fmt, st, n, s, rows):
+def _steps32(kern, fmt, st, n, s, rows):
     """Block s's int32 x 8 sums of several `rows` at 32-byte width (AVX2: 16 vector registers), as a loop over
     the format's steps (`fmt.step_chunks`: two chunks each) with the rows' sums carried in registers: one step's
     vectors live at a time, each used by every row. Unrolled, LLVM computed one row's block sum after the other
@@ -142,19 +450,19 @@ def _steps32(k, fmt, st, n, s, rows):
     buf = T.decl_buffer((len(rows) * 8,), "int32")
     for i in range(len(rows)):
         T.buffer_store(buf, const(0, "int32", 8), [ramp(8 * i, 8)])
-    fmt.step_setup(k, st)
+    fmt.step_setup(kern, st)
     # the trip count + 0 where LLVM cannot see it is 0 (a row's scale is never negative): a loop of known trip
     # count it unrolls, and then evaluates each row's sums whole, every step's vectors live at once (spilled)
-    zero = tirx.Cast("int32", k.xd[rows[0], s] < const(0.0, "float32"))
+    zero = tirx.Cast("int32", kern.xd[rows[0], s] < const(0.0, "float32"))
     with T.serial(0, fmt.n_steps + zero) as j:
-        for w, off, scv in fmt.step_chunks(k, st, n, s, j):
+        for w, off, scv in fmt.step_chunks(kern, st, n, s, j):
             for i, t in enumerate(rows):
-                T.buffer_store(buf, dot_u8s8(buf[ramp(8 * i, 8)], w, k.xq[t, ramp(fmt.block * s + off, 32)], 32, scv,
-                                             k.vnni), [ramp(8 * i, 8)])
+                T.buffer_store(buf, dot_u8s8(buf[ramp(8 * i, 8)], w, kern.xq[t, ramp(fmt.block * s + off, 32)], 32, scv,
+                                             kern.vnni), [ramp(8 * i, 8)])
     return [buf[ramp(8 * i, 8)] for i in range(len(rows))]
 
 
-def _rows32(k, rows, sums, xsum, v16, d, f2, acc, base, s):
+def _rows32(kern, rows, sums, xsum, v16, d, f2, acc, base, s):
     """The end of a block for each row at 32-byte width (AVX2 has 16 vector registers: one 8-lane float
     accumulator per row, and the fewest instructions per row): the xs term (pmaddwd), then with no factor of
     its own added to the block sum, else both horizontally added pairwise into one vector (vphaddd: lanes 0, 1,
@@ -166,7 +474,7 @@ def _rows32(k, rows, sums, xsum, v16, d, f2, acc, base, s):
         xt = madd(v16, xsum[i], 32)
         iv = sums[i] + xt if f2 is None else _hadd(sums[i], xt)
         at = base + i * 8
-        T.buffer_store(acc, fma(fac * tirx.Broadcast(k.xd[t, s], 8), tirx.Cast("float32x8", iv), acc[ramp(at, 8)]),
+        T.buffer_store(acc, fma(fac * tirx.Broadcast(kern.xd[t, s], 8), tirx.Cast("float32x8", iv), acc[ramp(at, 8)]),
                        [ramp(at, 8)])
 
 
@@ -175,48 +483,48 @@ def _hadd(a, b):
     return tirx.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.phadd.d", a, b)
 
 
-def _pair_terms(k, a, b, s):
+def _pair_terms(kern, a, b, s):
     """What rows a, b add to a pair's block s whatever the weight row: (i16 x 32: row a's 16-value sums 4c..4c+3,
     then row b's, per quadword c, so that pmaddwd with the block's xs weights puts row r's groups 2j, 2j+1 in
     lane PAIR_LANES[r][j], as `madd` of one row puts them in lane j; f32 x 16: each lane's row scale xd)."""
     inter = [4 * c + i + 16 * r for c in range(4) for r in range(2) for i in range(4)]
-    xsp = tirx.Shuffle([k.xs[a, ramp(16 * s, 16)], k.xs[b, ramp(16 * s, 16)]], inter)
-    return xsp, pair_lanes(tirx.Broadcast(k.xd[a, s], 16), tirx.Broadcast(k.xd[b, s], 16))
+    xsp = tirx.Shuffle([kern.xs[a, ramp(16 * s, 16)], kern.xs[b, ramp(16 * s, 16)]], inter)
+    return xsp, pair_lanes(tirx.Broadcast(kern.xd[a, s], 16), tirx.Broadcast(kern.xd[b, s], 16))
 
 
 class PairTerms:
     """`_pair_terms` of a group's pairs for every block, in a local buffer (block-major): shuffled once per
     tile instead of once per weight row (the same values, loaded)."""
 
-    def __init__(self, k, n_pairs):
+    def __init__(self, kern, n_pairs):
         self.n_pairs = n_pairs
-        self.xsp = T.decl_buffer((k.n_blocks * n_pairs * 32,), "int16")
-        self.xdp = T.decl_buffer((k.n_blocks * n_pairs * 16,), "float32")
+        self.xsp = T.decl_buffer((kern.n_blocks * n_pairs * 32,), "int16")
+        self.xdp = T.decl_buffer((kern.n_blocks * n_pairs * 16,), "float32")
 
     def load(self, s, p):
         at = s * self.n_pairs + p
         return self.xsp[ramp(at * 32, 32)], self.xdp[ramp(at * 16, 16)]
 
 
-def kquant_pair_terms(k, fmt, rows):
+def kquant_pair_terms(kern, fmt, rows):
     """The PairTerms of activation rows `rows` (a group) for `kquant_rows`, or None where it takes no pairs."""
-    n_pairs = kquant_paired(k, fmt, len(rows)) // 2
+    n_pairs = kquant_paired(kern, fmt, len(rows)) // 2
     if not n_pairs:
         return None
-    pt = PairTerms(k, n_pairs)
-    with T.serial(0, k.n_blocks) as s:
+    pt = PairTerms(kern, n_pairs)
+    with T.serial(0, kern.n_blocks) as s:
         for p in range(n_pairs):
-            xsp, xdp = _pair_terms(k, rows[2 * p], rows[2 * p + 1], s)
+            xsp, xdp = _pair_terms(kern, rows[2 * p], rows[2 * p + 1], s)
             at = s * n_pairs + p
             T.buffer_store(pt.xsp, xsp, [ramp(at * 32, 32)])
             T.buffer_store(pt.xdp, xdp, [ramp(at * 16, 16)])
     return pt
 
 
-def kquant_out(k, fmt, acc, base, r, paired):
+def kquant_out(kern, fmt, acc, base, r, paired):
     """Row r's result from `kquant_rows`' accumulators: its lanes summed pairwise (taken from the pair's
     interleaved vectors when `paired`)."""
-    n_l = kquant_lanes(k, fmt)
+    n_l = kquant_lanes(kern, fmt)
     if not paired:
         v = acc[ramp(base + r * n_l, n_l)]
         return hsum_pairwise(v if n_l == 8 else tirx.Shuffle([v], SPLIT), n_l)

@@ -19,8 +19,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.tirx.script import builder as T
 
-from .codebook import constants
-from .kernel import Knobs, bind_acts, kernel, views
+from .formats import format_of
+from .kernel import Knobs, bind_acts, declare_tables, kernel, views
 from .tiles import tile
 from .vec import const
 
@@ -31,16 +31,17 @@ def matmul(kind: str, N: int, K: int, rows: int | None = None, knobs: Knobs = Kn
     `rows`: a static row count (the one-row entry points), or None for a symbolic T. `vnni`: the target has
     VNNI at this vector width (`has_vnni`; the same bits either way, see vec.dot_u8s8). `exact`: float32
     activation rows for a kind that also has an integer path (Q8_0, IQ4_NL, MXFP4)."""
-    with kernel(name, kind, (N,), K, rows, knobs, vnni, exact) as (fmt, k, Tr, (w,)):
-        bind_acts(k, kind, Tr, K)
-        k.y = T.arg("y", T.buffer((Tr, N), "float32", align=32))
+    fmt = format_of(kind, exact)
+    with kernel(name, fmt, kind, (N,), K, rows, knobs, vnni) as (kern, Tr, (w,)):
+        bind_acts(kern, fmt, Tr, K)
+        kern.y = T.arg("y", T.buffer((Tr, N), "float32", align=32))
         with T.sblock("root"):   # the form Relax passes expect of a PrimFunc body
-            k.w = T.decl_buffer((N, k.row_bytes), "uint8", data=w.data, align=32)
-            views(k, w.data, N * k.row_bytes)
-            constants(k, fmt)
-            with T.parallel(0, k.n_tiles) as nt:
-                tile(k, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i, lambda i, n: [i, n])
-    return k.func
+            kern.w = T.decl_buffer((N, kern.row_bytes), "uint8", data=w.data, align=32)
+            views(kern, w.data, N * kern.row_bytes)
+            declare_tables(kern, fmt)
+            with T.parallel(0, kern.n_tiles) as nt:
+                tile(kern, fmt, nt, knobs.tile_n, N, Tr, knobs.row_group, lambda i: i, lambda i, n: [i, n])
+    return kern.func
 
 
 def _counter():
@@ -58,14 +59,15 @@ def matmul_id(kind: str, X: int, N: int, K: int, n_used: int, shared_x: bool, n_
     ids int32 [T, n_used], y_0... Expert ids outside [0, X) select nothing (their outputs are left as they are).
     `exact`: as in `matmul`."""
     weights = [f"w{i}" for i in range(n_weights)]
-    with kernel(name, kind, (X, N), K, rows, knobs, vnni, exact, weights) as (fmt, k, Tr, ws):
-        bind_acts(k, kind, Tr if shared_x else Tr * n_used, K)
+    fmt = format_of(kind, exact)
+    with kernel(name, fmt, kind, (X, N), K, rows, knobs, vnni, weights) as (kern, Tr, ws):
+        bind_acts(kern, fmt, Tr if shared_x else Tr * n_used, K)
         ids = T.arg("ids", T.buffer((Tr, n_used), "int32", align=32))
         ys = [T.arg(f"y{i}", T.buffer((Tr, n_used, N), "float32", align=32)) for i in range(n_weights)]
         with T.sblock("root"):
             P = Tr * n_used
             pairs_e = T.decl_buffer((P,), "int32", data=ids.data)
-            w2 = [T.decl_buffer((X * N, k.row_bytes), "uint8", data=w.data, align=32) for w in ws]
+            w2 = [T.decl_buffer((X * N, kern.row_bytes), "uint8", data=w.data, align=32) for w in ws]
             y2 = [T.decl_buffer((P, N), "float32", data=y.data, align=32) for y in ys]
             # group the pairs p = t * n_used + j by expert: counts, start offsets, the experts used, the pairs in
             # expert order (stable)
@@ -95,17 +97,17 @@ def matmul_id(kind: str, X: int, N: int, K: int, n_used: int, shared_x: bool, n_
                         T.buffer_store(cnt, cnt[e] + 1, [e])
             wviews = []
             for w in w2:
-                views(k, w.data, X * N * k.row_bytes)
-                wviews.append((k.w8, k.w16, k.w16u, k.w32, k.w32f))
-            constants(k, fmt)
-            with T.parallel(0, T.Bind(n_used_experts[0] * k.n_tiles)) as it:
-                e = T.Bind(used[it // k.n_tiles])
-                nt = T.Bind(it % k.n_tiles)
+                views(kern, w.data, X * N * kern.row_bytes)
+                wviews.append((kern.w8, kern.w16, kern.w16u, kern.w32, kern.w32f))
+            declare_tables(kern, fmt)
+            with T.parallel(0, T.Bind(n_used_experts[0] * kern.n_tiles)) as it:
+                e = T.Bind(used[it // kern.n_tiles])
+                nt = T.Bind(it % kern.n_tiles)
                 base, count = T.Bind(start[e]), T.Bind(cnt[e])
                 pair = lambda i: order[base + i]   # noqa: E731
                 row_of = (lambda i: pair(i) // n_used) if shared_x else pair
                 for w, v, y in zip(w2, wviews, y2):
-                    k.w, (k.w8, k.w16, k.w16u, k.w32, k.w32f), k.y = w, v, y
-                    tile(k, fmt, nt, knobs.tile_n, N, count, knobs.row_group, row_of, lambda i, n: [pair(i), n],
+                    kern.w, (kern.w8, kern.w16, kern.w16u, kern.w32, kern.w32f), kern.y = w, v, y
+                    tile(kern, fmt, nt, knobs.tile_n, N, count, knobs.row_group, row_of, lambda i, n: [pair(i), n],
                          wrow=lambda n: e * N + n)
-    return k.func
+    return kern.func

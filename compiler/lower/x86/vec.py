@@ -121,3 +121,22 @@ def hsum_pairwise(v, lanes: int):
         v = tirx.Shuffle([v], list(range(h))) + tirx.Shuffle([v], list(range(h, lanes)))
         lanes = h
     return v
+
+
+def u8(v, lanes: int = 32):
+    """A constant uint8 vector of `lanes` copies of v."""
+    return const(v, "uint8", lanes)
+
+
+def f16(buf16, index):
+    """The float16 at `index` of a float16 view, as float32."""
+    return tirx.Cast("float32", buf16[index])
+
+
+def sign(x, w, width):
+    """x where w > 0, -x where w < 0, 0 where w = 0 (vpsignb on AVX2; AVX-512 has none for zmm: a masked negate,
+    which LLVM makes of the select)."""
+    if width == 32:
+        return tirx.call_llvm_pure_intrin("int8x32", "llvm.x86.avx2.psign.b", x, w)
+    zero = const(0, "int8", width)
+    return tirx.Select(w < zero, zero - x, x)
