@@ -91,3 +91,24 @@ def peer_tools(names, log, who: str) -> dict:
             tools[f"missing {t}"] = str(e)
             log(f"{who}: {e}")
     return tools
+
+
+def saved_report(path: str, summarize) -> dict:
+    """A report written by a bench's --output, each file summarized again from its saved rounds by `summarize`
+    (so a report of an older tree reads with today's table)."""
+    with open(path) as f:
+        report = json.load(f)
+    for e in report["files"]:
+        e["summary"] = summarize(e)
+    return report
+
+
+def file_notes(entry: dict, summary: dict, notes: list) -> bool:
+    """Append to `notes` why report entry `entry` (its `summary`) has no or partial nextn rows; False if it was
+    skipped (no rows at all)."""
+    if entry.get("skipped"):
+        notes.append(f"- {entry['name']}: skipped: {entry['skipped']}")
+        return False
+    if summary.get("nextn_status") != "ok":
+        notes.append(f"- {entry['name']}: nextn: {summary.get('nextn_status')}")
+    return True

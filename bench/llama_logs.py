@@ -5,21 +5,31 @@ from __future__ import annotations
 import json
 import re
 
+
+def llama_bench_rows(text: str):
+    """The test records of llama-bench's `-o jsonl` output (one JSON object per line; other lines skipped)."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            yield json.loads(line)
+
+
+def llama_bench_build(r: dict) -> str:
+    """A llama-bench record's build, as "NUMBER (COMMIT)"."""
+    return f"{r.get('build_number')} ({r.get('build_commit')})"
+
+
 def parse_llama_bench(text: str) -> dict:
     """llama-bench `-o jsonl` lines → {"pp": tok/s, "tg": tok/s, "n_prompt", "n_gen", "n_threads", "build"}."""
     out = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        r = json.loads(line)
+    for r in llama_bench_rows(text):
         kind = ("pp" if r["n_prompt"] > 0 and r["n_gen"] == 0 else "tg" if r["n_gen"] > 0 and r["n_prompt"] == 0
                 else None)
         if kind:
             out[kind] = float(r["avg_ts"])
             out[f"n_{'prompt' if kind == 'pp' else 'gen'}"] = int(r["n_prompt" if kind == "pp" else "n_gen"])
             out["n_threads"] = int(r["n_threads"])
-            out["build"] = f"{r.get('build_number')} ({r.get('build_commit')})"
+            out["build"] = llama_bench_build(r)
             for k in ("type_k", "type_v", "flash_attn"):
                 if k in r:
                     out[k] = r[k]

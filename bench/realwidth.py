@@ -68,7 +68,8 @@ from nextn.runtime.threads import physical_cores
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 # the harness, one concern a module (bench/spec_realwidth.py imports the same)
-from bench_report import PROMPT, file_entry, new_report, peer_tools, resolve_files, run_files  # noqa: E402
+from bench_report import (PROMPT, file_entry, new_report, peer_tools, resolve_files, run_files,  # noqa: E402
+                          saved_report)
 from gguf_bytes import decode_bytes_from_gguf, gguf_info  # noqa: E402
 from guarded import (RESULT, failure, over_budget, run_watched, run_worker, skipped_for_memory,  # noqa: E402
                      thread_env, warm_page_cache)
@@ -269,11 +270,7 @@ def main(argv=None):
         print(RESULT + json.dumps(res), flush=True)
         return
     if a.table:
-        with open(a.table) as f:
-            report = json.load(f)
-        for e in report["files"]:      # summarized again from the saved rounds: a report of an older tree too
-            e["summary"] = summarize(e)
-        print(format_table(report))
+        print(format_table(saved_report(a.table, summarize)))
         return
     a.threads = a.threads or physical_cores()
     a.engines = set(a.engines.split(","))

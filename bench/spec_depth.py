@@ -51,8 +51,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_report import PROMPT, new_report, resolve_files, run_files  # noqa: E402
+from bench_report import PROMPT, file_notes, new_report, resolve_files, run_files, saved_report  # noqa: E402
 from guarded import failure, run_watched, skipped_for_memory  # noqa: E402
+from llama_logs import llama_bench_build, llama_bench_rows  # noqa: E402
 from machine_probe import GB  # noqa: E402
 from realwidth_table import fmt_num  # noqa: E402
 import spec_realwidth as sr  # noqa: E402
@@ -178,15 +179,11 @@ def parse_bench_depths(text: str) -> dict:
     """llama-bench `-o jsonl` lines of tg tests → {str(n_depth): {"tg": tok/s, "n_gen", "type_k", "type_v",
     "flash_attn", "build"}}."""
     out = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        r = json.loads(line)
+    for r in llama_bench_rows(text):
         if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0:
             out[str(int(r.get("n_depth", 0)))] = {
                 "tg": float(r["avg_ts"]), "n_gen": int(r["n_gen"]), "n_threads": int(r["n_threads"]),
-                "build": f"{r.get('build_number')} ({r.get('build_commit')})",
+                "build": llama_bench_build(r),
                 **{k: r[k] for k in ("type_k", "type_v", "flash_attn") if k in r}}
     return out
 
@@ -334,11 +331,8 @@ def format_table(report: dict) -> str:
           "llama acceptance (prompt tokens) | nextn ÷ llama | spec ÷ own plain: nextn / llama |", "|" + "---|" * 10]
     for e in report["files"]:
         s0 = e.get("summary") or {}
-        if e.get("skipped"):
-            notes.append(f"- {e['name']}: skipped: {e['skipped']}")
+        if not file_notes(e, s0, notes):
             continue
-        if s0.get("nextn_status") != "ok":
-            notes.append(f"- {e['name']}: nextn: {s0.get('nextn_status')}")
         for d, s in s0.get("depths", {}).items():
             for label in list(s["nextn"]) + [k for k in s["llama"] if k not in s["nextn"]]:
                 n, q, r = s["nextn"].get(label, {}), s["llama"].get(label, {}), s["ratio"].get(label, {})
@@ -436,11 +430,7 @@ def main(argv=None):
         print("RESULT " + json.dumps(worker(a.worker, a)), flush=True)
         return
     if a.table:
-        with open(a.table) as f:
-            report = json.load(f)
-        for e in report["files"]:
-            e["summary"] = summarize(e)
-        print(format_table(report))
+        print(format_table(saved_report(a.table, summarize)))
         return
     a.threads = a.threads or physical_cores()
     a.engines = set(a.engines.split(","))

@@ -81,7 +81,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_report import PROMPT, file_entry, new_report, peer_tools, resolve_files, run_files  # noqa: E402
+from bench_report import (PROMPT, file_entry, file_notes, new_report, peer_tools, resolve_files,  # noqa: E402
+                          run_files, saved_report)
 from gguf_bytes import decode_bytes_from_gguf, gguf_info  # noqa: E402
 from guarded import (RESULT, failure, over_budget, run_watched, run_worker, skipped_for_memory,  # noqa: E402
                      thread_env)
@@ -498,11 +499,8 @@ def format_table(report: dict) -> str:
     notes = []
     for e in report["files"]:
         s = e.get("summary") or {}
-        if e.get("skipped"):
-            notes.append(f"- {e['name']}: skipped: {e['skipped']}")
+        if not file_notes(e, s, notes):
             continue
-        if s.get("nextn_status") != "ok":
-            notes.append(f"- {e['name']}: nextn: {s.get('nextn_status')}")
         labels = list(s.get("nextn") or {}) or list(s.get("llama") or {})
         for label in labels:
             n, q, r = s["nextn"].get(label, {}), s["llama"].get(label, {}), s["ratio"].get(label, {})
@@ -590,10 +588,7 @@ def main(argv=None):
         print(RESULT + json.dumps(worker(a.worker, a)), flush=True)
         return
     if a.table:
-        with open(a.table) as f:
-            report = json.load(f)
-        for e in report["files"]:
-            e["summary"] = summarize(e)
+        report = saved_report(a.table, summarize)
         report["projection"] = projection(report["files"])
         print(format_table(report))
         return

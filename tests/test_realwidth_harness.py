@@ -293,3 +293,26 @@ def test_a_file_that_memory_cannot_hold_is_recorded_as_skipped(tmp_path, monkeyp
     assert guarded.skipped_for_memory(entry, 2.0, said.append)
     assert entry["skipped"] == ("needs 0.0 GB (file) + 2.0 GB (--headroom-gb) of memory, MemAvailable is 1.5 GB")
     assert said == ["x.gguf: skipped: " + entry["skipped"]]
+
+
+def test_saved_report_is_summarized_again_and_file_notes_say_why_rows_are_missing(tmp_path):
+    """bench_report.saved_report (every bench's --table) re-summarizes each saved file with today's `summarize`;
+    file_notes: a skipped file has no rows (False, its reason noted), a failed nextn run is noted, an ok one not."""
+    files = [{"name": "a.gguf", "rounds": [1, 2]}, {"name": "b.gguf", "rounds": [], "skipped": "no memory"}]
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({"files": files, "summary": "stale"}))
+    report = bench_report.saved_report(str(path), lambda e: {"n_rounds": len(e["rounds"])})
+    assert [e["summary"] for e in report["files"]] == [{"n_rounds": 2}, {"n_rounds": 0}]
+    notes = []
+    assert bench_report.file_notes(files[0], {"nextn_status": "ok"}, notes) and notes == []
+    assert bench_report.file_notes(files[0], {"nextn_status": "killed (rc -9)"}, notes)
+    assert not bench_report.file_notes(files[1], {}, notes)
+    assert notes == ["- a.gguf: nextn: killed (rc -9)", "- b.gguf: skipped: no memory"]
+
+
+def test_llama_bench_rows_skip_log_lines():
+    """llama_logs.llama_bench_rows: only the jsonl records of llama-bench's output, in order, parsed."""
+    text = 'build: 1\n{"n_prompt": 0, "n_gen": 32, "avg_ts": 5.5}\nnoise {\n  {"n_prompt": 512, "n_gen": 0}\n'
+    rows = list(llama_logs.llama_bench_rows(text))
+    assert rows == [{"n_prompt": 0, "n_gen": 32, "avg_ts": 5.5}, {"n_prompt": 512, "n_gen": 0}]
+    assert llama_logs.llama_bench_build({"build_number": 7, "build_commit": "abc"}) == "7 (abc)"
