@@ -48,7 +48,7 @@ def test_index_mask_store_by_position():
     import tvm
     from tvm import relax
 
-    from nextn.compiler.lower import dsa_kernels
+    from nextn.compiler.lower.indexer import dsa_kernels
 
     C, L, T = 40, 32, 2
     rng = np.random.default_rng(3)

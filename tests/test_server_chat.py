@@ -71,11 +71,11 @@ def chat(compiled):
     tok = run.state.model.tokenizer
     real = slots.decode
 
-    def scripted(engine, prompt_ids, n_predict, *a, eog_ids=frozenset(), stop=(), token_bytes=None, **kw):
+    def scripted(seq, prompt_ids, sampling, spec, *, eog_ids=frozenset(), token_bytes=None, **kw):
         SCRIPT["prompt_ids"] = list(prompt_ids)
         ids = tok.encode(SCRIPT["text"])
         assert tok.decode(ids) == SCRIPT["text"]          # the script survives the tokenizer
-        rules, out, finish = FinishRules(eog_ids, stop, token_bytes, n_predict), [], None
+        rules, out, finish = FinishRules(eog_ids, sampling.stop, token_bytes, sampling.n_predict), [], None
         for t in ids + ([min(eog_ids)] if eog_ids else []):   # decode's finish rules, one token per step
             finish = rules.push(out, t)
             yield [t]
