@@ -245,10 +245,10 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
     `cache_prompt`): the trunk KV already holds prompt[:n_cached] and, with speculation, the NextN KV its
     trunk-paired rows [0, n_cached] (one more: the row of token n_cached pairs with the trunk hidden of n_cached - 1,
     which is not kept), so prefill starts at n_cached and the NextN warm-up at n_cached + 1; 0 <= n_cached <
-    len(prompt). `extent`, when given, is updated before every yield (`CacheExtent`). `on_logits(rows, tokens)`,
-    when given, is called before every yield with the
-    target model's logits of the tokens the step emits (float32 [m, n_vocab]: prefill's last row, or the verify rows
-    that chose them; a server's logprobs). `logit_bias` (float32 [n_vocab], -inf bans a token; llama.cpp's
+    len(prompt). `extent`, when given, is updated before every yield (`CacheExtent`). `on_logits(rows, tokens,
+    shaped)`, when given, is called before every yield with the target model's logits of the tokens the step emits
+    (float32 [m, n_vocab]: prefill's last row, or the verify rows that chose them; a server's logprobs) and the same
+    rows as the sampler chain read them (`shaped`: + logit_bias, grammar-masked; a server's post-sampling probs). `logit_bias` (float32 [n_vocab], -inf bans a token; llama.cpp's
     logit-bias sampler, first in the chain) is added to the target logits before every choice, greedy or sampled;
     drafts are proposed without it and verified against it, so output is the same with speculation on or off.
     `constraint` (a grammar; runtime/server/grammar.py `Constraint`: allowed() the bool [n_vocab] mask of the next
@@ -320,7 +320,7 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
 
     mark()
     if on_logits is not None:
-        on_logits(raw_logits[None], [id_last])
+        on_logits(raw_logits[None], [id_last], last_logits[None])
     yield [id_last]
 
     while finish is None:
@@ -374,7 +374,7 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
         depth.observe(len(drafts), a, time.perf_counter() - tr, len(out))
         mark()
         if on_logits is not None:
-            on_logits(raw[:m], new[:m])
+            on_logits(raw[:m], new[:m], target[:m])
         yield new[:m]
     t2 = time.perf_counter()
     vm_s = {name: seq.vm_seconds[name] - vm0.get(name, 0.0) for name in seq.vm_seconds}

@@ -31,6 +31,21 @@ def _environment():
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+    class Environment(ImmutableSandboxedEnvironment):
+        """`+` of a string and an undefined or none value gives the string, as llama.cpp's template engine does
+        (common/jinja/runtime.cpp, binary expressions: "treating null/undefined as empty string for string
+        concatenation"); firefunction-v2's template adds the `functions` it never defines. Other operands: jinja2's."""
+        intercepted_binops = frozenset(["+"])
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "+":
+                def empty(v):
+                    return v is None or isinstance(v, jinja2.Undefined)
+
+                if empty(left) and isinstance(right, str) or empty(right) and isinstance(left, str):
+                    return (left if isinstance(left, str) else "") + (right if isinstance(right, str) else "")
+            return super().call_binop(context, operator, left, right)
+
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
@@ -40,7 +55,7 @@ def _environment():
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now

@@ -61,6 +61,8 @@ class GenParams(Settings):
     logprobs: bool = False               # report each emitted token's log-probability (target model)
     n_probs: int = 0                     # ... and the n most probable tokens of its row
     logit_bias: object = None            # float32 [n_vocab] added to the target logits (-inf: banned), or None
+    logit_bias_list: list = field(default_factory=list)   # the same as llama-server lists it: [(token, bias)]
+    post_sampling_probs: bool = False    # probabilities after the sampler chain (prob / top_probs), llama-server's
     constraint: object = None            # grammar.Constraint (grammar, json_schema, response_format, forced tools)
     id_slot: int = -1                    # the slot to run on (-1: any)
     return_progress: bool = False        # streaming: prompt_progress events (llama-server `return_progress`)
@@ -84,6 +86,9 @@ class GenParams(Settings):
         return {"n_predict": self.n_predict, "max_tokens": self.n_predict, "seed": self.seed,
                 "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p, "min_p": self.min_p,
                 "stop": self.stop, "stream": self.stream, "ignore_eos": self.ignore_eos,
+                # JSON has no -inf: a ban is null, as llama-server's JSON library writes it
+                "logit_bias": [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in self.logit_bias_list],
+                "post_sampling_probs": self.post_sampling_probs,
                 "speculative.type": self.spec_type, "speculative.n_max": self.n_max, "speculative.n_min": self.n_min,
                 "speculative.p_min": self.p_min}
 
@@ -176,6 +181,7 @@ def parse_gen_params(body: dict, d: ServerDefaults) -> GenParams:
         p.n_probs = _num(body, ("logprobs",), 0, int, 0, 20, hard=True)
         p.logprobs = True
     p.logprobs = p.logprobs or p.n_probs > 0
+    p.post_sampling_probs = _bool(body, ("post_sampling_probs",), False)
     p.n_cmpl = _num(body, ("n_cmpl", "n"), 1, int, 1, max(1, d.n_parallel), hard=True)
     p.verbose = _bool(body, ("verbose",), d.verbose)
     # speculation: the server's settings, lowered per request
@@ -200,19 +206,20 @@ def parse_gen_params(body: dict, d: ServerDefaults) -> GenParams:
 def parse_logit_bias(body: dict, tokenizer, n_vocab: int):
     """`logit_bias` as llama-server reads it (tools/server/server-task.cpp `params_from_json_cmpl`): an object
     {"token id" or "text": bias} or an array of [token id or text, bias] pairs; a text applies to each of its tokens;
-    a bias of false bans the token (-inf). Returns float32 [n_vocab] or None. Raises ApiError (400) naming the field."""
+    a bias of false bans the token (-inf). Returns (float32 [n_vocab] or None, [(token, bias)] in the request's
+    order, as llama-server's `generation_settings.logit_bias` lists them). Raises ApiError (400) naming the field."""
     import numpy as np
 
     v = body.get("logit_bias")
     if v is None or v == {} or v == []:
-        return None
+        return None, []
     if isinstance(v, dict):
         pairs = list(v.items())
     elif isinstance(v, list) and all(isinstance(x, list) and len(x) == 2 for x in v):
         pairs = v
     else:
         raise ApiError("Field 'logit_bias': expected an object {token: bias} or an array of [token, bias] pairs")
-    bias = np.zeros(n_vocab, np.float32)
+    bias, listed = np.zeros(n_vocab, np.float32), []
     for key, b in pairs:
         if b is False:
             b = -math.inf
@@ -226,4 +233,18 @@ def parse_logit_bias(body: dict, tokenizer, n_vocab: int):
             raise ApiError(f"Field 'logit_bias': {key!r} is not a token id in [0, {n_vocab}) or a text")
         for t in ids:
             bias[t] += b
-    return bias
+            listed.append((int(t), float(b)))
+    return bias, listed
+
+
+def ban_eog(p: GenParams, eog_ids, n_vocab: int) -> None:
+    """`ignore_eos` as llama-server applies it (common/common.cpp `common_init_from_params`, server-schema.cpp
+    `logit_bias`): every end-of-generation token of the vocabulary gets bias -inf, appended to the request's
+    logit_bias in token order, so none is sampled (and none ends the generation)."""
+    import numpy as np
+
+    if p.logit_bias is None:
+        p.logit_bias = np.zeros(n_vocab, np.float32)
+    for t in sorted(eog_ids):
+        p.logit_bias[t] = -math.inf
+        p.logit_bias_list.append((int(t), -math.inf))

@@ -47,6 +47,7 @@ class Outcome:
     slot: int = -1
     n_predict: int = -1                # the request's budget, resolved (-1: until the context is full)
     probs: list = field(default_factory=list)   # per emitted token (logprobs asked): (id, logprob, [(id, logprob)])
+    post_sampling: bool = False        # probs hold probabilities after the sampler chain, not log-probabilities
 
 
 def timings(o: Outcome, n_gen: int) -> dict:
@@ -90,12 +91,14 @@ def finish_reason(o: Outcome, tool_calls: bool = False) -> str:
 def prob_entries(o: Outcome, start: int, stop: int, token_bytes) -> list:
     """llama-server's `completion_token_output::to_json` for emitted tokens start..stop-1: id, token, bytes, logprob
     (natural log of the target model's softmax of the row, before sampling), top_logprobs (the row's n_probs most
-    probable tokens, most probable first)."""
-    def one(t, lp):
-        b = token_bytes(t)
-        return {"id": t, "token": b.decode("utf-8", errors="replace"), "bytes": list(b), "logprob": lp}
+    probable tokens, most probable first); with `post_sampling_probs` prob and top_probs (after the sampler chain)."""
+    key, top_key = ("prob", "top_probs") if o.post_sampling else ("logprob", "top_logprobs")
 
-    return [{**one(t, lp), "top_logprobs": [one(i, x) for i, x in top]} for t, lp, top in o.probs[start:stop]]
+    def one(t, v):
+        b = token_bytes(t)
+        return {"id": t, "token": b.decode("utf-8", errors="replace"), "bytes": list(b), key: v}
+
+    return [{**one(t, v), top_key: [one(i, x) for i, x in top]} for t, v, top in o.probs[start:stop]]
 
 
 @dataclass

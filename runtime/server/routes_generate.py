@@ -25,7 +25,7 @@ from .chat_output import REASONING_FORMATS, THINK_OPEN, ChatOutput, tools_of
 from .errors import ApiError, exceed_context
 from .grammar import Constraint, grammar_of, tokenizer_of
 from .http import error_response, json_response, read_json
-from .params import parse_gen_params, parse_logit_bias
+from .params import ban_eog, parse_gen_params, parse_logit_bias
 from .prompts import chat_prompt, continues_reasoning, prompts_of
 from .slots import Task
 
@@ -93,7 +93,9 @@ async def _generate(request: Request, state, kind: str):
     p = parse_gen_params(body, state.defaults)
     tok = state.model.tokenizer
     n_vocab = int(state.model.loaded.hparams.get("n_vocab") or tok.n_vocab)
-    p.logit_bias = parse_logit_bias(body, tok, n_vocab)
+    p.logit_bias, p.logit_bias_list = parse_logit_bias(body, tok, n_vocab)
+    if p.ignore_eos:
+        ban_eog(p, state.eog, n_vocab)
     new_parser, tools = lambda: None, None
     if kind in CHATS:
         tools = tools_of(body)

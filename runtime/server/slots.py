@@ -105,6 +105,7 @@ class Slot:
         o.slot, o.n_prompt, o.t_start = self.id, len(task.prompt_ids), time.perf_counter()
         o.n_cached = n_cached
         o.n_predict = p.n_predict
+        o.post_sampling = p.post_sampling_probs
         budget = self.n_ctx if p.n_predict < 0 else max(1, p.n_predict)
         self.task, self.n_gen, self.emitted, self.extent = task, 0, [], CacheExtent()
         # until the first step reports, the caches are known to hold the reused prefix only
@@ -118,9 +119,22 @@ class Slot:
                             on_logits=self._on_logits if p.logprobs else None, logit_bias=p.logit_bias,
                             constraint=p.constraint)
 
-    def _on_logits(self, rows, tokens) -> None:
-        """Each emitted token's log-probability and its row's n_probs best (float64 log-softmax of the logits)."""
-        n = min(self.task.params.n_probs, rows.shape[-1])
+    def _on_logits(self, rows, tokens, shaped) -> None:
+        """Each emitted token's log-probability and its row's n_probs best (float64 log-softmax of the logits); with
+        `post_sampling_probs`, its probability and the n_probs best after the request's sampler chain (llama-server
+        server-context.cpp `populate_token_probs`: the chain's candidates, zero-probability ones left out)."""
+        p = self.task.params
+        n = min(p.n_probs, rows.shape[-1])
+        if p.post_sampling_probs:
+            from ..sampling import SamplerChain
+
+            chain = SamplerChain(p.temperature, p.top_k, p.top_p, p.min_p)
+            for row, t in zip(shaped, tokens):
+                ids, pr = chain.probs(row)
+                got = dict(zip(ids.tolist(), pr.tolist()))
+                top = [(i, x) for i, x in list(got.items())[:n] if x > 0.0]
+                self.task.outcome.probs.append((int(t), got.get(int(t), 0.0), top))
+            return
         for row, t in zip(rows, tokens):
             z = row.astype(np.float64)
             lp = z - (z.max() + np.log(np.exp(z - z.max()).sum()))

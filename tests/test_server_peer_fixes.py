@@ -1,0 +1,114 @@
+"""llama-server behaviours that llama.cpp's own server tests check (bench/peer_server_tests.sh), through `nextn serve`
+over real HTTP on 127.0.0.1 (tiny glm4moe Q8_0): the template engine's `+` with undefined values, `ignore_eos`
+(the EOG tokens banned and listed in `generation_settings.logit_bias`), `post_sampling_probs`.
+
+Expected values come from the GGUF's own fields (its EOG token ids), from the same server's pre-sampling
+log-probabilities put through the sampler chain's arithmetic by hand (numpy), or from the request's arithmetic."""
+from __future__ import annotations
+
+import math
+
+import httpx
+import numpy as np
+import pytest
+
+from conftest import G4
+from test_server import q8_exact, start_server
+
+# `functions` is never defined (firefunction-v2's template adds it to a string); `nothing` is null
+TEMPLATE = ("{%- set s = 'Available:' + functions -%}{%- set s = s + nothing + '|' -%}"
+            "{{ s }}{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+@pytest.fixture(scope="module")
+def client(compiled, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tpl") / "undefined.jinja"
+    path.write_text(TEMPLATE)
+    run = start_server(q8_exact(compiled), ctx_size=512, n_parallel=1, chat_template_file=str(path))
+    with httpx.Client(base_url=run.url, timeout=120) as c:
+        yield c
+    run.stop()
+
+
+def post(c, route, body):
+    r = c.post(route, json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def gguf_eog_ids() -> list:
+    """The vocabulary's end-of-generation ids as the GGUF names them (eos, eot, eom), read with gguf-py."""
+    import gguf
+
+    fields = gguf.GGUFReader(str(G4 / "tiny-glm4moe-Q8_0.gguf")).fields
+    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+    return sorted({int(fields[k].parts[-1][0]) for k in keys if k in fields})
+
+
+def test_undefined_or_null_plus_string_is_the_string(client):
+    r = post(client, "/apply-template", {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs":
+                                         {"nothing": None}})
+    assert r["prompt"] == "Available:|hi"
+
+
+def test_undefined_in_other_arithmetic_is_still_an_error():
+    from nextn.runtime.server.chat_template import ChatTemplate
+    from nextn.runtime.server.errors import ApiError
+
+    msgs = [{"role": "user", "content": "x"}]
+    assert ChatTemplate("{{ 1 + 2 }}|{{ [1] + [2] }}|{{ 'a' + 'b' }}", "t").render(msgs) == "3|[1, 2]|ab"
+    for src in ("{{ 1 + functions }}", "{{ functions - 'a' }}", "{{ none_value + 1 }}"):
+        with pytest.raises(ApiError):
+            ChatTemplate(src, "t").render(msgs, none_value=None)
+
+
+def test_ignore_eos_bans_and_lists_the_eog_tokens(client):
+    eog = gguf_eog_ids()
+    assert eog and 0 in eog                      # the fixture's eos is 0: every test below would see a ban of it
+    prompt = 'import sys\n\nif __name__ == "__main__":\n    sys.exit(main())\n'   # greedy continues with EOS (0)
+    free = post(client, "/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0, "n_probs": 2,
+                                        "return_tokens": True})
+    assert free["tokens"] == [0] and free["stop_type"] == "eos"
+    assert free["generation_settings"]["logit_bias"] == []
+    runner_up = free["completion_probabilities"][0]["top_logprobs"][1]["id"]
+    for n_max in (0, 3):                         # with and without drafting
+        r = post(client, "/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0, "ignore_eos": True,
+                                         "return_tokens": True, "speculative.n_max": n_max})
+        assert r["tokens"][0] == runner_up and not set(r["tokens"]) & set(eog)
+        assert r["stop_type"] == "limit" and r["tokens_predicted"] == 8
+        assert r["generation_settings"]["logit_bias"] == [{"bias": None, "token": t} for t in eog]
+    # the request's own biases first, in its order (a text: each of its tokens), then the bans; a ban survives any
+    # bias the request adds to an EOG token
+    toks = post(client, "/tokenize", {"content": " return"})["tokens"]
+    r = post(client, "/completion", {"prompt": prompt, "n_predict": 4, "temperature": 0, "ignore_eos": True,
+                                     "return_tokens": True, "logit_bias": [[5, 1.5], [" return", False], [0, 100]]})
+    assert r["generation_settings"]["logit_bias"] == (
+        [{"bias": 1.5, "token": 5}] + [{"bias": None, "token": t} for t in toks] + [{"bias": 100.0, "token": 0}]
+        + [{"bias": None, "token": t} for t in eog])
+    assert 0 not in r["tokens"] and r["tokens_predicted"] == 4
+    plain = post(client, "/completion", {"prompt": prompt, "n_predict": 2, "temperature": 0, "ignore_eos": False})
+    assert plain["generation_settings"]["logit_bias"] == []
+
+
+def test_post_sampling_probs_are_the_sampler_chains(client):
+    """top_k 5, temperature 0.7, top_p 1, min_p 0: the chain keeps the 5 most probable tokens and gives them
+    softmax(logprob / 0.7) renormalised; the same request without post_sampling_probs gives the log-probs."""
+    body = {"prompt": "Today was the day. Today I would finally become a", "n_predict": 6, "n_probs": 10,
+            "temperature": 0.7, "top_k": 5, "top_p": 1.0, "min_p": 0.0, "seed": 42}
+    pre = post(client, "/completion", body)["completion_probabilities"]
+    r = post(client, "/completion", {**body, "post_sampling_probs": True})
+    assert r["generation_settings"]["post_sampling_probs"] is True
+    post_ = r["completion_probabilities"]
+    assert len(post_) == len(pre) == 6
+    for a, b in zip(pre, post_):
+        assert a["id"] == b["id"] and a["token"] == b["token"] and a["bytes"] == b["bytes"]   # same seed, same tokens
+        assert "logprob" not in b and "top_logprobs" not in b
+        top = a["top_logprobs"][:5]
+        lp = np.array([x["logprob"] for x in top]) / 0.7
+        want = np.exp(lp - lp.max())
+        want /= want.sum()
+        assert [x["id"] for x in b["top_probs"]] == [x["id"] for x in top]
+        np.testing.assert_allclose([x["prob"] for x in b["top_probs"]], want, rtol=1e-5, atol=1e-7)
+        assert math.isclose(sum(x["prob"] for x in b["top_probs"]), 1.0, rel_tol=1e-9)
+        assert b["prob"] == next(x["prob"] for x in b["top_probs"] if x["id"] == b["id"])
+        assert all(set(x) == {"id", "token", "bytes", "prob"} for x in b["top_probs"])
