@@ -30,7 +30,8 @@ VALUED = {"--port": "--port", "--host": "--host", "--temp": "--temp", "--seed": 
           "--chat-template-file": "--chat-template-file", "--cors-origins": "--cors-origins",
           "--reasoning-budget": "--reasoning-budget", "--top-k": "--top-k", "--top-p": "--top-p",
           "--min-p": "--min-p", "--tags": "--tags", "-sps": "-sps", "--slot-prompt-similarity": "-sps"}
-FLAGS = {"--metrics": "--metrics", "--no-slots": "--no-slots", "--verbose": "--verbose"}
+FLAGS = {"--metrics": "--metrics", "--no-slots": "--no-slots", "--verbose": "--verbose", "--kv-unified": "--kv-unified",
+         "-kvu": "--kv-unified"}
 # taken with their value and dropped: the model source (always $NEXTN_SHIM_MODEL) and settings with no nextn
 # counterpart (batch sizes, GPU layers, flash attention, ...)
 DROP_VALUED = {"--model", "-m", "--model-url", "--hf-repo", "-hf", "--hf-file", "--batch-size", "-b", "--ubatch-size",
@@ -39,7 +40,7 @@ DROP_VALUED = {"--model", "-m", "--model-url", "--hf-repo", "-hf", "--hf-file", 
                "--sleep-idle-seconds", "--cache-ram", "--models-dir", "--models-max", "--models-preset", "--tools",
                "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json", "--spec-synth-len",
                "--spec-synth-rates"}
-DROP_FLAGS = {"--offline", "--cont-batching", "--embedding", "--reranking", "--kv-unified", "--swa-full", "--slots",
+DROP_FLAGS = {"--offline", "--cont-batching", "--embedding", "--reranking", "--swa-full", "--slots",
               "--context-shift", "--no-ui", "--no-models-autoload", "--jinja", "--no-jinja",
               "--no-mmproj", "--no-cache-idle-slots", "--ui-mcp-proxy", "--backend_sampling"}
 

@@ -20,6 +20,10 @@ def register(cli: click.Group) -> None:
 @click.option("-c", "--ctx-size", default=None, type=int,
               help="Context size in KV cells, shared by the slots: each slot holds c / np "
                    "[default: min(train ctx, 4096) per server].")
+@click.option("-kvu", "--kv-unified", is_flag=True,
+              help="One pool of c cells for all slots (llama-server): each slot may fill it; when the slots together "
+                   "would pass c, idle slots' caches are dropped first, else every busy request fails (500). Each "
+                   "slot still allocates c cells here (np x c in memory).")
 @click.option("-np", "--parallel", "n_parallel", default=1, show_default=True,
               help="Slots: requests decoded at once, each with its own KV and speculation state; more requests queue.")
 @threads_option
@@ -63,7 +67,7 @@ def register(cli: click.Group) -> None:
 @click.option("--arch", "arches", multiple=True, help="GPU arch(s) when MODEL is a GGUF compiled for cuda/rocm.")
 @click.option("--mtp-dense-attention", is_flag=True, help="glm-dsa: compile the NextN block as dense MLA (a GGUF).")
 @mtp_index_share_option
-def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
+def serve(model, host, port, ctx_size, kv_unified, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
           spec_draft_p_min, spec_draft_sampling, spec_draft_vocab, spec_draft_vocab_file, n_predict, temp, top_k,
           top_p, min_p, seed, similarity, reasoning_format, reasoning_budget, cors_origins, slot_save_path, verbose,
           metrics, no_slots, api_keys, chat_template_file, alias, tags, draft, cache_type_k, cache_type_v, device,
@@ -76,7 +80,7 @@ def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draf
 
     if n_parallel < 1:
         raise NextnError(f"-np {n_parallel}: expected >= 1")
-    if ctx_size is not None and ctx_size // n_parallel < 2:
+    if ctx_size is not None and (ctx_size if kv_unified else ctx_size // n_parallel) < 2:
         raise NextnError(f"-c {ctx_size} -np {n_parallel}: each slot needs at least 2 cells")
     if n_predict < -1:
         raise NextnError(f"-n {n_predict}: expected -1 (no limit) or >= 0")
@@ -90,7 +94,8 @@ def serve(model, host, port, ctx_size, n_parallel, threads, spec_type, spec_draf
                        n_max=parse_n_max(spec_draft_n_max), n_min=spec_draft_n_min, p_min=spec_draft_p_min,
                        draft_sampling=spec_draft_sampling, reasoning_format=reasoning_format,
                        reasoning_budget=reasoning_budget, verbose=verbose)
-    opt = ServeOptions(model=model, host=host, port=port, ctx_size=ctx_size, n_parallel=n_parallel, threads=threads,
+    opt = ServeOptions(model=model, host=host, port=port, ctx_size=ctx_size, kv_unified=kv_unified,
+                       n_parallel=n_parallel, threads=threads,
                        draft=draft, device=device, target=target, arches=list(arches) or None,
                        mtp_dense_attention=mtp_dense_attention, mtp_index_share=mtp_index_share,
                        chat_template_file=chat_template_file, api_keys=keys,

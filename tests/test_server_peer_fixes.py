@@ -112,3 +112,49 @@ def test_post_sampling_probs_are_the_sampler_chains(client):
         assert math.isclose(sum(x["prob"] for x in b["top_probs"]), 1.0, rel_tol=1e-9)
         assert b["prob"] == next(x["prob"] for x in b["top_probs"] if x["id"] == b["id"])
         assert all(set(x) == {"id", "token", "bytes", "prob"} for x in b["top_probs"])
+
+
+@pytest.fixture(scope="module")
+def unified(compiled):
+    run = start_server(q8_exact(compiled), ctx_size=256, n_parallel=4, kv_unified=True)
+    with httpx.Client(base_url=run.url, timeout=120) as c:
+        yield c
+    run.stop()
+
+
+def test_kv_unified_slots_share_one_pool(unified):
+    c = unified
+    assert [s["n_ctx"] for s in c.get("/slots").json()] == [256] * 4      # each slot may fill the pool
+    a = post(c, "/completion", {"prompt": "def main():", "n_predict": 200, "temperature": 0, "ignore_eos": True,
+                                "id_slot": 1})
+    assert a["timings"]["predicted_n"] == 200 and a["stop_type"] == "limit"       # more than 256 / 4 cells
+    held = {s["id"]: s["n_past"] for s in c.get("/slots").json()}
+    assert held[1] == a["tokens_evaluated"] + 200 - 1 and sum(held.values()) == held[1]
+    # another slot needs more than the pool has left: the idle slot's cache is dropped, the request runs
+    b = post(c, "/completion", {"prompt": "import os", "n_predict": 100, "temperature": 0, "ignore_eos": True,
+                                "id_slot": 2})
+    assert b["timings"]["predicted_n"] == 100
+    held = {s["id"]: s["n_past"] for s in c.get("/slots").json()}
+    assert held[1] == 0 and held[2] == b["tokens_evaluated"] + 100 - 1
+
+
+def test_kv_unified_full_pool_fails_the_busy_requests(unified):
+    import concurrent.futures
+
+    c = unified
+    body = {"n_predict": 120, "temperature": 0, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        rs = list(ex.map(lambda i: c.post("/completion", json={**body, "prompt": f"x = {i}", "id_slot": i}),
+                         range(4)))
+    # 4 x 120 tokens cannot fit in 256 cells: the requests still running when the pool fills fail together
+    failed = [r for r in rs if r.status_code != 200]
+    assert failed
+    for r in failed:
+        e = r.json()["error"]
+        assert r.status_code == 500 and e["code"] == 500 and e["message"] == "Context size has been exceeded."
+    for r in rs:
+        if r.status_code == 200:
+            assert r.json()["timings"]["predicted_n"] == 120
+    assert sum(s["n_past"] for s in c.get("/slots").json()) <= 256
+    ok = post(c, "/completion", {"prompt": "x = 0", "n_predict": 8, "temperature": 0, "ignore_eos": True})
+    assert ok["timings"]["predicted_n"] == 8                                       # still serving

@@ -23,6 +23,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8080
     ctx_size: int | None = None          # -c: total cells, split over the slots (llama-server)
+    kv_unified: bool = False             # --kv-unified: every slot may use all -c cells, their sum stays <= -c
     n_parallel: int = 1                  # -np
     threads: int | None = None           # -t (None: runtime/threads.py's default)
     draft: str | None = None             # -md
@@ -57,7 +58,7 @@ def load_state(state, opt: ServeOptions, log) -> None:
 
     d = opt.defaults
     want_spec = opt.spec_type != "none"
-    per_slot = opt.ctx_size // opt.n_parallel if opt.ctx_size else None
+    per_slot = opt.ctx_size if opt.kv_unified else opt.ctx_size // opt.n_parallel if opt.ctx_size else None
     m = load(opt.model, target=opt.target, ctx_size=per_slot, spec=want_spec, draft=opt.draft, log=log,
              arches=opt.arches, device=opt.device, mtp_dense_attention=opt.mtp_dense_attention,
              cache_type_k=opt.cache_type_k, cache_type_v=opt.cache_type_v, threads=opt.threads,
@@ -68,7 +69,7 @@ def load_state(state, opt: ServeOptions, log) -> None:
     if d.spec_type != "none" and d.n_max != "auto" and d.n_max > m.max_draft:
         log(f"--spec-draft-n-max {d.n_max} lowered to the engine's maximum {m.max_draft}")
         d.n_max = m.max_draft
-    ctx = per_slot or loaded.n_ctx // opt.n_parallel
+    ctx = per_slot or (loaded.n_ctx if opt.kv_unified else loaded.n_ctx // opt.n_parallel)
     sequences = [loaded.new_sequence(ctx) for _ in range(opt.n_parallel)]
     tok = m.tokenizer
     turn_ends = {tok.token_id(t) for t in GLM_END_OF_TURN} - {None}
@@ -78,7 +79,7 @@ def load_state(state, opt: ServeOptions, log) -> None:
                                        tok.token_text(tok.eos_id))
     state.model = m
     state.scheduler = Scheduler(sequences, tok.token_to_bytes, log=log, speculative=d.spec_type != "none",
-                                similarity=opt.slot_prompt_similarity)
+                                similarity=opt.slot_prompt_similarity, pool=ctx if opt.kv_unified else None)
     state.scheduler.start()
 
 

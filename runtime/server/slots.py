@@ -207,8 +207,9 @@ class Scheduler:
     """Start with `start()`; `submit(task)` from any thread; `cancel(task)` when its client is gone."""
 
     def __init__(self, sequences, token_bytes, metrics: Metrics | None = None, log=None, speculative: bool = False,
-                 similarity: float = 0.1):
+                 similarity: float = 0.1, pool: int | None = None):
         self.slots = [Slot(i, q, speculative) for i, q in enumerate(sequences)]
+        self.pool = pool                 # --kv-unified: cells all slots may hold together (None: each its own)
         self.similarity = similarity     # --slot-prompt-similarity
         self.token_bytes = token_bytes
         self.metrics = metrics or Metrics()
@@ -322,9 +323,13 @@ class Scheduler:
 
     def _step(self, s: Slot) -> None:
         task = s.task
+        if task is None:           # freed earlier in this round (--kv-unified: the pool failed every busy request)
+            return
         o = task.outcome
         if task.cancelled.is_set():
             self._free(s)
+            return
+        if self.pool is not None and not self._room(s):
             return
         try:
             toks = next(s.steps)
@@ -353,6 +358,42 @@ class Scheduler:
         s.n_gen += len(toks)
         s.emitted += toks
         task.post("tokens", toks)
+
+    def _room(self, s: Slot) -> bool:
+        """--kv-unified (llama-server server-context.cpp `update_slots`): the cells slot `s`'s next step writes must
+        fit in the pool with what every slot holds (a busy slot its KV so far, an idle one its prompt cache). The
+        step writes the prompt past the reused prefix (prefill), or the last token and the drafts verified with it.
+        No room: idle slots' caches are dropped, one at a time (`try_clear_idle_slots`); still none: every busy
+        request fails with 500 "Context size has been exceeded." and its slot's cache is cleared. True if `s` may
+        step."""
+        p = s.task.params
+
+        def held(x: Slot) -> int:
+            e = x.extent
+            return e.n_past if x.task is not None and e is not None and e.n_past is not None else len(x.cache)
+
+        if s.extent is None or s.extent.n_past is None:
+            need = len(s.task.prompt_ids) - len(s.cache)
+        else:
+            spec = p.spec()
+            cap = s.seq.model.max_draft
+            need = 1 + (0 if not spec.enabled else cap if p.n_max == "auto" else min(int(p.n_max), cap))
+        while sum(held(x) for x in self.slots) + need > self.pool:
+            idle = next((x for x in self.slots if x.task is None and x.cache), None)
+            if idle is None:
+                break
+            self.log(f"nextn serve: --kv-unified: purging idle slot {idle.id} ({len(idle.cache)} cells)")
+            with self._cv:
+                idle.erase()
+        else:
+            return True
+        self.log(f"nextn serve: --kv-unified: the pool of {self.pool} cells is full; failing the busy requests")
+        for x in self.slots:
+            if x.task is not None:
+                t = x.task
+                self._free(x, failed=True)
+                t.post("error", ApiError("Context size has been exceeded.", "server_error"))
+        return False
 
     def _finish(self, s: Slot, g) -> None:
         o = s.task.outcome
