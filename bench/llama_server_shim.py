@@ -29,7 +29,8 @@ VALUED = {"--port": "--port", "--host": "--host", "--temp": "--temp", "--seed": 
           "--spec-draft-n-min": "--spec-draft-n-min", "--reasoning-format": "--reasoning-format",
           "--chat-template-file": "--chat-template-file", "--cors-origins": "--cors-origins",
           "--reasoning-budget": "--reasoning-budget", "--top-k": "--top-k", "--top-p": "--top-p",
-          "--min-p": "--min-p", "--tags": "--tags", "-sps": "-sps", "--slot-prompt-similarity": "-sps"}
+          "--min-p": "--min-p", "--tags": "--tags", "-sps": "-sps", "--slot-prompt-similarity": "-sps",
+          "--sleep-idle-seconds": "--sleep-idle-seconds"}
 FLAGS = {"--metrics": "--metrics", "--no-slots": "--no-slots", "--verbose": "--verbose", "--kv-unified": "--kv-unified",
          "-kvu": "--kv-unified"}
 # taken with their value and dropped: the model source (always $NEXTN_SHIM_MODEL) and settings with no nextn
@@ -37,7 +38,7 @@ FLAGS = {"--metrics": "--metrics", "--no-slots": "--no-slots", "--verbose": "--v
 DROP_VALUED = {"--model", "-m", "--model-url", "--hf-repo", "-hf", "--hf-file", "--batch-size", "-b", "--ubatch-size",
                "-ub", "--n-gpu-layers", "-ngl", "-fa", "--flash-attn", "--pooling", "--grp-attn-n",
                "--grp-attn-w", "--lora", "--model-draft", "-md", "--mmproj-url", "--media-path",
-               "--sleep-idle-seconds", "--cache-ram", "--models-dir", "--models-max", "--models-preset", "--tools",
+               "--cache-ram", "--models-dir", "--models-max", "--models-preset", "--tools",
                "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json", "--spec-synth-len",
                "--spec-synth-rates"}
 DROP_FLAGS = {"--offline", "--cont-batching", "--embedding", "--reranking", "--swa-full", "--slots",

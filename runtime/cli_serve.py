@@ -51,6 +51,9 @@ def register(cli: click.Group) -> None:
               help="Folder for POST /slots/{id}?action=save|restore files (slot prompt caches).")
 @click.option("-v", "--verbose", is_flag=True, help="Every answer carries `__verbose` (the /completion object, its "
                                                     "prompt text included), as a request's \"verbose\": true asks.")
+@click.option("--sleep-idle-seconds", default=-1, show_default=True, type=int,
+              help="Unload the model after this many idle seconds and reload it when a request needs it (-1: never; "
+                   "/health, /props, /models and /metrics answer while asleep without waking it).")
 @click.option("--metrics", is_flag=True, help="Enable the Prometheus /metrics endpoint.")
 @click.option("--no-slots", is_flag=True, help="Disable the /slots endpoint.")
 @click.option("--api-key", "api_keys", multiple=True,
@@ -69,7 +72,8 @@ def register(cli: click.Group) -> None:
 @mtp_index_share_option
 def serve(model, host, port, ctx_size, kv_unified, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
           spec_draft_p_min, spec_draft_sampling, spec_draft_vocab, spec_draft_vocab_file, n_predict, temp, top_k,
-          top_p, min_p, seed, similarity, reasoning_format, reasoning_budget, cors_origins, slot_save_path, verbose,
+          top_p, min_p, seed, similarity, reasoning_format, reasoning_budget, cors_origins, slot_save_path,
+          sleep_idle_seconds, verbose,
           metrics, no_slots, api_keys, chat_template_file, alias, tags, draft, cache_type_k, cache_type_v, device,
           target, arches, mtp_dense_attention, mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
@@ -89,6 +93,8 @@ def serve(model, host, port, ctx_size, kv_unified, n_parallel, threads, spec_typ
                          f"n_min >= 0 and 0 <= p_min <= 1")
     if not 0.0 <= similarity <= 1.0:
         raise NextnError(f"--slot-prompt-similarity {similarity}: expected a fraction in [0, 1]")
+    if sleep_idle_seconds == 0 or sleep_idle_seconds < -1:
+        raise NextnError(f"--sleep-idle-seconds {sleep_idle_seconds}: expected -1 (never) or > 0")
     keys = [k for a in api_keys for k in a.split(",") if k]
     d = ServerDefaults(n_predict=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                        n_max=parse_n_max(spec_draft_n_max), n_min=spec_draft_n_min, p_min=spec_draft_p_min,
@@ -102,6 +108,7 @@ def serve(model, host, port, ctx_size, kv_unified, n_parallel, threads, spec_typ
                        metrics=metrics, slots=not no_slots, alias=alias, tags=tags, cache_type_k=cache_type_k,
                        cache_type_v=cache_type_v, spec_type=spec_type, slot_prompt_similarity=similarity,
                        cors_origins=tuple(o.strip() for o in cors_origins.split(",") if o.strip()),
-                       slot_save_path=slot_save_path, defaults=d, draft_vocab=spec_draft_vocab,
+                       slot_save_path=slot_save_path, sleep_idle_seconds=sleep_idle_seconds, defaults=d,
+                       draft_vocab=spec_draft_vocab,
                        draft_vocab_file=spec_draft_vocab_file)
     run_server(opt, log=lambda s: click.echo(s, err=True))

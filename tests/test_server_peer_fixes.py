@@ -158,3 +158,87 @@ def test_kv_unified_full_pool_fails_the_busy_requests(unified):
     assert sum(s["n_past"] for s in c.get("/slots").json()) <= 256
     ok = post(c, "/completion", {"prompt": "x = 0", "n_predict": 8, "temperature": 0, "ignore_eos": True})
     assert ok["timings"]["predicted_n"] == 8                                       # still serving
+
+
+def metric(text: str, name: str) -> float:
+    values = [ln.split(" ", 1)[1] for ln in text.splitlines() if ln.startswith(f"llamacpp:{name} ")]
+    assert len(values) == 1, name
+    return float(values[0])
+
+
+def wait_until(c, sleeping: bool, timeout: float = 20.0) -> None:
+    import time
+
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if c.get("/props").json()["is_sleeping"] is sleeping:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"is_sleeping did not become {sleeping}")
+
+
+@pytest.fixture(scope="module")
+def sleepy(compiled):
+    run = start_server(q8_exact(compiled), ctx_size=512, n_parallel=1, sleep_idle_seconds=1, metrics=True)
+    with httpx.Client(base_url=run.url, timeout=120) as c:
+        yield run, c
+    run.stop()
+
+
+def test_sleep_unloads_the_model_and_a_request_reloads_it(sleepy):
+    run, c = sleepy
+    awake = post(c, "/completion", {"prompt": "def main():", "n_predict": 6, "temperature": 0, "ignore_eos": True,
+                                    "return_tokens": True})
+    assert c.get("/props").json()["is_sleeping"] is False
+    wait_until(c, True)
+    assert run.state.model is None and run.state.scheduler is None        # unloaded, not only flagged
+    for _ in range(3):                                                   # these answer without waking it
+        assert c.get("/health").json() == {"status": "ok"}
+        models = c.get("/v1/models").json()
+        assert models["data"][0]["id"] == run.state.model_name
+        assert c.get("/metrics").status_code == 200
+    props = c.get("/props").json()
+    assert props["is_sleeping"] is True and props["total_slots"] == 1
+    again = post(c, "/completion", {"prompt": "def main():", "n_predict": 6, "temperature": 0, "ignore_eos": True,
+                                    "return_tokens": True})
+    assert again["tokens"] == awake["tokens"] and again["timings"]["cache_n"] == 0   # the KV went with the model
+    assert c.get("/props").json()["is_sleeping"] is False and run.state.model is not None
+    for route, body in (("/tokenize", {"content": "x"}), ("/chat/completions/input_tokens",
+                        {"messages": [{"role": "user", "content": "hi"}]}),
+                        ("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "hi"}]})):
+        wait_until(c, True)
+        assert c.post(route, json=body).status_code == 200
+        assert c.get("/props").json()["is_sleeping"] is False
+
+
+def test_metrics_buckets_across_sleep(sleepy):
+    _, c = sleepy
+    r = post(c, "/completion", {"prompt": "import os", "n_predict": 8, "temperature": 0, "ignore_eos": True})
+    first = c.get("/metrics").text                      # reports this generation's throughput, then resets it
+    second = c.get("/metrics").text
+    assert metric(first, "predicted_tokens_seconds") > 0 and metric(second, "predicted_tokens_seconds") == 0
+    total = metric(second, "tokens_predicted_total")
+    assert total >= r["timings"]["predicted_n"]
+    wait_until(c, True)
+    assert c.get("/metrics").text == second             # the snapshot on entering sleep
+    # a generation, then sleep before any scrape: the sleeping server reports it once
+    wait_until(c, True)
+    post(c, "/completion", {"prompt": "import os", "n_predict": 8, "temperature": 0, "ignore_eos": True})
+    wait_until(c, True)
+    asleep = c.get("/metrics").text
+    assert metric(asleep, "predicted_tokens_seconds") > 0 and metric(asleep, "tokens_predicted_total") == total + 8
+    assert metric(c.get("/metrics").text, "predicted_tokens_seconds") == 0
+    assert c.post("/tokenize", json={"content": "x"}).status_code == 200     # wakes it
+    assert c.get("/props").json()["is_sleeping"] is False
+    woke = c.get("/metrics").text
+    assert metric(woke, "predicted_tokens_seconds") == 0 and metric(woke, "tokens_predicted_total") == total + 8
+
+
+def test_sleep_idle_seconds_zero_is_refused(capsys):
+    from nextn.runtime.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "no-such.gguf", "--sleep-idle-seconds", "0"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "nextn: error: --sleep-idle-seconds 0: expected -1 (never) or > 0"

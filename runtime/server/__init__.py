@@ -24,6 +24,7 @@ class ServeOptions:
     port: int = 8080
     ctx_size: int | None = None          # -c: total cells, split over the slots (llama-server)
     kv_unified: bool = False             # --kv-unified: every slot may use all -c cells, their sum stays <= -c
+    sleep_idle_seconds: int = -1         # --sleep-idle-seconds: unload the model after this idle time (-1: never)
     n_parallel: int = 1                  # -np
     threads: int | None = None           # -t (None: runtime/threads.py's default)
     draft: str | None = None             # -md
@@ -117,6 +118,11 @@ class Running:
         self.opt, self.error = opt, None
         self.state = make_state(opt)
         self.state.log = self.log
+        if opt.sleep_idle_seconds > 0:
+            from .sleep import Sleeper
+
+            self.state.sleeper = Sleeper(self.state, opt.sleep_idle_seconds,
+                                         lambda: load_state(self.state, opt, self.log), self.log)
         cfg = uvicorn.Config(create_app(self.state), host=opt.host, port=opt.port, log_level="warning",
                              lifespan="off", timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(cfg)
@@ -127,6 +133,8 @@ class Running:
         try:
             load_state(self.state, self.opt, self.log)
             self.state.ready = True
+            if self.state.sleeper is not None:
+                self.state.sleeper.start()
             self.log(f"nextn serve: {self.state.model_name} ready on {self.url} ({self.opt.n_parallel} slot(s) of "
                      f"{self.state.scheduler.n_ctx} cells, speculation: {self.opt.defaults.spec_type}, "
                      f"threads: {self.state.scheduler.threads})")
@@ -145,6 +153,8 @@ class Running:
         try:
             self.server.run()
         finally:
+            if self.state.sleeper is not None:
+                self.state.sleeper.stop()
             if self.state.scheduler is not None:
                 self.state.scheduler.stop()
         if self.error is not None:

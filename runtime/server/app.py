@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from .errors import ApiError
 from .http import error_response, json_response
+from .sleep import wakes
 
 PUBLIC = ("/health", "/v1/health")
 
@@ -45,6 +46,7 @@ class ServerState:
     log: object = None
     cors_origins: tuple = ("*",)            # --cors-origins
     slot_save_path: str | None = None        # --slot-save-path: the folder of slot save / restore files
+    sleeper: object = None                   # sleep.Sleeper with --sleep-idle-seconds
 
 
 def is_localhost(origin: str) -> bool:
@@ -99,7 +101,17 @@ class Gate:
             if key not in self.state.api_keys:
                 err = ApiError("Invalid API Key", "authentication_error")
         if err is None:
-            return await self.app(scope, receive, send)
+            sl = self.state.sleeper
+            if sl is None or not wakes(scope["method"], scope["path"]):
+                return await self.app(scope, receive, send)
+            try:                                  # --sleep-idle-seconds: this request needs the model
+                if sl.enter():
+                    import asyncio
+
+                    await asyncio.to_thread(sl.wake)
+                return await self.app(scope, receive, send)
+            finally:
+                sl.leave()
         if scope["path"].startswith("/v1/messages"):     # Anthropic's clients read Anthropic's error object
             from .anthropic import error_response as anthropic_error
 

@@ -5,6 +5,9 @@ Speculation counters, summed over finished requests exactly as their responses r
 - `spec_decode_num_draft_tokens_total`: drafted tokens (Σ `timings.draft_n`);
 - `spec_decode_num_accepted_tokens_total`: accepted and emitted drafts (Σ `timings.draft_n_accepted`);
 - `spec_decode_num_accepted_tokens_per_pos_total{position="i"}`: rounds that accepted at least i+1 drafts.
+The throughput gauges (`prompt_tokens_seconds`, `predicted_tokens_seconds`) are llama-server's buckets
+(server-common.h `server_metrics::bucket`): the requests finished since the last scrape, which resets them
+(`reset_bucket`); generation counts decode steps (tokens after the first), as llama-server's rate does.
 """
 from __future__ import annotations
 
@@ -29,6 +32,20 @@ class Metrics:
         self.accepted = 0
         self.accepted_per_pos: list[int] = []
         self.requests = 0
+        self.prompt_bucket = [0, 0.0]     # [tokens, seconds] since the last scrape
+        self.predict_bucket = [0, 0.0]    # [decode steps, seconds] since the last scrape
+
+    def reset_bucket(self) -> None:
+        with self._lock:
+            self.prompt_bucket, self.predict_bucket = [0, 0.0], [0, 0.0]
+
+    def snapshot(self) -> "Metrics":
+        """A copy (its own lock and buckets): what a sleeping server reports."""
+        with self._lock:
+            m = Metrics()
+            m.__dict__.update({k: (list(v) if isinstance(v, list) else v)
+                               for k, v in self.__dict__.items() if k != "_lock"})
+            return m
 
     def add(self, o, n_gen: int) -> None:
         """Count one finished request (an `Outcome` and its generated-token count)."""
@@ -36,10 +53,16 @@ class Metrics:
             self.requests += 1
             self.prompt_tokens += o.n_prompt - o.n_cached
             self.prompt_tokens_cached += o.n_cached
-            self.prompt_s += max(0.0, o.t_prompt - o.t_start) if o.t_prompt else 0.0
+            prompt_s = max(0.0, o.t_prompt - o.t_start) if o.t_prompt else 0.0
+            predicted_s = max(0.0, o.t_last - o.t_prompt) if o.t_last else 0.0
+            self.prompt_s += prompt_s
             self.predicted_tokens += n_gen
             self.predicted_steps += max(0, n_gen - 1)
-            self.predicted_s += max(0.0, o.t_last - o.t_prompt) if o.t_last else 0.0
+            self.predicted_s += predicted_s
+            self.prompt_bucket[0] += o.n_prompt - o.n_cached
+            self.prompt_bucket[1] += prompt_s
+            self.predict_bucket[0] += max(0, n_gen - 1)
+            self.predict_bucket[1] += predicted_s
             self.n_decode += 1 + o.rounds + o.plain_rounds
             self.n_tokens_max = max(self.n_tokens_max, o.n_prompt + n_gen)
             self.drafts += o.rounds
@@ -70,9 +93,9 @@ class Metrics:
             ]
             gauges = [
                 ("prompt_tokens_seconds", "Average prompt throughput in tokens/s",
-                 self.prompt_tokens / self.prompt_s if self.prompt_s > 0 else 0.0),
+                 self.prompt_bucket[0] / self.prompt_bucket[1] if self.prompt_bucket[1] > 0 else 0.0),
                 ("predicted_tokens_seconds", "Average generation throughput in tokens/s",
-                 self.predicted_steps / self.predicted_s if self.predicted_s > 0 else 0.0),
+                 self.predict_bucket[0] / self.predict_bucket[1] if self.predict_bucket[1] > 0 else 0.0),
                 ("requests_processing", "Number of requests processing", processing),
                 ("requests_deferred", "Number of requests deferred", deferred),
                 # every trunk pass here runs one slot's sequence (slots are stepped in turn, not batched together)

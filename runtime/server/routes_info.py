@@ -29,6 +29,32 @@ def model_info(state) -> dict:
                      "size": int(loaded.weight_bytes), "arch": loaded.artifact.manifest.get("arch", "")}}
 
 
+def props_json(state, sleeping: bool) -> dict:
+    """GET /props (llama-server `get_res_props`)."""
+    d = state.defaults
+    tok = state.model.tokenizer
+    params = {"seed": d.seed, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
+              "min_p": d.min_p, "n_predict": d.n_predict, "max_tokens": d.n_predict,
+              "speculative.type": d.spec_type, "speculative.n_max": d.n_max, "speculative.n_min": d.n_min,
+              "speculative.p_min": d.p_min}
+    return {
+        "default_generation_settings": {"params": params, "n_ctx": state.scheduler.n_ctx},
+        "total_slots": len(state.scheduler.slots), "model_alias": state.model_name,
+        "model_path": state.model_path, "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": state.slots_enabled, "endpoint_props": False, "endpoint_metrics": state.metrics_enabled,
+        "chat_template": state.template.source, "chat_template_origin": state.template.origin,
+        "bos_token": tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
+        "eos_token": tok.token_text(tok.eos_id), "build_info": state.fingerprint, "is_sleeping": sleeping,
+        "speculative": speculative_info(state)}
+
+
+def models_json(state) -> dict:
+    """GET /models, /v1/models (llama-server `get_res_models`)."""
+    return {"object": "list", "data": [model_info(state)],
+            "models": [{"name": state.model_name, "model": state.model_name, "type": "model",
+                        "capabilities": ["completion"]}]}
+
+
 def speculative_info(state) -> dict:
     d = state.defaults
     return {"type": d.spec_type, "n_max": d.n_max, "n_min": d.n_min, "p_min": d.p_min,
@@ -43,28 +69,18 @@ def register(app, state) -> None:
 
     @app.get("/props")
     async def props():
-        d = state.defaults
-        tok = state.model.tokenizer
-        params = {"seed": d.seed, "temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p,
-                  "min_p": d.min_p, "n_predict": d.n_predict, "max_tokens": d.n_predict,
-                  "speculative.type": d.spec_type, "speculative.n_max": d.n_max, "speculative.n_min": d.n_min,
-                  "speculative.p_min": d.p_min}
-        return json_response({
-            "default_generation_settings": {"params": params, "n_ctx": state.scheduler.n_ctx},
-            "total_slots": len(state.scheduler.slots), "model_alias": state.model_name,
-            "model_path": state.model_path, "modalities": {"vision": False, "video": False, "audio": False},
-            "endpoint_slots": state.slots_enabled, "endpoint_props": False, "endpoint_metrics": state.metrics_enabled,
-            "chat_template": state.template.source, "chat_template_origin": state.template.origin,
-            "bos_token": tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
-            "eos_token": tok.token_text(tok.eos_id), "build_info": state.fingerprint, "is_sleeping": False,
-            "speculative": speculative_info(state)})
+        sl = state.sleeper
+        if sl is not None and sl.sleeping:      # llama-server: answered during sleep from what it was before
+            return json_response(sl.props)
+        return json_response(props_json(state, False))
 
     @app.get("/models")
     @app.get("/v1/models")
     async def models():
-        return json_response({"object": "list", "data": [model_info(state)],
-                              "models": [{"name": state.model_name, "model": state.model_name, "type": "model",
-                                          "capabilities": ["completion"]}]})
+        sl = state.sleeper
+        if sl is not None and sl.sleeping:
+            return json_response(sl.models)
+        return json_response(models_json(state))
 
     @app.get("/slots")
     async def slots():
@@ -125,10 +141,17 @@ def register(app, state) -> None:
         if not state.metrics_enabled:
             raise ApiError("This server does not support metrics endpoint. Start it with `--metrics`",
                            "not_supported_error")
-        processing, deferred = state.scheduler.counts()
-        r = Response(state.scheduler.metrics.render(processing, deferred), media_type="text/plain; version=0.0.4")
+        sl = state.sleeper
+        if sl is not None and sl.sleeping:      # the snapshot taken on entering sleep; scraping it does not wake
+            m, text = sl.metrics, sl.metrics.render(0, 0)
+            sl.scraped_while_asleep = True
+        else:
+            m = state.scheduler.metrics
+            text = m.render(*state.scheduler.counts())
+        m.reset_bucket()                        # llama-server: the gauges are averaged between two scrapes
+        r = Response(text, media_type="text/plain; version=0.0.4")
         # spelled as llama-server sends it: Starlette lower-cases the headers it is given, the raw list is sent as is
-        r.raw_headers.append((b"Process-Start-Time-Unix", str(int(state.scheduler.metrics.t_start)).encode()))
+        r.raw_headers.append((b"Process-Start-Time-Unix", str(int(m.t_start)).encode()))
         return r
 
     @app.post("/tokenize")
