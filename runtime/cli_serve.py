@@ -15,7 +15,8 @@ def register(cli: click.Group) -> None:
 
 @click.command()
 @click.argument("model", type=click.Path())
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; several: comma-separated (e.g. 127.0.0.1,::1).")
 @click.option("--port", default=8080, show_default=True, help="Port to listen on.")
 @click.option("-c", "--ctx-size", default=None, type=int,
               help="Context size in KV cells, shared by the slots: each slot holds c / np "

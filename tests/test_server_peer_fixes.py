@@ -242,3 +242,38 @@ def test_sleep_idle_seconds_zero_is_refused(capsys):
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert err.strip() == "nextn: error: --sleep-idle-seconds 0: expected -1 (never) or > 0"
+
+
+def test_several_listen_addresses(compiled):
+    """--host 127.0.0.1,::1: both addresses serve the same server (one slot, one API key)."""
+    import socket
+
+    with socket.socket(socket.AF_INET6) as probe:        # the machine has IPv6 loopback (else the test cannot run)
+        probe.bind(("::1", 0))
+    run = start_server(q8_exact(compiled), host="127.0.0.1,::1", ctx_size=256, n_parallel=1, api_keys=["k"])
+    try:
+        port = run.opt.port
+        outs = []
+        for base in (f"http://127.0.0.1:{port}", f"http://[::1]:{port}"):
+            with httpx.Client(base_url=base, timeout=60) as c:
+                assert c.get("/health").status_code == 200
+                assert c.post("/v1/completions", json={}).status_code == 401
+                r = c.post("/completion", headers={"Authorization": "Bearer k"},
+                           json={"prompt": "def main():", "n_predict": 4, "temperature": 0, "ignore_eos": True})
+                assert r.status_code == 200
+                outs.append(r.json())
+        assert outs[1]["content"] == outs[0]["content"] and outs[1]["timings"]["cache_n"] > 0   # one slot's cache
+    finally:
+        run.stop()
+
+
+def test_a_listen_address_that_is_not_there_is_one_line(compiled):
+    from nextn.common.errors import NextnError
+    from nextn.runtime.server import Running, ServeOptions
+
+    from test_server import _free_port
+
+    run = Running(ServeOptions(model=q8_exact(compiled), host="127.0.0.1,192.0.2.1", port=_free_port()),
+                  log=lambda s: None)
+    with pytest.raises(NextnError, match=r"^--host 192\.0\.2\.1: cannot listen on port \d+ \(.+\)$"):
+        run.run()

@@ -126,7 +126,10 @@ class Running:
         cfg = uvicorn.Config(create_app(self.state), host=opt.host, port=opt.port, log_level="warning",
                              lifespan="off", timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(cfg)
-        self.url = f"http://{opt.host}:{opt.port}"
+        # --host a,b: llama-server listens on each address of a comma-separated list
+        self.hosts = [h.strip() for h in opt.host.split(",") if h.strip()] or ["127.0.0.1"]
+        first = self.hosts[0]
+        self.url = f"http://[{first}]:{opt.port}" if ":" in first else f"http://{first}:{opt.port}"
         self.loaded = threading.Event()
 
     def _load(self) -> None:
@@ -149,9 +152,10 @@ class Running:
 
     def run(self) -> None:
         """Serve in this thread until interrupted (Ctrl+C) or loading fails; raises that NextnError."""
+        socks = [listen(h, self.opt.port) for h in self.hosts] if len(self.hosts) > 1 else None
         threading.Thread(target=self._load, name="nextn-load", daemon=True).start()
         try:
-            self.server.run()
+            self.server.run(sockets=socks)
         finally:
             if self.state.sleeper is not None:
                 self.state.sleeper.stop()
@@ -181,6 +185,24 @@ class Running:
         self.server.should_exit = True
         if getattr(self, "_thread", None) is not None:
             self._thread.join(timeout=15)
+
+
+def listen(host: str, port: int):
+    """A listening TCP socket on host:port (IPv6 when the address has a colon). Raises NextnError."""
+    import socket
+
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(fam, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if fam == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise NextnError(f"--host {host}: cannot listen on port {port} ({e.strerror or e})") from None
+    return sock
 
 
 def serve(opt: ServeOptions, log=None) -> None:
