@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 
 # llama-server flag -> nextn serve flag, both taking one value
 VALUED = {"--port": "--port", "--host": "--host", "--temp": "--temp", "--seed": "--seed", "-s": "--seed",
@@ -63,14 +62,8 @@ def translate(argv: list[str], model: str) -> tuple[list[str], list[str]]:
             if v in ("off", "false", "0"):   # llama-server: enable_thinking false by default
                 out += ["--reasoning-budget", "0"]
             i += 2
-        elif a == "--chat-template":
-            if "{" in v:                     # an inline Jinja template; a built-in name has no nextn counterpart
-                f = tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False)
-                f.write(v)
-                f.close()
-                out += ["--chat-template-file", f.name]
-            else:
-                dropped += [a, v]
+        elif a == "--chat-template":       # a built-in name or inline Jinja, as llama-server takes it
+            out += ["--chat-template", v]
             i += 2
         elif a in DROP_VALUED:
             dropped += [a, v]

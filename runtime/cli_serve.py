@@ -59,6 +59,9 @@ def register(cli: click.Group) -> None:
 @click.option("--no-slots", is_flag=True, help="Disable the /slots endpoint.")
 @click.option("--api-key", "api_keys", multiple=True,
               help="API key clients must send (Authorization: Bearer KEY); repeatable or comma-separated.")
+@click.option("--chat-template", default=None,
+              help="Chat template: a built-in name (chatml, llama3, command-r, chatglm3, chatglm4, glmedge: "
+                   "llama.cpp's formats of role and text) or Jinja text; wins over --chat-template-file.")
 @click.option("--chat-template-file", default=None, type=click.Path(dir_okay=False),
               help="Jinja chat template [default: the GGUF's tokenizer.chat_template, else nextn's GLM-4.5 one].")
 @click.option("-a", "--alias", default=None, help="Model names, comma-separated: the first in sorted order is the name "
@@ -74,9 +77,8 @@ def register(cli: click.Group) -> None:
 def serve(model, host, port, ctx_size, kv_unified, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
           spec_draft_p_min, spec_draft_sampling, spec_draft_vocab, spec_draft_vocab_file, n_predict, temp, top_k,
           top_p, min_p, seed, similarity, reasoning_format, reasoning_budget, cors_origins, slot_save_path,
-          sleep_idle_seconds, verbose,
-          metrics, no_slots, api_keys, chat_template_file, alias, tags, draft, cache_type_k, cache_type_v, device,
-          target, arches, mtp_dense_attention, mtp_index_share):
+          sleep_idle_seconds, verbose, metrics, no_slots, api_keys, chat_template, chat_template_file, alias, tags,
+          draft, cache_type_k, cache_type_v, device, target, arches, mtp_dense_attention, mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
     /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
     /v1/models, /slots, /metrics; Anthropic's /v1/messages (+ /v1/messages/count_tokens); OpenAI's /v1/responses."""
@@ -105,7 +107,7 @@ def serve(model, host, port, ctx_size, kv_unified, n_parallel, threads, spec_typ
                        n_parallel=n_parallel, threads=threads,
                        draft=draft, device=device, target=target, arches=list(arches) or None,
                        mtp_dense_attention=mtp_dense_attention, mtp_index_share=mtp_index_share,
-                       chat_template_file=chat_template_file, api_keys=keys,
+                       chat_template=chat_template, chat_template_file=chat_template_file, api_keys=keys,
                        metrics=metrics, slots=not no_slots, alias=alias, tags=tags, cache_type_k=cache_type_k,
                        cache_type_v=cache_type_v, spec_type=spec_type, slot_prompt_similarity=similarity,
                        cors_origins=tuple(o.strip() for o in cors_origins.split(",") if o.strip()),

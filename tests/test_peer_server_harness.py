@@ -26,10 +26,11 @@ def test_the_shim_maps_llama_server_flags_and_drops_the_rest():
                     "--no-slots", "--alias", "tinyllama-2", "-c", "512", "-np", "2", "-n", "64",
                     "--reasoning-budget", "0", "--api-key", "k", "--metrics", "--verbose"]
     assert dropped == ["--hf-repo", "ggml-org/x", "--batch-size", "32", "--no-jinja"]
-    args, dropped = shim.translate(["--chat-template", "{{ messages[0].content }}", "--chat-template", "llama3"], "m")
-    assert args[1] == "--chat-template-file" and open(args[2]).read() == "{{ messages[0].content }}"
-    assert dropped == ["--chat-template", "llama3"]     # a built-in template name: no nextn counterpart
-    os.unlink(args[2])
+    args, dropped = shim.translate(["--chat-template", "{{ messages[0].content }}", "--chat-template", "llama3",
+                                    "--kv-unified", "--sleep-idle-seconds", "1", "--cache-ram", "0"], "m")
+    assert args == ["m", "--chat-template", "{{ messages[0].content }}", "--chat-template", "llama3",
+                    "--kv-unified", "--sleep-idle-seconds", "1"]
+    assert dropped == ["--cache-ram", "0"]
 
 
 def test_the_not_applicable_table_names_suite_files_with_reasons():

@@ -277,3 +277,44 @@ def test_a_listen_address_that_is_not_there_is_one_line(compiled):
                   log=lambda s: None)
     with pytest.raises(NextnError, match=r"^--host 192\.0\.2\.1: cannot listen on port \d+ \(.+\)$"):
         run.run()
+
+
+@pytest.fixture(scope="module")
+def named(compiled):
+    run = start_server(q8_exact(compiled), ctx_size=256, n_parallel=1, chat_template="llama3")
+    with httpx.Client(base_url=run.url, timeout=120) as c:
+        yield c
+    run.stop()
+
+
+def test_a_built_in_template_name(named):
+    """llama3's format (llama.cpp src/llama-chat.cpp): role header, the trimmed text, <|eot_id|>."""
+    msgs = [{"role": "system", "content": " Book\n"}, {"role": "user", "content": "What is the best book"}]
+    r = post(named, "/apply-template", {"messages": msgs})
+    assert r["prompt"] == ("<|start_header_id|>system<|end_header_id|>\n\nBook<|eot_id|>"
+                           "<|start_header_id|>user<|end_header_id|>\n\nWhat is the best book<|eot_id|>"
+                           "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert named.get("/props").json()["chat_template"] == "llama3"
+    chat = post(named, "/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "temperature": 0})
+    assert chat["usage"]["prompt_tokens"] == len(post(named, "/tokenize", {"content": r["prompt"]})["tokens"])
+    bad = named.post("/v1/chat/completions", json={"messages": msgs, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object"}}}]})
+    assert bad.status_code == 400 and bad.json()["error"]["message"] == "tools param requires --jinja flag"
+
+
+def test_other_built_in_formats_and_an_unknown_name():
+    from nextn.common.errors import NextnError
+    from nextn.runtime.server.chat_template import ChatTemplate
+
+    msgs = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Hi there"}]
+    want = {"command-r": "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
+                         "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
+                         "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+            "chatml": "<|im_start|>system\nYou are a test.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+                      "<|im_start|>assistant\n",
+            "chatglm4": "[gMASK]<sop><|system|>\nYou are a test.<|user|>\nHi there<|assistant|>\n"}
+    for name, prompt in want.items():
+        assert ChatTemplate.load({}, None, inline=name).render(msgs) == prompt
+    assert ChatTemplate.load({}, None, inline="{{ messages[1].content }}!").render(msgs) == "Hi there!"
+    with pytest.raises(NextnError, match=r"^--chat-template gemma: not a built-in template here \(expected one of "):
+        ChatTemplate.load({}, None, inline="gemma")

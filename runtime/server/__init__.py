@@ -34,6 +34,7 @@ class ServeOptions:
     mtp_dense_attention: bool = False
     mtp_index_share: bool | None = None  # --mtp-index-share / --no-...: None = the GGUF's (nextn.runtime.load)
     chat_template_file: str | None = None
+    chat_template: str | None = None     # --chat-template: a built-in name or Jinja text (wins over the file)
     api_keys: list = field(default_factory=list)
     metrics: bool = False
     slots: bool = True
@@ -77,7 +78,7 @@ def load_state(state, opt: ServeOptions, log) -> None:
     state.eog, state.chat_eog = tok.eog_ids, frozenset(tok.eog_ids | turn_ends)
     state.template = ChatTemplate.load(loaded.files.main.fields, opt.chat_template_file,
                                        tok.token_text(tok.bos_id) if tok.bos_id is not None else "",
-                                       tok.token_text(tok.eos_id))
+                                       tok.token_text(tok.eos_id), inline=opt.chat_template)
     state.model = m
     state.scheduler = Scheduler(sequences, tok.token_to_bytes, log=log, speculative=d.spec_type != "none",
                                 similarity=opt.slot_prompt_similarity, pool=ctx if opt.kv_unified else None)

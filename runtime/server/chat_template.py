@@ -78,8 +78,16 @@ class ChatTemplate:
             raise NextnError(f"{origin}: chat template does not parse (line {e.lineno}: {e.message})") from None
 
     @classmethod
-    def load(cls, gguf_fields: dict, path: str | None, bos_token: str = "", eos_token: str = "") -> "ChatTemplate":
-        """`--chat-template-file` if given, else the GGUF's `tokenizer.chat_template`, else the shipped GLM-4.5 one."""
+    def load(cls, gguf_fields: dict, path: str | None, bos_token: str = "", eos_token: str = "",
+             inline: str | None = None):
+        """`--chat-template` (a built-in name: builtin_templates.py, or Jinja text) if given, else
+        `--chat-template-file`, else the GGUF's `tokenizer.chat_template`, else the shipped GLM-4.5 one."""
+        if inline:
+            from .builtin_templates import BuiltinTemplate, looks_like_a_name
+
+            if looks_like_a_name(inline):
+                return BuiltinTemplate(inline)
+            return cls(inline, "--chat-template", bos_token, eos_token)
         if path:
             from nextn.common.errors import NextnError
 
