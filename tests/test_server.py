@@ -329,7 +329,7 @@ BAD = [
      "invalid_request_error"),
     ("no prompt", "/completion", b'{"n_predict": 4}', 400, "invalid_request_error"),
     ("bad token id", "/completion", b'{"prompt": [1, 99999999]}', 400, "invalid_request_error"),
-    ("several prompts streamed", "/completion", b'{"prompt": ["a", "b"], "stream": true}', 400,
+    ("several prompts streamed, one bad", "/completion", b'{"prompt": ["a", [99999999]], "stream": true}', 400,
      "invalid_request_error"),
     ("n_cmpl above the slots", "/completion", b'{"prompt": "a", "n_cmpl": 3}', 400, "invalid_request_error"),
     ("no messages", "/v1/chat/completions", b'{"max_tokens": 4}', 400, "invalid_request_error"),

@@ -318,3 +318,42 @@ def test_other_built_in_formats_and_an_unknown_name():
     assert ChatTemplate.load({}, None, inline="{{ messages[1].content }}!").render(msgs) == "Hi there!"
     with pytest.raises(NextnError, match=r"^--chat-template gemma: not a built-in template here \(expected one of "):
         ChatTemplate.load({}, None, inline="gemma")
+
+
+@pytest.fixture(scope="module")
+def two(compiled):
+    run = start_server(q8_exact(compiled), ctx_size=1024, n_parallel=2)
+    with httpx.Client(base_url=run.url, timeout=120) as c:
+        yield c
+    run.stop()
+
+
+def test_several_completions_stream_with_their_index(two):
+    import json
+
+    from test_server import sse_events
+
+    prompts = ["def main():", "import os\n"]
+    body = {"prompt": prompts, "n_predict": 12, "temperature": 0, "ignore_eos": True}
+    alone = [post(two, "/completion", {**body, "prompt": x}) for x in prompts]
+    events = [json.loads(e) for e in sse_events(two.post("/completion", json={**body, "stream": True}).text)]
+    assert {e["index"] for e in events} == {0, 1}
+    for i, want in enumerate(alone):
+        mine = [e for e in events if e["index"] == i]
+        assert "".join(e["content"] for e in mine) == want["content"]
+        assert [e["stop"] for e in mine] == [False] * (len(mine) - 1) + [True]
+        assert mine[-1]["tokens_predicted"] == 12
+    # OpenAI chat, n = 2: chunks of both choices, one [DONE] after both finished
+    chat = {"messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 6, "temperature": 0,
+            "ignore_eos": True}
+    whole = post(two, "/v1/chat/completions", chat)
+    raw = sse_events(two.post("/v1/chat/completions", json={**chat, "stream": True}).text)
+    assert raw[-1] == "[DONE]" and "[DONE]" not in raw[:-1]
+    chunks = [json.loads(e) for e in raw[:-1]]
+    for ch in whole["choices"]:
+        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == ch["index"]]
+        text = "".join((m["delta"].get("content") or "") + (m["delta"].get("reasoning_content") or "")
+                       for m in mine)
+        assert text == (ch["message"].get("content") or "") + (ch["message"].get("reasoning_content") or "")
+        assert mine[-1]["finish_reason"] == ch["finish_reason"] == "length"
+    assert {c["choices"][0]["index"] for c in chunks if c["choices"]} == {0, 1}

@@ -123,9 +123,6 @@ async def _generate(request: Request, state, kind: str):
     if len(jobs) > 1:
         if kind not in (COMPLETION, TEXT, CHAT):
             raise ApiError(f"several completions in one request are not supported on this route (n: {p.n_cmpl})")
-        if p.stream:
-            raise ApiError("several completions in one request (several prompts, n_cmpl > 1) are answered without "
-                           "streaming here; send \"stream\": false")
         return await _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_parser, n_vocab)
     ids = jobs[0]
     if g is not None:
@@ -177,7 +174,10 @@ async def _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_
     """Several completions of one request, run as separate tasks (on any slots) and answered together as
     llama-server does (server-context.cpp `handle_completions_impl`): `/completion` an array of its objects, each with
     its `index`; the OpenAI routes one object whose `choices` hold every completion (`index` i), with the first
-    completion's usage and timings. An error of any of them is the answer."""
+    completion's usage and timings. An error of any of them is the answer. Streamed: every completion's chunks as
+    they come, interleaved, each with its `index` (the /completion objects' `index`, the OpenAI chunks'
+    `choices[0].index`), and one `[DONE]` after the last (OpenAI routes); an error before the first chunk is the
+    answer, a later one the stream's last event."""
     import copy
 
     loop = asyncio.get_running_loop()
@@ -199,6 +199,27 @@ async def _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_
     for t in tasks:
         state.scheduler.submit(t)
     watch = asyncio.ensure_future(_watch_disconnect_all(request, state, tasks))
+    if p.stream:
+        try:
+            get = asyncio.ensure_future(q.get())
+            done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if get not in done:
+                get.cancel()
+                return json_response({})
+            first = get.result()
+            if first[1] == "error":
+                for t in tasks:
+                    state.scheduler.cancel(t)
+                return error_response(first[2])
+        except BaseException:
+            for t in tasks:
+                state.scheduler.cancel(t)
+            raise
+        finally:
+            watch.cancel()
+        from starlette.responses import StreamingResponse
+
+        return StreamingResponse(_stream_many(writers, q, state, tasks, first), media_type=sse.MEDIA_TYPE)
     results = {}
     try:
         while len(results) < len(tasks):
@@ -226,6 +247,34 @@ async def _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_
     first = objs[0]
     first["choices"] = [o["choices"][0] for o in objs]
     return json_response(first)
+
+
+async def _stream_many(writers, q, state, tasks, first):
+    ended = set()
+    try:
+        i, k, v = first
+        while True:
+            out = writers[i]
+            if k == "tokens":
+                chunk = out.tokens(v)
+                if chunk:
+                    yield chunk
+            elif k == "progress":
+                yield out.progress(v)
+            elif k == "error":
+                yield out.error_event(v)
+                return
+            else:
+                ended.add(i)
+                yield out.final_stream(v)
+                if len(ended) == len(writers):
+                    if out.kind in (TEXT, CHAT):
+                        yield sse.DONE
+                    return
+            i, k, v = await q.get()
+    finally:
+        for t in tasks:      # the rest of them, once one failed or the client went away (no-op for finished ones)
+            state.scheduler.cancel(t)
 
 
 async def _watch_disconnect_all(request, state, tasks) -> None:
@@ -310,6 +359,16 @@ class _Writer:
         self.n_probs_sent = 0        # tokens whose probabilities went out in a chunk already
 
     # -- streaming ------------------------------------------------------------------------------------------------
+    def _event(self, objs) -> bytes:
+        """SSE data of streamed objects, each carrying this completion's `index` (llama-server: the chunks of a
+        request's several completions are interleaved, told apart by it)."""
+        for obj in objs if isinstance(objs, list) else [objs]:
+            if self.kind == COMPLETION:
+                obj["index"] = self.index
+            for ch in obj.get("choices") or []:
+                ch["index"] = self.index
+        return sse.event(objs)
+
     @staticmethod
     def error_event(e: ApiError) -> bytes:
         return sse.event({"error": e.to_json()})
@@ -334,7 +393,7 @@ class _Writer:
         if self.task.params.timings_per_token:    # llama-server: the first update before any prompt token is decoded
             t = R.timings(o, 0)
             obj["timings"] = t if done else {k: (0 if isinstance(v, int) else 0.0) for k, v in t.items()}
-        return sse.event(obj)
+        return self._event(obj)
 
     def tokens(self, toks) -> bytes:
         objs = []
@@ -344,7 +403,7 @@ class _Writer:
             if piece is None:            # inside a UTF-8 character: nothing to send yet
                 continue
             objs += self._piece(piece, t)
-        return sse.event(objs) if objs else b""
+        return self._event(objs) if objs else b""
 
     def _piece(self, piece: str, tok: int | None) -> list:
         o = self.task.outcome
@@ -381,18 +440,18 @@ class _Writer:
         rest = self.text.finish()
         n_gen = len(o.tokens)
         if self.kind == COMPLETION:
-            return sse.event(self._completion(o, rest, [], n_gen))
+            return self._event(self._completion(o, rest, [], n_gen))
         if self.kind == TEXT:
             last = R.text_final(o, self.meta, rest, n_gen, self.spec)
             if self.task.params.logprobs:
                 self._attach_probs(last, len(o.probs))
-            return sse.event(last)
+            return self._event(last)
         objs = self._piece(rest, None)
         fin = R.chat_final_chunks(o, self.meta, n_gen, self.task.params.include_usage, self.spec,
                                   bool(self.parser.tool_calls))
         if self.task.params.logprobs and self.n_probs_sent < len(o.probs):
             self._attach_probs(fin[0], len(o.probs))
-        return sse.event(objs + fin)
+        return self._event(objs + fin)
 
     # -- one object -----------------------------------------------------------------------------------------------
     def final(self, o) -> dict:
