@@ -29,12 +29,12 @@ VALUED = {"--port": "--port", "--host": "--host", "--temp": "--temp", "--seed": 
           "--chat-template-file": "--chat-template-file", "--cors-origins": "--cors-origins",
           "--reasoning-budget": "--reasoning-budget", "--top-k": "--top-k", "--top-p": "--top-p",
           "--min-p": "--min-p", "--tags": "--tags", "-sps": "-sps", "--slot-prompt-similarity": "-sps",
-          "--sleep-idle-seconds": "--sleep-idle-seconds"}
+          "--sleep-idle-seconds": "--sleep-idle-seconds", "--batch-size": "-b", "-b": "-b"}
 FLAGS = {"--metrics": "--metrics", "--no-slots": "--no-slots", "--verbose": "--verbose", "--kv-unified": "--kv-unified",
          "-kvu": "--kv-unified"}
 # taken with their value and dropped: the model source (always $NEXTN_SHIM_MODEL) and settings with no nextn
 # counterpart (batch sizes, GPU layers, flash attention, ...)
-DROP_VALUED = {"--model", "-m", "--model-url", "--hf-repo", "-hf", "--hf-file", "--batch-size", "-b", "--ubatch-size",
+DROP_VALUED = {"--model", "-m", "--model-url", "--hf-repo", "-hf", "--hf-file", "--ubatch-size",
                "-ub", "--n-gpu-layers", "-ngl", "-fa", "--flash-attn", "--pooling", "--grp-attn-n",
                "--grp-attn-w", "--lora", "--model-draft", "-md", "--mmproj-url", "--media-path",
                "--cache-ram", "--models-dir", "--models-max", "--models-preset", "--tools",

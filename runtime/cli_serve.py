@@ -21,6 +21,9 @@ def register(cli: click.Group) -> None:
 @click.option("-c", "--ctx-size", default=None, type=int,
               help="Context size in KV cells, shared by the slots: each slot holds c / np "
                    "[default: min(train ctx, 4096) per server].")
+@click.option("-b", "--batch-size", "n_batch", default=None, type=click.IntRange(min=1),
+              help="Evaluate a prompt in batches of this many tokens (llama-server's logical batch; return_progress "
+                   "reports each) [default: the whole prompt at once].")
 @click.option("-kvu", "--kv-unified", is_flag=True,
               help="One pool of c cells for all slots (llama-server): each slot may fill it; when the slots together "
                    "would pass c, idle slots' caches are dropped first, else every busy request fails (500). Each "
@@ -74,9 +77,9 @@ def register(cli: click.Group) -> None:
 @click.option("--arch", "arches", multiple=True, help="GPU arch(s) when MODEL is a GGUF compiled for cuda/rocm.")
 @click.option("--mtp-dense-attention", is_flag=True, help="glm-dsa: compile the NextN block as dense MLA (a GGUF).")
 @mtp_index_share_option
-def serve(model, host, port, ctx_size, kv_unified, n_parallel, threads, spec_type, spec_draft_n_max, spec_draft_n_min,
-          spec_draft_p_min, spec_draft_sampling, spec_draft_vocab, spec_draft_vocab_file, n_predict, temp, top_k,
-          top_p, min_p, seed, similarity, reasoning_format, reasoning_budget, cors_origins, slot_save_path,
+def serve(model, host, port, ctx_size, n_batch, kv_unified, n_parallel, threads, spec_type, spec_draft_n_max,
+          spec_draft_n_min, spec_draft_p_min, spec_draft_sampling, spec_draft_vocab, spec_draft_vocab_file, n_predict,
+          temp, top_k, top_p, min_p, seed, similarity, reasoning_format, reasoning_budget, cors_origins, slot_save_path,
           sleep_idle_seconds, verbose, metrics, no_slots, api_keys, chat_template, chat_template_file, alias, tags,
           draft, cache_type_k, cache_type_v, device, target, arches, mtp_dense_attention, mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
@@ -103,7 +106,7 @@ def serve(model, host, port, ctx_size, kv_unified, n_parallel, threads, spec_typ
                        n_max=parse_n_max(spec_draft_n_max), n_min=spec_draft_n_min, p_min=spec_draft_p_min,
                        draft_sampling=spec_draft_sampling, reasoning_format=reasoning_format,
                        reasoning_budget=reasoning_budget, verbose=verbose)
-    opt = ServeOptions(model=model, host=host, port=port, ctx_size=ctx_size, kv_unified=kv_unified,
+    opt = ServeOptions(model=model, host=host, port=port, ctx_size=ctx_size, n_batch=n_batch, kv_unified=kv_unified,
                        n_parallel=n_parallel, threads=threads,
                        draft=draft, device=device, target=target, arches=list(arches) or None,
                        mtp_dense_attention=mtp_dense_attention, mtp_index_share=mtp_index_share,

@@ -231,7 +231,8 @@ class Drafter:
 
 def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: SpecParams = SpecParams(), *,
            eog_ids=frozenset(), token_bytes=None, controller=None, n_cached: int = 0,
-           extent: CacheExtent | None = None, on_logits=None, logit_bias=None, constraint=None):
+           extent: CacheExtent | None = None, on_logits=None, logit_bias=None, constraint=None,
+           n_batch: int | None = None, on_batch=None):
     """Decode step by step: a generator that yields the tokens each step emits (a list of ints; the first yield is
     prefill's token, then one yield per verify round: its accepted drafts + the recovered or bonus token, cut by
     the finish rules) and returns the `Generation` when a finish rule fires. Closing it early (`.close()`) stops
@@ -248,9 +249,12 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
     len(prompt). `extent`, when given, is updated before every yield (`CacheExtent`). `on_logits(rows, tokens,
     shaped)`, when given, is called before every yield with the target model's logits of the tokens the step emits
     (float32 [m, n_vocab]: prefill's last row, or the verify rows that chose them; a server's logprobs) and the same
-    rows as the sampler chain read them (`shaped`: + logit_bias, grammar-masked; a server's post-sampling probs). `logit_bias` (float32 [n_vocab], -inf bans a token; llama.cpp's
-    logit-bias sampler, first in the chain) is added to the target logits before every choice, greedy or sampled;
-    drafts are proposed without it and verified against it, so output is the same with speculation on or off.
+    rows as the sampler chain read them (`shaped`: + logit_bias, grammar-masked; a server's post-sampling probs).
+    `n_batch`: the prompt is evaluated in batches of that many tokens (llama-server -b; None: one call), calling
+    `on_batch(n)` after each with n the prompt tokens evaluated so far, the cache included.
+    `logit_bias` (float32 [n_vocab], -inf bans a token; llama.cpp's logit-bias sampler, first in the chain) is
+    added to the target logits before every choice, greedy or sampled; drafts are proposed without it and verified
+    against it, so output is the same with speculation on or off.
     `constraint` (a grammar; runtime/server/grammar.py `Constraint`: allowed() the bool [n_vocab] mask of the next
     token, validate(tokens) how many of them it accepts in order, consume, rollback) masks the target logits of every
     choice; drafts are cut to the prefix it accepts before verification and each verify row is masked by the state
@@ -298,8 +302,13 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
                 drafter.flush()
         before[0] = h[-1:]
 
-    hidden, last_logits, last_argmax = seq.prefill(prompt[n_cached:], n_cached, on_hidden=warm_up,
-                                                   last_only=not spec.enabled)
+    # the prompt in batches of n_batch tokens (llama-server -b), on_batch(tokens evaluated, cache included) after each
+    step = n_batch or len(prompt)
+    for s in range(n_cached, len(prompt), step):
+        e = min(len(prompt), s + step)
+        hidden, last_logits, last_argmax = seq.prefill(prompt[s:e], s, on_hidden=warm_up, last_only=not spec.enabled)
+        if on_batch is not None:
+            on_batch(e)
     raw_logits = last_logits
     if logit_bias is not None or constraint is not None:
         last_logits = _target(last_logits[None], logit_bias, constraint, [])[0]

@@ -22,10 +22,10 @@ def test_the_shim_maps_llama_server_flags_and_drops_the_rest():
             "--batch-size", "32", "--no-slots", "--alias", "tinyllama-2", "--ctx-size", "512", "--parallel", "2",
             "--n-predict", "64", "--no-jinja", "--reasoning", "off", "--api-key", "k", "--metrics", "--verbose"]
     args, dropped = shim.translate(argv, "m.gguf")
-    assert args == ["m.gguf", "--port", "8080", "--temp", "0.8", "--seed", "42", "--host", "127.0.0.1",
+    assert args == ["m.gguf", "--port", "8080", "--temp", "0.8", "--seed", "42", "--host", "127.0.0.1", "-b", "32",
                     "--no-slots", "--alias", "tinyllama-2", "-c", "512", "-np", "2", "-n", "64",
                     "--reasoning-budget", "0", "--api-key", "k", "--metrics", "--verbose"]
-    assert dropped == ["--hf-repo", "ggml-org/x", "--batch-size", "32", "--no-jinja"]
+    assert dropped == ["--hf-repo", "ggml-org/x", "--no-jinja"]
     args, dropped = shim.translate(["--chat-template", "{{ messages[0].content }}", "--chat-template", "llama3",
                                     "--kv-unified", "--sleep-idle-seconds", "1", "--cache-ram", "0"], "m")
     assert args == ["m", "--chat-template", "{{ messages[0].content }}", "--chat-template", "llama3",

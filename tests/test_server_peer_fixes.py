@@ -357,3 +357,41 @@ def test_several_completions_stream_with_their_index(two):
         assert text == (ch["message"].get("content") or "") + (ch["message"].get("reasoning_content") or "")
         assert mine[-1]["finish_reason"] == ch["finish_reason"] == "length"
     assert {c["choices"][0]["index"] for c in chunks if c["choices"]} == {0, 1}
+
+
+@pytest.fixture(scope="module")
+def batched(compiled):
+    run = start_server(q8_exact(compiled), ctx_size=512, n_parallel=1, n_batch=16)
+    with httpx.Client(base_url=run.url, timeout=120) as c:
+        yield c
+    run.stop()
+
+
+def test_prompt_progress_per_batch(batched):
+    import json
+
+    from conftest import reference
+    from test_server import sse_events
+
+    p = next(x for x in reference()["prompts"] if x["kind"] == "docs-heading")
+    ids = p["prompt_ids"]
+    n = len(ids)
+    assert n % 16 and n + 22 < 256
+    # greedy with speculation on, the prompt evaluated 16 tokens at a time: the fixture's reference continuation
+    r = post(batched, "/completion", {"prompt": ids, "n_predict": 16, "temperature": 0, "ignore_eos": True,
+                                      "return_tokens": True, "cache_prompt": False})
+    assert r["tokens"] == p["greedy_ids"][:16] and r["timings"]["draft_n"] > 0
+
+    def progress(body):
+        text = batched.post("/completion", json={**body, "stream": True, "return_progress": True}).text
+        return [e["prompt_progress"] for e in map(json.loads, sse_events(text)) if "prompt_progress" in e]
+
+    ev = progress({"prompt": ids, "n_predict": 2, "temperature": 0, "cache_prompt": False})
+    want = [0] + list(range(16, n, 16)) + [n]                 # the start, each batch, the whole prompt
+    assert [e["processed"] for e in ev] == want
+    assert all(e["total"] == n and e["cache"] == 0 for e in ev)
+    # the cached prefix is not evaluated again: the batches start after it
+    more = ids + p["greedy_ids"][:2] + ids[:20]
+    ev = progress({"prompt": more, "n_predict": 2, "temperature": 0})
+    c0 = ev[0]["cache"]
+    assert 0 < c0 < n + 2 and [e["processed"] for e in ev] == [c0] + list(range(c0 + 16, len(more), 16)) + [len(more)]

@@ -23,6 +23,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8080
     ctx_size: int | None = None          # -c: total cells, split over the slots (llama-server)
+    n_batch: int | None = None           # -b: prompt batch size (prefill and progress events per batch)
     kv_unified: bool = False             # --kv-unified: every slot may use all -c cells, their sum stays <= -c
     sleep_idle_seconds: int = -1         # --sleep-idle-seconds: unload the model after this idle time (-1: never)
     n_parallel: int = 1                  # -np
@@ -81,7 +82,8 @@ def load_state(state, opt: ServeOptions, log) -> None:
                                        tok.token_text(tok.eos_id), inline=opt.chat_template)
     state.model = m
     state.scheduler = Scheduler(sequences, tok.token_to_bytes, log=log, speculative=d.spec_type != "none",
-                                similarity=opt.slot_prompt_similarity, pool=ctx if opt.kv_unified else None)
+                                similarity=opt.slot_prompt_similarity, pool=ctx if opt.kv_unified else None,
+                                n_batch=opt.n_batch)
     state.scheduler.start()
 
 

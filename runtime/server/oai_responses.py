@@ -159,10 +159,10 @@ class ResponsesWriter(EventWriter):
         self.n_seen += len(toks)
         return super().tokens(toks)
 
-    def progress(self, done: bool) -> bytes:
+    def progress(self, processed: int) -> bytes:
         """`return_progress`: a response.in_progress event carrying llama-server's `prompt_progress`."""
         return self._begin() + self._ev("response.in_progress", response=self._response("in_progress"),
-                                        prompt_progress=R.prompt_progress(self.task.outcome, done))
+                                        prompt_progress=R.prompt_progress(self.task.outcome, processed))
 
     def _begin(self) -> bytes:
         if self.started:

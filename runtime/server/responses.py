@@ -68,11 +68,11 @@ def timings(o: Outcome, n_gen: int) -> dict:
     return t
 
 
-def prompt_progress(o: Outcome, done: bool) -> dict:
+def prompt_progress(o: Outcome, processed: int) -> dict:
     """llama-server's `prompt_progress` (server-task.cpp `result_prompt_progress`): total prompt tokens, cache (reused),
-    processed (cache + evaluated: the cache when the slot starts, the whole prompt once it is evaluated; nextn
-    evaluates a prompt in one scheduler step), time_ms since the request started."""
-    return {"total": o.n_prompt, "cache": o.n_cached, "processed": o.n_prompt if done else o.n_cached,
+    processed (cache + evaluated so far: the cache when the slot starts, then after each `-b` batch of the prompt),
+    time_ms since the request started."""
+    return {"total": o.n_prompt, "cache": o.n_cached, "processed": processed,
             "time_ms": int((time.perf_counter() - o.t_start) * 1e3)}
 
 

@@ -377,10 +377,11 @@ class _Writer:
     def error_response(e: ApiError):
         return error_response(e)
 
-    def progress(self, done: bool) -> bytes:
+    def progress(self, processed: int) -> bytes:
         """A `prompt_progress` event (llama-server `send_partial_response(slot, {}, true)`; `R.prompt_progress`)."""
         o = self.task.outcome
-        prog = R.prompt_progress(o, done)
+        prog = R.prompt_progress(o, processed)
+        done = processed >= o.n_prompt
         if self.kind == COMPLETION:
             obj = R.completion_partial(o, "", None, 0)
             obj["tokens"] = []

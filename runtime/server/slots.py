@@ -95,7 +95,7 @@ class Slot:
             return max(0, min(n, self.n_mtp) - 1)
         return min(n, len(prompt) - 1)
 
-    def start(self, task: Task, token_bytes) -> None:
+    def start(self, task: Task, token_bytes, n_batch: int | None = None) -> None:
         from ..speculative import CacheExtent
 
         p = task.params
@@ -112,12 +112,17 @@ class Slot:
         self.n_mtp = min(self.n_mtp, n_cached + 1 if spec.enabled else n_cached)
         self.cache = list(task.prompt_ids[:n_cached])
         self.t_last_used = time.time()
+        on_batch = None
         if p.return_progress:     # llama-server's first prompt_progress: the prompt starts (cache known)
-            task.post("progress", False)
+            task.post("progress", n_cached)
+
+            def on_batch(n_done):  # after each -b batch but the last (that one is reported when the step returns)
+                if n_done < len(task.prompt_ids):
+                    task.post("progress", n_done)
         self.steps = decode(self.seq, task.prompt_ids, p.sampling(budget), spec, eog_ids=task.eog_ids,
                             token_bytes=token_bytes, n_cached=n_cached, extent=self.extent,
                             on_logits=self._on_logits if p.logprobs else None, logit_bias=p.logit_bias,
-                            constraint=p.constraint)
+                            constraint=p.constraint, n_batch=n_batch, on_batch=on_batch)
 
     def _on_logits(self, rows, tokens, shaped) -> None:
         """Each emitted token's log-probability and its row's n_probs best (float64 log-softmax of the logits); with
@@ -207,9 +212,10 @@ class Scheduler:
     """Start with `start()`; `submit(task)` from any thread; `cancel(task)` when its client is gone."""
 
     def __init__(self, sequences, token_bytes, metrics: Metrics | None = None, log=None, speculative: bool = False,
-                 similarity: float = 0.1, pool: int | None = None):
+                 similarity: float = 0.1, pool: int | None = None, n_batch: int | None = None):
         self.slots = [Slot(i, q, speculative) for i, q in enumerate(sequences)]
         self.pool = pool                 # --kv-unified: cells all slots may hold together (None: each its own)
+        self.n_batch = n_batch           # -b: a prompt is evaluated in batches of this many tokens (None: at once)
         self.similarity = similarity     # --slot-prompt-similarity
         self.token_bytes = token_bytes
         self.metrics = metrics or Metrics()
@@ -289,7 +295,7 @@ class Scheduler:
                     slot = self._pick(task)
                     if slot is not None:
                         self._queue.remove(task)
-                        slot.start(task, self.token_bytes)
+                        slot.start(task, self.token_bytes, self.n_batch)
                 busy = [s for s in self.slots if s.task is not None]
             for fn, fut in calls:
                 try:
@@ -353,8 +359,8 @@ class Scheduler:
             self._report(s, o)
             return
         o.t_last = now
-        if s.n_gen == 0 and task.params.return_progress:   # the whole prompt is evaluated (one step here)
-            task.post("progress", True)
+        if s.n_gen == 0 and task.params.return_progress:   # the whole prompt is evaluated
+            task.post("progress", o.n_prompt)
         s.n_gen += len(toks)
         s.emitted += toks
         task.post("tokens", toks)
