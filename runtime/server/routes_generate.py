@@ -199,28 +199,7 @@ async def _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_
     for t in tasks:
         state.scheduler.submit(t)
     watch = asyncio.ensure_future(_watch_disconnect_all(request, state, tasks))
-    if p.stream:
-        try:
-            get = asyncio.ensure_future(q.get())
-            done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if get not in done:
-                get.cancel()
-                return json_response({})
-            first = get.result()
-            if first[1] == "error":
-                for t in tasks:
-                    state.scheduler.cancel(t)
-                return error_response(first[2])
-        except BaseException:
-            for t in tasks:
-                state.scheduler.cancel(t)
-            raise
-        finally:
-            watch.cancel()
-        from starlette.responses import StreamingResponse
-
-        return StreamingResponse(_stream_many(writers, q, state, tasks, first), media_type=sse.MEDIA_TYPE)
-    results = {}
+    results, first = {}, None
     try:
         while len(results) < len(tasks):
             get = asyncio.ensure_future(q.get())
@@ -233,6 +212,9 @@ async def _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_
                 for t in tasks:
                     state.scheduler.cancel(t)
                 return error_response(v)
+            if p.stream:                      # the first event decides: error response, or a stream
+                first = (i, k, v)
+                break
             if k == "done":
                 results[i] = writers[i].final(v)
     except BaseException:
@@ -241,6 +223,10 @@ async def _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_
         raise
     finally:
         watch.cancel()
+    if first is not None:
+        from starlette.responses import StreamingResponse
+
+        return StreamingResponse(_stream_many(writers, q, state, tasks, first), media_type=sse.MEDIA_TYPE)
     objs = [results[i] for i in range(len(tasks))]
     if kind == COMPLETION:
         return json_response(objs)
