@@ -191,6 +191,11 @@ def test_sleep_unloads_the_model_and_a_request_reloads_it(sleepy):
                                     "return_tokens": True})
     assert c.get("/props").json()["is_sleeping"] is False
     wait_until(c, True)
+    import time
+
+    t0 = time.time()                # is_sleeping turns true as the unload starts (llama-server's order too)
+    while run.state.model is not None and time.time() - t0 < 10:
+        time.sleep(0.05)
     assert run.state.model is None and run.state.scheduler is None        # unloaded, not only flagged
     for _ in range(3):                                                   # these answer without waking it
         assert c.get("/health").json() == {"status": "ok"}
