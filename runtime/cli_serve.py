@@ -21,9 +21,9 @@ def register(cli: click.Group) -> None:
 @click.option("-c", "--ctx-size", default=None, type=int,
               help="Context size in KV cells, shared by the slots: each slot holds c / np "
                    "[default: min(train ctx, 4096) per server].")
-@click.option("-b", "--batch-size", "n_batch", default=None, type=click.IntRange(min=1),
+@click.option("-b", "--batch-size", "n_batch", default=2048, show_default=True, type=click.IntRange(min=1),
               help="Evaluate a prompt in batches of this many tokens (llama-server's logical batch; return_progress "
-                   "reports each) [default: the whole prompt at once].")
+                   "reports each).")
 @click.option("-kvu", "--kv-unified", is_flag=True,
               help="One pool of c cells for all slots (llama-server): each slot may fill it; when the slots together "
                    "would pass c, idle slots' caches are dropped first, else every busy request fails (500). Each "

@@ -239,6 +239,28 @@ def test_metrics_buckets_across_sleep(sleepy):
     assert metric(woke, "predicted_tokens_seconds") == 0 and metric(woke, "tokens_predicted_total") == total + 8
 
 
+def test_a_failed_reload_is_a_503_and_the_next_request_retries(sleepy):
+    run, c = sleepy
+    sl = run.state.sleeper
+    real = sl._load
+
+    def broken():
+        raise OSError("the artifact is gone")
+
+    wait_until(c, True)
+    sl._load = broken
+    try:
+        r = c.post("/tokenize", json={"content": "x"})
+        assert r.status_code == 503 and r.json()["error"] == {
+            "code": 503, "type": "unavailable_error",
+            "message": "reloading the model after sleep failed: OSError: the artifact is gone"}
+        assert c.get("/health").status_code == 200 and c.get("/props").json()["is_sleeping"] is True
+    finally:
+        sl._load = real
+    assert c.post("/tokenize", json={"content": "x"}).status_code == 200
+    assert c.get("/props").json()["is_sleeping"] is False
+
+
 def test_sleep_idle_seconds_zero_is_refused(capsys):
     from nextn.runtime.cli import main
 

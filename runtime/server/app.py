@@ -3,6 +3,8 @@
 Middlewares, in llama-server's order (tools/server/server-http.cpp): while the model loads every route answers 503
 `unavailable_error` "Loading model"; with `--api-key` every route except /health and /v1/health needs
 `Authorization: Bearer KEY` (or `X-Api-Key: KEY`), else 401 `authentication_error` "Invalid API Key".
+With `--sleep-idle-seconds`, a request that needs the model first wakes a sleeping server (sleep.py; a reload that
+fails is a 503 and the next request tries again).
 CORS as llama-server (tools/server/server-http.cpp): a request whose `Origin` is allowed (`--cors-origins`, a
 comma-separated list, default `*`: every origin; `localhost`: any origin on this machine) gets
 `Access-Control-Allow-Origin: <its origin>` and `Access-Control-Allow-Credentials: true`; an OPTIONS request is a
@@ -108,7 +110,12 @@ class Gate:
                 if sl.enter():
                     import asyncio
 
-                    await asyncio.to_thread(sl.wake)
+                    try:
+                        await asyncio.to_thread(sl.wake)
+                    except Exception as e:        # noqa: BLE001 - one line to the client; the next request retries
+                        err = ApiError(f"reloading the model after sleep failed: {type(e).__name__}: {e}",
+                                       "unavailable_error")
+                        return await error_response(err)(scope, receive, send)
                 return await self.app(scope, receive, send)
             finally:
                 sl.leave()
