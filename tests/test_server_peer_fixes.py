@@ -327,6 +327,9 @@ def test_a_built_in_template_name(named):
     bad = named.post("/v1/chat/completions", json={"messages": msgs, "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object"}}}]})
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "tools param requires --jinja flag"
+    bad = named.post("/v1/chat/completions", json={"messages": msgs, "tool_choice": "required"})
+    assert bad.status_code == 400 and bad.json()["error"]["message"] == "tool_choice param requires --jinja flag"
+    assert post(named, "/apply-template", {"messages": msgs, "tool_choice": "auto"})["prompt"] == r["prompt"]
 
 
 def test_other_built_in_formats_and_an_unknown_name():

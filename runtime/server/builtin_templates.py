@@ -1,8 +1,8 @@
 """llama-server's built-in chat template names (`--chat-template NAME`): the formats llama.cpp writes in C++ rather
 than Jinja (src/llama-chat.cpp `llm_chat_apply_template`), used by its non-Jinja ("legacy") path
 (common/chat.cpp `common_chat_templates_apply_legacy`): each message is its role and its text only, so `tools`,
-`tool_choice` other than "auto" and the template kwargs do not apply (tools are a 400, as there: "tools param
-requires --jinja flag"). The names kept here: chatml, llama3, command-r, and the GLM family's chatglm3, chatglm4,
+`tool_choice` other than "auto" and the template kwargs do not apply (tools and such a tool_choice are a 400, as
+there: "tools param requires --jinja flag"). The names kept here: chatml, llama3, command-r, and the GLM family's chatglm3, chatglm4,
 glmedge; another of llama.cpp's names is refused with this list.
 """
 from __future__ import annotations
@@ -61,6 +61,8 @@ class BuiltinTemplate:
             raise NextnError(f"--chat-template {name}: not a built-in template here (expected one of "
                              f"{', '.join(sorted(FORMATS))}, or a Jinja template)")
         self.source, self.origin, self._format = name, f"built-in template {name!r}", FORMATS[name]
+
+    legacy = True        # llama-server's non-Jinja path: chat_prompt refuses tools / a tool_choice other than auto
 
     def render(self, messages, tools=None, add_generation_prompt: bool = True, **kwargs) -> str:
         from .chat_template import normalize_messages

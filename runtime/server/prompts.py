@@ -94,6 +94,8 @@ def chat_prompt(state, body: dict) -> str:
         kwargs = {**kwargs, "enable_thinking": False}
     agp = body.get("add_generation_prompt", True)
     tools = body.get("tools") or None
+    if getattr(state.template, "legacy", False) and body.get("tool_choice") not in (None, "auto"):
+        raise ApiError("tool_choice param requires --jinja flag")      # llama-server oaicompat_chat_params_parse
     messages = body["messages"]
     prefill = None
     mode = continuation(body)
