@@ -2,8 +2,8 @@
 than Jinja (src/llama-chat.cpp `llm_chat_apply_template`), used by its non-Jinja ("legacy") path
 (common/chat.cpp `common_chat_templates_apply_legacy`): each message is its role and its text only, so `tools`,
 `tool_choice` other than "auto" and the template kwargs do not apply (tools and such a tool_choice are a 400, as
-there: "tools param requires --jinja flag"). The names kept here: chatml, llama3, command-r, and the GLM family's chatglm3, chatglm4,
-glmedge; another of llama.cpp's names is refused with this list.
+there: "tools param requires --jinja flag"). The names kept here: chatml, llama3, command-r, and the GLM family's
+chatglm3, chatglm4, glmedge; another of llama.cpp's names is refused with this list.
 """
 from __future__ import annotations
 
