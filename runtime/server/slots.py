@@ -368,7 +368,8 @@ class Scheduler:
     def _room(self, s: Slot) -> bool:
         """--kv-unified (llama-server server-context.cpp `update_slots`): the cells slot `s`'s next step writes must
         fit in the pool with what every slot holds (a busy slot its KV so far, an idle one its prompt cache). The
-        step writes the prompt past the reused prefix (prefill), or the last token and the drafts verified with it.
+        step writes the prompt past the reused prefix (prefill), or the last token and up to n_max drafts (counted
+        whole: llama-server's batch holds the drafts too).
         No room: idle slots' caches are dropped, one at a time (`try_clear_idle_slots`); still none: every busy
         request fails with 500 "Context size has been exceeded." and its slot's cache is cleared. True if `s` may
         step."""
