@@ -24,7 +24,7 @@ WIDTH = x86.vector_width(TARGET)
 pytestmark = pytest.mark.skipif(WIDTH is None, reason="this CPU has no AVX2")   # CI's and this machine's have it
 WIDTHS = sorted({32, WIDTH}) if WIDTH else []
 F16_FIELDS = {"Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0],
-              "Q8_0": [0], "Q4_0": [0], "IQ4_NL": [0], "MXFP4": [],
+              "Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "IQ4_NL": [0], "MXFP4": [],
               "IQ2_XXS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_S": [0], "IQ2_XS": [0], "IQ1_S": [0],
               "IQ1_M": [], "NVFP4": []}     # IQ1_M: its d is the top nibbles of the scale words (random_weight)
 RNG = np.random.default_rng(0)
@@ -448,12 +448,13 @@ def test_matmul_heads(kind, exact):
 
 
 @pytest.mark.parametrize("kind,acts,layout,k_off", [("q2_k", "q8", "q8", 480), ("q3_k", "q8", "q8", 480),
-                                                   ("q4_0", "q8_0", "q8_0_g8", 200)])
-def test_q2_k_q3_k_q4_0_take_int8_rows_unless_exact_matmul(kind, acts, layout, k_off):
-    """Q2_K and Q3_K matmuls (dense and routed) go to the x86 K-quant kernels on "q8" rows in element order, Q4_0's
-    to the 32-block kernels on "q8_0" rows (in groups of 8 blocks: "q8_0_g8"), when the artifact quantizes
-    activations (their manifest "activation" is nextn.common.quant's); under --exact-matmul they keep the TE
-    element path (float32 activations), and so does a K the blocks do not divide."""
+                                                   ("q4_0", "q8_0", "q8_0_g8", 200), ("q4_1", "q8_0", "q8_0_g8", 200),
+                                                   ("q5_0", "q8_0", "q8_0_g8", 200), ("q5_1", "q8_0", "q8_0_g8", 200)])
+def test_q2_k_q3_k_legacy_take_int8_rows_unless_exact_matmul(kind, acts, layout, k_off):
+    """Q2_K and Q3_K matmuls (dense and routed) go to the x86 K-quant kernels on "q8" rows in element order, Q4_0,
+    Q4_1, Q5_0 and Q5_1's to the 32-block kernels on "q8_0" rows (in groups of 8 blocks: "q8_0_g8"), when the
+    artifact quantizes activations (their manifest "activation" is nextn.common.quant's); under --exact-matmul
+    they keep the TE element path (float32 activations), and so does a K the blocks do not divide."""
     from nextn.common.quant import FORMATS
     from nextn.compiler.ir import Graph
     from nextn.compiler.lower.x86.emit import X86Lowering
