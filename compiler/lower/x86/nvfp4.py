@@ -50,8 +50,9 @@ class NVFP4Int(Format):
         return tirx.reinterpret("int8x64", _lookup(E2M1X2, idx, kern.width))
 
     def factors(self, kern, n, s):
-        """float32 x 16: the ue4m3 scale (halved) of each int32 lane's sub-block."""
-        return concat([tirx.Broadcast(ue4m3_half(kern.w[n, s * 36 + b]), 4) for b in range(4)])
+        """float32 x 16: the ue4m3 scale (halved) of each int32 lane's sub-block (the four decoded as one vector)."""
+        d = T.Bind(ue4m3_half(kern.w[n, ramp(s * 36, 4)], 4))
+        return tirx.Shuffle([d, d, d, d], [i // 4 for i in range(16)])
 
 
 def nvfp4_rows(kern, fmt, ns, rows, accs, blocks=None):
