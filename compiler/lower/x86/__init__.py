@@ -143,18 +143,20 @@ class KernelSpec:
 
 
 def takes_w_rows(spec: KernelSpec) -> bool:
-    """Whether Knobs.w_rows changes `spec`'s kernel (RowPath.multi_row: IQ4_XS, the grouped Q8_0 / IQ4_NL / MXFP4)."""
+    """Whether Knobs.w_rows changes `spec`'s kernel (RowPath.multi_row: IQ4_XS, the grouped 32-block formats Q8_0,
+    Q4_0 .. Q5_1, IQ4_NL, MXFP4, and NVFP4)."""
     return format_of(spec.kind, spec.exact).path.multi_row
 
 
 def bit_knobs(spec: KernelSpec) -> tuple[str, ...]:
     """The Knobs fields that change the bits of `spec`'s rows (its path's `bit_knobs`, kernel.RowPath): `width`
     (the float lanes a row accumulates in: 8 at 32 bytes, 16 at 64 for the K-quants and IQ4_XS; the float path's
-    vectors) except on the grouped 32-block integer path (Q8_0, IQ4_NL, MXFP4: exact int32 lane sums at either
-    width) and the codebook formats (one int32 x 8 per block and row at either width, codebook.py), and `unroll`
-    on the float path (blocks per accumulation step). A weight's one-row decode kernel and its row-count verify
-    kernel must give equal rows (lossless speculation), and they are tuned as two kernels, so these knobs stay at
-    `default_knobs`, the same for both (compiler/tune: not searched, not applied from a log). The other knobs
+    vectors) except on the grouped 32-block integer path (Q8_0, Q4_0 .. Q5_1, IQ4_NL, MXFP4: exact int32 lane sums
+    at either width), NVFP4's (int32 x 16 per block, nvfp4.py) and the codebook formats (one int32 x 8 per block
+    and row at either width, codebook.py), and `unroll` on the float path (blocks per accumulation step). A
+    weight's one-row decode kernel and its row-count verify kernel must give equal rows (lossless speculation),
+    and they are tuned as two kernels, so these knobs stay at `default_knobs`, the same for both (compiler/tune:
+    not searched, not applied from a log). The other knobs
     (tile_n, row_group, w_rows, prefetch) change only the order of memory reads (tests/test_x86_kernels.py)."""
     return format_of(spec.kind, spec.exact).path.bit_knobs
 
