@@ -8,10 +8,11 @@ in the same run.
 
 CPU (llvm): each format is timed with the kernel the compiler gives a model's matmul: the x86 kernels
 (compiler/lower/x86; K-quants Q2_K .. Q6_K, IQ4_XS and the codebook formats IQ1_S .. IQ3_S on "q8" int8 activation
-rows, Q8_0 / Q4_0 / IQ4_NL / MXFP4 on "q8_0" rows, the float path with --exact) where they apply, else the TE
-element-expression kernel (Q4_1, Q5_0, Q5_1; the other integer formats, Q8_0 / IQ4_NL / MXFP4 aside, with
---exact). The weight is cycled through enough copies (--stream-mb, 8x this CPU's 32 MB L3) to come from memory,
-as in decoding a model far larger than the cache. GB/s = the weight's GGUF bytes / time (best round).
+rows, Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL / MXFP4 / NVFP4 on "q8_0" rows, the float path with --exact) where
+they apply, else the TE element-expression kernel (the integer formats, Q8_0 / IQ4_NL / MXFP4 / NVFP4 aside, with
+--exact).
+The weight is cycled through enough copies (--stream-mb, 8x this CPU's 32 MB L3) to come from memory, as in
+decoding a model far larger than the cache. GB/s = the weight's GGUF bytes / time (best round).
 
 The ceiling is a probe per case (`probe_kernel`): a TVM kernel that reads (sums) the very same weight copies, in
 the same work items (tiles of tile_n weight rows, each a contiguous stream) on the same threads with the same

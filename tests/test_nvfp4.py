@@ -166,6 +166,30 @@ def test_compiled_equals_interpreter(dsa_sequence, dsa_file, kind):
     check_mtp_vs_ir(dsa_sequence, graphs, w, ids)
 
 
+def test_default_build_takes_q8_0_rows(compiled, dsa_file):
+    """The default build quantizes activations: every NVFP4 weight's matmuls take "q8_0" rows (the manifest; the
+    x86 integer kernels, compiler/lower/x86/nvfp4.py, as ggml-cpu's vec_dot_type q8_0 for NVFP4), and the compiled
+    logits follow the interpreter given the same int8 rows within test_quant_e2e's bounds (quantization is a step
+    function: a float32 rounding difference upstream can move one quantized value by one step)."""
+    import nextn.runtime as rt
+
+    from conftest import quantized_activations
+
+    m = rt.load(compiled("nvfp4-glm-dsa", dsa_file), ctx_size=4096)
+    q8 = quantized_activations(m.loaded)
+    mf = ModelFiles(dsa_file, load_mtp=True)
+    nv = [n for n in mf.main.tensors if mf.main.tensor_type(n) == "NVFP4"]
+    assert nv and all(q8.get(n) == "q8_0" for n in nv), [n for n in nv if q8.get(n) != "q8_0"]
+    g, w = build_graphs(mf, with_mtp=True)["verify"], dequantized(mf)
+    ids = np.array(next(p for p in reference(DSA)["prompts"] if p["kind"] == "code-short")["prompt_ids"], np.int32)
+    want = interpret.run(g, {"tokens": ids, "pos": np.arange(len(ids), dtype=np.int32)}, w, zero_states(g, 4096),
+                         n_kv=len(ids), quantized_activations=q8)["logits"]
+    got = m.logits(ids)
+    rows = np.abs(got - want).max(1) / np.abs(want).max(1)
+    assert rows.max() < 5e-2 and np.median(rows) < 1e-2, (rows.max(), np.median(rows))
+    assert _argmax_agreement(got, want) >= 0.97
+
+
 def _argmax_agreement(logits, want) -> float:
     return float((np.asarray(logits).argmax(-1) == want.argmax(-1)).mean())
 

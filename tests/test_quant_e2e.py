@@ -23,8 +23,9 @@ import nextn.runtime as rt
 
 Q4KM = G4 / "tiny-glm4moe-Q4_K_M.gguf"
 PROMPTS = {p["kind"]: p["prompt_ids"] for p in reference()["prompts"]}
-# Model-level checks on every registered arch's Q4_K_M fixture (glm-dsa's also mixes in Q5_0).
-ARCHS = {"glm4moe": G4, "glm-dsa": FIXTURES / "tiny-glm-dsa"}
+# Model-level checks on every registered arch's Q4_K_M fixture (glm-dsa's and glm5next's also mix in Q5_0: glm-dsa's
+# K = 64 / 128 in single blocks, glm5next's routed down experts K = 256, a full group of 8 blocks)
+ARCHS = {"glm4moe": G4, "glm-dsa": FIXTURES / "tiny-glm-dsa", "glm5next": FIXTURES / "tiny-glm5next"}
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,9 @@ Shapes are chosen off the kernels' tiles (N not a multiple of the weight tile, r
 row group, experts chosen by several rows) and every weight sits at a 32-byte but not 64-byte aligned address,
 as a tensor view of a GGUF file may. Integer-path kinds multiply the activation row as quantized by the numpy
 statement (`nextn.common.quant.activation`: "q8" rows per 256 for the super-block kinds, "q8_0" rows per 32 for
-Q8_0 / IQ4_NL / MXFP4), which the quantizer kernels must reproduce bit for bit; the 32-block kinds are also checked
-on their float path (--exact-matmul). K is chosen off the 32-block kernels' steps (13 blocks: full steps of 4 or 8
-blocks, then single blocks).
+Q8_0, Q4_0 .. Q5_1, IQ4_NL, MXFP4 and NVFP4), which the quantizer kernels must reproduce bit for bit; the
+32-block kinds and NVFP4 are also checked on their float path (--exact-matmul). K is chosen off the 32-block
+kernels' steps (13 blocks: full steps of 4 or 8 blocks, then single blocks).
 """
 import dataclasses
 
@@ -24,7 +24,7 @@ WIDTH = x86.vector_width(TARGET)
 pytestmark = pytest.mark.skipif(WIDTH is None, reason="this CPU has no AVX2")   # CI's and this machine's have it
 WIDTHS = sorted({32, WIDTH}) if WIDTH else []
 F16_FIELDS = {"Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0],
-              "Q8_0": [0], "Q4_0": [0], "IQ4_NL": [0], "MXFP4": [],
+              "Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "IQ4_NL": [0], "MXFP4": [],
               "IQ2_XXS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_S": [0], "IQ2_XS": [0], "IQ1_S": [0],
               "IQ1_M": [], "NVFP4": []}     # IQ1_M: its d is the top nibbles of the scale words (random_weight)
 RNG = np.random.default_rng(0)
@@ -161,9 +161,10 @@ def test_matmul_id(kind, exact, shared_x):
 
 
 @pytest.mark.parametrize("kind,exact", [("q3_k", False), ("q4_k", False), ("q6_k", False), ("iq4_xs", False),
-                                        ("q8_0", False), ("q8_0", True), ("f16", True), ("iq2_xxs", False)],
+                                        ("q8_0", False), ("q8_0", True), ("f16", True), ("iq2_xxs", False),
+                                        ("nvfp4", False)],
                          ids=["q3_k-int", "q4_k-int", "q6_k-int", "iq4_xs-int", "q8_0-int", "q8_0-float", "f16-float",
-                              "iq2_xxs-int"])
+                              "iq2_xxs-int", "nvfp4-int"])
 @pytest.mark.e2e
 def test_every_tuned_knob_keeps_the_row_bits(kind, exact):
     """`nextn tune` searches the decode (one-row) and verify (row-count) kernels of a weight apart, so no knob it
@@ -253,7 +254,7 @@ def test_weight_row_blocks(kind, w_rows, tile_n):
         (y1,) = run(one, w, *[a[t:t + 1] for a in acts], outs=[(1, N)])
         assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), t
     X, U, T = 4, 2, 5
-    K = 512 if x86.format_of(kind).block == 256 else 416
+    K = 416 if x86.format_of(kind).block == 32 else 512
     we, wef = random_weight(kind, (X,), N, K)
     ids = np.array([[0, 1], [1, 3], [3, 0], [1, 2], [0, 1]], np.int32)
     acts, xf = activations(kind, RNG.standard_normal((T, K)).astype(np.float32))
@@ -448,12 +449,13 @@ def test_matmul_heads(kind, exact):
 
 
 @pytest.mark.parametrize("kind,acts,layout,k_off", [("q2_k", "q8", "q8", 480), ("q3_k", "q8", "q8", 480),
-                                                   ("q4_0", "q8_0", "q8_0_g8", 200)])
-def test_q2_k_q3_k_q4_0_take_int8_rows_unless_exact_matmul(kind, acts, layout, k_off):
-    """Q2_K and Q3_K matmuls (dense and routed) go to the x86 K-quant kernels on "q8" rows in element order, Q4_0's
-    to the 32-block kernels on "q8_0" rows (in groups of 8 blocks: "q8_0_g8"), when the artifact quantizes
-    activations (their manifest "activation" is nextn.common.quant's); under --exact-matmul they keep the TE
-    element path (float32 activations), and so does a K the blocks do not divide."""
+                                                   ("q4_0", "q8_0", "q8_0_g8", 200), ("q4_1", "q8_0", "q8_0_g8", 200),
+                                                   ("q5_0", "q8_0", "q8_0_g8", 200), ("q5_1", "q8_0", "q8_0_g8", 200)])
+def test_q2_k_q3_k_legacy_take_int8_rows_unless_exact_matmul(kind, acts, layout, k_off):
+    """Q2_K and Q3_K matmuls (dense and routed) go to the x86 K-quant kernels on "q8" rows in element order, Q4_0,
+    Q4_1, Q5_0 and Q5_1's to the 32-block kernels on "q8_0" rows (in groups of 8 blocks: "q8_0_g8"), when the
+    artifact quantizes activations (their manifest "activation" is nextn.common.quant's); under --exact-matmul
+    they keep the TE element path (float32 activations), and so does a K the blocks do not divide."""
     from nextn.common.quant import FORMATS
     from nextn.compiler.ir import Graph
     from nextn.compiler.lower.x86.emit import X86Lowering
@@ -469,6 +471,25 @@ def test_q2_k_q3_k_q4_0_take_int8_rows_unless_exact_matmul(kind, acts, layout, k
     assert not X86Lowering(WIDTH).handles(off, kind)
     assert x86.KernelSpec("matmul", kind, 64, 512).acts == acts == FORMATS[kind].activation
     assert x86.act_layout(kind) == layout
+
+
+def test_nvfp4_takes_q8_0_rows_unless_exact_matmul():
+    """NVFP4 matmuls (dense and routed) go to the integer kernel on "q8_0" rows in element order (x86/nvfp4.py; the
+    manifest's "activation" is nextn.common.quant's) when the artifact quantizes activations, to the float kernel
+    (float32 rows) under --exact-matmul."""
+    from nextn.common.quant import FORMATS
+    from nextn.compiler.ir import Graph
+    from nextn.compiler.lower.x86.emit import X86Lowering
+
+    g = Graph("t")
+    mm = g.mul_mat(g.weight("w", (64, 512)), g.input("x", ("T", 512), "float32"))
+    mid = g.mul_mat_id(g.weight("we", (4, 64, 512)), g.input("xe", ("T", 512), "float32"),
+                       g.input("ids", ("T", 2), "int32"))
+    for low, exact in ((X86Lowering(WIDTH), False), (X86Lowering(WIDTH, quantize_activations=False), True)):
+        assert low.handles(mm, "nvfp4") and low.handles(mid, "nvfp4") and low._exact("nvfp4", 512) == exact
+    assert x86.KernelSpec("matmul", "nvfp4", 64, 512).acts == "q8_0" == FORMATS["nvfp4"].activation
+    assert x86.act_layout("nvfp4") == "q8_0" and x86.act_layout("nvfp4", exact=True) == "f32"
+    assert x86.KernelSpec("matmul", "nvfp4", 64, 512, exact=True).acts == "f32"
 
 
 def test_matmul_heads_routing_and_key():

@@ -3,8 +3,10 @@ weight whose format has `activation = "q8"` or `"q8_0"`, when an artifact quanti
 `x86_kernels.activation_quant`). Two row formats, the same rule with different block lengths:
 
     "q8"    blocks of 256 (ggml's block_q8_K; for the K-quants and IQ4_XS), plus the sums of q over each 16
-    "q8_0"  blocks of 32 (ggml's block_q8_0; for the 32-weight block formats Q8_0, IQ4_NL, MXFP4: ggml-cpu's
-            vec_dot_type for them, ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_iq4_nl_q8_0 / ggml_vec_dot_mxfp4_q8_0)
+    "q8_0"  blocks of 32 (ggml's block_q8_0; for the 32-weight block formats Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4 and
+            for NVFP4: ggml-cpu's vec_dot_type for them, ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_iq4_nl_q8_0 /
+            ggml_vec_dot_mxfp4_q8_0 / ggml_vec_dot_nvfp4_q8_0; and for Q4_1, Q5_1, whose vec_dot_type
+            block_q8_1 adds s = d Σ q: the kernels take Σ q exactly from these values instead)
 
 Each row of x (float32, length K, a multiple of the block) is cut into blocks of 256 (32) values; per block
     amax = max |x_i|,  d = amax / 127,  q_i = round_half_even(x_i * (127 / amax))   (q = 0 where amax = 0)
@@ -13,8 +15,10 @@ sum_i w_i x'_i, where w_i is the weight's exact dequantized value: the kernels g
 products (u8 x s8 -> i16 pairs -> i32) and one float32 multiply-add per block, so compiled and numpy results differ
 only by float32 rounding of the per-block sums. This is ggml-cpu's scheme (quantize_row_q8_K, block_q8_K;
 ggml_vec_dot_q4_K_q8_K …) with a float32 d; the sums of q over each 16 (`xs`) are the kernels' shortcut for the
-mins and offsets of Q4_K / Q5_K / Q6_K. A "q8_0" row has no sums: its formats have one scale per 32 weights
-and no offset, so a block's product is d_w * d_x * (exact int32 sum), one float32 multiply-add.
+mins and offsets of Q4_K / Q5_K / Q6_K. A "q8_0" row has no sums: most of its formats have one scale per 32
+weights and no offset, so a block's product is d_w * d_x * (exact int32 sum), one float32 multiply-add; Q4_1 and
+Q5_1 (w = d_w q + m) add m * d_x * (the block's exact sum of q), one more (the lane offsets of "q8_0_g8" hold it
+per group of 8 blocks).
 """
 from __future__ import annotations
 

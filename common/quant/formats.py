@@ -29,8 +29,8 @@ def _codebook(name: str, dtype, ksigns: bool):
 
 
 for _kind, _block, _size, _act in [
-    ("q8_0", 32, 34, "q8_0"), ("q4_0", 32, 18, "q8_0"), ("q4_1", 32, 20, None), ("q5_0", 32, 22, None),
-    ("q5_1", 32, 24, None), ("q2_k", 256, 84, "q8"), ("q3_k", 256, 110, "q8"), ("q4_k", 256, 144, "q8"),
+    ("q8_0", 32, 34, "q8_0"), ("q4_0", 32, 18, "q8_0"), ("q4_1", 32, 20, "q8_0"), ("q5_0", 32, 22, "q8_0"),
+    ("q5_1", 32, 24, "q8_0"), ("q2_k", 256, 84, "q8"), ("q3_k", 256, 110, "q8"), ("q4_k", 256, 144, "q8"),
     ("q5_k", 256, 176, "q8"), ("q6_k", 256, 210, "q8"), ("iq4_nl", 32, 18, "q8_0"), ("iq4_xs", 256, 136, "q8"),
 ]:
     register(QuantFormat(_kind, _kind.upper(), _block, _size, activation=_act))
@@ -45,9 +45,9 @@ for _name, _size, _dtype, _ksigns, _act in [
     register(QuantFormat(_name.lower(), _name, 256, _size, activation=_act,
                          tables=_codebook(_name, _dtype, _ksigns)))
 register(QuantFormat("mxfp4", "MXFP4", 32, 17, activation="q8_0"))
-# NVFP4: float activations (the element path); its per-tensor `.scale` multiplies the matmul output
-# (nextn.compiler.graphs.apply_weight_scales)
-register(QuantFormat("nvfp4", "NVFP4", 64, 36))
+# NVFP4: "q8_0" rows as ggml-cpu's vec_dot_type for it (compiler/lower/x86/nvfp4.py); its per-tensor `.scale`
+# multiplies the matmul output (nextn.compiler.graphs.apply_weight_scales)
+register(QuantFormat("nvfp4", "NVFP4", 64, 36, activation="q8_0"))
 # 16-bit floats stay 16-bit in memory; the kernels widen as they read (matmul and embedding weights only:
 # nextn.compiler.graphs.weight_kinds widens the others, e.g. norms, to float32 at load)
 register(QuantFormat("f16", "F16", 1, 2, dtype="float16"))

@@ -16,17 +16,20 @@ from __future__ import annotations
 from tvm import tirx
 
 from .mxfp4 import E2M1X2
-from .te import F32, Block, bits, const, element, f32, lut16
+from .te import F32, Block, bits, const, element, lut16
 
 
-def ue4m3_half(x):
-    """ggml_ue4m3_to_fp32 of a uint8 expression: the scale, halved (E2M1X2 holds the e2m1 values doubled)."""
-    u32 = lambda v: const(v, "uint32")  # noqa: E731
-    e = x.astype("uint32")
+def ue4m3_half(x, lanes: int = 1):
+    """ggml_ue4m3_to_fp32 of a uint8 expression: the scale, halved (E2M1X2 holds the e2m1 values doubled); of
+    each lane of a uint8 x `lanes` vector for lanes > 1 (float32 x lanes)."""
+    vec = (lambda dt: dt) if lanes == 1 else (lambda dt: f"{dt}x{lanes}")   # noqa: E731
+    c = (lambda v, dt: const(v, dt)) if lanes == 1 else (lambda v, dt: tirx.Broadcast(const(v, dt), lanes))  # noqa
+    u32 = lambda v: c(v, "uint32")  # noqa: E731
+    e = tirx.Cast(vec("uint32"), x)
     exp, man = (e >> u32(3)) & u32(0xF), e & u32(7)
-    normal = tirx.reinterpret(F32, ((exp + u32(119)) << u32(23)) | (man << u32(20)))   # (1 + man/8) 2^(exp-8)
-    val = tirx.Select(exp == u32(0), f32(man) * const(2.0 ** -10, F32), normal)
-    return tirx.Select(tirx.Or(e == u32(0), e == u32(0x7F)), const(0.0, F32), val)
+    normal = tirx.reinterpret(vec(F32), ((exp + u32(119)) << u32(23)) | (man << u32(20)))   # (1 + man/8) 2^(exp-8)
+    val = tirx.Select(exp == u32(0), tirx.Cast(vec(F32), man) * c(2.0 ** -10, F32), normal)
+    return tirx.Select(tirx.Or(e == u32(0), e == u32(0x7F)), c(0.0, F32), val)
 
 
 @element("nvfp4")

@@ -6,9 +6,10 @@ experts); everything else keeps the TE element
 expression path (`nextn.compiler.quant`). Integer kinds (`INT_KINDS`) multiply int8-quantized activation rows
 when the artifact quantizes activations: "q8" rows (`quantize_rows`, per 256) for the K-quants, IQ4_XS and the
 codebook formats (codebook.py: IQ1_S .. IQ3_S), "q8_0"
-rows (`quantize_rows_q8_0`, per 32) for Q8_0, Q4_0, IQ4_NL and MXFP4 (semantics in `nextn.common.quant.activation`).
-Without quantized activations (--exact-matmul) the 32-block kinds take the float path (they are in `FLOAT_KINDS`
-too) and the others the element path. Vector width: 64 bytes on AVX-512BW, else 32 (`vector_width`);
+rows (`quantize_rows_q8_0`, per 32) for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 and NVFP4 (nvfp4.py) (semantics
+in `nextn.common.quant.activation`).
+Without quantized activations (--exact-matmul) Q8_0, IQ4_NL, MXFP4 and NVFP4 take the float path (they are in
+`FLOAT_KINDS` too) and the others the element path. Vector width: 64 bytes on AVX-512BW, else 32 (`vector_width`);
 VNNI (`has_vnni`) changes instructions, never results.
 """
 from __future__ import annotations
@@ -84,7 +85,7 @@ class KernelSpec:
     op: "matmul" (weight [N, K]), "matmul_heads" (one [N, K] weight per head: [X = H, N, K], x [T, H, K]) or
     "matmul_id" (routed experts [X, N, K], n_used per row, x shared by the slots or one row per slot, n_weights
     weights in one pass); rows: static row count or None (symbolic T); exact: the
-    float path of a kind that has an integer one too (Q8_0, IQ4_NL, MXFP4 under --exact-matmul)."""
+    float path of a kind that has an integer one too (Q8_0, IQ4_NL, MXFP4, NVFP4 under --exact-matmul)."""
     op: str
     kind: str
     N: int
@@ -142,18 +143,20 @@ class KernelSpec:
 
 
 def takes_w_rows(spec: KernelSpec) -> bool:
-    """Whether Knobs.w_rows changes `spec`'s kernel (RowPath.multi_row: IQ4_XS, the grouped Q8_0 / IQ4_NL / MXFP4)."""
+    """Whether Knobs.w_rows changes `spec`'s kernel (RowPath.multi_row: IQ4_XS, the grouped 32-block formats Q8_0,
+    Q4_0 .. Q5_1, IQ4_NL, MXFP4, and NVFP4)."""
     return format_of(spec.kind, spec.exact).path.multi_row
 
 
 def bit_knobs(spec: KernelSpec) -> tuple[str, ...]:
     """The Knobs fields that change the bits of `spec`'s rows (its path's `bit_knobs`, kernel.RowPath): `width`
     (the float lanes a row accumulates in: 8 at 32 bytes, 16 at 64 for the K-quants and IQ4_XS; the float path's
-    vectors) except on the grouped 32-block integer path (Q8_0, IQ4_NL, MXFP4: exact int32 lane sums at either
-    width) and the codebook formats (one int32 x 8 per block and row at either width, codebook.py), and `unroll`
-    on the float path (blocks per accumulation step). A weight's one-row decode kernel and its row-count verify
-    kernel must give equal rows (lossless speculation), and they are tuned as two kernels, so these knobs stay at
-    `default_knobs`, the same for both (compiler/tune: not searched, not applied from a log). The other knobs
+    vectors) except on the grouped 32-block integer path (Q8_0, Q4_0 .. Q5_1, IQ4_NL, MXFP4: exact int32 lane sums
+    at either width), NVFP4's (int32 x 16 per block, nvfp4.py) and the codebook formats (one int32 x 8 per block
+    and row at either width, codebook.py), and `unroll` on the float path (blocks per accumulation step). A
+    weight's one-row decode kernel and its row-count verify kernel must give equal rows (lossless speculation),
+    and they are tuned as two kernels, so these knobs stay at `default_knobs`, the same for both (compiler/tune:
+    not searched, not applied from a log). The other knobs
     (tile_n, row_group, w_rows, prefetch) change only the order of memory reads (tests/test_x86_kernels.py)."""
     return format_of(spec.kind, spec.exact).path.bit_knobs
 

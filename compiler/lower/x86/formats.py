@@ -4,9 +4,10 @@ Each format declares its `path` (kernel.Format, kernel.RowPath), one module per 
 
     kquant.py    Q2_K .. Q6_K            "q8" rows (Q4_K / Q5_K in their nibble order, "q8_q4k")
     lanes.py     IQ4_XS                  "q8_iq4xs" rows
-    block32.py   Q8_0, Q4_0, IQ4_NL, MXFP4  "q8_0_g8" rows (groups of 8 blocks, then single blocks)
+    block32.py   Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4  "q8_0_g8" rows (groups of 8 blocks, then single blocks)
     codebook.py  IQ1_S .. IQ3_S          "q8" rows
-    floats.py    F16, BF16, F32, NVFP4, and Q8_0 / IQ4_NL / MXFP4 under --exact-matmul: float32 rows
+    nvfp4.py     NVFP4                   "q8_0" rows (one block of 64 at a time, 16 lanes of sub-block sums)
+    floats.py    F16, BF16, F32, and Q8_0 / IQ4_NL / MXFP4 / NVFP4 under --exact-matmul: float32 rows
 
 Integer path: the activation row is int8 per 256 (32) values (`nextn.common.quant.activation`), a block's quants
 are multiplied with it exactly and its float factors enter once per block (or group) through one FMA per term, as
@@ -15,16 +16,18 @@ one FMA per weight.
 """
 from __future__ import annotations
 
-from .block32 import IQ4NLInt, MXFP4Int, Q40Int, Q80Int
+from .block32 import IQ4NLInt, MXFP4Int, Q40Int, Q41Int, Q50Int, Q51Int, Q80Int
 from .codebook import CODEBOOK_FORMATS
 from .floats import IQ4NL, MXFP4, NVFP4, Q80, Plain
 from .kernel import layout_args
 from .kquant import Q2K, Q3K, Q4K, Q5K, Q6K
 from .lanes import IQ4XS
+from .nvfp4 import NVFP4Int
 
-BLOCK32_FORMATS = {"q8_0": Q80Int(), "q4_0": Q40Int(), "iq4_nl": IQ4NLInt(), "mxfp4": MXFP4Int()}
+BLOCK32_FORMATS = {"q8_0": Q80Int(), "q4_0": Q40Int(), "q4_1": Q41Int(), "q5_0": Q50Int(), "q5_1": Q51Int(),
+                   "iq4_nl": IQ4NLInt(), "mxfp4": MXFP4Int()}
 INT_FORMATS = {"q2_k": Q2K(), "q3_k": Q3K(), "q4_k": Q4K(), "q5_k": Q5K(), "q6_k": Q6K(), "iq4_xs": IQ4XS(),
-               **BLOCK32_FORMATS, **CODEBOOK_FORMATS}
+               **BLOCK32_FORMATS, **CODEBOOK_FORMATS, "nvfp4": NVFP4Int()}
 # kinds in both: the float formats are the --exact-matmul path (float32 activation rows)
 FLOAT_FORMATS = {"q8_0": Q80(), "iq4_nl": IQ4NL(), "mxfp4": MXFP4(), "f16": Plain("float16"), "bf16": Plain("uint16"),
                  "f32": Plain("float32"), "nvfp4": NVFP4()}
