@@ -123,7 +123,11 @@ def plan(model: str, options: CompileOptions, draft: str | None = None, dump_ir:
     lib_arches = [arch_list] if o.target == "cuda" else [[a] for a in arch_list] if o.target == "rocm" else [[]]
     tgt = make_target(o.target, lib_arches[0] or None)
     x86 = for_target(tgt, quantize_activations=not o.exact_matmul, knobs_for=x86_knobs(o.tuning_log, tgt, log))
-    mod = build_module(list(graphs.values()), kinds, STATIC, form=o.kernel_form, split_l=SPLIT_L, x86=x86)
+    # the GPU matmuls' integer route (lower/cuda/int8.py) unless --exact-matmul: __dp4a where the arch has it
+    from .lower.cuda.int8 import has_dot4
+    gpu_int8 = None if o.exact_matmul else "cuda" if has_dot4(tgt) else "plain"
+    mod = build_module(list(graphs.values()), kinds, STATIC, form=o.kernel_form, split_l=SPLIT_L, x86=x86,
+                       gpu_int8=gpu_int8)
     graph_entries = []
     if o.target == "cuda" and o.cuda_graph:
         mod, graph_entries = capture_graphs.mark(mod, mf.config.n_ctx_train, STATIC)
