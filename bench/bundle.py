@@ -68,8 +68,10 @@ BUNDLED_BENCH = ["device_check.py", "device_cuda.py", "device_refs.py", "device_
                  "realwidth_files.py"]
 
 # name: (fixture dir, GGUF, how it is checked). "fixture": the fixture's references (BF16 weights, exact);
-# "cpu": its own outputs on this CPU from the `--exact-matmul` llvm artifact (float activation rows, as the CUDA
-# kernels compute; tested against the IR interpreter), compared at device_refs.GPU_TOL with near-ties marked.
+# "cpu": its own outputs on this CPU from the llvm artifact that computes what the CUDA artifact computes
+# (`gpu_route`): the default one (int8 activation rows) where every integer-path format of the GGUF is on the CUDA
+# integer route, else `--exact-matmul` for both (float activation rows); compared at device_refs.GPU_TOL with
+# near-ties marked.
 CHECKS = {
     "glm4moe-BF16": ("tiny-glm4moe", "tiny-glm4moe-BF16.gguf", "fixture"),
     "glm4moe-Q8_0": ("tiny-glm4moe", "tiny-glm4moe-Q8_0.gguf", "cpu"),
@@ -202,12 +204,14 @@ def build_site(site: str, host_name: str, cache: str) -> dict:
 
 
 # -- artifacts, references -----------------------------------------------------------------------------------------
-def compile_into(model: str, out: str, target: str, arches, cuda_graph: bool = True, kv: str = "f32") -> str:
-    """`kv`: both KV cache types; f32 for the fixture checks, which compare with float32 references."""
+def compile_into(model: str, out: str, target: str, arches, cuda_graph: bool = True, kv: str = "f32",
+                 exact: bool = False) -> str:
+    """`kv`: both KV cache types; f32 for the fixture checks, which compare with float32 references. `exact`:
+    `--exact-matmul` (float activation rows)."""
     from nextn.compiler.entry import CompileOptions, compile_model
 
     compile_model(model, out, CompileOptions(target=target, arches=arches, cuda_graph=cuda_graph, cache_type_k=kv,
-                                             cache_type_v=kv), log=log)
+                                             cache_type_v=kv, exact_matmul=exact), log=log)
     if target == "cuda":
         from nextn.compiler.check_device_code import check_artifact
 
@@ -245,29 +249,47 @@ def cpu_artifact(gguf: str, exact: bool = True) -> str:
     return out
 
 
-def record_cpu_expectations(gguf: str, fixture: str, path: str, artifact: str | None = None) -> None:
-    """The GGUF's outputs through its `--exact-matmul` llvm artifact on this CPU, with their top-2 margins: the bar
-    of a quantized model on the GPU, whose kernels keep activations in float (issue 33: the default llvm artifact
-    quantizes them to 8 bits, a different computation)."""
+def gpu_route(gguf: str) -> str:
+    """"int8" when every tensor of the GGUF whose CPU matmuls take int8 activation rows (compiler/lower/x86
+    INT_KINDS) has a format on the CUDA integer route (compiler/lower/cuda/int8.KINDS: Q8_0, Q4_K, Q5_K, Q6_K), so
+    the default CUDA and llvm artifacts compute the same; else "float": a check compiles both with
+    `--exact-matmul` (a format the CPU quantizes and CUDA does not, e.g. Q4_0, IQ4_XS, MXFP4, Q2_K, Q3_K, would
+    make the default builds two different computations, issue 33)."""
+    import gguf as gg
+
+    from nextn.compiler.lower.cuda.int8 import KINDS
+    from nextn.compiler.lower.x86 import INT_KINDS
+
+    kinds = {t.tensor_type.name.lower() for t in gg.GGUFReader(gguf).tensors}
+    return "int8" if not (kinds & set(INT_KINDS)) - set(KINDS) else "float"
+
+
+def record_cpu_expectations(gguf: str, fixture: str, path: str, artifact: str | None = None,
+                            exact: bool = True) -> None:
+    """The GGUF's outputs through its llvm artifact on this CPU (`exact`: `--exact-matmul`, float activation rows;
+    else the default, int8 activation rows), with their top-2 margins: the bar of the CUDA artifact that computes
+    the same (`gpu_route`; issue 33: the first H200 run compared the float CUDA kernels with the int8 CPU run)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import device_refs
     import nextn.runtime as rt
 
-    log(f"bundle: recording {os.path.basename(gguf)} on this CPU (llvm, --exact-matmul) ...")
-    m = rt.load(artifact or cpu_artifact(gguf, exact=True), ctx_size=4096, log=log)
+    log(f"bundle: recording {os.path.basename(gguf)} on this CPU (llvm, "
+        f"{'--exact-matmul' if exact else 'int8 activations'}) ...")
+    m = rt.load(artifact or cpu_artifact(gguf, exact=exact), ctx_size=4096, log=log)
     device_refs.record_expectations(m, os.path.join(FIXTURES, fixture), path)
 
 
 # -- the bundle ------------------------------------------------------------------------------------------------------
 def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",), checks=tuple(CHECKS),
           realwidth: str | None = REALWIDTH, prebuilt: dict | None = None, copy_models: bool = True,
-          cache: str | None = None, reuse: str | None = None, exact: dict | None = None,
+          cache: str | None = None, reuse: str | None = None, cpu_artifacts: dict | None = None,
           realwidth_spec=()) -> dict:
     """Write the bundle directory `out`; returns its bundle.json. `prebuilt` {check name (+ "-nograph"), or the
     real-width name: artifact dir} skips compiling those; `reuse`: an earlier bundle whose artifacts and CPU
     expectations are taken as they are (built by the same compiler: nothing checks that); `copy_models` False
-    references the fixture GGUFs where they are (CI); `exact` {check name: `--exact-matmul` llvm artifact dir}: the
-    artifact a quantized check's expectations are recorded from (default: `cpu_artifact`, compiled and cached);
+    references the fixture GGUFs where they are (CI); `cpu_artifacts` {check name: llvm artifact dir}: the
+    artifact a quantized check's expectations are recorded from, the build of `gpu_route`'s computation (default:
+    `cpu_artifact`, compiled and cached);
     `realwidth_spec`: names of REALWIDTH_FILES (the predictable ones, REALWIDTH_SPEC) for the `realwidth NAME` stages,
     or dicts {"name", "model", "artifact"} (CI: a tiny stand-in)."""
     from nextn.common.paths import cache_dir
@@ -311,24 +333,30 @@ def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",),
         ref = f"refs/{fixture}"
         copy_refs(fixture, os.path.join(out, ref), logits=how == "fixture")
         entry = {"name": name, "model": model, "reference": ref}
+        route = gpu_route(src) if how == "cpu" else None
         variants = [(name, True)] + ([(name + "-nograph", False)] if first and target == "cuda" else [])
         for vname, graph in variants:
             art = os.path.join(out, "art", vname)
             if vname in prebuilt:
                 shutil.copytree(prebuilt[vname], art)
             else:
-                compile_into(src, art, target, arches, cuda_graph=graph)
+                compile_into(src, art, target, arches, cuda_graph=graph, exact=route == "float")
             e = dict(entry, name=vname, artifact=f"art/{vname}",
                      role="main" if first and graph else "nograph" if not graph else None)
             if how == "cpu":
                 from device_refs import GPU_TOL
 
-                # "expect-exact-": expectations of an older bundle (int8 activations) are never reused
-                e.update(expect=f"refs/expect-exact-{name}", tol=GPU_TOL, against="cpu run, --exact-matmul")
+                # "expect-int8-" / "expect-exact-": the two computations never share a file (older bundles
+                # recorded int8 expectations as "expect-")
+                e.update(expect=f"refs/expect-{'int8' if route == 'int8' else 'exact'}-{name}", tol=GPU_TOL,
+                         route=route, against="cpu run, int8 activations" if route == "int8" else
+                         "cpu run, --exact-matmul (both)")
                 for ext in (".json", ".npz") if reuse and os.path.isfile(os.path.join(reuse, e["expect"] + ".json")) else ():
                     shutil.copy2(os.path.join(reuse, e["expect"] + ext), os.path.join(out, e["expect"] + ext))
                 if not os.path.isfile(os.path.join(out, e["expect"] + ".json")):
-                    record_cpu_expectations(src, fixture, os.path.join(out, e["expect"]), (exact or {}).get(name))
+                    record_cpu_expectations(src, fixture, os.path.join(out, e["expect"]),
+                                            (cpu_artifacts or {}).get(name),
+                                            exact=route == "float")
             plan["checks"].append({k: v for k, v in e.items() if v is not None})
         first = False
     if isinstance(realwidth, dict):     # a given file + artifact (CI: the real-width stage on a tiny model)

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import G4, REPO, reference
+from conftest import FIXTURES, G4, REPO, reference
 
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -418,20 +418,26 @@ def test_near_tie_is_reported_not_failed():
 
 
 def test_bundle_plans_quantized_checks_at_the_gpu_tolerance(compiled, tmp_path, monkeypatch):
-    """A quantized check's plan entry points at expectations recorded from the --exact-matmul artifact
-    (refs/expect-exact-NAME) and carries its tolerance; the device check reads it."""
+    """A quantized check's plan entry points at expectations recorded from the llvm artifact that computes what the
+    CUDA artifact computes (bench/bundle.py gpu_route): the Q8_0 fixture is on the CUDA integer route, so its
+    default (int8-activation) run, refs/expect-int8-NAME; it carries its tolerance; the device check reads it. A
+    GGUF with a format the CPU quantizes and CUDA does not (Q4_0, IQ4_XS ...) takes the float route on both."""
     recorded = []
     monkeypatch.setattr(bundle_builder, "record_cpu_expectations",
-                        lambda src, fixture, path, art=None: recorded.append((path, art)) or
+                        lambda src, fixture, path, art=None, exact=True: recorded.append((path, art, exact)) or
                         open(path + ".json", "w").write("{}"))
-    exact = compiled("q8-exact", G4 / "tiny-glm4moe-Q8_0.gguf", exact_matmul=True)
+    q8 = compiled("q8", G4 / "tiny-glm4moe-Q8_0.gguf")
     plan = bundle_builder.build(str(tmp_path / "b"), host="here", device="cpu", checks=["glm4moe-Q8_0"],
-                                realwidth=None, prebuilt={"glm4moe-Q8_0": exact}, copy_models=False,
-                                exact={"glm4moe-Q8_0": exact})
+                                realwidth=None, prebuilt={"glm4moe-Q8_0": q8}, copy_models=False,
+                                cpu_artifacts={"glm4moe-Q8_0": q8})
     c = plan["checks"][0]
-    assert c["expect"] == "refs/expect-exact-glm4moe-Q8_0" and c["tol"] == device_refs.GPU_TOL
-    assert recorded == [(str(tmp_path / "b" / c["expect"]), exact)]
+    assert c["expect"] == "refs/expect-int8-glm4moe-Q8_0" and c["tol"] == device_refs.GPU_TOL and c["route"] == "int8"
+    assert recorded == [(str(tmp_path / "b" / c["expect"]), q8, False)]
     assert device_refs.tolerance(c) == device_refs.GPU_TOL and device_refs.tolerance({}) == device_refs.LOGIT_TOL
+    assert bundle_builder.gpu_route(str(G4 / "tiny-glm4moe-Q4_K_M.gguf")) == "int8"   # Q4_K, Q5_K, Q6_K, Q8_0
+    quants = sorted((FIXTURES / "quants").glob("*.gguf"))
+    routes = {p.name: bundle_builder.gpu_route(str(p)) for p in quants}
+    assert any(v == "float" for v in routes.values()), routes     # e.g. the Q4_0 / IQ4_XS / MXFP4 files
 
 
 def test_predictable_realwidth_stage_reports_floor_fractions_and_speculation(bundle, tmp_path):

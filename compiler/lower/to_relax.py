@@ -230,6 +230,9 @@ def _(bb, n, args, cx):
     gpu = cx.kernels.gpu and not cx.kernels.emulate   # CUDA / ROCm: dequantization as a stage (lower/cuda/gemv.py)
     w = args[0]
     B = cuda.int8.route(w[0], int(w[2][-1]), cx.kernels.gpu_int8 is not None) if gpu and isinstance(w, tuple) else None
+    if B is not None and n.op == "mul_mat" and len(w[2]) == 3 and (len(n.inputs[1].shape) != 3 or
+                                                                   n.inputs[1].shape[1] != w[2][0]):
+        B = None   # per-head weights on other row shapes: float, as the CPU's x86.emit handles()
     if B is not None:   # the integer route (lower/cuda/int8.py): the rows quantized once, shared by gate and up
         args = [w, *_quantized_rows(bb, args[1], B, cx.kernels), *args[2:]]
     if gpu and n.op == "mul_mat_id" and not _static_one(dim_expr(n.inputs[2].shape[0], cx.sym)):
