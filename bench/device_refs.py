@@ -11,9 +11,11 @@ import numpy as np
 FULL_ROW_KINDS = ("code-short", "docs-heading")   # prompts whose every row has reference logits
 N_MAX = (1, 2, 3)
 LOGIT_TOL = 1e-4             # the fixtures' tolerance: max |Δ| / max |ref| per row
-# Quantized models against their float-activation CPU run (`--exact-matmul` llvm artifact, recorded by bench/bundle.py):
-# the same computation in float32, only the summation order (and the GPU's exp) differ. 1e-5 is 16x the spread
-# bench/exact_tolerance.py measures on the CPU and far below what int8 activations change (docs/gpu.md).
+# Quantized models against the CPU run of the same computation (bench/bundle.py gpu_route): the default llvm
+# artifact (int8 activation rows) where every format is on the CUDA integer route (Q8_0, Q4_K, Q5_K, Q6_K), else the
+# `--exact-matmul` one (float rows; the CUDA artifact is then built with --exact-matmul too). Only the float32
+# summation order (and the GPU's exp) differ. 1e-5 is 16x the float spread bench/exact_tolerance.py measures on the
+# CPU and far below what int8 activations change (docs/gpu.md "References"; the int8 route's spread: same script).
 GPU_TOL = 1e-5
 
 def rel_err(got, want) -> float:
