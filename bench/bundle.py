@@ -68,10 +68,12 @@ BUNDLED_BENCH = ["device_check.py", "device_cuda.py", "device_refs.py", "device_
                  "realwidth_files.py"]
 
 # name: (fixture dir, GGUF, how it is checked). "fixture": the fixture's references (BF16 weights, exact);
-# "cpu": its own outputs on this CPU from the llvm artifact that computes what the CUDA artifact computes
-# (`gpu_route`): the default one (int8 activation rows) where every integer-path format of the GGUF is on the CUDA
-# integer route, else `--exact-matmul` for both (float activation rows); compared at device_refs.GPU_TOL with
-# near-ties marked.
+# "cpu": the `--exact-matmul` CUDA artifact (float activation rows) against the GGUF's outputs on this CPU from the
+# `--exact-matmul` llvm artifact (tested against the IR interpreter), at device_refs.GPU_TOL with near-ties marked;
+# and, where every integer-path format of the GGUF is on the CUDA integer route (`gpu_route`), check "NAME-int8": the
+# default CUDA artifact (int8 activation rows, `__dp4a`) against the default llvm artifact's outputs at
+# device_refs.INT8_TOL (an int8 step moved by an upstream rounding difference changes a row by ~1e-2: no model-level
+# comparison of two int8 computations is tight; the integer kernels are checked alone by the `int8 kernels` stage).
 CHECKS = {
     "glm4moe-BF16": ("tiny-glm4moe", "tiny-glm4moe-BF16.gguf", "fixture"),
     "glm4moe-Q8_0": ("tiny-glm4moe", "tiny-glm4moe-Q8_0.gguf", "cpu"),
@@ -252,9 +254,9 @@ def cpu_artifact(gguf: str, exact: bool = True) -> str:
 def gpu_route(gguf: str) -> str:
     """"int8" when every tensor of the GGUF whose CPU matmuls take int8 activation rows (compiler/lower/x86
     INT_KINDS) has a format on the CUDA integer route (compiler/lower/cuda/int8.KINDS: Q8_0, Q4_K, Q5_K, Q6_K), so
-    the default CUDA and llvm artifacts compute the same; else "float": a check compiles both with
-    `--exact-matmul` (a format the CPU quantizes and CUDA does not, e.g. Q4_0, IQ4_XS, MXFP4, Q2_K, Q3_K, would
-    make the default builds two different computations, issue 33)."""
+    the default CUDA and llvm artifacts compute the same up to float32 rounding; else "float": a format the CPU
+    quantizes and CUDA does not (Q4_0, Q2_K, Q3_K, IQ4_XS, IQ4_NL, MXFP4, the codebook IQ formats) makes the default
+    builds two different computations (issue 33), and only the `--exact-matmul` builds are compared."""
     import gguf as gg
 
     from nextn.compiler.lower.cuda.int8 import KINDS
@@ -283,21 +285,23 @@ def record_cpu_expectations(gguf: str, fixture: str, path: str, artifact: str | 
 def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",), checks=tuple(CHECKS),
           realwidth: str | None = REALWIDTH, prebuilt: dict | None = None, copy_models: bool = True,
           cache: str | None = None, reuse: str | None = None, cpu_artifacts: dict | None = None,
-          realwidth_spec=()) -> dict:
+          realwidth_spec=(), int8_kernels: bool | None = None) -> dict:
     """Write the bundle directory `out`; returns its bundle.json. `prebuilt` {check name (+ "-nograph"), or the
     real-width name: artifact dir} skips compiling those; `reuse`: an earlier bundle whose artifacts and CPU
     expectations are taken as they are (built by the same compiler: nothing checks that); `copy_models` False
     references the fixture GGUFs where they are (CI); `cpu_artifacts` {check name: llvm artifact dir}: the
-    artifact a quantized check's expectations are recorded from, the build of `gpu_route`'s computation (default:
-    `cpu_artifact`, compiled and cached);
+    `--exact-matmul` artifact a quantized check's expectations are recorded from (default: `cpu_artifact`, compiled
+    and cached);
     `realwidth_spec`: names of REALWIDTH_FILES (the predictable ones, REALWIDTH_SPEC) for the `realwidth NAME` stages,
-    or dicts {"name", "model", "artifact"} (CI: a tiny stand-in)."""
+    or dicts {"name", "model", "artifact"} (CI: a tiny stand-in); `int8_kernels`: build the `int8 kernels` stage's
+    library and cases (bench/int8_cases.py; None: on CUDA bundles)."""
     from nextn.common.paths import cache_dir
 
     cache = cache or cache_dir()
     target = "cuda" if device == "cuda" else "llvm"
     arches = list(arches) if target == "cuda" else None
     prebuilt = dict(prebuilt or {})
+    int8_kernels = target == "cuda" if int8_kernels is None else int8_kernels
     if reuse and os.path.abspath(reuse) == os.path.abspath(out):
         reuse = out.rstrip("/") + ".prev"
         shutil.rmtree(reuse, ignore_errors=True)
@@ -333,32 +337,37 @@ def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",),
         ref = f"refs/{fixture}"
         copy_refs(fixture, os.path.join(out, ref), logits=how == "fixture")
         entry = {"name": name, "model": model, "reference": ref}
-        route = gpu_route(src) if how == "cpu" else None
-        variants = [(name, True)] + ([(name + "-nograph", False)] if first and target == "cuda" else [])
-        for vname, graph in variants:
+        # (name, CUDA graphs, the int8 variant)
+        variants = [(name, True, False)] + ([(name + "-nograph", False, False)] if first and target == "cuda" else [])
+        if how == "cpu" and target == "cuda" and gpu_route(src) == "int8":
+            variants.append((name + "-int8", True, True))
+        for vname, graph, int8 in variants:
             art = os.path.join(out, "art", vname)
             if vname in prebuilt:
                 shutil.copytree(prebuilt[vname], art)
             else:
-                compile_into(src, art, target, arches, cuda_graph=graph, exact=route == "float")
+                compile_into(src, art, target, arches, cuda_graph=graph, exact=how == "cpu" and not int8)
             e = dict(entry, name=vname, artifact=f"art/{vname}",
-                     role="main" if first and graph else "nograph" if not graph else None)
+                     role="main" if first and graph and not int8 else "nograph" if not graph else None)
             if how == "cpu":
-                from device_refs import GPU_TOL
+                from device_refs import GPU_TOL, INT8_TOL
 
-                # "expect-int8-" / "expect-exact-": the two computations never share a file (older bundles
-                # recorded int8 expectations as "expect-")
-                e.update(expect=f"refs/expect-{'int8' if route == 'int8' else 'exact'}-{name}", tol=GPU_TOL,
-                         route=route, against="cpu run, int8 activations" if route == "int8" else
-                         "cpu run, --exact-matmul (both)")
+                # "expect-exact-" / "expect-int8-": the two computations never share a file (older bundles recorded
+                # int8 expectations as "expect-")
+                e.update(expect=f"refs/expect-{'int8' if int8 else 'exact'}-{name}", tol=INT8_TOL if int8 else GPU_TOL,
+                         against="cpu run, int8 activations (both)" if int8 else "cpu run, --exact-matmul (both)")
                 for ext in (".json", ".npz") if reuse and os.path.isfile(os.path.join(reuse, e["expect"] + ".json")) else ():
                     shutil.copy2(os.path.join(reuse, e["expect"] + ext), os.path.join(out, e["expect"] + ext))
                 if not os.path.isfile(os.path.join(out, e["expect"] + ".json")):
                     record_cpu_expectations(src, fixture, os.path.join(out, e["expect"]),
-                                            (cpu_artifacts or {}).get(name),
-                                            exact=route == "float")
+                                            None if int8 else (cpu_artifacts or {}).get(name), exact=not int8)
             plan["checks"].append({k: v for k, v in e.items() if v is not None})
         first = False
+    if int8_kernels:   # the `int8 kernels` stage: the integer-route kernels alone against the CPU's
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import int8_cases
+
+        plan["int8_kernels"] = dict(int8_cases.build(os.path.join(out, "art", "int8"), target, arches), dir="art/int8")
     if isinstance(realwidth, dict):     # a given file + artifact (CI: the real-width stage on a tiny model)
         shutil.copytree(realwidth["artifact"], os.path.join(out, "art", "realwidth"))
         plan["realwidth"] = {"name": realwidth["name"], "model": realwidth["model"], "artifact": "art/realwidth"}

@@ -234,6 +234,7 @@ def _(bb, n, args, cx):
                                                                    n.inputs[1].shape[1] != w[2][0]):
         B = None   # per-head weights on other row shapes: float, as the CPU's x86.emit handles()
     if B is not None:   # the integer route (lower/cuda/int8.py): the rows quantized once, shared by gate and up
+        cx.kernels.int8_weights[n.inputs[0].name] = "q8_0" if B == 32 else "q8"
         args = [w, *_quantized_rows(bb, args[1], B, cx.kernels), *args[2:]]
     if gpu and n.op == "mul_mat_id" and not _static_one(dim_expr(n.inputs[2].shape[0], cx.sym)):
         return _mul_mat_id_grouped(bb, n, args, cx, B is not None)
@@ -332,16 +333,18 @@ check_impls(LOWER, "Relax lowering (compiler/lower/to_relax.py)")
 
 
 def build_module(graphs: list[Graph], weight_kinds: dict[str, str], static: dict[str, dict] | None = None,
-                 form: str = "cpu", split_l=(), x86=None, gpu_int8: str | None = None):
+                 form: str = "cpu", split_l=(), x86=None, gpu_int8: str | None = None,
+                 int8_weights: dict | None = None):
     """An IRModule with one Relax function per graph (entry point); `static[graph.name]` fixes symbols.
     `form` (attention.FORMS): "cpu", "gpu" (GPU targets: also SPLIT_OPS as separate kernels), or "gpu-emulated"
     (the GPU form built for llvm, to test its arithmetic). `split_l`: names of the entry points whose attention
     is split over L (graphs.SPLIT_L). `x86`: see `to_relax`. `gpu_int8` (the "gpu" form): the integer route of
     the GPU matmuls (lower/cuda/int8.py) with "cuda" (`__dp4a`, `__fdiv_rn`) or "plain" int32 arithmetic; None:
-    float activations (--exact-matmul)."""
+    float activations (--exact-matmul). `int8_weights`: filled with {weight name: activation row format ("q8_0",
+    "q8")} of the matmuls that took the integer route."""
     bb = relax.BlockBuilder()
     kernels = attention.Kernels(bb, form)
-    kernels.gpu_int8 = gpu_int8
+    kernels.gpu_int8, kernels.int8_weights = gpu_int8, int8_weights if int8_weights is not None else {}
     for g in graphs:
         to_relax(bb, g, weight_kinds, kernels, (static or {}).get(g.name), g.name in split_l, x86)
     return bb.get()

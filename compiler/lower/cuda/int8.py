@@ -5,8 +5,9 @@ integer kernels quantize them, and integer dot products over the weight's quants
                    per block of B (32 for Q8_0, 256 for the K-quants): amax = max |x|, d = amax / 127,
                    q = round_half_even(x * (127 / amax)), q = 0 where amax = 0 (nextn.common.quant.activation
                    `quantize_q8_0` / `quantize`: the CPU's "q8_0" / "q8" rows, bit for bit on equal inputs)
-    mul_mat_q      y[..., n] = sum over words j of K/4:  xd[.., blk(j)] · (s[n, sub(j)] · f32(dot4(w4[n, j], xq[.., j]))
-                                                                          - m[n, sub(j)] · f32(dot4(1111, xq[.., j])))
+    mul_mat        y[..., n] = sum over words j < K/4 of
+                       xd[.., blk(j)] · (s[n, sub(j)] · f32(dot4(w4[n, j], xq[.., j]))
+                                         - m[n, sub(j)] · f32(dot4(1111, xq[.., j])))
 
 w4 (the DEQUANT stage, int32 [..., N, K/4]) packs 4 consecutive signed quants of the weight (Q8_0: qs; Q4_K: the
 nibbles, 0..15; Q5_K: 5 bits, 0..31; Q6_K: q - 32, -32..31); s / m (the SCALE / MIN stages, float32 per
@@ -19,7 +20,8 @@ scheduled kernel gives each lane 2 words of one sub-block per step).
 
 `dot4(a, b, c)` = c + sum of the 4 signed byte products of a and b: `__dp4a` (a pure extern call) where the
 target has it (`has_dot4`: CUDA sm_61+), else the same int32 result from shifts and multiplies (`dp4a=False`: llvm,
-where the tests run the definitions; ROCm; older CUDA). Every function below takes that choice as `dp4a`. Reference: llama.cpp ggml-cuda vecdotq.cuh (q8_1 activations, dp4a).
+where the tests run the definitions; ROCm; older CUDA). Every function below takes that choice as `dp4a`.
+Reference for the scheme: llama.cpp ggml-cuda vecdotq.cuh (q8_1 activations, dp4a).
 """
 from __future__ import annotations
 
