@@ -237,9 +237,9 @@ def _cuda_funcs(ttype, K, rows):
 
 @pytest.mark.parametrize("ttype", INT)
 def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
-    """sm_90: the quantizer (one thread per activation block, __fdiv_rn) and the GEMV (ceil(N / 4) blocks of 4
-    warps, ceil(T / 4) row tiles) build; the GEMV's source calls __dp4a and holds as many weight loads for a
-    symbolic T as for one row (the weight read once per row tile)."""
+    """sm_90: the quantizer (a warp per activation block: ceil(T·K/B / 4) blocks of 4 warps, a shuffle max,
+    __fdiv_rn) and the GEMV (ceil(N / 4) blocks of 4 warps, ceil(T / 4) row tiles) build; the GEMV's source calls
+    __dp4a and holds as many weight loads for a symbolic T as for one row (the weight read once per row tile)."""
     from nextn.schedules.gpu import _lowering_problem
 
     K = 512 if ttype != "Q8_0" else 11 * 32
@@ -249,6 +249,11 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
         for name, f in _cuda_funcs(ttype, K, rows).items():
             fs[name], tgt = _scheduled(f)
             assert _lowering_problem(fs[name]) is None, (ttype, name)
+        (lq,) = launches(fs["quantize"])
+        assert lq["block"] == ["32", str(int8.QUANT_WARPS), "1"], lq
+        for T in (1, 3, 9):
+            want = math.ceil((1 if rows == 1 else T) * K // _block(ttype) / int8.QUANT_WARPS)
+            assert extent_at(lq["grid"][0], T) == want, lq
         (ln,) = launches(fs["mul_mat"])
         assert ln["grid"][0] == str(math.ceil(N / gemv.WARPS)) and ln["block"] == ["32", str(gemv.WARPS), "1"]
         for T in (1, 3, 9):
@@ -256,7 +261,8 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
         srcs[rows] = _cuda_source(fs, tgt)
     for src in srcs.values():
         gemv_src = src[src.index("mul_mat_kernel("):]
-        assert "__dp4a(" in gemv_src and "__fdiv_rn(" in src[src.index("quantize_kernel("):]
+        quant_src = src[src.index("quantize_kernel("):]
+        assert "__dp4a(" in gemv_src and "__fdiv_rn(" in quant_src and "__shfl_down_sync(" in quant_src
         assert "(float)" in gemv_src   # the word sums scaled in float
     w_loads = [len(re.findall(r"\bw_ptr\[", s[s.index("mul_mat_kernel("):])) for s in srcs.values()]
     assert w_loads[0] == w_loads[1] > 0, w_loads

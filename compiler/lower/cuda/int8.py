@@ -248,13 +248,14 @@ def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True):
     return te.compute((T, kk, W, w.shape[-2]), f, name=GROUPED)
 
 
-QUANT_THREADS = 32   # activation blocks per thread block of the quantizer
+QUANT_WARPS = 4   # activation blocks per thread block of the quantizer (one warp each)
 
 
 def schedule_quantize(func: tirx.PrimFunc, target):
-    """The GPU schedule of a (fused) `quantize_rows` PrimFunc, or None when `func` is not one: one thread per
-    activation block (amax over its B values in registers, then its d and B / 4 words); element-wise producers
-    of x (SwiGLU, a division) are computed in place of its reads."""
+    """The GPU schedule of a (fused) `quantize_rows` PrimFunc, or None when `func` is not one: a warp per activation
+    block, its lanes' |x| maxima reduced by warp shuffles (max is exact in any order, so amax is the CPU's), then
+    lane 0 stores d and the lanes the block's B / 4 words; element-wise producers of x (SwiGLU, a division) are
+    computed in place of its reads."""
     import re
 
     from tvm import s_tir
@@ -278,12 +279,17 @@ def schedule_quantize(func: tirx.PrimFunc, target):
         return None
     for b in blocks[:i_amax]:
         sch.compute_inline(b)
-    *outer, _i = sch.get_loops(amax)
+    *outer, i = sch.get_loops(amax)
     lb = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    bx, tx = sch.split(lb, [None, QUANT_THREADS])
+    bx, ty = sch.split(lb, [None, QUANT_WARPS])
+    _io, tx = sch.split(i, [None, 32])
     sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")   # a cross-lane reduction: TVM lowers it to warp shuffles, the result in every lane
     sch.set_scope(amax, 0, "local")
     for b in (xd, xq):
-        sch.reverse_compute_at(b, tx, preserve_unit_loops=True)
+        sch.reverse_compute_at(b, ty, preserve_unit_loops=True)
+    *_, wj = sch.get_loops(xq)
+    _wo, wx = sch.split(wj, [None, 32])
+    sch.bind(wx, "threadIdx.x")
     return sch
