@@ -277,3 +277,37 @@ def test_route_by_format_and_exact_matmul(ttype, route):
     assert int8.route(kind, 512, True) == route
     assert int8.route(kind, 512, False) is None
     assert int8.route(kind, 512 + 32, True) == (32 if route == 32 else None)   # not whole super-blocks: float
+
+
+def _activations(art: str) -> dict:
+    import json
+    import os
+
+    m = json.load(open(os.path.join(art, "manifest.json")))
+    return {w["tensor"]: w["activation"] for w in m["buffer_plan"]["weights"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quant", ["Q4_K_M", "Q8_0"])
+def test_cuda_build_quantizes_the_matmuls_the_cpu_quantizes(compiled, quant):
+    """The sm_90 build of a fixture marks in its manifest (buffer_plan activation, gpu_kernels) exactly the weights
+    whose matmuls the default llvm build quantizes, with the same row formats ("q8" per 256 for Q4_K / Q5_K / Q6_K,
+    "q8_0" per 32 for Q8_0): the two default builds compute the same products; under --exact-matmul none."""
+    from conftest import G4
+    from nextn.compiler.options import CompileOptions
+
+    model = G4 / f"tiny-glm4moe-{quant}.gguf"
+    cpu = _activations(compiled(f"g4-{quant}", model))
+    gpu_dir = compiled(f"g4-{quant}-cuda90", model, target="cuda", arches=["sm_90"])
+    gpu = _activations(gpu_dir)
+    assert any(cpu.values()) and gpu == cpu
+    assert set(v for v in gpu.values() if v) == ({"q8_0"} if quant == "Q8_0" else {"q8", "q8_0"})
+    import json
+    import os
+
+    m = json.load(open(os.path.join(gpu_dir, "manifest.json")))
+    assert m["gpu_kernels"] == {"activation_quant": "q8", "dot": "cuda"}
+    assert not CompileOptions.from_manifest(m).exact_matmul
+    exact = compiled(f"g4-{quant}-cuda90-exact", model, target="cuda", arches=["sm_90"], exact_matmul=True)
+    assert not any(_activations(exact).values())
+    assert CompileOptions.from_manifest(json.load(open(os.path.join(exact, "manifest.json")))).exact_matmul
