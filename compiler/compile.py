@@ -218,14 +218,14 @@ def manifest(p: Plan, built: Built, model_files: list[dict]) -> dict:
         # the hand-written x86 matmul kernels (compiler/lower/x86): vector width, activation quantization
         "x86_kernels": None if p.x86 is None else {"vector_bytes": p.x86.width, "kernels": len(p.x86.specs),
                                                    "activation_quant": "q8" if p.x86.quantize_activations else None},
-        # the GPU matmuls (compiler/lower/cuda): int8 activation rows ("q8": the integer route, `dot` "cuda" for
-        # __dp4a) or float ones (None: --exact-matmul)
-        "gpu_kernels": {"activation_quant": "q8" if p.gpu_int8 else None, "dot": p.gpu_int8}
-        if o.kernel_form == "gpu" else None,
         # one-row steps replayed as CUDA graphs: their inputs must stay put, L is rounded up to kv_bucket
         "cuda_graph": {"entries": p.graph_entries, "kv_bucket": capture_graphs.KV_BUCKET,
                        "max_ctx": c.n_ctx_train} if p.graph_entries else None,
         "libraries": built.libraries,
+        # GPU artifacts only (CPU manifests keep their fields): the GPU matmuls (compiler/lower/cuda) take int8
+        # activation rows ("q8": the integer route, `dot` "cuda" for __dp4a) or float ones (None: --exact-matmul)
+        **({"gpu_kernels": {"activation_quant": "q8" if p.gpu_int8 else None, "dot": p.gpu_int8}}
+           if o.kernel_form == "gpu" else {}),
     }
 
 
