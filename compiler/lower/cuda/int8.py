@@ -20,7 +20,8 @@ scheduled kernel gives each lane 2 words of one sub-block per step).
 
 `dot4(a, b)` = the sum of the 4 signed byte products of int32 words a and b: `__dp4a(a, b, 0)` (a pure extern
 call) where the target has it (`has_dot4`: CUDA sm_61+), else the same int32 result from shifts and multiplies
-(`dp4a=False`: llvm, where the tests run the definitions; ROCm; older CUDA). Every function below takes that choice as `dp4a`.
+(`dp4a=False`: llvm, where the tests run the definitions; ROCm; older CUDA). Every function below takes that
+choice as `dp4a`.
 Reference for the scheme: llama.cpp ggml-cuda vecdotq.cuh (q8_1 activations, dp4a).
 """
 from __future__ import annotations
