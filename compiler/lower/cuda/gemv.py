@@ -24,6 +24,10 @@ blocks. VEC is 4 for float32 weights, else 8: 16 bytes of a float weight (one 12
 K is a multiple of 32 x VEC), or 8 consecutive elements of one block (Q8_0's qs bytes, a K-quant's 8 nibbles of
 one sub-block), read as bytes. Reference for the structure: llama.cpp ggml-cuda mmvq.cu (a warp per row, up to 8
 activation columns per pass).
+
+The integer route (int8.py) takes the same schedule: its DEQUANT stage is int32 words of 4 quants, so k counts
+words, VEC is 2 (8 quants of one sub-block per lane and step), the weight's float factors (SCALE, MIN) are read by
+the reduction and computed once per step, and a symbolic T comes padded to whole tiles by the definition.
 """
 from __future__ import annotations
 
