@@ -68,8 +68,12 @@ BUNDLED_BENCH = ["device_check.py", "device_cuda.py", "device_refs.py", "device_
                  "realwidth_files.py"]
 
 # name: (fixture dir, GGUF, how it is checked). "fixture": the fixture's references (BF16 weights, exact);
-# "cpu": its own outputs on this CPU from the `--exact-matmul` llvm artifact (float activation rows, as the CUDA
-# kernels compute; tested against the IR interpreter), compared at device_refs.GPU_TOL with near-ties marked.
+# "cpu": the `--exact-matmul` CUDA artifact (float activation rows) against the GGUF's outputs on this CPU from the
+# `--exact-matmul` llvm artifact (tested against the IR interpreter), at device_refs.GPU_TOL with near-ties marked;
+# and, where every integer-path format of the GGUF is on the CUDA integer route (`gpu_route`), check "NAME-int8": the
+# default CUDA artifact (int8 activation rows, `__dp4a`) against the default llvm artifact's outputs at
+# device_refs.INT8_TOL (an int8 step moved by an upstream rounding difference changes a row by ~1e-2: no model-level
+# comparison of two int8 computations is tight; the integer kernels are checked alone by the `int8 kernels` stage).
 CHECKS = {
     "glm4moe-BF16": ("tiny-glm4moe", "tiny-glm4moe-BF16.gguf", "fixture"),
     "glm4moe-Q8_0": ("tiny-glm4moe", "tiny-glm4moe-Q8_0.gguf", "cpu"),
@@ -202,12 +206,14 @@ def build_site(site: str, host_name: str, cache: str) -> dict:
 
 
 # -- artifacts, references -----------------------------------------------------------------------------------------
-def compile_into(model: str, out: str, target: str, arches, cuda_graph: bool = True, kv: str = "f32") -> str:
-    """`kv`: both KV cache types; f32 for the fixture checks, which compare with float32 references."""
+def compile_into(model: str, out: str, target: str, arches, cuda_graph: bool = True, kv: str = "f32",
+                 exact: bool = False) -> str:
+    """`kv`: both KV cache types; f32 for the fixture checks, which compare with float32 references. `exact`:
+    `--exact-matmul` (float activation rows)."""
     from nextn.compiler.entry import CompileOptions, compile_model
 
     compile_model(model, out, CompileOptions(target=target, arches=arches, cuda_graph=cuda_graph, cache_type_k=kv,
-                                             cache_type_v=kv), log=log)
+                                             cache_type_v=kv, exact_matmul=exact), log=log)
     if target == "cuda":
         from nextn.compiler.check_device_code import check_artifact
 
@@ -245,37 +251,57 @@ def cpu_artifact(gguf: str, exact: bool = True) -> str:
     return out
 
 
-def record_cpu_expectations(gguf: str, fixture: str, path: str, artifact: str | None = None) -> None:
-    """The GGUF's outputs through its `--exact-matmul` llvm artifact on this CPU, with their top-2 margins: the bar
-    of a quantized model on the GPU, whose kernels keep activations in float (issue 33: the default llvm artifact
-    quantizes them to 8 bits, a different computation)."""
+def gpu_route(gguf: str) -> str:
+    """"int8" when every tensor of the GGUF whose CPU matmuls take int8 activation rows (compiler/lower/x86
+    INT_KINDS) has a format on the CUDA integer route (compiler/lower/cuda/int8.KINDS: Q8_0, Q4_K, Q5_K, Q6_K), so
+    the default CUDA and llvm artifacts compute the same up to float32 rounding; else "float": a format the CPU
+    quantizes and CUDA does not (Q4_0, Q2_K, Q3_K, IQ4_XS, IQ4_NL, MXFP4, the codebook IQ formats) makes the default
+    builds two different computations (issue 33), and only the `--exact-matmul` builds are compared."""
+    import gguf as gg
+
+    from nextn.compiler.lower.cuda.int8 import KINDS
+    from nextn.compiler.lower.x86 import INT_KINDS
+
+    kinds = {t.tensor_type.name.lower() for t in gg.GGUFReader(gguf).tensors}
+    return "int8" if not (kinds & set(INT_KINDS)) - set(KINDS) else "float"
+
+
+def record_cpu_expectations(gguf: str, fixture: str, path: str, artifact: str | None = None,
+                            exact: bool = True) -> None:
+    """The GGUF's outputs through its llvm artifact on this CPU (`exact`: `--exact-matmul`, float activation rows;
+    else the default, int8 activation rows), with their top-2 margins: the bar of the CUDA artifact that computes
+    the same (`gpu_route`; issue 33: the first H200 run compared the float CUDA kernels with the int8 CPU run)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import device_refs
     import nextn.runtime as rt
 
-    log(f"bundle: recording {os.path.basename(gguf)} on this CPU (llvm, --exact-matmul) ...")
-    m = rt.load(artifact or cpu_artifact(gguf, exact=True), ctx_size=4096, log=log)
+    log(f"bundle: recording {os.path.basename(gguf)} on this CPU (llvm, "
+        f"{'--exact-matmul' if exact else 'int8 activations'}) ...")
+    m = rt.load(artifact or cpu_artifact(gguf, exact=exact), ctx_size=4096, log=log)
     device_refs.record_expectations(m, os.path.join(FIXTURES, fixture), path)
 
 
 # -- the bundle ------------------------------------------------------------------------------------------------------
 def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",), checks=tuple(CHECKS),
           realwidth: str | None = REALWIDTH, prebuilt: dict | None = None, copy_models: bool = True,
-          cache: str | None = None, reuse: str | None = None, exact: dict | None = None,
-          realwidth_spec=()) -> dict:
+          cache: str | None = None, reuse: str | None = None, cpu_artifacts: dict | None = None,
+          realwidth_spec=(), int8_kernels: bool | None = None) -> dict:
     """Write the bundle directory `out`; returns its bundle.json. `prebuilt` {check name (+ "-nograph"), or the
     real-width name: artifact dir} skips compiling those; `reuse`: an earlier bundle whose artifacts and CPU
     expectations are taken as they are (built by the same compiler: nothing checks that); `copy_models` False
-    references the fixture GGUFs where they are (CI); `exact` {check name: `--exact-matmul` llvm artifact dir}: the
-    artifact a quantized check's expectations are recorded from (default: `cpu_artifact`, compiled and cached);
+    references the fixture GGUFs where they are (CI); `cpu_artifacts` {check name: llvm artifact dir}: the
+    `--exact-matmul` artifact a quantized check's expectations are recorded from (default: `cpu_artifact`, compiled
+    and cached);
     `realwidth_spec`: names of REALWIDTH_FILES (the predictable ones, REALWIDTH_SPEC) for the `realwidth NAME` stages,
-    or dicts {"name", "model", "artifact"} (CI: a tiny stand-in)."""
+    or dicts {"name", "model", "artifact"} (CI: a tiny stand-in); `int8_kernels`: build the `int8 kernels` stage's
+    library and cases (bench/int8_cases.py; None: on CUDA bundles)."""
     from nextn.common.paths import cache_dir
 
     cache = cache or cache_dir()
     target = "cuda" if device == "cuda" else "llvm"
     arches = list(arches) if target == "cuda" else None
     prebuilt = dict(prebuilt or {})
+    int8_kernels = target == "cuda" if int8_kernels is None else int8_kernels
     if reuse and os.path.abspath(reuse) == os.path.abspath(out):
         reuse = out.rstrip("/") + ".prev"
         shutil.rmtree(reuse, ignore_errors=True)
@@ -311,26 +337,37 @@ def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",),
         ref = f"refs/{fixture}"
         copy_refs(fixture, os.path.join(out, ref), logits=how == "fixture")
         entry = {"name": name, "model": model, "reference": ref}
-        variants = [(name, True)] + ([(name + "-nograph", False)] if first and target == "cuda" else [])
-        for vname, graph in variants:
+        # (name, CUDA graphs, the int8 variant)
+        variants = [(name, True, False)] + ([(name + "-nograph", False, False)] if first and target == "cuda" else [])
+        if how == "cpu" and target == "cuda" and gpu_route(src) == "int8":
+            variants.append((name + "-int8", True, True))
+        for vname, graph, int8 in variants:
             art = os.path.join(out, "art", vname)
             if vname in prebuilt:
                 shutil.copytree(prebuilt[vname], art)
             else:
-                compile_into(src, art, target, arches, cuda_graph=graph)
+                compile_into(src, art, target, arches, cuda_graph=graph, exact=how == "cpu" and not int8)
             e = dict(entry, name=vname, artifact=f"art/{vname}",
-                     role="main" if first and graph else "nograph" if not graph else None)
+                     role="main" if first and graph and not int8 else "nograph" if not graph else None)
             if how == "cpu":
-                from device_refs import GPU_TOL
+                from device_refs import GPU_TOL, INT8_TOL
 
-                # "expect-exact-": expectations of an older bundle (int8 activations) are never reused
-                e.update(expect=f"refs/expect-exact-{name}", tol=GPU_TOL, against="cpu run, --exact-matmul")
+                # "expect-exact-" / "expect-int8-": the two computations never share a file (older bundles recorded
+                # int8 expectations as "expect-")
+                e.update(expect=f"refs/expect-{'int8' if int8 else 'exact'}-{name}", tol=INT8_TOL if int8 else GPU_TOL,
+                         against="cpu run, int8 activations (both)" if int8 else "cpu run, --exact-matmul (both)")
                 for ext in (".json", ".npz") if reuse and os.path.isfile(os.path.join(reuse, e["expect"] + ".json")) else ():
                     shutil.copy2(os.path.join(reuse, e["expect"] + ext), os.path.join(out, e["expect"] + ext))
                 if not os.path.isfile(os.path.join(out, e["expect"] + ".json")):
-                    record_cpu_expectations(src, fixture, os.path.join(out, e["expect"]), (exact or {}).get(name))
+                    record_cpu_expectations(src, fixture, os.path.join(out, e["expect"]),
+                                            None if int8 else (cpu_artifacts or {}).get(name), exact=not int8)
             plan["checks"].append({k: v for k, v in e.items() if v is not None})
         first = False
+    if int8_kernels:   # the `int8 kernels` stage: the integer-route kernels alone against the CPU's
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import int8_cases
+
+        plan["int8_kernels"] = dict(int8_cases.build(os.path.join(out, "art", "int8"), target, arches), dir="art/int8")
     if isinstance(realwidth, dict):     # a given file + artifact (CI: the real-width stage on a tiny model)
         shutil.copytree(realwidth["artifact"], os.path.join(out, "art", "realwidth"))
         plan["realwidth"] = {"name": realwidth["name"], "model": realwidth["model"], "artifact": "art/realwidth"}

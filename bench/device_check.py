@@ -33,7 +33,7 @@ import numpy as np
 
 # beside this file, in bench/ and in the bundle (bench/bundle.py BUNDLED_BENCH)
 from device_cuda import GB, mapped_libraries, nvidia_smi
-from device_refs import compare, expect_want, fixture_want, model_outputs, rel_err, tolerance
+from device_refs import GPU_TOL, compare, expect_want, fixture_want, model_outputs, rel_err, tolerance
 from device_stages import Check
 from device_timing import entry_timings, speed_configs, step_bytes, timed_entry
 from realwidth_files import realwidth_dir
@@ -52,7 +52,8 @@ SPEC_VERIFY_ROWS = (2, 3, 4)  # verify of k+1 rows for n_max k = 1..3
 
 
 def needs(stage: str) -> list[str]:
-    return ["plugin"] if stage.startswith(("reference ", "realwidth ")) else NEEDS.get(stage, [])
+    return ["plugin"] if stage.startswith(("reference ", "realwidth ")) or stage == "int8 kernels" else \
+        NEEDS.get(stage, [])
 
 
 # -- the check -------------------------------------------------------------------------------------------------------
@@ -73,6 +74,7 @@ class DeviceCheck:
         main = ["environment", "plugin", "open", "load_module", "vm_init", "weights", "kv", "prefill",
                 "decode_graphs", "entry_timings"]
         refs = [f"reference {c['name']}" for c in self.plan["checks"] if c.get("role") != "nograph"]
+        refs += ["int8 kernels"] if self.plan.get("int8_kernels") else []
         tail = ["speed"] + (["realwidth"] if self.plan.get("realwidth") else [])
         spec = [f"realwidth {rw['name']}" for rw in self.plan.get("realwidth_spec", [])]
         return main + refs + tail + spec
@@ -101,7 +103,7 @@ class DeviceCheck:
                 rw = next(r for r in self.plan["realwidth_spec"] if f"realwidth {r['name']}" == name)
                 fn = lambda rw=rw: self.realwidth_spec(rw)   # noqa: E731
             else:
-                fn = lambda f=getattr(self, "s_" + name): f(main)   # noqa: E731
+                fn = lambda f=getattr(self, "s_" + name.replace(" ", "_")): f(main)   # noqa: E731
             self.ctx.stage(name, fn, needs=needs(name))
         # what this process ran on: a runtime-only bundle maps no TVM compiler library and imports no nextn.compiler
         self.ctx.results["runtime_only"] = {
@@ -278,6 +280,41 @@ class DeviceCheck:
             raise AssertionError(f"{len(bad)} of {len(checks)} checks differ (first: {bad[0]['check']} {bad[0]['detail']})")
         return {"checks": len(checks), "prompts": len(want), "tol": tol, "undecided": len(undecided),
                 "against": c.get("against") or ("cpu run" if c.get("expect") else "fixture reference")}
+
+    def s_int8_kernels(self, _main) -> dict:
+        """The integer-route GPU kernels alone (bench/int8_cases.py): per format and row count, the activation rows
+        quantized on the device equal the CPU's bit for bit, and the GEMV's product the x86 kernel's within
+        GPU_TOL (the same float rows in, so only the float32 summation order differs)."""
+        import tvm
+
+        spec = self.plan["int8_kernels"]
+        base = self.path(spec["dir"])
+        lib = tvm.runtime.load_module(os.path.join(base, spec["library"]))
+        data = np.load(os.path.join(base, spec["cases"]))
+        kind, _, idx = self.a.device.partition(":")
+        dev = tvm.runtime.device(kind, int(idx or 0))
+        res, bad = {}, []
+        for t in spec["types"]:
+            w = [tvm.runtime.tensor(data[f"{t}/w{i}"], dev) for i in range(8) if f"{t}/w{i}" in data.files]
+            for T in spec["rows"]:
+                x, want_q, want_d, want_y = (data[f"{t}/{T}/{f}"] for f in ("x", "xq", "xd", "y"))
+                xq = tvm.runtime.empty(want_q.shape, "int32", dev)
+                xd = tvm.runtime.empty(want_d.shape, "float32", dev)
+                y = tvm.runtime.empty(want_y.shape, "float32", dev)
+                lib[f"quantize_{t}"](tvm.runtime.tensor(x, dev), xq, xd)
+                lib[f"mul_mat_{t}"](xq, xd, *w, y)
+                rows_same = bool(np.array_equal(xq.numpy(), want_q) and
+                                 np.array_equal(xd.numpy().view(np.uint32), want_d.view(np.uint32)))
+                e = rel_err(y.numpy(), want_y)
+                res[f"{t} T={T}"] = {"rows_bit_exact": rows_same, "rel_err": e}
+                print(f"    {t:5s} T={T}  int8 rows {'equal' if rows_same else 'DIFFER'}  product rel_err {e:.2e}",
+                      flush=True)
+                if not rows_same or not e < GPU_TOL:
+                    bad.append(f"{t} T={T}")
+        self.ctx.results["int8_kernels"] = res
+        if bad:
+            raise AssertionError(f"the integer kernels differ from the CPU's (tol {GPU_TOL}): {', '.join(bad)}")
+        return {"cases": len(res), "worst_rel_err": max(r["rel_err"] for r in res.values()), "tol": GPU_TOL}
 
     def want_of(self, c: dict, kinds) -> dict:
         """What check `c` must reproduce: its recorded CPU expectations, else the fixture's references."""

@@ -11,10 +11,19 @@ import numpy as np
 FULL_ROW_KINDS = ("code-short", "docs-heading")   # prompts whose every row has reference logits
 N_MAX = (1, 2, 3)
 LOGIT_TOL = 1e-4             # the fixtures' tolerance: max |Δ| / max |ref| per row
-# Quantized models against their float-activation CPU run (`--exact-matmul` llvm artifact, recorded by bench/bundle.py):
-# the same computation in float32, only the summation order (and the GPU's exp) differ. 1e-5 is 16x the spread
-# bench/exact_tolerance.py measures on the CPU and far below what int8 activations change (docs/gpu.md).
+# Quantized models: the `--exact-matmul` CUDA artifact against the `--exact-matmul` llvm run (float activation rows,
+# recorded by bench/bundle.py): the same computation in float32, only the summation order (and the GPU's exp) differ.
+# 1e-5 is 16x the spread bench/exact_tolerance.py measures on the CPU and far below what int8 activations change
+# (docs/gpu.md "References").
 GPU_TOL = 1e-5
+# The default (int8-activation) CUDA artifact of a GGUF on the CUDA integer route against the default llvm run
+# (bench/bundle.py "NAME-int8"): the same int8 computation, but an upstream float32 rounding difference moves an
+# activation across a quantization step now and then, and that row (and through the KV cache every later one) then
+# differs by ~1e-2 (tests/test_compiled_vs_ir.py; bench/exact_tolerance.py "int8 vs int8 interpreter", last rows:
+# up to 1.43e-2 on glm4moe-Q8_0, 1.14e-2 on glm4moe-Q4_K_M; glm-dsa not measured). 5e-2 catches a broken kernel (a
+# wrong scale or quant order is O(1)), not a subtle one: greedy ids and acceptance become near-ties at 2 x 5e-2 and
+# are reported, not failed. The integer kernels are checked tightly on their own (device_check `int8 kernels`).
+INT8_TOL = 5e-2
 
 def rel_err(got, want) -> float:
     from nextn.common.compare import rel_err as _rel_err

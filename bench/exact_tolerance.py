@@ -7,8 +7,10 @@ For each quantized model of the bundle's checks (bench/bundle.py CHECKS), the `-
 activation rows, what the CUDA kernels compute; bench/bundle.py `cpu_artifact`, the one the bundle records from) against the numpy IR
 interpreter on gguf-py-dequantized weights (nextn.compiler.ir.interpret, numpy's BLAS order): last-row logits of the
 prompt's prefill, max |Δ| / max |want| (nextn.common.compare.rel_err). For scale, the default llvm artifact, whose
-K-quant / Q8_0 matmuls take int8-quantized activation rows (the computation the old expectations recorded), against
-the same interpreter. Prints one line per prompt and the worst per model.
+K-quant / Q8_0 matmuls take int8-quantized activation rows, against the same interpreter; and that int8 artifact
+against the interpreter with the same int8 activation rows (`quantized_activations`: x replaced by d · q per block,
+float64 products): the same int8 computation in another summation order, the bar of the CUDA integer route
+(compiler/lower/cuda/int8.py). Prints one line per prompt and the worst per model.
 """
 from __future__ import annotations
 
@@ -44,7 +46,9 @@ def main(argv=None) -> int:
         graph = graphs["prefill"]
         prompts = json.load(open(os.path.join(FIXTURES, fixture, "reference.json")))["prompts"]
         kinds = [k for k in a.kinds.split(",") if k] or [p["kind"] for p in prompts if p["kind"] != "long-context"]
-        worst = {"exact": 0.0, "q8act": 0.0}
+        worst = {"exact": 0.0, "q8act": 0.0, "int8": 0.0}
+        acts = {b["tensor"]: b["activation"] for b in q8act.loaded.artifact.manifest["buffer_plan"]["weights"]
+                if b.get("activation")}
         for p in prompts:
             if p["kind"] not in kinds:
                 continue
@@ -52,14 +56,17 @@ def main(argv=None) -> int:
             T = len(ids)
             st = zero_states(graph, T, planes=2)
             want = interpret.run(graph, prefill_inputs(graph, ids), w, st, n_kv=T)["logits"][0]
-            e = {"exact": rel_err(exact.sequence.prefill(ids, 0)[1], want),
-                 "q8act": rel_err(q8act.sequence.prefill(ids, 0)[1], want)}
+            want8 = interpret.run(graph, prefill_inputs(graph, ids), w, zero_states(graph, T, planes=2), n_kv=T,
+                                  quantized_activations=acts)["logits"][0]
+            got8 = q8act.sequence.prefill(ids, 0)[1]
+            e = {"exact": rel_err(exact.sequence.prefill(ids, 0)[1], want), "q8act": rel_err(got8, want),
+                 "int8": rel_err(got8, want8)}
             for k in worst:
                 worst[k] = max(worst[k], e[k])
             print(f"{name:16s} {p['kind']:14s} T={T:4d}  exact-matmul {e['exact']:.2e}  int8 activations "
-                  f"{e['q8act']:.2e}", flush=True)
+                  f"{e['q8act']:.2e}  int8 vs int8 interpreter {e['int8']:.2e}", flush=True)
         print(f"{name}: worst exact-matmul vs interpreter {worst['exact']:.2e}; int8-activation build vs interpreter "
-              f"{worst['q8act']:.2e}", flush=True)
+              f"{worst['q8act']:.2e}; int8 build vs int8 interpreter {worst['int8']:.2e}", flush=True)
     return 0
 
 

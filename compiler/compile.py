@@ -78,6 +78,8 @@ class Plan:
     x86: object              # the x86 matmul kernels' lowering (compiler/lower/x86), None off x86 / AVX2
     mod: object              # the Relax module of every entry point
     graph_entries: list      # entry points replayed as CUDA graphs
+    gpu_int8: str | None = None   # the GPU matmuls' integer route: "cuda" (__dp4a), "plain", None (--exact-matmul)
+    gpu_int8_weights: dict = None  # weight name -> activation row format of its integer-route GPU matmuls
 
 
 @dataclass
@@ -123,11 +125,17 @@ def plan(model: str, options: CompileOptions, draft: str | None = None, dump_ir:
     lib_arches = [arch_list] if o.target == "cuda" else [[a] for a in arch_list] if o.target == "rocm" else [[]]
     tgt = make_target(o.target, lib_arches[0] or None)
     x86 = for_target(tgt, quantize_activations=not o.exact_matmul, knobs_for=x86_knobs(o.tuning_log, tgt, log))
-    mod = build_module(list(graphs.values()), kinds, STATIC, form=o.kernel_form, split_l=SPLIT_L, x86=x86)
+    # the GPU matmuls' integer route (lower/cuda/int8.py) unless --exact-matmul: __dp4a where the arch has it
+    from .lower.cuda.int8 import has_dot4
+    gpu_int8 = None if o.exact_matmul or o.kernel_form != "gpu" else "cuda" if has_dot4(tgt) else "plain"
+    int8_weights = {}
+    mod = build_module(list(graphs.values()), kinds, STATIC, form=o.kernel_form, split_l=SPLIT_L, x86=x86,
+                       gpu_int8=gpu_int8, int8_weights=int8_weights)
     graph_entries = []
     if o.target == "cuda" and o.cuda_graph:
         mod, graph_entries = capture_graphs.mark(mod, mf.config.n_ctx_train, STATIC)
-    return Plan(o, mf, with_mtp, kv_types, graphs, kinds, arch_list, lib_arches, x86, mod, graph_entries)
+    return Plan(o, mf, with_mtp, kv_types, graphs, kinds, arch_list, lib_arches, x86, mod, graph_entries, gpu_int8,
+                int8_weights)
 
 
 def build(p: Plan, out: str, dump_ir: str | None = None, log=print) -> Built:
@@ -214,6 +222,10 @@ def manifest(p: Plan, built: Built, model_files: list[dict]) -> dict:
         "cuda_graph": {"entries": p.graph_entries, "kv_bucket": capture_graphs.KV_BUCKET,
                        "max_ctx": c.n_ctx_train} if p.graph_entries else None,
         "libraries": built.libraries,
+        # GPU artifacts only (CPU manifests keep their fields): the GPU matmuls (compiler/lower/cuda) take int8
+        # activation rows ("q8": the integer route, `dot` "cuda" for __dp4a) or float ones (None: --exact-matmul)
+        **({"gpu_kernels": {"activation_quant": "q8" if p.gpu_int8 else None, "dot": p.gpu_int8}}
+           if o.kernel_form == "gpu" else {}),
     }
 
 
@@ -263,7 +275,9 @@ def _weight_buffers(p: Plan) -> list[dict]:
                             "shape": list(shape), "nbytes": int(np.prod(shape)) * np.dtype(dtype).itemsize,
                             # this weight's matmuls take int8 activation rows in this row format ("q8" per 256,
                             # "q8_0" per 32: nextn.common.quant.activation), else None
-                            "activation": None if p.x86 is None else p.x86.quantized_weights.get(wname),
+                            # (the CUDA integer route's: lower/cuda/int8.py, the same row formats)
+                            "activation": p.x86.quantized_weights.get(wname) if p.x86 is not None else
+                            (p.gpu_int8_weights or {}).get(wname),
                             "role": "draft" if p.mf.draft is not None and p.mf.file_of(rows_of or wname) is p.mf.draft
                             else "model",
                             "mtp_only": buf not in trunk_buffers})

@@ -161,9 +161,10 @@ class CompileOptions:
     def from_manifest(cls, manifest: dict) -> "CompileOptions":
         """The options an artifact was compiled with, as its manifest (any schema-1 manifest, those written before
         this object included) records them: `target` {name, arches}, `options`, `kv_cache` {type_k, type_v} (absent:
-        f32, what artifacts before KV types held), `draft_vocab`, `x86_kernels.activation_quant` (None: exact),
-        `kernel_form`, `cuda_graph`, `tuning_log.path`. An option the arch ignores is not recorded, so it reads
-        back as its default (mtp_dense_attention on glm4moe; draft_vocab without a NextN block)."""
+        f32, what artifacts before KV types held), `draft_vocab`, `x86_kernels.activation_quant` /
+        `gpu_kernels.activation_quant` (None: exact), `kernel_form`, `cuda_graph`, `tuning_log.path`. An option the
+        arch ignores is not recorded, so it reads back as its default (mtp_dense_attention on glm4moe; draft_vocab
+        without a NextN block)."""
         t = manifest["target"]
         recorded = manifest.get("options") or {}
         kc = manifest.get("kv_cache") or {}
@@ -175,7 +176,8 @@ class CompileOptions:
                    mtp_dense_attention=bool(recorded.get("mtp_dense_attention", False)),
                    cache_type_k=kc.get("type_k", "f32"), cache_type_v=kc.get("type_v", "f32"),
                    draft_vocab=int(manifest.get("draft_vocab") or 0),
-                   exact_matmul=x86 is not None and x86.get("activation_quant") is None,
+                   exact_matmul=any(k is not None and k.get("activation_quant") is None
+                                    for k in (x86, manifest.get("gpu_kernels"))),
                    split_kernels=None if form == default_form else form == "gpu-emulated",
                    cuda_graph=t["name"] != "cuda" or manifest.get("cuda_graph") is not None,
                    tuning_log=tl["path"] if tl else None)

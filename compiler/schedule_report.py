@@ -35,12 +35,14 @@ def main(argv=None):
     ap.add_argument("--target", default="cuda")
     ap.add_argument("--arch", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--exact-matmul", action="store_true", help="float activations (the matmuls' float route)")
     a = ap.parse_args(argv)
     mf = ModelFiles(a.model, None, load_mtp=False)
     graphs = build_graphs(mf, mf.has_nextn)
     kinds = weight_kinds(mf, graphs.values())
     tgt = make_target(a.target, [a.arch] if a.arch else None)
-    mod = build_module(list(graphs.values()), kinds, form="gpu", split_l=SPLIT_L)
+    gpu_int8 = None if a.exact_matmul else "cuda" if cuda.int8.has_dot4(tgt) else "plain"   # as compile.plan
+    mod = build_module(list(graphs.values()), kinds, form="gpu", split_l=SPLIT_L, gpu_int8=gpu_int8)
     with tgt:
         for _name, passes in phases(tgt, ScheduleGPU(tgt, cuda.RULES))[:3]:
             mod = tvm.transform.Sequential(passes)(mod)

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import G4, REPO, reference
+from conftest import FIXTURES, G4, REPO, reference
 
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -419,19 +419,24 @@ def test_near_tie_is_reported_not_failed():
 
 def test_bundle_plans_quantized_checks_at_the_gpu_tolerance(compiled, tmp_path, monkeypatch):
     """A quantized check's plan entry points at expectations recorded from the --exact-matmul artifact
-    (refs/expect-exact-NAME) and carries its tolerance; the device check reads it."""
+    (refs/expect-exact-NAME) and carries its tolerance; the device check reads it. Which GGUFs also get the int8
+    check ("NAME-int8" on CUDA bundles: every CPU-int8 format on the CUDA integer route): the Q8_0 and Q4_K_M
+    fixtures; not a GGUF with a format the CPU quantizes and CUDA does not (IQ2_M, IQ3_XXS, MXFP4)."""
     recorded = []
     monkeypatch.setattr(bundle_builder, "record_cpu_expectations",
-                        lambda src, fixture, path, art=None: recorded.append((path, art)) or
+                        lambda src, fixture, path, art=None, exact=True: recorded.append((path, art, exact)) or
                         open(path + ".json", "w").write("{}"))
     exact = compiled("q8-exact", G4 / "tiny-glm4moe-Q8_0.gguf", exact_matmul=True)
     plan = bundle_builder.build(str(tmp_path / "b"), host="here", device="cpu", checks=["glm4moe-Q8_0"],
                                 realwidth=None, prebuilt={"glm4moe-Q8_0": exact}, copy_models=False,
-                                exact={"glm4moe-Q8_0": exact})
-    c = plan["checks"][0]
+                                cpu_artifacts={"glm4moe-Q8_0": exact})
+    (c,) = plan["checks"]
     assert c["expect"] == "refs/expect-exact-glm4moe-Q8_0" and c["tol"] == device_refs.GPU_TOL
-    assert recorded == [(str(tmp_path / "b" / c["expect"]), exact)]
+    assert recorded == [(str(tmp_path / "b" / c["expect"]), exact, True)]
     assert device_refs.tolerance(c) == device_refs.GPU_TOL and device_refs.tolerance({}) == device_refs.LOGIT_TOL
+    assert [bundle_builder.gpu_route(str(G4 / f"tiny-glm4moe-{q}.gguf")) for q in ("Q8_0", "Q4_K_M")] == ["int8"] * 2
+    quants = sorted((FIXTURES / "quants").glob("*.gguf"))
+    assert quants and {bundle_builder.gpu_route(str(p)) for p in quants} == {"float"}, quants
 
 
 def test_predictable_realwidth_stage_reports_floor_fractions_and_speculation(bundle, tmp_path):
@@ -458,3 +463,33 @@ def test_predictable_realwidth_stage_reports_floor_fractions_and_speculation(bun
     assert all(x["same_as_off"] and x["tok_s"] > 0 for x in rep["speed"])
     assert all(0 <= x["acceptance"] <= 1 for x in rep["speed"][1:])
     assert "realwidth tiny" in r.stdout and "acceptance" in r.stdout
+
+
+def test_int8_kernels_stage_checks_the_integer_kernels_alone(bundle, tmp_path):
+    """The `int8 kernels` stage (bench/int8_cases.py; here the llvm build of the same definitions): per integer-route
+    format and row count the rows quantized by the kernel equal the CPU's bit for bit and the product the x86
+    kernel's within GPU_TOL; a case whose expected product is off by 1e-3 fails the stage."""
+    import int8_cases
+
+    b, _plan = bundle
+    art = tmp_path / "int8"
+    spec = int8_cases.build(str(art), "llvm")
+    d = with_plan(b, tmp_path, lambda p: p.update(int8_kernels=dict(spec, dir=str(art))))
+    out = tmp_path / "out"
+    r = run_bundle(d, "device-check", "--device", "cpu", "--only", "int8 kernels", "--out", str(out))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    res = json.loads((out / "device_check.json").read_text())
+    assert [s["stage"] for s in res["stages"]] == ["plugin", "int8 kernels"]
+    cases = res["int8_kernels"]
+    assert len(cases) == len(int8_cases.TYPES) * len(int8_cases.ROWS)
+    assert all(c["rows_bit_exact"] and c["rel_err"] < device_refs.GPU_TOL for c in cases.values()), cases
+    # the same stage with one expected product moved by 1e-3 of its scale: red
+    z = dict(np.load(art / "cases.npz"))
+    y = z["Q4_K/4/y"]
+    y[1, 2] += 1e-3 * np.abs(y).max()
+    bad = tmp_path / "int8bad"
+    shutil.copytree(art, bad)
+    np.savez_compressed(bad / "cases.npz", **z)
+    d2 = with_plan(b, tmp_path, lambda p: p.update(int8_kernels=dict(spec, dir=str(bad))), name="bad")
+    r = run_bundle(d2, "device-check", "--device", "cpu", "--only", "int8 kernels", "--out", str(tmp_path / "o2"))
+    assert r.returncode != 0 and "Q4_K T=4" in r.stdout, r.stdout[-3000:]

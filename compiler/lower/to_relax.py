@@ -228,29 +228,53 @@ def _(bb, n, args, cx):
 @lower("mul_mat", "mul_mat_id")
 def _(bb, n, args, cx):
     gpu = cx.kernels.gpu and not cx.kernels.emulate   # CUDA / ROCm: dequantization as a stage (lower/cuda/gemv.py)
+    w = args[0]
+    B = cuda.int8.route(w[0], int(w[2][-1]), cx.kernels.gpu_int8 is not None) if gpu and isinstance(w, tuple) else None
+    if B is not None and n.op == "mul_mat" and len(w[2]) == 3 and (len(n.inputs[1].shape) != 3 or
+                                                                   n.inputs[1].shape[1] != w[2][0]):
+        B = None   # per-head weights on other row shapes: float, as the CPU's x86.emit handles()
+    if B is not None:   # the integer route (lower/cuda/int8.py): the rows quantized once, shared by gate and up
+        cx.kernels.int8_weights[n.inputs[0].name] = "q8_0" if B == 32 else "q8"
+        args = [w, *_quantized_rows(bb, args[1], B, cx.kernels), *args[2:]]
     if gpu and n.op == "mul_mat_id" and not _static_one(dim_expr(n.inputs[2].shape[0], cx.sym)):
-        return _mul_mat_id_grouped(bb, n, args, cx)
+        return _mul_mat_id_grouped(bb, n, args, cx, B is not None)
+    if B is not None:
+        dp4a = cx.kernels.gpu_int8 == "cuda"
+        f = cuda.int8.mul_mat if n.op == "mul_mat" else cuda.int8.mul_mat_id
+        return _te(bb, n, args, fn=lambda *a: f(*a, dp4a=dp4a))
     return _te(bb, n, args, fn=cuda.TE_OPS.get(n.op) if gpu else None)
+
+
+def _quantized_rows(bb, x, B: int, kernels) -> list:
+    """[xq, xd]: the int8 activation rows of x in blocks of B (cuda.int8.quantize_rows), once per x and B."""
+    key = ("int8", x, B)
+    if key not in kernels.memo:
+        cuda_ = kernels.gpu_int8 == "cuda"
+        q = bb.emit_te(lambda t: list(cuda.int8.quantize_rows(t, B, cuda_)), x, primfunc_name_hint="quantize_q8")
+        kernels.memo[key] = [bb.emit(relax.TupleGetItem(q, 0)), bb.emit(relax.TupleGetItem(q, 1))]
+    return kernels.memo[key]
 
 
 def _static_one(dim) -> bool:
     return isinstance(dim, int | tirx.IntImm) and int(dim) == 1
 
 
-def _mul_mat_id_grouped(bb, n, args, cx):
+def _mul_mat_id_grouped(bb, n, args, cx, quantized: bool = False):
     """GPU mul_mat_id of several rows (verify, prefill): each expert read once per window of rows that chose it
     (lower/cuda/te.py `mul_mat_id_grouped`). The groups are computed once per ids tensor (a layer's gate, up and
     down share them); the products go through a Relax tensor to the gather, which is kOutEWiseFusable so that FuseOps
     fuses the element-wise tail after it (SwiGLU, the routing weights) but not the reduction before it (that would
     leave the products in a workspace allocated at each call: SPLIT_OPS). The one-row decode and draft steps keep
     `cuda.mul_mat_id` (one block per slot: nothing to group)."""
-    w, x, ids = args
+    w, *x, ids = args   # x: the float rows, or (quantized) xq, xd
     groups = cx.kernels.memo.get(ids)
     if groups is None:
         leaders = bb.emit_te(cuda.expert_leaders, ids, primfunc_name_hint="expert_leaders")
         groups = bb.emit_te(cuda.expert_groups, ids, leaders, primfunc_name_hint="expert_groups")
         cx.kernels.memo[ids] = groups
-    y = _te(bb, n, [w, x, ids, groups], fn=cuda.mul_mat_id_grouped)
+    dp4a = cx.kernels.gpu_int8 == "cuda"
+    fn = (lambda *a: cuda.int8.mul_mat_id_grouped(*a, dp4a=dp4a)) if quantized else cuda.mul_mat_id_grouped
+    y = _te(bb, n, [w, *x, ids, groups], fn=fn)
     T = dim_expr(n.inputs[2].shape[0], cx.sym)
     kk, N, W = int(n.inputs[2].shape[1]), int(n.shape[-1]), cuda.GROUP_ROWS
 
@@ -309,13 +333,18 @@ check_impls(LOWER, "Relax lowering (compiler/lower/to_relax.py)")
 
 
 def build_module(graphs: list[Graph], weight_kinds: dict[str, str], static: dict[str, dict] | None = None,
-                 form: str = "cpu", split_l=(), x86=None):
+                 form: str = "cpu", split_l=(), x86=None, gpu_int8: str | None = None,
+                 int8_weights: dict | None = None):
     """An IRModule with one Relax function per graph (entry point); `static[graph.name]` fixes symbols.
     `form` (attention.FORMS): "cpu", "gpu" (GPU targets: also SPLIT_OPS as separate kernels), or "gpu-emulated"
     (the GPU form built for llvm, to test its arithmetic). `split_l`: names of the entry points whose attention
-    is split over L (graphs.SPLIT_L). `x86`: see `to_relax`."""
+    is split over L (graphs.SPLIT_L). `x86`: see `to_relax`. `gpu_int8` (the "gpu" form): the integer route of
+    the GPU matmuls (lower/cuda/int8.py) with "cuda" (`__dp4a`, `__fdiv_rn`) or "plain" int32 arithmetic; None:
+    float activations (--exact-matmul). `int8_weights`: filled with {weight name: activation row format ("q8_0",
+    "q8")} of the matmuls that took the integer route."""
     bb = relax.BlockBuilder()
     kernels = attention.Kernels(bb, form)
+    kernels.gpu_int8, kernels.int8_weights = gpu_int8, int8_weights if int8_weights is not None else {}
     for g in graphs:
         to_relax(bb, g, weight_kinds, kernels, (static or {}).get(g.name), g.name in split_l, x86)
     return bb.get()

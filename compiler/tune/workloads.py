@@ -58,6 +58,7 @@ def lowered_module(model: str, target, draft: str | None = None):
     """(the model's Relax module as compile builds it, its x86 lowering or None)."""
     from nextn.compiler.graphs import SPLIT_L, STATIC, build_graphs, weight_kinds
     from nextn.compiler.loader.model_files import ModelFiles
+    from nextn.compiler.lower.cuda.int8 import has_dot4
     from nextn.compiler.lower.to_relax import build_module
     from nextn.compiler.lower.x86.emit import for_target
     from nextn.compiler.target import GPU_TARGETS
@@ -66,8 +67,10 @@ def lowered_module(model: str, target, draft: str | None = None):
     graphs = build_graphs(mf, mf.has_nextn)
     kinds = weight_kinds(mf, graphs.values())
     x86 = for_target(target)
-    mod = build_module(list(graphs.values()), kinds, STATIC, form="gpu" if target.kind.name in GPU_TARGETS else "cpu",
-                       split_l=SPLIT_L, x86=x86)
+    gpu = target.kind.name in GPU_TARGETS
+    gpu_int8 = ("cuda" if has_dot4(target) else "plain") if gpu else None   # as compile.plan's default build
+    mod = build_module(list(graphs.values()), kinds, STATIC, form="gpu" if gpu else "cpu", split_l=SPLIT_L, x86=x86,
+                       gpu_int8=gpu_int8)
     return mod, x86
 
 

@@ -6,17 +6,23 @@ dequantization is its own stage (`te.py`), and the decode / verify GEMV schedule
 as `expert_leaders` + `expert_groups` + `mul_mat_id_grouped` + `expert_gather` (each expert read once per window of rows that chose
 it); FuseOps fuses their element-wise neighbours (bias adds, SwiGLU, the routed-expert weights), and
 `schedules/gpu.py` tries `gemv.schedule` first on every PrimFunc ("cuda:gemv": RULES, which the compiler hands to
-the schedule pass; schedules never import the compiler). Activations stay float32, so a kernel computes what the
-float-activation CPU path computes (`--exact-matmul`), up to the fp32 summation order.
+the schedule pass; schedules never import the compiler).
+
+Activations: by default the Q8_0 / Q4_K / Q5_K / Q6_K matmuls take the integer route (`int8.py`: each activation
+row quantized to int8 once per matmul exactly as the CPU's integer kernels do, `__dp4a` dot products, the scales
+per block in float), so a kernel computes what the default llvm artifact computes, up to the fp32 summation order;
+the other formats, and every format under `--exact-matmul`, keep float32 activations (the float-activation CPU
+path, `--exact-matmul`).
 """
 from __future__ import annotations
 
+from . import int8
 from .gemv import schedule
 from .te import (GROUP_ROWS, TE_OPS, expert_gather, expert_groups, expert_leaders, mul_mat, mul_mat_id,
                  mul_mat_id_grouped)
 
 # The GPU schedule rules of these kernels, for schedules.gpu.ScheduleGPU (tried before dlight's)
-RULES = (("cuda:gemv", schedule),)
+RULES = (("cuda:gemv", schedule), ("cuda:quantize", int8.schedule_quantize))
 
-__all__ = ["GROUP_ROWS", "RULES", "TE_OPS", "expert_gather", "expert_groups", "expert_leaders", "mul_mat",
+__all__ = ["GROUP_ROWS", "RULES", "int8", "TE_OPS", "expert_gather", "expert_groups", "expert_leaders", "mul_mat",
            "mul_mat_id", "mul_mat_id_grouped", "schedule"]

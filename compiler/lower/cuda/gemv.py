@@ -24,6 +24,10 @@ blocks. VEC is 4 for float32 weights, else 8: 16 bytes of a float weight (one 12
 K is a multiple of 32 x VEC), or 8 consecutive elements of one block (Q8_0's qs bytes, a K-quant's 8 nibbles of
 one sub-block), read as bytes. Reference for the structure: llama.cpp ggml-cuda mmvq.cu (a warp per row, up to 8
 activation columns per pass).
+
+The integer route (int8.py) takes the same schedule: its DEQUANT stage is int32 words of 4 quants, so k counts
+words, VEC is 2 (8 quants of one sub-block per lane and step), the weight's float factors (SCALE, MIN) are read by
+the reduction and computed once per step, and a symbolic T comes padded to whole tiles by the definition.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from tvm import tirx
 
 from nextn.schedules.loops import static_extent
 
-from .te import DEQUANT, GROUPED, MATMUL
+from .te import DEQUANT, GROUPED, MATMUL, MIN, SCALE
 
 # Activation rows per pass over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8 activations). 4 covers
 # verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (zeros), and at 8 rows a 4-row
@@ -77,7 +81,12 @@ def schedule(func: tirx.PrimFunc, target):
         return None
     deq, mm = deqs[0], mms[0]
     i_mm = _index(sch, blocks, mm)
-    stages = list(sch.get_producers(deq))    # the K-quants' sub-block factors (te.SCALE, te.MIN)
+    # the K-quants' sub-block factors (te.SCALE, te.MIN), read by the dequantization; on the integer route
+    # (int8.py) the weight's factors, read by the reduction
+    stages = list(sch.get_producers(deq))
+    stages += [b for b in _named(sch, blocks, SCALE) + _named(sch, blocks, MIN)
+               if not any(sch.get(b).same_as(sch.get(s)) for s in stages)]
+    integer = str(sch.get(deq).writes[0].source.dtype) == "int32"   # int8.py: 4 quants per word
     weight_side = [sch.get(b) for b in (deq, *stages)]
     # element-wise producers of the activations (SwiGLU, a division): into the reads (chosen before inlining
     # changes the block nodes)
@@ -112,7 +121,7 @@ def schedule(func: tirx.PrimFunc, target):
         tile = TILE_ROWS if rows is None else min(TILE_ROWS, rows)
     rows_static = not row_axes or rows is not None
     x_pads = []
-    if tile > 1 and rows is None:
+    if tile > 1 and rows is None and not integer:   # int8.mul_mat pads in its definition
         # pad the row axis to whole tiles: the accumulators are then a static [tile] register array (a split of a
         # symbolic extent would leave them sized by T); the padded rows read x as 0 and are never stored
         sch.pad_einsum(mm, [tile if i in row_axes else 1 for i in range(len(kinds))])
@@ -133,6 +142,9 @@ def schedule(func: tirx.PrimFunc, target):
     tail = tail[-1:]
     dtypes = {str(r.source.dtype) for r in sch.get(deq).reads} - {"int32"}
     vec, exact_steps = _vec(dtypes.pop() if len(dtypes) == 1 else "uint8", K)
+    if integer:   # K counts words: 2 per lane and step (8 quants of one sub-block), 64 per warp step
+        vec = 2 if K % 2 == 0 else 1
+        exact_steps = K % (LANES * vec) == 0
     if not (exact_steps and vec % 4 == 0 and len(x_pads) == 1):
         for b in x_pads:   # read in place, each load predicated
             sch.compute_inline(b)

@@ -1,0 +1,296 @@
+"""The integer route of the GPU matmuls: activation rows quantized to int8 once per matmul, exactly as the CPU's
+integer kernels quantize them, and integer dot products over the weight's quants (`__dp4a` on CUDA sm_61+).
+
+    quantize_rows  x f32 [..., K] -> xq int32 [..., K/4] (4 int8 quants per word, little-endian), xd f32 [..., K/B]
+                   per block of B (32 for Q8_0, 256 for the K-quants): amax = max |x|, d = amax / 127,
+                   q = round_half_even(x * (127 / amax)), q = 0 where amax = 0 (nextn.common.quant.activation
+                   `quantize_q8_0` / `quantize`: the CPU's "q8_0" / "q8" rows, bit for bit on equal inputs)
+    mul_mat        y[..., n] = sum over words j < K/4 of
+                       xd[.., blk(j)] · (s[n, sub(j)] · f32(dot4(w4[n, j], xq[.., j]))
+                                         - m[n, sub(j)] · f32(dot4(1111, xq[.., j])))
+
+w4 (the DEQUANT stage, int32 [..., N, K/4]) packs 4 consecutive signed quants of the weight (Q8_0: qs; Q4_K: the
+nibbles, 0..15; Q5_K: 5 bits, 0..31; Q6_K: q - 32, -32..31); s / m (the SCALE / MIN stages, float32 per
+sub-block: Q8_0 the block's d; Q4_K / Q5_K d·sc and dmin·m; Q6_K d·sc) are the weight's float factors, so that the
+weight element is s · q - m exactly as the format's element expression (nextn.compiler.quant) computes it. Each word
+product is exact in int32, so a kernel computes sum_k w_k x'_k (x' = d · q, what the CPU multiplies) and differs
+from the CPU's integer kernels (compiler/lower/x86, ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_q4_K_q8_K ...) only by
+float32 rounding: the CPU sums whole blocks in int32 and scales once per block; here every word is scaled (the
+scheduled kernel gives each lane 2 words of one sub-block per step).
+
+`dot4(a, b)` = the sum of the 4 signed byte products of int32 words a and b: `__dp4a(a, b, 0)` (a pure extern
+call) where the target has it (`has_dot4`: CUDA sm_61+), else the same int32 result from shifts and multiplies
+(`dp4a=False`: llvm, where the tests run the definitions; ROCm; older CUDA). Every function below takes that
+choice as `dp4a`.
+Reference for the scheme: llama.cpp ggml-cuda vecdotq.cuh (q8_1 activations, dp4a).
+"""
+from __future__ import annotations
+
+from tvm import te, tirx
+
+F32, I32 = "float32", "int32"
+# kind -> (block of the activation rows: the CPU's row format, weights per float factor)
+KINDS = {"q8_0": (32, 32), "q4_k": (256, 32), "q5_k": (256, 32), "q6_k": (256, 16)}
+AMAX, ACT_D, ACT_Q = "act_amax", "act_d", "act_q"
+DOT4 = "__dp4a"
+
+
+def _c(v, dtype=I32):
+    return tirx.const(v, dtype)
+
+
+def dot4(a, b, dp4a: bool = True):
+    """The dot product of the 4 signed bytes of int32 words a and b: CUDA `__dp4a(a, b, 0)`, or (not `dp4a`) the
+    same int32 sum of sign-extended byte products."""
+    if dp4a:
+        return tirx.call_pure_extern(I32, DOT4, a, b, _c(0))
+
+    def byte(v, e):   # sign-extended byte e of an int32 word
+        return (((v >> _c(8 * e)) & _c(255)) ^ _c(128)) - _c(128)
+
+    total = byte(a, 0) * byte(b, 0)
+    for e in range(1, 4):
+        total = total + byte(a, e) * byte(b, e)
+    return total
+
+
+def has_dot4(target) -> bool:
+    """Whether `target` compiles `dot4` as `__dp4a`: CUDA sm_61 or newer."""
+    if target is None or target.kind.name != "cuda":
+        return False
+    arch = str(target.attrs.get("arch", "sm_61"))
+    try:
+        return int(arch.split("_")[1].rstrip("af")) >= 61
+    except (IndexError, ValueError):
+        return True
+
+
+def route(kind: str | None, K: int, quantize: bool) -> int | None:
+    """The activation block B of the integer route for a `kind` weight of row length K (None: the float route):
+    the kinds of `KINDS` whose K is whole blocks, when the artifact quantizes activations."""
+    if not quantize or kind not in KINDS:
+        return None
+    B = KINDS[kind][0]
+    return B if K % B == 0 else None
+
+
+def _div(a, b, cuda: bool):
+    """a / b in float32, correctly rounded: on CUDA `__fdiv_rn` (nvcc compiles TVM's kernels with
+    --use_fast_math, whose `/` is an approximation that would move q across rounding boundaries)."""
+    return tirx.call_pure_extern(F32, "__fdiv_rn", a, b) if cuda else a / b
+
+
+def quantize_rows(x, B: int, cuda: bool = False):
+    """(xq int32 [..., K/4], xd float32 [..., K/B]) of float32 rows x [..., K] (module docstring). `cuda`: the
+    divisions as `__fdiv_rn` (else plain; llvm's is correctly rounded)."""
+    *lead, K = x.shape
+    i = te.reduce_axis((0, B), name="i")
+    amax = te.compute((*lead, K // B), lambda *l: te.max(tirx.abs(x[(*l[:-1], l[-1] * B + i)]), axis=i), name=AMAX)
+    xd = te.compute((*lead, K // B), lambda *l: _div(amax[l], _c(127.0, F32), cuda), name=ACT_D)
+
+    def word(*l):
+        a = amax[(*l[:-1], l[-1] * 4 // B)]
+        inv = tirx.Select(a > _c(0.0, F32), _div(_c(127.0, F32), a, cuda), _c(0.0, F32))
+        w = _c(0)
+        for e in range(4):
+            q = tirx.nearbyint(x[(*l[:-1], l[-1] * 4 + e)] * inv).astype(I32)
+            w = w | ((q & _c(255)) << _c(8 * e))
+        return w
+
+    return te.compute((*lead, K // 4), word, name=ACT_Q), xd
+
+
+def _u32(b, off):
+    return tirx.reinterpret(I32, b.u32(off))
+
+
+def _word(kind: str, b):
+    """int32: the 4 quants of the weight at elements b.e .. b.e + 3 (b.e a multiple of 4) as signed bytes."""
+    from nextn.compiler.quant import k_quants
+
+    e = b.e
+    if kind == "q8_0":
+        return _u32(b, 2 + e)
+    if kind in ("q4_k", "q5_k"):
+        _ts, at_qs, at_qh = k_quants.Q45K[kind]
+        q = (_u32(b, at_qs + e // 64 * 32 + e % 32) >> (e % 64 // 32 * 4).astype(I32)) & _c(0x0F0F0F0F)
+        if at_qh is not None:
+            q = q | (((_u32(b, at_qh + e % 32) >> (e // 32).astype(I32)) & _c(0x01010101)) << _c(4))
+        return q
+    h, r = e // 128, e % 128   # q6_k: 6-bit offset-binary quants, turned into signed bytes q - 32
+    lo = (_u32(b, h * 64 + r % 64) >> (r // 64 * 4).astype(I32)) & _c(0x0F0F0F0F)
+    hi = (_u32(b, 128 + h * 32 + r % 32) >> (r // 32 * 2).astype(I32)) & _c(0x03030303)
+    t = (lo | (hi << _c(4))) ^ _c(0x20202020)
+    sign = t & _c(0x20202020)   # bit 5 of each byte into bits 6 and 7: the sign extension of q - 32
+    return t | (sign << _c(1)) | (sign << _c(2))
+
+
+def _stages(w, lead, weight_lead, keep=None):
+    """(DEQUANT words int32 [*lead, N, K/4], SCALE f32 [*lead, N, K/sub], MIN or None) of quantized weight w."""
+    from nextn.compiler.quant import k_quants
+    from nextn.compiler.quant.te import Block
+
+    from .te import DEQUANT, MIN, SCALE
+
+    *_, N, K = w.shape
+    kind = w.kind
+    sub = KINDS[kind][1]
+    size, block = {"q8_0": (34, 32), "q6_k": (k_quants.Q6K_SIZE, 256)}.get(kind, (k_quants.Q45K.get(kind, (0,))[0],
+                                                                               256))
+
+    def kept(i, v, zero):
+        return v if keep is None else tirx.if_then_else(keep(*i[:len(lead)]), v, zero)
+
+    def blk(i, k):   # i = (*lead, n)
+        return Block(w.tensors[0], (*weight_lead(*i[:-1]), i[-1], k), block, size)
+
+    words = te.compute((*lead, N, K // 4), lambda *i: kept(i, _word(kind, blk(i[:-1], i[-1] * 4)), _c(0)),
+                       name=DEQUANT)
+    shape = (*lead, N, K // sub)
+    zero = _c(0.0, F32)
+    if kind == "q8_0":
+        return words, te.compute(shape, lambda *i: kept(i, blk(i[:-1], i[-1] * sub).f16(0), zero), name=SCALE), None
+    if kind == "q6_k":
+        return words, te.compute(shape, lambda *i: kept(i, k_quants.q6k_factor(blk(i[:-1], i[-1] * sub),
+                                                                               i[-1] % 16), zero), name=SCALE), None
+
+    def factor(i, which):
+        return kept(i, k_quants.q45k_factors(blk(i[:-1], i[-1] * sub), i[-1] % (256 // sub))[which], zero)
+
+    return (words, te.compute(shape, lambda *i: factor(i, 0), name=SCALE),
+            te.compute(shape, lambda *i: factor(i, 1), name=MIN))
+
+
+_ONES = 0x01010101
+
+
+def _term(kind, words, scale, low, wi, xq, xd, j, dp4a):
+    """The float32 term of word j: xd · (s · f32(dot4(w, xq)) - m · f32(dot4(1111, xq))); `wi` indexes the
+    weight stages without the word, xq / xd are the activation's word and its block scale."""
+    sub = KINDS[kind][1] // 4
+    s = scale[(*wi, j // sub)] * dot4(words[(*wi, j)], xq, dp4a).astype(F32)
+    if low is not None:
+        s = s - low[(*wi, j // sub)] * dot4(_c(_ONES), xq, dp4a).astype(F32)
+    return xd * s
+
+
+def mul_mat(w, xq, xd, dp4a: bool = True):
+    """ggml_mul_mat of quantized weight w [N, K] (or [H, N, K] per head with rows [T, H, K]) with quantized
+    activation rows (`quantize_rows`: xq [T, ..., K/4], xd [T, ..., K/B]): float32 [T, ..., N]. A symbolic T is
+    padded to whole GEMV row tiles in the definition (rows past T read 0; the padded sums are copied out), which
+    the schedule's `pad_einsum` does for the float route (it takes einsums only)."""
+    from .te import MATMUL
+
+    words, scale, low = _stages(w, tuple(w.shape[:-2]), lambda *b: b)
+    Kw = words.shape[-1]
+    B4 = Kw // xd.shape[-1]   # words per activation block
+    heads = len(w.shape) == 3
+    T = xq.shape[0]
+    padded = not isinstance(T, tirx.IntImm)
+    if padded:
+        from .gemv import TILE_ROWS
+
+        Tp = (T + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
+        xq = te.compute((Tp, *xq.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xq[(t, *r)], _c(0)),
+                        name="xq_pad")
+        xd = te.compute((Tp, *xd.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xd[(t, *r)], _c(0.0, F32)),
+                        name="xd_pad")
+    j = te.reduce_axis((0, Kw), name="k")
+
+    def f(*i):
+        wi = (i[-2], i[-1]) if heads else (i[-1],)
+        xi = i[:-1]
+        return te.sum(_term(w.kind, words, scale, low, wi, xq[(*xi, j)], xd[(*xi, j // B4)], j, dp4a), axis=j)
+
+    y = te.compute((*xq.shape[:-1], w.shape[-2]), f, name=MATMUL)
+    if padded:
+        y = te.compute((T, *y.shape[1:]), lambda *i: y[i], name=MATMUL + "_pad")
+    return y
+
+
+def mul_mat_id(w, xq, xd, ids, dp4a: bool = True):
+    """ggml_mul_mat_id of quantized experts w [X, N, K] with quantized rows xq / xd ([T, ...] or [T, n_used, ...],
+    `quantize_rows`): float32 [T, n_used, N]."""
+    from .te import MATMUL
+
+    T, kk = ids.shape
+    words, scale, low = _stages(w, (T, kk), lambda t, s: (ids[t, s].astype("int64"),))
+    Kw = words.shape[-1]
+    B4 = Kw // xd.shape[-1]
+    j = te.reduce_axis((0, Kw), name="k")
+
+    def f(t, s, n):
+        xi = (t,) if len(xq.shape) == 2 else (t, s)
+        return te.sum(_term(w.kind, words, scale, low, (t, s, n), xq[(*xi, j)], xd[(*xi, j // B4)], j, dp4a), axis=j)
+
+    return te.compute((T, kk, w.shape[-2]), f, name=MATMUL)
+
+
+def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True):
+    """`te.mul_mat_id_grouped` on quantized rows: float32 [T, n_used, GROUP_ROWS, N], a leader's products for its
+    member rows, 0 elsewhere; a pair that leads no group loads no weight."""
+    from .te import GROUP_ROWS, GROUPED
+
+    T, kk = ids.shape
+    W = GROUP_ROWS
+    words, scale, low = _stages(w, (T, kk), lambda t, s: (ids[t, s].astype("int64"),),
+                                keep=lambda t, s: groups[t, s, t % W] >= 0)
+    Kw = words.shape[-1]
+    B4 = Kw // xd.shape[-1]
+    j = te.reduce_axis((0, Kw), name="k")
+
+    def f(t, s, q, n):
+        m = groups[t, s, q].astype("int64")
+        row = te.max(m, _c(0, "int64"))
+        xi = (row // kk,) if len(xq.shape) == 2 else (row // kk, row % kk)
+        v = _term(w.kind, words, scale, low, (t, s, n), xq[(*xi, j)], xd[(*xi, j // B4)], j, dp4a)
+        return te.sum(tirx.if_then_else(m >= 0, v, _c(0.0, F32)), axis=j)
+
+    return te.compute((T, kk, W, w.shape[-2]), f, name=GROUPED)
+
+
+QUANT_WARPS = 4   # activation blocks per thread block of the quantizer (one warp each)
+
+
+def schedule_quantize(func: tirx.PrimFunc, target):
+    """The GPU schedule of a (fused) `quantize_rows` PrimFunc, or None when `func` is not one: a warp per activation
+    block, its lanes' |x| maxima reduced by warp shuffles (max is exact in any order, so amax is the CPU's), then
+    lane 0 stores d and the lanes the block's B / 4 words; element-wise producers of x (SwiGLU, a division) are
+    computed in place of its reads."""
+    import re
+
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    try:
+        blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
+    except Exception:
+        return None
+    names = [sch.get(b).name_hint for b in blocks]
+
+    def one(name):
+        hits = [b for b, n in zip(blocks, names) if re.fullmatch(rf"{name}(_\d+)?", n)]
+        return hits[0] if len(hits) == 1 else None
+
+    amax, xd, xq = one(AMAX), one(ACT_D), one(ACT_Q)
+    if amax is None or xd is None or xq is None:
+        return None
+    i_amax = next(i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(amax)))
+    if len(blocks) != i_amax + 3:   # element-wise producers, then the three stages and nothing after them
+        return None
+    for b in blocks[:i_amax]:
+        sch.compute_inline(b)
+    *outer, i = sch.get_loops(amax)
+    lb = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    bx, ty = sch.split(lb, [None, QUANT_WARPS])
+    _io, tx = sch.split(i, [None, 32])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")   # a cross-lane reduction: TVM lowers it to warp shuffles, the result in every lane
+    sch.set_scope(amax, 0, "local")
+    for b in (xd, xq):
+        sch.reverse_compute_at(b, ty, preserve_unit_loops=True)
+    *_, wj = sch.get_loops(xq)
+    _wo, wx = sch.split(wj, [None, 32])
+    sch.bind(wx, "threadIdx.x")
+    return sch

@@ -1,0 +1,313 @@
+"""The integer route of the GPU matmuls (compiler/lower/cuda/int8.py), checked without a GPU.
+
+- The activation quantizer (`int8.quantize_rows`) built for llvm gives the CPU's rows bit for bit: the int8 quants
+  and float32 scales of `nextn.common.quant.activation` ("q8_0" blocks of 32 for Q8_0, "q8" blocks of 256 for the
+  K-quants), T = 1, 2, 4, 9 rows, a zero block and ties included.
+- The integer matmul definitions (mul_mat with a symbolic T padded to row tiles, mul_mat_id with x shared or one row
+  per slot, the grouped mul_mat_id of verify / prefill) built for llvm (`dp4a=False`: the same int32 sums as
+  `__dp4a`) against float64 numpy of the quantized-activation product (x' = d · q times the gguf-py-dequantized
+  weight), within 1e-5 of max |y|: every term is exact up to one float32 rounding of the scaled word sum, so the
+  error is the float32 summation's (test_quant.activations keeps the rows away from cancellation).
+- The same definition against the x86 CPU kernel (compiler/lower/x86, the default llvm artifact's matmul) on the
+  same bytes and rows: both compute sum_k w_k x'_k exactly up to float32 summation order (the CPU sums whole
+  blocks in int32 and scales once per block, here each 4-quant word is scaled), so they agree within 1e-5 of max |y|
+  (measured here: a few 1e-7), where float activations differ by ~1e-2 (the first H200 run).
+- The CUDA sm_90 build of the scheduled kernels: the GEMV schedule takes them (4 warps over weight rows, row tiles
+  of 4), the CUDA source calls `__dp4a` and the quantizer `__fdiv_rn` (nvcc's --use_fast_math `/` is approximate),
+  the weight is loaded once per row tile.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te, tirx
+
+from nextn.common.compare import rel_err
+from nextn.common.quant import activation, by_ggml_type
+from nextn.compiler.lower import cuda
+from nextn.compiler.lower.cuda import gemv, int8
+from nextn.compiler.target import make_target
+from nextn.schedules.gpu_bound import extent_at, launches
+from test_cuda_kernels import _cuda_source, _data, _groups64, _ids, _module, _run, _weight
+from test_quant import activations
+
+pytestmark = pytest.mark.e2e   # builds CUDA kernels with nvcc
+
+I64 = "int64"
+N, X, USED, XG = 37, 3, 2, 5
+INT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def _kind(ttype):
+    return by_ggml_type(ttype).kind
+
+
+def _k(ttype):
+    """11 blocks of 32 for Q8_0 (not whole warp steps of 256), 3 super-blocks for the K-quants."""
+    return 11 * 32 if ttype == "Q8_0" else 3 * 256
+
+
+def _block(ttype):
+    return int8.KINDS[_kind(ttype)][0]
+
+
+def _cpu_rows(x, B):
+    """(q int8, d float32) of the CPU's numpy statement."""
+    if B == 32:
+        return activation.quantize_q8_0(x)
+    q, d, _ = activation.quantize(x)
+    return q, d
+
+
+def _x(T, K, seed, w64=None):
+    rng = np.random.default_rng(seed)
+    if w64 is None:
+        return rng.standard_normal((T, K)).astype(np.float32)
+    return activations(rng, [[w64]] * T)
+
+
+def _quantizer(K, B):
+    T = te.var("T", I64)
+    x = te.placeholder([T, tirx.IntImm(I64, K)], "float32", name="x")
+    return tvm.compile(_module({"q": te.create_prim_func([x, *int8.quantize_rows(x, B)])}), target="llvm")
+
+
+def _quantize(lib, x, B):
+    T, K = x.shape
+    xq, xd = tvm.runtime.empty((T, K // 4), "int32"), tvm.runtime.empty((T, K // B), "float32")
+    lib["q"](tvm.runtime.tensor(np.ascontiguousarray(x)), xq, xd)
+    return xq.numpy(), xd.numpy()
+
+
+@pytest.mark.parametrize("B,K", [(32, 352), (256, 768)])
+@pytest.mark.parametrize("T", [1, 2, 4, 9])
+def test_quantizer_gives_the_cpu_rows(B, K, T):
+    lib = _quantizer(K, B)
+    x = _x(T, K, T)
+    x[0, B:2 * B] = 0.0                                   # a zero block: d = 0, q = 0
+    x[-1, 0] = 1.0
+    x[-1, 1:B] = np.float32(0.5) / np.float32(127)        # x * 127 / amax = 0.5 exactly: a tie, to even (0)
+    x[-1, 2] = np.float32(1.5) / np.float32(127)          # 1.5: to even (2)
+    xq, xd = _quantize(lib, x, B)
+    q, d = _cpu_rows(x, B)
+    assert np.array_equal(xq.view(np.int8).reshape(T, K), q)
+    assert np.array_equal(xd.view(np.uint32), d.view(np.uint32))
+    assert q[-1, 1] == 0 and q[-1, 2] == 2
+
+
+def _int_funcs(ttype, K):
+    """llvm PrimFuncs of the integer definitions over quantized rows: mul_mat (symbolic T), mul_mat_id (x shared;
+    one row per slot), the grouped mul_mat_id (both x layouts) and `expert_groups`."""
+    B = _block(ttype)
+    T = te.var("T", I64)
+    bufs, w = _weight(ttype, (N, K), "w")
+    ebufs, ew = _weight(ttype, (X, N, K), "e")
+    gbufs, gw = _weight(ttype, (XG, N, K), "g")
+
+    def rows(lead, name):
+        return (te.placeholder([*lead, tirx.IntImm(I64, K // 4)], "int32", name=name + "q"),
+                te.placeholder([*lead, tirx.IntImm(I64, K // B)], "float32", name=name + "d"))
+
+    xq, xd = rows([T], "x")
+    x3q, x3d = rows([T, tirx.IntImm(I64, USED)], "x3")
+    ids = te.placeholder([T, tirx.IntImm(I64, USED)], "int32", name="ids")
+    groups = cuda.expert_groups(ids, cuda.expert_leaders(ids))
+    out = {"mul_mat": te.create_prim_func([xq, xd, *bufs, int8.mul_mat(w, xq, xd, dp4a=False)]),
+           "mul_mat_id": te.create_prim_func([xq, xd, ids, *ebufs, int8.mul_mat_id(ew, xq, xd, ids, dp4a=False)]),
+           "mul_mat_id3": te.create_prim_func([x3q, x3d, ids, *ebufs,
+                                               int8.mul_mat_id(ew, x3q, x3d, ids, dp4a=False)])}
+    for name, (q, d) in (("grouped", (xq, xd)), ("grouped3", (x3q, x3d))):
+        y = cuda.expert_gather(int8.mul_mat_id_grouped(gw, q, d, ids, groups, dp4a=False), groups)
+        out[name] = te.create_prim_func([q, d, ids, *gbufs, y])
+    return out
+
+
+@pytest.fixture(scope="module", params=INT)
+def definition(request):
+    ttype = request.param
+    K = _k(ttype)
+    lib = tvm.compile(_module(_int_funcs(ttype, K)), target="llvm")
+    return ttype, K, lib, _quantizer(K, _block(ttype)), _data(ttype, (N, K), 1), _data(ttype, (X, N, K), 2), \
+        _data(ttype, (XG, N, K), 3)
+
+
+def _x_prime(x, B):
+    """What the quantized rows stand for (float64)."""
+    return activation.round_trip(x, "q8_0" if B == 32 else "q8")
+
+
+@pytest.mark.parametrize("T", [1, 2, 4, 9])
+def test_int8_mul_mat_against_float64(definition, T):
+    ttype, K, lib, qlib, (packed, w), _e, _g = definition
+    B = _block(ttype)
+    x = _x(T, K, 10 + T, w.astype(np.float64))
+    got = _run(lib, "mul_mat", (T, N), *_quantize(qlib, x, B), *packed)
+    assert rel_err(got, _x_prime(x, B) @ w.astype(np.float64).T) < 1e-5, ttype
+
+
+def _check_id(lib, qlib, names, ids, packed, ew, seed, ttype):
+    T, K, B = len(ids), ew.shape[-1], _block(ttype)
+    w64 = ew.astype(np.float64)
+    rng = np.random.default_rng(seed)
+    x = activations(rng, [[w64[e] for e in ids[t]] for t in range(T)])
+    x3 = activations(rng, [[w64[e]] for e in ids.reshape(-1)]).reshape(T, USED, K)
+    want = np.einsum("tk,tjnk->tjn", _x_prime(x, B), w64[ids])
+    want3 = np.einsum("tjk,tjnk->tjn", _x_prime(x3, B), w64[ids])
+    q3, d3 = _quantize(qlib, x3.reshape(T * USED, K), B)
+    got = _run(lib, names[0], (T, USED, N), *_quantize(qlib, x, B), ids, *packed)
+    got3 = _run(lib, names[1], (T, USED, N), q3.reshape(T, USED, -1), d3.reshape(T, USED, -1), ids, *packed)
+    assert rel_err(got.reshape(-1, N), want.reshape(-1, N)) < 1e-5, ttype
+    assert rel_err(got3.reshape(-1, N), want3.reshape(-1, N)) < 1e-5, ttype
+
+
+@pytest.mark.parametrize("T", [1, 2, 4, 9])
+def test_int8_mul_mat_id_against_float64(definition, T):
+    ttype, _K, lib, qlib, _w, (epacked, ew), _g = definition
+    rng = np.random.default_rng(20 + T)
+    ids = np.stack([rng.permutation(X)[:USED] for _ in range(T)]).astype(np.int32)
+    _check_id(lib, qlib, ("mul_mat_id", "mul_mat_id3"), ids, epacked, ew, 30 + T, ttype)
+
+
+@pytest.mark.parametrize("T", [1, 2, 4, 9])
+@pytest.mark.parametrize("repeat", [False, True])
+def test_int8_grouped_mul_mat_id_against_float64(definition, T, repeat):
+    ttype, _K, lib, qlib, _w, _e, (gpacked, gw) = definition
+    ids = _ids(T, 40 + T, repeat)
+    assert _groups64(ids).shape == (T, USED, cuda.GROUP_ROWS + 1)
+    _check_id(lib, qlib, ("grouped", "grouped3"), ids, gpacked, gw, 60 + T, ttype)
+
+
+@pytest.mark.parametrize("ttype", INT)
+def test_int8_definition_equals_the_x86_kernel(ttype):
+    """The CUDA definition and the CPU's x86 integer kernel (what the default llvm artifact runs) on the same bytes
+    and float rows, T = 9 (two row groups of the CPU kernel and a tail): within 1e-5 of max |y| (module
+    docstring: the same exact products, float32 sums in another order)."""
+    from nextn.compiler.lower import x86
+    from nextn.compiler.target import make_target as mt
+
+    if x86.vector_width(mt("llvm")) is None:
+        pytest.fail("this CPU has no AVX2: the x86 kernels do not build")
+    kind, K, T = _kind(ttype), _k(ttype), 9
+    if ttype != "Q8_0":
+        K = 512      # the x86 K-quant kernels' steps
+    raw, w = _raw(ttype, K)
+    x = _x(T, K, 5, w.astype(np.float64))
+    cpu = tvm.compile(tvm.IRModule({"main": x86.matmul(kind, N, K)}), target=mt("llvm")).mod["main"]
+    acts = x86.activation_rows(kind, x)
+    y_cpu = tvm.runtime.tensor(np.zeros((T, N), np.float32))
+    cpu(tvm.runtime.tensor(raw), *[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in acts], y_cpu)
+    lib = tvm.compile(_module(_int_funcs(ttype, K)), target="llvm")
+    packed = list(by_ggml_type(ttype).pack(raw, (N, K)))
+    y = _run(lib, "mul_mat", (T, N), *_quantize(_quantizer(K, _block(ttype)), x, _block(ttype)), *packed)
+    y_cpu = y_cpu.numpy()
+    assert rel_err(y, y_cpu) < 1e-5, ttype
+    # and both are the quantized-activation product, not the float one
+    x64 = x.astype(np.float64) @ w.astype(np.float64).T
+    assert rel_err(y_cpu, x64) > 1e-4 and rel_err(y, x64) > 1e-4
+
+
+def _raw(ttype, K):
+    from test_quant import dequant, random_raw
+
+    raw = random_raw(ttype, (N, K), 7)
+    return raw, dequant(ttype, raw)
+
+
+def _scheduled(func):
+    tgt = make_target("cuda", ["sm_90"])
+    sch = (int8.schedule_quantize if "act_amax" in func.script() else cuda.schedule)(func, tgt)
+    assert sch is not None
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True), tgt
+
+
+def _cuda_funcs(ttype, K, rows):
+    B = _block(ttype)
+    T = te.var("T", I64) if rows is None else tirx.IntImm(I64, rows)
+    bufs, w = _weight(ttype, (N, K), "w")
+    x = te.placeholder([T, tirx.IntImm(I64, K)], "float32", name="x")
+    xq = te.placeholder([T, tirx.IntImm(I64, K // 4)], "int32", name="xq")
+    xd = te.placeholder([T, tirx.IntImm(I64, K // B)], "float32", name="xd")
+    return {"quantize": te.create_prim_func([x, *int8.quantize_rows(x, B, cuda=True)]),
+            "mul_mat": te.create_prim_func([xq, xd, *bufs, int8.mul_mat(w, xq, xd)])}
+
+
+@pytest.mark.parametrize("ttype", INT)
+def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
+    """sm_90: the quantizer (a warp per activation block: ceil(T·K/B / 4) blocks of 4 warps, a shuffle max,
+    __fdiv_rn) and the GEMV (ceil(N / 4) blocks of 4 warps, ceil(T / 4) row tiles) build; the GEMV's source calls
+    __dp4a and holds as many weight loads for a symbolic T as for one row (the weight read once per row tile)."""
+    from nextn.schedules.gpu import _lowering_problem
+
+    K = 512 if ttype != "Q8_0" else 11 * 32
+    srcs = {}
+    for rows in (None, 1):
+        fs = {}
+        for name, f in _cuda_funcs(ttype, K, rows).items():
+            fs[name], tgt = _scheduled(f)
+            assert _lowering_problem(fs[name]) is None, (ttype, name)
+        (lq,) = launches(fs["quantize"])
+        assert lq["block"] == ["32", str(int8.QUANT_WARPS), "1"], lq
+        for T in (1, 3, 9):
+            want = math.ceil((1 if rows == 1 else T) * K // _block(ttype) / int8.QUANT_WARPS)
+            assert extent_at(lq["grid"][0], T) == want, lq
+        (ln,) = launches(fs["mul_mat"])
+        assert ln["grid"][0] == str(math.ceil(N / gemv.WARPS)) and ln["block"] == ["32", str(gemv.WARPS), "1"]
+        for T in (1, 3, 9):
+            assert extent_at(ln["grid"][1], T) == (1 if rows == 1 else math.ceil(T / gemv.TILE_ROWS)), ln
+        srcs[rows] = _cuda_source(fs, tgt)
+    for src in srcs.values():
+        gemv_src = src[src.index("mul_mat_kernel("):]
+        quant_src = src[src.index("quantize_kernel("):]
+        assert "__dp4a(" in gemv_src and "__fdiv_rn(" in quant_src and "__shfl_down_sync(" in quant_src
+        assert "(float)" in gemv_src   # the word sums scaled in float
+    w_loads = [len(re.findall(r"\bw_ptr\[", s[s.index("mul_mat_kernel("):])) for s in srcs.values()]
+    assert w_loads[0] == w_loads[1] > 0, w_loads
+
+
+@pytest.mark.parametrize("ttype,route", [("Q8_0", 32), ("Q4_K", 256), ("Q6_K", 256), ("Q5_K", 256), ("BF16", None),
+                                         ("Q4_0", None), ("MXFP4", None)])
+def test_route_by_format_and_exact_matmul(ttype, route):
+    """Q8_0 / Q4_K / Q5_K / Q6_K take the integer route with their CPU row block; other formats, and every format
+    under --exact-matmul (quantize False), the float one."""
+    kind = _kind(ttype)
+    assert int8.route(kind, 512, True) == route
+    assert int8.route(kind, 512, False) is None
+    assert int8.route(kind, 512 + 32, True) == (32 if route == 32 else None)   # not whole super-blocks: float
+
+
+def _activations(art: str) -> dict:
+    import json
+    import os
+
+    m = json.load(open(os.path.join(art, "manifest.json")))
+    return {w["tensor"]: w["activation"] for w in m["buffer_plan"]["weights"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quant", ["Q4_K_M", "Q8_0"])
+def test_cuda_build_quantizes_the_matmuls_the_cpu_quantizes(compiled, quant):
+    """The sm_90 build of a fixture marks in its manifest (buffer_plan activation, gpu_kernels) exactly the weights
+    whose matmuls the default llvm build quantizes, with the same row formats ("q8" per 256 for Q4_K / Q5_K / Q6_K,
+    "q8_0" per 32 for Q8_0): the two default builds compute the same products; under --exact-matmul none."""
+    from conftest import G4
+    from nextn.compiler.options import CompileOptions
+
+    model = G4 / f"tiny-glm4moe-{quant}.gguf"
+    cpu = _activations(compiled(f"g4-{quant}", model))
+    gpu_dir = compiled(f"g4-{quant}-cuda90", model, target="cuda", arches=["sm_90"])
+    gpu = _activations(gpu_dir)
+    assert any(cpu.values()) and gpu == cpu
+    assert set(v for v in gpu.values() if v) == ({"q8_0"} if quant == "Q8_0" else {"q8", "q8_0"})
+    import json
+    import os
+
+    m = json.load(open(os.path.join(gpu_dir, "manifest.json")))
+    assert m["gpu_kernels"] == {"activation_quant": "q8", "dot": "cuda"}
+    assert not CompileOptions.from_manifest(m).exact_matmul
+    exact = compiled(f"g4-{quant}-cuda90-exact", model, target="cuda", arches=["sm_90"], exact_matmul=True)
+    assert not any(_activations(exact).values())
+    assert CompileOptions.from_manifest(json.load(open(os.path.join(exact, "manifest.json")))).exact_matmul
