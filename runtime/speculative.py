@@ -274,7 +274,8 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
     k_max = (seq.model.max_draft if auto else min(int(spec.n_max), seq.model.max_draft)) if spec.enabled else 0
     # `auto` refreshes verify costs while cost-bound by timing a verify at the next cells (rewritten before read).
     remeasure = lambda T: time_call(   # noqa: E731
-        lambda: seq.verify(spread_tokens(T, int(seq.model.hparams["n_vocab"])), n_past))
+        lambda: seq.verify(spread_tokens(T, int(seq.model.hparams["n_vocab"])), n_past)) \
+        if n_past + T <= seq.n_ctx else None
     depth = controller or (AdaptiveDepth(k_max, calibrate(seq, k_max), remeasure) if auto else FixedDepth(k_max))
     drafter = Drafter(seq, chain, rng, spec.draft_sampling == "sample", spec.n_min, spec.p_min) \
         if spec.enabled else None
