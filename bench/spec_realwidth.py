@@ -36,8 +36,9 @@ Per file, `--repeat` rounds, each back to back so that drift hits every configur
      prompt, -t, -c, -ctk/-ctv (also for the MTP draft context: -ctkd/-ctvd), flash attention at llama.cpp's
      default (auto: on for the CPU; nextn's attention is always flash).
   3. with --draft-vocab N (the reduced-vocabulary draft head, `--spec-draft-vocab N`; runtime/draft_vocab.py): one
-     more nextn process per N (the GGUF compiled and cached with that N), n_max 1..3 and auto as in step 1 (labels
-     `n_max=1 dv32768`, ...; plain is step 1's), every run's tokens checked against step 1's plain tokens, and the
+     more nextn process per N (the GGUF compiled and cached with that N), plain, n_max 1..3 and auto as in step 1
+     (labels `plain dv32768`, `n_max=1 dv32768`, ...; each ratio to plain and the cost split use the plain run of
+     the same process), every run's tokens checked against step 1's plain tokens, and the
      ms of its draft step (`draft dvN`, one row; `draft_2 dvN`, with one gap row) and of a decode in the same
      process (`verify_1 dvN`). The draft head's rows are ranked by --draft-vocab-file: `tokenizer` (the default:
      the tokenizer's merge order), `self` (IN-SAMPLE: the token frequencies of step 1's plain chain, the prompt and
@@ -117,12 +118,16 @@ VOCAB_SOURCES = ("tokenizer", "self", "heldout")
 
 
 def configs(n_max, draft_vocab: int = 0) -> list[tuple[str, str, int | str]]:
-    """nextn's configurations: (label, spec_type, n_max); with the reduced draft head of `draft_vocab` rows the
-    speculative ones only, labelled `... dvN` (plain decoding does not draft)."""
-    spec = [(f"n_max={k}", "draft-mtp", k) for k in n_max] + [("auto", "draft-mtp", "auto")]
-    if draft_vocab:
-        return [(f"{label} dv{draft_vocab}", t, k) for label, t, k in spec]
-    return [("plain", "none", 1)] + spec
+    """nextn's configurations: (label, spec_type, n_max); with the reduced draft head of `draft_vocab` rows each
+    labelled `... dvN` (its plain run does not draft: the same process's baseline)."""
+    cfgs = [("plain", "none", 1)] + [(f"n_max={k}", "draft-mtp", k) for k in n_max] + [("auto", "draft-mtp", "auto")]
+    return [(f"{label} dv{draft_vocab}", t, k) for label, t, k in cfgs] if draft_vocab else cfgs
+
+
+def own_plain(label: str, labels) -> str:
+    """The plain run of the process that ran configuration `label` (`plain dvN` for a reduced head's, when run)."""
+    N = label_draft_vocab(label)
+    return f"plain dv{N}" if N and f"plain dv{N}" in labels else "plain"
 
 
 def label_draft_vocab(label: str) -> int:
@@ -433,7 +438,7 @@ def summarize(entry: dict) -> dict:
         n0, q0 = s["nextn"].get("plain", {}), s["llama"].get("plain", {})
         rec = s["ratio"][label] = {}
         rec["nextn_llama"] = _div(n.get("tok_s"), q.get("tok_s"))
-        rec["nextn_own_plain"] = _div(n.get("tok_s"), n0.get("tok_s"))
+        rec["nextn_own_plain"] = _div(n.get("tok_s"), s["nextn"].get(own_plain(label, s["nextn"]), {}).get("tok_s"))
         rec["llama_own_plain"] = _div(q.get("tok_s"), q0.get("tok_s"))
     if "auto" in s["nextn"]:
         fixed = [v["tok_s"] for k, v in s["nextn"].items() if k != "auto"]
@@ -448,7 +453,10 @@ def summarize(entry: dict) -> dict:
     plain = s["nextn"]["plain"]["best"]
     one = plain["entry_s"].get("decode", 0.0) / max(1, plain["plain_rounds"])
     s["one_decode_s"] = one
-    s["split"] = {label: round_split(v["best"], one) for label, v in s["nextn"].items()}
+    ones = {label: v["best"]["entry_s"].get("decode", 0.0) / max(1, v["best"]["plain_rounds"])
+            for label, v in s["nextn"].items() if label.startswith("plain")}
+    s["split"] = {label: round_split(v["best"], ones.get(own_plain(label, ones), one))
+                  for label, v in s["nextn"].items()}
     # verify vs bytes
     dec = entry["bytes_per_token"]["gguf"]
     used = nx[0]["n_expert_used"]

@@ -107,8 +107,10 @@ def test_draft_vocab_configs_bytes_ranks_and_merge():
     with N head rows reads N / n_vocab of the head (an independent count from the fixture's tensors); the ranks and
     their coverage of a chain; a reduced-head round's runs fold into the full-head round, checked against plain."""
     assert [c[0] for c in sr.configs([1, 2])] == ["plain", "n_max=1", "n_max=2", "auto"]
-    assert sr.configs([1, 2], 4096) == [("n_max=1 dv4096", "draft-mtp", 1), ("n_max=2 dv4096", "draft-mtp", 2),
-                                        ("auto dv4096", "draft-mtp", "auto")]
+    assert sr.configs([1, 2], 4096) == [("plain dv4096", "none", 1), ("n_max=1 dv4096", "draft-mtp", 1),
+                                        ("n_max=2 dv4096", "draft-mtp", 2), ("auto dv4096", "draft-mtp", "auto")]
+    assert [sr.own_plain(x, ["plain", "plain dv8"]) for x in ("n_max=1 dv8", "auto dv16", "auto")] == [
+        "plain dv8", "plain", "plain"]
     assert [sr.label_draft_vocab(x) for x in ("n_max=3 dv16384", "auto dv7", "auto", "plain")] == [16384, 7, 0, 0]
     from gguf import GGUFReader
 
