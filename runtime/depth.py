@@ -38,23 +38,6 @@ class FixedDepth:
     def choose(self, n_emitted: int, gap_rows: int = 0) -> int:
         return self.k_max
 
-    def retime(self, k: int) -> None:
-        """Re-time the decode and the verify of k+1 rows at the sequence's current position (`remeasure`): the
-        calibration ran at position 0, and a verify's attention grows with the context (bench/spec_depth.py: a decode
-        1.19x / 2.59x, a verify of 2 rows 1.30x / 3.40x at 8K / 32K). Every depth's verify seconds scale by the
-        verify's change, plain's by the decode's; the plain slowdown is divided by the same factor, so the plain
-        round seconds it has measured stay. The draft step is not re-timed (it grew 1.35x / 2.12x there: its lm
-        head does not grow with the context, its attention does)."""
-        v1, vk = self.remeasure(1), self.remeasure(k + 1)
-        if v1 is None or vk is None:         # no cells left to time at
-            return
-        f1, fk = v1 / self.verify_s[0], vk / self.verify_s[k]
-        self.slow[0] /= f1
-        if not self.seen_spec:
-            self.slow[1] = self.slow[0]
-        self.verify_s = [v1] + [v * fk for v in self.verify_s[1:]]
-        self.base = [self.verify_s[j] + j * self.draft_s for j in range(self.k_max + 1)]
-
     def observe(self, k: int, a: int, seconds: float, n_emitted: int = 0) -> None:
         pass
 

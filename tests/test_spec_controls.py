@@ -131,32 +131,35 @@ def test_draft_stops_at_the_context_end(compiled):
         assert r.ids == want.tokens
 
 
-def test_calibrate_times_verifies_of_distinct_tokens():
-    """Regression (issue 34, bench/spec_realwidth.py): `auto` timed a verify of T copies of one token, which routes
-    every row to the same experts and under-priced real verifies (1.07 vs 1.33 decodes at T = 2 on glm45air-4).
-    The calibration rows must be T distinct valid ids (the NextN catch-up rows likewise: the gate charges a deferred
-    prompt gap at that rate)."""
+def _fake_sequence(verified: list, rows: list):
+    """A Sequence for `depth.calibrate`: its model's facts; the tokens of each verify / NextN catch-up call are
+    appended to `verified` / `rows`."""
     import types
 
-    from nextn.runtime.depth import calibrate
-
-    seen = []
-
-    class Fake:   # a Sequence: its model's facts, its calls
+    class Fake:
         model = types.SimpleNamespace(hparams={"n_embd": 8, "n_vocab": 151552}, has_mtp=True)
         n_ctx = 64
 
         def verify(self, tokens, pos0):
-            seen.append(list(tokens))
+            verified.append(list(tokens))
 
         def mtp_draft(self, tokens, h, pos0):
             pass
 
         def mtp_rows(self, tokens, h, pos0):
             rows.append(list(tokens))
+    return Fake()
 
-    rows = []
-    costs = calibrate(Fake(), 3, reps=1)
+
+def test_calibrate_times_verifies_of_distinct_tokens():
+    """Regression (issue 34, bench/spec_realwidth.py): `auto` timed a verify of T copies of one token, which routes
+    every row to the same experts and under-priced real verifies (1.07 vs 1.33 decodes at T = 2 on glm45air-4).
+    The calibration rows must be T distinct valid ids (the NextN catch-up rows likewise: the gate charges a deferred
+    prompt gap at that rate)."""
+    from nextn.runtime.depth import calibrate
+
+    seen, rows = [], []
+    costs = calibrate(_fake_sequence(seen, rows), 3, reps=1)
     assert len(costs[0]) == 4
     for T in range(1, 5):
         calls = [t for t in seen if len(t) == T]
@@ -185,24 +188,9 @@ def test_extrapolate_verify_costs_against_hand_computed_lines():
 def test_calibrate_times_few_verifies_and_stops_when_the_mins_hold(monkeypatch):
     """`depth.calibrate` at k_max 8 times verifies of 1..FIT_ROWS rows only (the rest extrapolated), each call in at
     most 1 + reps rounds, and stops after the warm-up + 2 rounds when the times hold."""
-    import types
-
     from nextn.runtime import depth
 
-    seen, cost = [], {1: 1.0, 2: 1.3, 3: 1.4, 4: 1.6}
-
-    class Fake:
-        model = types.SimpleNamespace(hparams={"n_embd": 8, "n_vocab": 151552}, has_mtp=True)
-        n_ctx = 64
-
-        def verify(self, tokens, pos0):
-            seen.append(len(tokens))
-
-        def mtp_draft(self, tokens, h, pos0):
-            pass
-
-        def mtp_rows(self, tokens, h, pos0):
-            pass
+    calls, cost = [], {1: 1.0, 2: 1.3, 3: 1.4, 4: 1.6}
 
     def fake_round_robin(calls, rounds):    # each verify of T rows takes cost[T] seconds, draft 0.5, rows 3.2
         out = {k: [] for k in calls}
@@ -212,7 +200,8 @@ def test_calibrate_times_few_verifies_and_stops_when_the_mins_hold(monkeypatch):
                 out[k].append(cost[k[1]] if isinstance(k, tuple) else {"draft": 0.5, "rows": 3.2}[k])
         return out
     monkeypatch.setattr(depth, "round_robin", fake_round_robin)
-    verify, draft, row = depth.calibrate(Fake(), 8, reps=5)
+    verify, draft, row = depth.calibrate(_fake_sequence(calls, []), 8, reps=5)
+    seen = [len(t) for t in calls]
     assert sorted(set(seen)) == [1, 2, 3, 4] and max(seen) == depth.FIT_ROWS
     assert len(seen) == 4 * 3                   # warm-up + 2 rounds: the mins held
     assert verify == pytest.approx([1.0, 1.3, 1.4, 1.6, 1.75, 1.9, 2.05, 2.2, 2.35])
