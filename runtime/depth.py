@@ -134,7 +134,13 @@ class AdaptiveDepth:
         self.base = [self.verify_s[j] + j * self.draft_s for j in range(self.k_max + 1)]
 
     def observe(self, k: int, a: int, seconds: float, n_emitted: int = 0) -> None:
-        """Record a round: depth k (drafts actually verified), accepted a, wall seconds."""
+        """Record a round: depth k (drafts actually verified), accepted a, wall seconds. A speculative round's
+        seconds include writing the NextN gap its choice priced apart (`gap_s`, charged once per `interval` in
+        `cost`): that is taken out before the slowdown is updated, else a first round that writes a deferred prompt
+        gap makes every depth look cost-bound for max_interval rounds (bench/spec_realwidth.py, glm45air-1-a0.1 with
+        --spec-draft-vocab 16384: n_max 1 1.73x plain, auto 0.88x, cost-bound after 2 rounds)."""
+        if k > 0:
+            seconds = max(seconds - self.gap_s, 0.0)
         s = self.slow[k > 0]
         self.slow[k > 0] = s + 0.1 * (min(seconds / self.base[k], 4 * s) - s)
         self.seen_spec |= k > 0

@@ -251,3 +251,16 @@ def test_retime_at_depth_scales_every_verify_and_keeps_plains_measured_seconds()
     for i in range(9):                           # no cells left to time at: the costs stay
         none.choose(i)
     assert none.verify_s == [1.0, 2.1, 3.2, 4.3]
+
+
+def test_a_written_gap_does_not_count_as_slowdown():
+    """A speculative round that writes a NextN gap of 10 rows (0.1 s each, priced apart by `cost`) takes base + 1 s;
+    the spec slowdown sees only base (stays 1.0), and depth 1 keeps paying: E(1) = 1.75 at alpha 0.75 for
+    base 1.2 + 0.2 = 1.4 s against plain's 1.0 s per token. Without the correction the slowdown rises to
+    1 + 0.1 * ((1.4 + 1.0) / 1.4 - 1) and the next round's cost with it."""
+    c = AdaptiveDepth(1, ([1.0, 1.2], 0.2, 0.1), alpha0=0.75)
+    assert c.choose(1, gap_rows=10) == 1 and c.gap_s == pytest.approx(1.0)
+    c.observe(1, 1, 1.4 + 1.0, 1)
+    assert c.slow[1] == pytest.approx(1.0)
+    c.observe(0, 0, 2.0, 2)                     # a plain round is not corrected: 2.0 s for base 1.0
+    assert c.slow[0] == pytest.approx(1.1)
