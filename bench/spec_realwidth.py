@@ -272,24 +272,24 @@ def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: 
             ms[str(T)] = profile(seq, calls[f"verify_{T}"], REPS, n[str(T)])
         out["kernels"] = {"ms": ms, "calls": n}
     if vocab:
-        out["vocab_coverage"] = vocab_sources(m, chain[len(ids):], n_gen, vocab)
+        out["vocab_coverage"] = vocab_sources(m, ids, chain[len(ids):], n_gen, vocab)
     return out
 
 
-def vocab_sources(m, generated, n_gen: int, vocab: dict) -> dict:
-    """{source: {N: coverage of `generated`}} for the tokenizer's ranks, the in-sample (`self`) and the `heldout`
-    frequency ranks (module doc, step 3); writes vocab["source"]'s ranks to vocab["write"] when it is self or
-    heldout."""
+def vocab_sources(m, prompt_ids, generated, n_gen: int, vocab: dict) -> dict:
+    """{source: {N: coverage of `generated`}} for the tokenizer's ranks, the in-sample (`self`: `prompt_ids` +
+    `generated`) and the `heldout` frequency ranks (module doc, step 3); writes vocab["source"]'s ranks to
+    vocab["write"] when it is self or heldout."""
     from nextn.runtime.draft_vocab import write_ranks
 
     fields, V = m.loaded.files.main.fields, int(m.loaded.hparams["n_vocab"])
     held_ids = m.tokenizer.encode(HELDOUT_PROMPT)
     held = m.generate(held_ids, 4 * n_gen, spec_type="none", ignore_eos=True).ids
-    ranks = {"tokenizer": vocab_ranks(fields, V), "self": vocab_ranks(fields, V, list(m.tokenizer.encode(PROMPT))
+    ranks = {"tokenizer": vocab_ranks(fields, V), "self": vocab_ranks(fields, V, [int(t) for t in prompt_ids]
                                                                        + [int(t) for t in generated]),
              "heldout": vocab_ranks(fields, V, held_ids + list(held))}
     if vocab.get("write") and vocab["source"] in ("self", "heldout"):
-        what = {"self": f"the plain chain after {PROMPT!r} ({n_gen} tokens; in-sample)",
+        what = {"self": f"the prompt and the plain chain after it ({n_gen} tokens; in-sample)",
                 "heldout": f"a plain generation of {4 * n_gen} tokens after {HELDOUT_PROMPT!r} (held-out)"}
         write_ranks(vocab["write"], ranks[vocab["source"]],
                     f"spec_realwidth.py: token frequencies of {what[vocab['source']]}, then the merge order")

@@ -314,14 +314,16 @@ def test_a_run_with_a_fake_peer(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_one_nextn_round_on_the_tiny_fixture(q8_model):
+def test_one_nextn_round_on_the_tiny_fixture(q8_model, tmp_path):
     """nextn_measure on the tiny Q8_0 model: every speculative run gives plain's tokens; n_max=1's rounds and
     accepted drafts equal a naive replay of greedy draft-mtp (draft = argmax of the teacher-forced NextN logits
     of the row, accepted when it is the chain's next token); the verify of 1 row reads n_expert_used experts;
     the decode's and the verify's matmul kernels match by kernel_key; the cost split adds up."""
     ref = json.loads((G4 / "reference.json").read_text())["prompts"][0]
     n = 24
-    res = sr.nextn_measure(q8_model, n, n_max=(1, 2), prompt=ref["prompt_ids"])
+    ranks = tmp_path / "ranks.txt"
+    res = sr.nextn_measure(q8_model, n, n_max=(1, 2), prompt=ref["prompt_ids"],
+                           vocab={"ns": [1024], "source": "self", "write": str(ranks)})
     runs = res["runs"]
     assert list(runs) == ["plain", "n_max=1", "n_max=2", "auto"]
     assert all(c["same_as_plain"] and len(c["tokens"]) == n for c in runs.values())
@@ -352,6 +354,19 @@ def test_one_nextn_round_on_the_tiny_fixture(q8_model):
         assert sp["total"] * s["one_decode_s"] == pytest.approx(c["decode_s"] / (c["rounds"] + c["plain_rounds"]),
                                                                 rel=1e-9) or sp["host"] == 0
     assert s["nextn"]["n_max=2"]["per_pos"] == runs["n_max=2"]["per_pos"][:2]
+    # --draft-vocab-file self: the plain chain's ids by frequency (then the merge order) cover it; the merge order
+    # covers what its first 1024 ids hold of it
+    from nextn.runtime.draft_vocab import read_ranks, tokenizer_ranks
+
+    gen = runs["plain"]["tokens"]
+    V = int(q8_model.loaded.hparams["n_vocab"])
+    got = read_ranks(str(ranks), V)
+    counted = list(ref["prompt_ids"]) + gen
+    top = max(set(counted), key=lambda t: (counted.count(t), -counted.index(t)))
+    assert int(got[0]) == top and len(got) == V and set(got[:len(set(counted))].tolist()) == set(counted)
+    merge = set(tokenizer_ranks(q8_model.loaded.files.main.fields)[:1024].tolist())
+    assert res["vocab_coverage"]["self"]["1024"] == 1.0
+    assert res["vocab_coverage"]["tokenizer"]["1024"] == pytest.approx(sum(t in merge for t in gen) / len(gen))
 
 
 def test_the_files_by_name_and_the_default_set(tmp_path):
