@@ -182,10 +182,11 @@ CATCH_UP_ROWS = 32  # NextN catch-up rows `calibrate` times in one call (a defer
 def extrapolate(verify_s, n: int) -> list[float]:
     """Seconds of a verify of T = 1..n rows from the measured `verify_s` (T = 1..len(verify_s)): the measured ones,
     then a straight line from the last one with the least-squares slope over the multi-row verifies (T >= 2; with
-    one of them, its step from T = 1), never below 0: a verify reads each distinct expert once, so its seconds grow
-    at most linearly in T once the dense weights are read (bench/spec_realwidth.py: glm45air verify of T = 2..4
-    rows 1.26 / 1.45 / 1.49 decodes) and the line prices deep verifies at or above their cost, as `spread_tokens`
-    does. Raises ValueError for an empty `verify_s`."""
+    one of them, its step from T = 1), never below 0: past the dense weights, read once, a verify's seconds grow with
+    the distinct experts its rows route to, about linearly while they are few of n_expert. Measured on
+    glm45air-1-a0.1 (docs/performance.md, "The reduced-vocabulary draft head at real width"): the line from T = 1..4
+    priced T = 5..9 10-21 % below their timed seconds, so deep depths are priced somewhat cheap; the acceptance
+    product makes them rarely the best. Raises ValueError for an empty `verify_s`."""
     t = [float(x) for x in verify_s]
     if not t:
         raise ValueError("extrapolate: no measured verify")
