@@ -18,7 +18,7 @@ Vocabulary:
   speculative round at the best depth: it re-measures acceptance and cost. When even alpha = 1 cannot beat plain
   decoding (*cost-bound*: verify of k+1 rows costs more than k+1 plain rounds), the probe is skipped — no
   acceptance could change the answer — and the check repeats every `max_interval` rounds, after re-timing the
-  verify of the best depth (one timing-only call).
+  decode and the verify of the best depth at the current context (two timing-only calls, `retime`).
 Every switch is recorded in `events` with the numbers behind it.
 """
 from __future__ import annotations
@@ -47,7 +47,8 @@ class AdaptiveDepth:
 
     `costs` = (verify_s, draft_s[, row_s]) from `calibrate`: seconds of a verify of T = 1..k_max+1 rows, of one
     draft step, of one NextN catch-up row.
-    `remeasure(T)` → fresh seconds of a verify of T rows (timing only; used instead of a probe while cost-bound)."""
+    `remeasure(T)` → fresh seconds of a verify of T rows at the current position (timing only; used instead of a
+    probe while cost-bound), or None where T rows do not fit the context."""
 
     def __init__(self, k_max: int, costs, remeasure=None, alpha0: float = 0.75, beta: float = 0.1,
                  interval: int = 16, max_interval: int = 256):
@@ -106,17 +107,40 @@ class AdaptiveDepth:
             self._event(n_emitted, best, f"depth {best} expects {r[best]:.0f} tok/s > plain {r[0]:.0f} tok/s")
             return best
         if max(self.rates([1.0] * self.k_max)[1:]) <= r[0]:
-            # Cost-bound: no acceptance could win; refresh the cost of the best depth instead of probing.
+            # Cost-bound: no acceptance could win; re-time at the current context instead of probing.
             if self.remeasure is not None:
-                self.base[best] = self.remeasure(best + 1) + best * self.draft_s
+                self.retime(best)
             self.interval = self.max_interval
             self.plain_left = self.interval - 1
             return 0
         self.mode = "probe"
         return best
 
+    def retime(self, k: int) -> None:
+        """Re-time the decode and the verify of k+1 rows at the sequence's current position (`remeasure`): the
+        calibration ran at position 0, and a verify's attention grows with the context (bench/spec_depth.py: a decode
+        1.19x / 2.59x, a verify of 2 rows 1.30x / 3.40x at 8K / 32K). Every depth's verify seconds scale by the
+        verify's change, plain's by the decode's; the plain slowdown is divided by the same factor, so the plain
+        round seconds it has measured stay. The draft step is not re-timed (it grew 1.35x / 2.12x there: its lm
+        head does not grow with the context, its attention does)."""
+        v1, vk = self.remeasure(1), self.remeasure(k + 1)
+        if v1 is None or vk is None:         # no cells left to time at
+            return
+        f1, fk = v1 / self.verify_s[0], vk / self.verify_s[k]
+        self.slow[0] /= f1
+        if not self.seen_spec:
+            self.slow[1] = self.slow[0]
+        self.verify_s = [v1] + [v * fk for v in self.verify_s[1:]]
+        self.base = [self.verify_s[j] + j * self.draft_s for j in range(self.k_max + 1)]
+
     def observe(self, k: int, a: int, seconds: float, n_emitted: int = 0) -> None:
-        """Record a round: depth k (drafts actually verified), accepted a, wall seconds."""
+        """Record a round: depth k (drafts actually verified), accepted a, wall seconds. A speculative round's
+        seconds include writing the NextN gap its choice priced apart (`gap_s`, charged once per `interval` in
+        `cost`): that is taken out before the slowdown is updated, else a first round that writes a deferred prompt
+        gap makes every depth look cost-bound for max_interval rounds (bench/spec_realwidth.py, glm45air-1-a0.1 with
+        --spec-draft-vocab 16384: n_max 1 1.73x plain, auto 0.88x, cost-bound after 2 rounds)."""
+        if k > 0:
+            seconds = max(seconds - self.gap_s, 0.0)
         s = self.slow[k > 0]
         self.slow[k > 0] = s + 0.1 * (min(seconds / self.base[k], 4 * s) - s)
         self.seen_spec |= k > 0
@@ -151,21 +175,71 @@ def calibrated(seq, k_max: int) -> bool:
     return k_max in seq.__dict__.get("_nextn_round_costs", {})
 
 
+FIT_ROWS = 4        # `calibrate` times verifies of 1..FIT_ROWS rows and extrapolates the deeper ones (`extrapolate`)
+CATCH_UP_ROWS = 32  # NextN catch-up rows `calibrate` times in one call (a deferred prompt gap is priced per row)
+
+
+def extrapolate(verify_s, n: int) -> list[float]:
+    """Seconds of a verify of T = 1..n rows from the measured `verify_s` (T = 1..len(verify_s)): the measured ones,
+    then a straight line from the last one with the least-squares slope over the multi-row verifies (T >= 2; with
+    one of them, its step from T = 1), never below 0: past the dense weights, read once, a verify's seconds grow with
+    the distinct experts its rows route to, about linearly while they are few of n_expert. Measured on
+    glm45air-1-a0.1 (docs/performance.md, "The reduced-vocabulary draft head at real width"): the line from T = 1..4
+    priced T = 5..9 10-21 % below their timed seconds, so deep depths are priced somewhat cheap; the acceptance
+    product makes them rarely the best. Raises ValueError for an empty `verify_s`."""
+    t = [float(x) for x in verify_s]
+    if not t:
+        raise ValueError("extrapolate: no measured verify")
+    if n <= len(t):
+        return t[:n]
+    if len(t) == 1:
+        slope = 0.0
+    elif len(t) == 2:
+        slope = t[1] - t[0]
+    else:
+        T = np.arange(2, len(t) + 1, dtype=np.float64)
+        slope = float(np.polyfit(T, np.asarray(t[1:]), 1)[0])
+    slope = max(0.0, slope)
+    return t + [t[-1] + slope * (T - len(t)) for T in range(len(t) + 1, n + 1)]
+
+
+def settled_min(calls: dict, max_rounds: int, rtol: float = 0.05, min_rounds: int = 2) -> dict:
+    """{key: min seconds} of the calls ({key: f}), timed round-robin (common/timing.round_robin) after one
+    warm-up round; stops after `min_rounds` timed rounds once a round moved no call's min by more than `rtol`
+    (relative), else after `max_rounds`. The min of a few interleaved calls is what a shared machine allows."""
+    round_robin(calls, 1)                      # warm-up: first-call costs (page faults, allocation)
+    best: dict = {}
+    for r in range(max_rounds):
+        t = {k: v[0] for k, v in round_robin(calls, 1).items()}
+        moved = any(k not in best or t[k] < best[k] * (1 - rtol) for k in t)
+        best = {k: min(t[k], best.get(k, t[k])) for k in t}
+        if r + 1 >= min_rounds and not moved:
+            break
+    return best
+
+
 def calibrate(seq, k_max: int, reps: int = 5):
-    """(seconds of a verify of T = 1..k_max+1 rows, of one draft step, of one NextN catch-up row), min of `reps`
-    after a warm-up; the verify and catch-up rows are distinct tokens (`spread_tokens`). Runs at position 0, so
-    call it before prefill: every cell it writes is overwritten before it is read. Cached on the sequence per k_max."""
+    """(seconds of a verify of T = 1..k_max+1 rows, of one draft step, of one NextN catch-up row). Timed: the
+    verifies of T = 1..min(k_max + 1, FIT_ROWS) rows, one draft step and CATCH_UP_ROWS catch-up rows, the min of at
+    most `reps` interleaved rounds after a warm-up, stopping early once the mins hold (`settled_min`); the deeper
+    verifies are extrapolated (`extrapolate`). The verify and catch-up rows are distinct tokens (`spread_tokens`).
+    Runs at position 0, so call it before prefill: every cell it writes is overwritten before it is read. Cached
+    on the sequence per k_max. (Before: every verify up to k_max + 1 rows, reps + 1 rounds: 52.5 s, 153 decodes,
+    on glm45air-1-a0.1 at k_max 8; docs/performance.md.)"""
     cache = seq.__dict__.setdefault("_nextn_round_costs", {})
     if k_max in cache:
         return cache[k_max]
 
     E, C = int(seq.model.hparams["n_embd"]), seq.n_ctx   # depths past the context are clamped by the loop anyway
     V = int(seq.model.hparams["n_vocab"])
-    n, z = min(32, C), np.zeros((32, E), np.float32)
-    calls = [lambda T=min(k + 1, C): seq.verify(spread_tokens(T, V), 0) for k in range(k_max + 1)]
+    n, z = min(CATCH_UP_ROWS, C), np.zeros((CATCH_UP_ROWS, E), np.float32)
+    fit = min(k_max + 1, FIT_ROWS, C)
+    calls = {("verify", T): (lambda T=T: seq.verify(spread_tokens(T, V), 0)) for T in range(1, fit + 1)}
     if seq.model.has_mtp:
-        calls += [lambda: seq.mtp_draft([0], z[:1], 0), lambda: seq.mtp_rows(spread_tokens(n, V), z[:n], 0)]
-    t = [min(v) for v in round_robin(dict(enumerate(calls)), reps + 1).values()]
-    draft, row = (t[k_max + 1], t[k_max + 2] / n) if seq.model.has_mtp else (0.0, 0.0)
-    cache[k_max] = (t[:k_max + 1], draft, row)
+        calls["draft"] = lambda: seq.mtp_draft([0], z[:1], 0)
+        calls["rows"] = lambda: seq.mtp_rows(spread_tokens(n, V), z[:n], 0)
+    t = settled_min(calls, reps)
+    verify = extrapolate([t[("verify", T)] for T in range(1, fit + 1)], k_max + 1)
+    draft, row = (t["draft"], t["rows"] / n) if seq.model.has_mtp else (0.0, 0.0)
+    cache[k_max] = (verify, draft, row)
     return cache[k_max]

@@ -12,6 +12,9 @@ Ranks come from
   Byte-level BPE learns its merges most-frequent pair first, so merge order is a frequency rank on the tokenizer's
   training text; it is the only frequency the GGUF carries. (For GLM's tokenizers it is also id order, apart from the
   specials at the end of the vocabulary, which this order puts first.)
+
+A frequency file is what FR-Spec and SGLang's token map use: token counts of text the model produces (or of the
+user's own traffic). `frequency_ranks` makes one from token ids and `write_ranks` writes it in the format above.
 """
 from __future__ import annotations
 
@@ -83,6 +86,27 @@ def draft_ids(n: int, n_vocab: int, fields: dict, path: str | None = None) -> np
     if len(ranks) < n:
         raise NextnError(f"{path}: ranks {len(ranks)} distinct token ids, --spec-draft-vocab {n} needs {n}")
     return ranks[:n]
+
+
+def frequency_ranks(tokens, n_vocab: int, fallback=()) -> np.ndarray:
+    """Token ids ranked by how often they occur in `tokens` (most frequent first, ties by first occurrence), then
+    the ids of `fallback` (e.g. `tokenizer_ranks`) that did not occur; int32, distinct. FR-Spec (Zhao et al. 2025)
+    section 3: ranks from token frequencies of a corpus."""
+    t = np.asarray(tokens, np.int64)
+    counts = np.bincount(t, minlength=n_vocab) if len(t) else np.zeros(n_vocab, np.int64)
+    first = {}
+    for i, x in enumerate(t.tolist()):
+        first.setdefault(x, i)
+    seen = sorted(first, key=lambda x: (-counts[x], first[x]))
+    return _first_distinct(seen + [int(x) for x in fallback], n_vocab)
+
+
+def write_ranks(path: str, ids, comment: str = "") -> None:
+    """Write token ids (rank order) as a `--spec-draft-vocab-file`: one id per line, `comment` lines first (`#`)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for line in comment.splitlines():
+            f.write(f"# {line}\n")
+        f.write("".join(f"{int(i)}\n" for i in ids))
 
 
 def _first_distinct(ids, n_vocab: int) -> np.ndarray:

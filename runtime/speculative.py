@@ -252,15 +252,91 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
     rows as the sampler chain read them (`shaped`: + logit_bias, grammar-masked; a server's post-sampling probs).
     `n_batch`: the prompt is evaluated in batches of that many tokens (llama-server -b; None: one call), calling
     `on_batch(n)` after each with n the prompt tokens evaluated so far, the cache included.
-    `logit_bias` (float32 [n_vocab], -inf bans a token; llama.cpp's logit-bias sampler, first in the chain) is
-    added to the target logits before every choice, greedy or sampled; drafts are proposed without it and verified
-    against it, so output is the same with speculation on or off.
+    `logit_bias` (float32 [n_vocab], -inf bans a token; llama.cpp's
+    logit-bias sampler, first in the chain) is added to the target logits before every choice, greedy or sampled;
+    drafts are proposed without it and verified against it, so output is the same with speculation on or off.
     `constraint` (a grammar; runtime/server/grammar.py `Constraint`: allowed() the bool [n_vocab] mask of the next
     token, validate(tokens) how many of them it accepts in order, consume, rollback) masks the target logits of every
     choice; drafts are cut to the prefix it accepts before verification and each verify row is masked by the state
     after the drafts before it, so output is exactly what plain constrained decoding gives.
     Raises NextnError (at the first `next`) for an empty prompt, a prompt that does not fit the context, or
     speculation without a NextN block."""
+    prompt = _checked_prompt(seq, prompt_ids, spec, n_cached)
+    n_predict = sampling.n_predict
+    chain = SamplerChain(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+    rng = CounterRNG(sampling.seed)
+    auto = spec.enabled and spec.n_max == "auto"
+    k_max = (seq.model.max_draft if auto else min(int(spec.n_max), seq.model.max_draft)) if spec.enabled else 0
+    # `auto` refreshes verify costs while cost-bound by timing a verify at the next cells (rewritten before read).
+    remeasure = lambda T: time_call(   # noqa: E731
+        lambda: seq.verify(spread_tokens(T, int(seq.model.hparams["n_vocab"])), n_past)) \
+        if n_past + T <= seq.n_ctx else None
+    depth = controller or (AdaptiveDepth(k_max, calibrate(seq, k_max), remeasure) if auto else FixedDepth(k_max))
+    drafter = Drafter(seq, chain, rng, spec.draft_sampling == "sample", spec.n_min, spec.p_min) \
+        if spec.enabled else None
+    rules = FinishRules(frozenset() if sampling.ignore_eos else eog_ids, sampling.stop, token_bytes, n_predict)
+    stats = SpecStats(n_max=k_max, accepted_at=[0] * k_max, drafted_at=[0] * k_max, events=depth.events)
+
+    t0 = time.perf_counter()
+    hidden, raw_logits, last_argmax = _prefill(seq, prompt, n_cached, drafter, auto, n_batch, on_batch)
+    last_logits = raw_logits
+    if logit_bias is not None or constraint is not None:
+        last_logits = _target(raw_logits[None], logit_bias, constraint, [])[0]
+        last_argmax = int(np.argmax(last_logits))
+    id_last = last_argmax if chain.greedy else chain.sample(last_logits, rng.uniform(len(prompt), TARGET))
+    pending_h, n_past = hidden[-1:], len(prompt)    # trunk hidden before id_last; the position id_last takes
+    out: list[int] = []
+    finish = rules.push(out, id_last)
+    if constraint is not None:
+        constraint.consume([id_last])
+    vm0, t1 = dict(seq.vm_seconds), time.perf_counter()
+    _mark(extent, n_past, drafter)
+    if on_logits is not None:
+        on_logits(raw_logits[None], [id_last], last_logits[None])
+    yield [id_last]
+
+    while finish is None:
+        if n_past + 1 > seq.n_ctx:   # id_last has no cell left
+            finish = "length"
+            break
+        tr = time.perf_counter()
+        drafts, q = [], None
+        if spec.enabled:
+            k = min(depth.choose(len(out), len(drafter.tok)), n_predict - len(out), seq.n_ctx - n_past - 1)
+            drafter.add_rows([id_last], pending_h, n_past)
+            if k > 0:
+                drafts, q = drafter.propose(n_past, k)
+        if constraint is not None and drafts:    # verify only the drafts the grammar accepts
+            drafts = drafts[:constraint.validate(drafts)]
+            q = q[:len(drafts)] if q is not None else None
+        tv = time.perf_counter()
+        hid, logits, am = seq.verify([id_last] + drafts, n_past)
+        ts = time.perf_counter()
+        a, token, raw, target = _accept(chain, rng, logits, am, drafts, q, n_past, logit_bias, constraint,
+                                keep_rows=on_logits is not None)
+        te = time.perf_counter()
+        new = drafts[:a] + [token]
+        m, finish = _emit(rules, out, new, constraint)
+        seq.commit(m)           # the trunk keeps rows id_last, d1..d_{m-1} (recurrent states: their plane)
+        if spec.enabled and m > 1:      # NextN rows of the emitted drafts, paired with the trunk hidden before each
+            drafter.add_rows(new[:m - 1], hid[:m - 1], n_past + 1)
+        pending_h, n_past, id_last = hid[m - 1:m], n_past + m, new[m - 1]
+        stats.record(len(drafts), a, m)
+        stats.draft_s += tv - tr
+        stats.verify_s += ts - tv
+        stats.sampling_s += te - ts
+        depth.observe(len(drafts), a, time.perf_counter() - tr, len(out))
+        _mark(extent, n_past, drafter)
+        if on_logits is not None:
+            on_logits(raw[:m], new[:m], target[:m])
+        yield new[:m]
+    t2 = time.perf_counter()
+    vm_s = {name: seq.vm_seconds[name] - vm0.get(name, 0.0) for name in seq.vm_seconds}
+    return Generation(out, stats, t1 - t0, t2 - t1, finish, vm_s, rng.seed, n_past)
+
+
+def _checked_prompt(seq, prompt_ids, spec: SpecParams, n_cached: int) -> np.ndarray:
+    """The prompt as int32, or NextnError for what `decode` refuses (its docstring)."""
     prompt = np.asarray(prompt_ids, np.int32)
     if len(prompt) == 0:
         raise NextnError("the prompt is empty")
@@ -271,123 +347,72 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
         raise NextnError("--spec-type draft-mtp needs a NextN block, and this model has none loaded")
     if not 0 <= n_cached < len(prompt):
         raise NextnError(f"n_cached {n_cached}: expected 0 <= n_cached < {len(prompt)} (the prompt's length)")
-    n_predict = sampling.n_predict
-    chain = SamplerChain(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
-    rng = CounterRNG(sampling.seed)
-    auto = spec.enabled and spec.n_max == "auto"
-    k_max = (seq.model.max_draft if auto else min(int(spec.n_max), seq.model.max_draft)) if spec.enabled else 0
-    # `auto` refreshes verify costs while cost-bound by timing a verify at the next cells (rewritten before read).
-    remeasure = lambda T: time_call(   # noqa: E731
-        lambda: seq.verify(spread_tokens(T, int(seq.model.hparams["n_vocab"])), n_past))
-    depth = controller or (AdaptiveDepth(k_max, calibrate(seq, k_max), remeasure) if auto else FixedDepth(k_max))
-    drafter = Drafter(seq, chain, rng, spec.draft_sampling == "sample", spec.n_min, spec.p_min) \
-        if spec.enabled else None
-    rules = FinishRules(frozenset() if sampling.ignore_eos else eog_ids, sampling.stop, token_bytes, n_predict)
-    stats = SpecStats(n_max=k_max, accepted_at=[0] * k_max, drafted_at=[0] * k_max, events=depth.events)
+    return prompt
 
-    t0 = time.perf_counter()
+
+def _prefill(seq, prompt, n_cached: int, drafter, defer: bool, n_batch: int | None = None, on_batch=None):
+    """Prefill prompt[n_cached:] (hidden rows, last logits, last argmax), with the MTP warm-up over the prompt chunk
+    by chunk when `drafter` is given: row p pairs token p with trunk hidden p-1 (zeros at p = 0). Eager, as
+    llama.cpp's process() after each prompt ubatch (a long prompt never holds all its hidden rows); `defer`
+    (`auto`) leaves the rows in the drafter's gap for a draft (its first rounds may not draft at all). `n_batch` /
+    `on_batch`: decode's docstring."""
     # the trunk hidden before a chunk's first row; None: that row's NextN row is cached (n_cached > 0)
     before = [np.zeros((1, seq.model.hparams["n_embd"]), np.float32) if n_cached == 0 else None]
 
     def warm_up(h, p):
-        """MTP warm-up over the prompt, chunk by chunk: row p pairs token p with trunk hidden p-1 (zeros at p = 0).
-        Eager, as llama.cpp's process() after each prompt ubatch (a long prompt never holds all its hidden rows);
-        `auto` defers it to a draft (its first rounds may not draft at all)."""
-        if spec.enabled:
+        if drafter is not None:
             if before[0] is not None:
                 drafter.add_rows(prompt[p:p + len(h)], np.concatenate([before[0], h[:-1]]), p)
             elif len(h) > 1:
                 drafter.add_rows(prompt[p + 1:p + len(h)], h[:-1], p + 1)
-            if not auto:
+            if not defer:
                 drafter.flush()
         before[0] = h[-1:]
 
-    # the prompt in batches of n_batch tokens (llama-server -b), on_batch(tokens evaluated, cache included) after each
     step = n_batch or len(prompt)
     for s in range(n_cached, len(prompt), step):
         e = min(len(prompt), s + step)
-        hidden, last_logits, last_argmax = seq.prefill(prompt[s:e], s, on_hidden=warm_up, last_only=not spec.enabled)
+        out = seq.prefill(prompt[s:e], s, on_hidden=warm_up, last_only=drafter is None)
         if on_batch is not None:
             on_batch(e)
-    raw_logits = last_logits
-    if logit_bias is not None or constraint is not None:
-        last_logits = _target(last_logits[None], logit_bias, constraint, [])[0]
-        last_argmax = int(np.argmax(last_logits))
-    id_last = last_argmax if chain.greedy else chain.sample(last_logits, rng.uniform(len(prompt), TARGET))
-    pending_h, n_past = hidden[-1:], len(prompt)    # trunk hidden before id_last; the position id_last takes
-    out: list[int] = []
-    finish = rules.push(out, id_last)
-    if constraint is not None:
-        constraint.consume([id_last])
-    vm0, t1 = dict(seq.vm_seconds), time.perf_counter()
+    return out
 
-    def mark():
-        if extent is not None:
-            extent.n_past = n_past
-            if spec.enabled:
-                extent.n_mtp = drafter.pos0 if drafter.tok else n_past
 
-    mark()
-    if on_logits is not None:
-        on_logits(raw_logits[None], [id_last], last_logits[None])
-    yield [id_last]
+def _accept(chain, rng, logits, am, drafts, q, n_past: int, logit_bias, constraint, keep_rows: bool):
+    """(accepted drafts a, the recovered or bonus token, the target rows on the host or None, the same rows as the
+    chain read them: + logit_bias, constraint-masked) of a verify's
+    `logits` / device argmax `am` over [id_last] + drafts: greedy match, sample-and-match (greedy drafts, q None)
+    or rejection sampling (sampled drafts' q); `sampling.py`. The rows come to the host only when needed."""
+    shaped = logit_bias is not None or constraint is not None
+    raw = logits.numpy() if (shaped or not chain.greedy or keep_rows) else None
+    target = _target(raw, logit_bias, constraint, drafts) if shaped else raw
+    if shaped:
+        am = np.argmax(target, axis=-1)
+    if chain.greedy:
+        a = next((i for i, d in enumerate(drafts) if int(am[i]) != d), len(drafts))
+        return a, int(am[a]), raw, target
+    if q is None:
+        return (*sample_and_match(chain, rng, target, drafts, n_past), raw, target)
+    return (*rejection_sample(chain, rng, target, drafts, q, n_past), raw, target)
 
-    while finish is None:
-        if n_past + 1 > seq.n_ctx:   # id_last has no cell left
-            finish = "length"
+
+def _emit(rules: FinishRules, out: list, new: list, constraint):
+    """Push a round's tokens `new` through the finish rules into `out`: (tokens emitted m, finish reason or None)."""
+    for m, t in enumerate(new, 1):
+        finish = rules.push(out, t)
+        if finish:
             break
-        tr = time.perf_counter()
-        k = 0
-        if spec.enabled:
-            k = min(depth.choose(len(out), len(drafter.tok)), n_predict - len(out), seq.n_ctx - n_past - 1)
-        drafts, q = [], None
-        if spec.enabled:
-            drafter.add_rows([id_last], pending_h, n_past)
-            if k > 0:
-                drafts, q = drafter.propose(n_past, k)
-        if constraint is not None and drafts:    # verify only the drafts the grammar accepts
-            drafts = drafts[:constraint.validate(drafts)]
-            q = q[:len(drafts)] if q is not None else None
-        tv = time.perf_counter()
-        hid, logits, am = seq.verify([id_last] + drafts, n_past)
-        ts = time.perf_counter()
-        # the target rows on the host only when needed (greedy decoding reads the device argmax)
-        shaped = logit_bias is not None or constraint is not None
-        raw = logits.numpy() if (shaped or not chain.greedy or on_logits is not None) else None
-        target = _target(raw, logit_bias, constraint, drafts) if shaped else raw
-        if shaped:
-            am = np.argmax(target, axis=-1)
-        if chain.greedy:
-            a = next((i for i, d in enumerate(drafts) if int(am[i]) != d), len(drafts))
-            token = int(am[a])
-        elif q is None:
-            a, token = sample_and_match(chain, rng, target, drafts, n_past)
-        else:
-            a, token = rejection_sample(chain, rng, target, drafts, q, n_past)
-        te = time.perf_counter()
-        new = drafts[:a] + [token]
-        for m, t in enumerate(new, 1):
-            finish = rules.push(out, t)
-            if finish:
-                break
-        if constraint is not None:
-            constraint.consume(new[:m])
-        seq.commit(m)           # the trunk keeps rows id_last, d1..d_{m-1} (recurrent states: their plane)
-        if spec.enabled and m > 1:      # NextN rows of the emitted drafts, paired with the trunk hidden before each
-            drafter.add_rows(new[:m - 1], hid[:m - 1], n_past + 1)
-        pending_h, n_past, id_last = hid[m - 1:m], n_past + m, new[m - 1]
-        stats.record(len(drafts), a, m)
-        stats.draft_s += tv - tr
-        stats.verify_s += ts - tv
-        stats.sampling_s += te - ts
-        depth.observe(len(drafts), a, time.perf_counter() - tr, len(out))
-        mark()
-        if on_logits is not None:
-            on_logits(raw[:m], new[:m], target[:m])
-        yield new[:m]
-    t2 = time.perf_counter()
-    vm_s = {name: seq.vm_seconds[name] - vm0.get(name, 0.0) for name in seq.vm_seconds}
-    return Generation(out, stats, t1 - t0, t2 - t1, finish, vm_s, rng.seed, n_past)
+    if constraint is not None:
+        constraint.consume(new[:m])
+    return m, finish
+
+
+def _mark(extent: CacheExtent | None, n_past: int, drafter) -> None:
+    """Update `extent` (decode's docstring) after a step."""
+    if extent is not None:
+        extent.n_past = n_past
+        if drafter is not None:
+            extent.n_mtp = drafter.pos0 if drafter.tok else n_past
 
 
 def _target(rows, logit_bias, constraint, drafts):

@@ -13,7 +13,7 @@ from conftest import FIXTURES, G4, reference
 from nextn.common.errors import NextnError
 from nextn.common.gguf import GGUFFile
 from nextn.runtime.depth import AdaptiveDepth
-from nextn.runtime.draft_vocab import CONTROL, draft_ids, read_ranks, tokenizer_ranks
+from nextn.runtime.draft_vocab import CONTROL, draft_ids, frequency_ranks, read_ranks, tokenizer_ranks, write_ranks
 
 N = 2048
 FILES = {"glm4moe": G4 / "tiny-glm4moe-BF16.gguf",
@@ -62,6 +62,20 @@ def test_rank_file_formats(tmp_path):
         read_ranks(str(bad), 10)
     with pytest.raises(NextnError, match="expected 0 < N < 10"):
         draft_ids(10, 10, {}, str(lines))
+
+
+def test_frequency_ranks_and_their_file(tmp_path):
+    """FR-Spec's frequency file: ids by count (ties by first occurrence), then the fallback's other ids; written as a
+    rank file it reads back as the same ids (comment lines skipped)."""
+    text = [7, 3, 7, 9, 3, 7, 2]                  # counts: 7 x3, 3 x2, 9 x1 (before 2), 2 x1
+    got = frequency_ranks(text, 12, fallback=[0, 1, 2, 3, 4])
+    assert got.tolist() == [7, 3, 9, 2, 0, 1, 4] and got.dtype == np.int32
+    assert frequency_ranks([], 5, [4, 1]).tolist() == [4, 1]
+    path = tmp_path / "freq.txt"
+    write_ranks(str(path), got, "counted from\ntwo lines")
+    assert path.read_text().startswith("# counted from\n# two lines\n7\n3\n")
+    assert read_ranks(str(path), 12).tolist() == got.tolist()
+    assert draft_ids(3, 12, {}, str(path)).tolist() == [7, 3, 9]
 
 
 # -- the compiled entries -----------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Speculation controls: per-request n_max (clamped to the engine maximum), n_min, p_min, the adaptive depth
 controller and its never-lose gate, and the finish rules inside an accepted block (EOS → stop → -n, context)."""
+import pytest
+
 from conftest import G4, reference
 from nextn.runtime.depth import AdaptiveDepth
 from nextn.runtime.params import SPEC_OFF, SamplingParams, SpecParams
@@ -129,32 +131,35 @@ def test_draft_stops_at_the_context_end(compiled):
         assert r.ids == want.tokens
 
 
-def test_calibrate_times_verifies_of_distinct_tokens():
-    """Regression (issue 34, bench/spec_realwidth.py): `auto` timed a verify of T copies of one token, which routes
-    every row to the same experts and under-priced real verifies (1.07 vs 1.33 decodes at T = 2 on glm45air-4).
-    The calibration rows must be T distinct valid ids (the NextN catch-up rows likewise: the gate charges a deferred
-    prompt gap at that rate)."""
+def _fake_sequence(verified: list, rows: list):
+    """A Sequence for `depth.calibrate`: its model's facts; the tokens of each verify / NextN catch-up call are
+    appended to `verified` / `rows`."""
     import types
 
-    from nextn.runtime.depth import calibrate
-
-    seen = []
-
-    class Fake:   # a Sequence: its model's facts, its calls
+    class Fake:
         model = types.SimpleNamespace(hparams={"n_embd": 8, "n_vocab": 151552}, has_mtp=True)
         n_ctx = 64
 
         def verify(self, tokens, pos0):
-            seen.append(list(tokens))
+            verified.append(list(tokens))
 
         def mtp_draft(self, tokens, h, pos0):
             pass
 
         def mtp_rows(self, tokens, h, pos0):
             rows.append(list(tokens))
+    return Fake()
 
-    rows = []
-    costs = calibrate(Fake(), 3, reps=1)
+
+def test_calibrate_times_verifies_of_distinct_tokens():
+    """Regression (issue 34, bench/spec_realwidth.py): `auto` timed a verify of T copies of one token, which routes
+    every row to the same experts and under-priced real verifies (1.07 vs 1.33 decodes at T = 2 on glm45air-4).
+    The calibration rows must be T distinct valid ids (the NextN catch-up rows likewise: the gate charges a deferred
+    prompt gap at that rate)."""
+    from nextn.runtime.depth import calibrate
+
+    seen, rows = [], []
+    costs = calibrate(_fake_sequence(seen, rows), 3, reps=1)
     assert len(costs[0]) == 4
     for T in range(1, 5):
         calls = [t for t in seen if len(t) == T]
@@ -162,3 +167,100 @@ def test_calibrate_times_verifies_of_distinct_tokens():
         for t in calls:
             assert len(set(t)) == T and all(0 <= x < 151552 for x in t)
     assert rows and all(len(set(t)) == len(t) == 32 for t in rows)   # the catch-up rows' cost: distinct tokens too
+
+
+def test_extrapolate_verify_costs_against_hand_computed_lines():
+    """`depth.extrapolate`: measured verifies kept; deeper ones on the least-squares line of the multi-row verifies
+    (T >= 2), drawn from the last measured one; never a falling line."""
+    from nextn.runtime.depth import extrapolate
+
+    # T = 1..4: 1.0, 1.3, 1.4, 1.6 -> slope over (2, 1.3), (3, 1.4), (4, 1.6): 0.15 (hand: sum dx*dy / sum dx^2 =
+    # (-1 * -0.1333 + 0 + 1 * 0.1667) / 2 = 0.15); T = 5..7: 1.6 + 0.15, 0.30, 0.45
+    assert extrapolate([1.0, 1.3, 1.4, 1.6], 7) == pytest.approx([1.0, 1.3, 1.4, 1.6, 1.75, 1.9, 2.05])
+    assert extrapolate([1.0, 1.3, 1.4, 1.6], 3) == [1.0, 1.3, 1.4]          # nothing to extrapolate
+    assert extrapolate([2.0, 2.5], 4) == pytest.approx([2.0, 2.5, 3.0, 3.5])   # one multi-row verify: its step
+    assert extrapolate([2.0], 3) == [2.0, 2.0, 2.0]
+    assert extrapolate([1.0, 1.5, 1.4, 1.3], 5) == pytest.approx([1.0, 1.5, 1.4, 1.3, 1.3])   # noise: flat, not down
+    with pytest.raises(ValueError):
+        extrapolate([], 2)
+
+
+def test_calibrate_times_few_verifies_and_stops_when_the_mins_hold(monkeypatch):
+    """`depth.calibrate` at k_max 8 times verifies of 1..FIT_ROWS rows only (the rest extrapolated), each call in at
+    most 1 + reps rounds, and stops after the warm-up + 2 rounds when the times hold."""
+    from nextn.runtime import depth
+
+    calls, cost = [], {1: 1.0, 2: 1.3, 3: 1.4, 4: 1.6}
+
+    def fake_round_robin(calls, rounds):    # each verify of T rows takes cost[T] seconds, draft 0.5, rows 3.2
+        out = {k: [] for k in calls}
+        for _ in range(rounds):
+            for k, f in calls.items():
+                f()
+                out[k].append(cost[k[1]] if isinstance(k, tuple) else {"draft": 0.5, "rows": 3.2}[k])
+        return out
+    monkeypatch.setattr(depth, "round_robin", fake_round_robin)
+    verify, draft, row = depth.calibrate(_fake_sequence(calls, []), 8, reps=5)
+    seen = [len(t) for t in calls]
+    assert sorted(set(seen)) == [1, 2, 3, 4] and max(seen) == depth.FIT_ROWS
+    assert len(seen) == 4 * 3                   # warm-up + 2 rounds: the mins held
+    assert verify == pytest.approx([1.0, 1.3, 1.4, 1.6, 1.75, 1.9, 2.05, 2.2, 2.35])
+    assert (draft, row) == (0.5, pytest.approx(3.2 / 32))
+
+
+def test_settled_min_runs_on_while_a_min_keeps_falling(monkeypatch):
+    """`depth.settled_min`: a call whose time falls by more than rtol every round keeps the rounds going up to
+    max_rounds; the result is each call's min over the timed rounds (the warm-up round excluded)."""
+    from nextn.runtime import depth
+
+    times = {"a": iter([9.0, 1.0, 1.0, 1.0, 1.0, 1.0]), "b": iter([9.0, 8.0, 4.0, 2.0, 1.0, 0.5])}
+    rounds = []
+
+    def fake_round_robin(calls, n):
+        rounds.append(n)
+        return {k: [next(times[k])] for k in calls}
+    monkeypatch.setattr(depth, "round_robin", fake_round_robin)
+    got = depth.settled_min({"a": None, "b": None}, max_rounds=4)
+    assert len(rounds) == 1 + 4 and got == {"a": 1.0, "b": 1.0}
+    times = {"a": iter([9.0, 2.0, 2.0, 2.0]), "b": iter([9.0, 3.0, 2.9, 2.0])}
+    rounds.clear()
+    assert depth.settled_min({"a": None, "b": None}, max_rounds=4) == {"a": 2.0, "b": 2.9}   # 2.9: within 5 %
+    assert len(rounds) == 3
+
+
+def test_retime_at_depth_scales_every_verify_and_keeps_plains_measured_seconds():
+    """While cost-bound the gate re-times the decode and the verify of its best depth at the current context
+    (`AdaptiveDepth.retime`): at a depth where a decode costs 2x and a verify of 2 rows 3x their position-0
+    calibration, every verify scales by 3, plain's by 2, and the plain slowdown halves (its measured round
+    seconds, slowdown x base, stay)."""
+    at = []
+
+    def remeasure(T):
+        at.append(T)
+        return {1: 2.0, 2: 3 * 2.1}[T]
+    c = AdaptiveDepth(3, ([1.0, 2.1, 3.2, 4.3], 0.05), remeasure, alpha0=1.0, interval=4, max_interval=8)
+    for i in range(8):                           # cost-bound from the first round: plain for max_interval rounds
+        assert c.choose(i) == 0
+        c.observe(0, 0, 1.5, i)                 # plain rounds measured at 1.5 s
+    measured = c.slow[0] * c.base[0]
+    assert c.choose(8) == 0 and at == [1, 2]    # re-timed: the decode and the verify of 2 rows
+    assert c.base[0] == 2.0 and c.slow[0] * c.base[0] == pytest.approx(measured)
+    assert c.verify_s == pytest.approx([2.0, 6.3, 9.6, 12.9])
+    assert c.base[2] == pytest.approx(9.6 + 2 * 0.05) and c.slow[1] == c.slow[0]
+    none = AdaptiveDepth(3, ([1.0, 2.1, 3.2, 4.3], 0.05), lambda T: None, interval=4, max_interval=8)
+    for i in range(9):                           # no cells left to time at: the costs stay
+        none.choose(i)
+    assert none.verify_s == [1.0, 2.1, 3.2, 4.3]
+
+
+def test_a_written_gap_does_not_count_as_slowdown():
+    """A speculative round that writes a NextN gap of 10 rows (0.1 s each, priced apart by `cost`) takes base + 1 s;
+    the spec slowdown sees only base (stays 1.0), and depth 1 keeps paying: E(1) = 1.75 at alpha 0.75 for
+    base 1.2 + 0.2 = 1.4 s against plain's 1.0 s per token. Without the correction the slowdown rises to
+    1 + 0.1 * ((1.4 + 1.0) / 1.4 - 1) and the next round's cost with it."""
+    c = AdaptiveDepth(1, ([1.0, 1.2], 0.2, 0.1), alpha0=0.75)
+    assert c.choose(1, gap_rows=10) == 1 and c.gap_s == pytest.approx(1.0)
+    c.observe(1, 1, 1.4 + 1.0, 1)
+    assert c.slow[1] == pytest.approx(1.0)
+    c.observe(0, 0, 2.0, 2)                     # a plain round is not corrected: 2.0 s for base 1.0
+    assert c.slow[0] == pytest.approx(1.1)

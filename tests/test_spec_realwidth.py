@@ -102,6 +102,40 @@ def test_verify_and_draft_bytes():
     assert 0 < sr.draft_bytes(info) < gguf_bytes.decode_bytes_from_gguf(info)["total"]
 
 
+def test_draft_vocab_configs_bytes_ranks_and_merge():
+    """--draft-vocab: the reduced-head process runs the speculative configs only, labelled `... dvN`; a draft step
+    with N head rows reads N / n_vocab of the head (an independent count from the fixture's tensors); the ranks and
+    their coverage of a chain; a reduced-head round's runs fold into the full-head round, checked against plain."""
+    assert [c[0] for c in sr.configs([1, 2])] == ["plain", "n_max=1", "n_max=2", "auto"]
+    assert sr.configs([1, 2], 4096) == [("plain dv4096", "none", 1), ("n_max=1 dv4096", "draft-mtp", 1),
+                                        ("n_max=2 dv4096", "draft-mtp", 2), ("auto dv4096", "draft-mtp", "auto")]
+    assert [sr.own_plain(x, ["plain", "plain dv8"]) for x in ("n_max=1 dv8", "auto dv16", "auto")] == [
+        "plain dv8", "plain", "plain"]
+    assert [sr.label_draft_vocab(x) for x in ("n_max=3 dv16384", "auto dv7", "auto", "plain")] == [16384, 7, 0, 0]
+    from gguf import GGUFReader
+
+    path = G4 / "tiny-glm4moe-Q8_0.gguf"
+    info = gguf_bytes.gguf_info(str(path))
+    head = next(int(t.n_bytes) for t in GGUFReader(str(path)).tensors if t.name == "output.weight")
+    V = info["n_vocab"]
+    assert sr.draft_bytes(info, 1024) == pytest.approx(sr.draft_bytes(info) - head + head * 1024 / V, rel=1e-12)
+    # ranks: the counted ids by frequency, then the merge order; coverage counts positions
+    fields = {"tokenizer.ggml.tokens": ["a", "b", "c", "ab", "abc"], "tokenizer.ggml.merges": ["a b", "ab c"]}
+    assert sr.vocab_ranks(fields, 5).tolist() == [0, 1, 2, 3, 4]
+    assert sr.vocab_ranks(fields, 5, [4, 2, 4]).tolist() == [4, 2, 0, 1, 3]
+    assert sr.coverage([4, 2, 4, 1], [4, 2, 0], 2) == 0.75 and sr.coverage([4, 2], [4, 2], 1) == 0.5
+    plain = {"tokens": [5, 6, 7]}
+    nx = {"status": "ok", "runs": {"plain": plain}, "ms": {"verify_1": 10.0}}
+    dv = {"status": "ok", "runs": {"n_max=1 dv8": {"tokens": [5, 6, 7], "same_as_plain": True},
+                                   "auto dv8": {"tokens": [5, 6, 8], "same_as_plain": True}},
+          "ms": {"draft dv8": 2.0, "verify_1 dv8": 9.0}, "calibrate_s": {"8": 1.5}}
+    sr.merge_draft_vocab(nx, dv, 8)
+    assert nx["runs"]["n_max=1 dv8"]["same_as_plain"] and not nx["runs"]["auto dv8"]["same_as_plain"]
+    assert nx["ms"] == {"verify_1": 10.0, "draft dv8": 2.0, "verify_1 dv8": 9.0} and nx["calibrate_s"] == {"8": 1.5}
+    sr.merge_draft_vocab(nx, {"status": "failed: rc 1"}, 16)
+    assert nx["draft_vocab_status"] == {"8": "ok", "16": "failed: rc 1"} and "n_max=1 dv16" not in nx["runs"]
+
+
 def test_kernel_names_and_excess():
     key = kernel_profile.kernel_key
     assert key("x86_matmul_q4_k_f32_n4096_k4096_rows1") == key("x86_matmul_q4_k_f32_n4096_k4096_rowst") == \
@@ -205,6 +239,26 @@ def test_summary_split_projection_and_table(monkeypatch):
     assert (row["llama acceptance"], row["llama acc per pos"]) == ("0.750 (15/20)", "0.75")
     assert row["spec ÷ own plain: nextn / llama"] == "0.54 / 0.75"
     assert sr.format_table(json.loads(json.dumps(report))) == table
+    # a reduced draft head of 64 rows: its runs and ms folded in (merge_draft_vocab), its bytes in the entry
+    c = _entry("glm45air-1-a0.1.gguf", 2, 1.0)
+    n = c["rounds"][0]["nextn"]
+    dv = dict(n["runs"]["n_max=1"], draft_vocab=64, entry_s={"verify": 1.5, "draft": 0.1, "mtp_rows": 0.05})
+    sr.merge_draft_vocab(n, {"status": "ok", "runs": {"n_max=1 dv64": dv},
+                             "ms": {"draft dv64": 12.0, "draft_2 dv64": 15.0, "verify_1 dv64": 96.0}}, 64)
+    c["bytes_per_token"]["draft_vocab"] = {"64": 141.0}
+    c["draft_vocab_source"] = "self"
+    s = sr.summarize(c)
+    assert s["draft_heads"][0] == {"ms": 30.0, "x_decode": 0.3, "x_decode_2": 0.35, "bytes_x_decode": 391 / 782}
+    assert s["draft_heads"][64] == pytest.approx({"ms": 12.0, "x_decode": 0.125, "x_decode_2": 15 / 96,
+                                                  "bytes_x_decode": 141 / 782})
+    sp = s["split"]["n_max=1 dv64"]     # per round ÷ 0.1 s: verify 0.3, draft 0.02, gap 0.01, host 2.0/5 - 0.33
+    assert (sp["draft"], sp["verify"]) == pytest.approx((0.2, 3.0))
+    assert sp["bytes_bound"] == pytest.approx(1.8 / ((782 + 2 + 40) / 782 + 141 / 782))
+    assert s["nextn"]["n_max=1 dv64"]["draft_vocab"] == 64 and s["nextn"]["n_max=1 dv64"]["same_as_plain"]
+    c["summary"] = s
+    table = sr.format_table(dict(report, files=[c]))
+    assert "| glm45air-1-a0.1.gguf | 64 rows | 12.0 | 0.12 | 0.16 | 0.18 | – |" in table
+    assert "| glm45air-1-a0.1.gguf | n_max=1 dv64 | 4.50 | 0.800 (4/5) |" in table
 
 
 FAKE_PEER = r'''#!{python}
@@ -260,14 +314,16 @@ def test_a_run_with_a_fake_peer(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_one_nextn_round_on_the_tiny_fixture(q8_model):
+def test_one_nextn_round_on_the_tiny_fixture(q8_model, tmp_path):
     """nextn_measure on the tiny Q8_0 model: every speculative run gives plain's tokens; n_max=1's rounds and
     accepted drafts equal a naive replay of greedy draft-mtp (draft = argmax of the teacher-forced NextN logits
     of the row, accepted when it is the chain's next token); the verify of 1 row reads n_expert_used experts;
     the decode's and the verify's matmul kernels match by kernel_key; the cost split adds up."""
     ref = json.loads((G4 / "reference.json").read_text())["prompts"][0]
     n = 24
-    res = sr.nextn_measure(q8_model, n, n_max=(1, 2), prompt=ref["prompt_ids"])
+    ranks = tmp_path / "ranks.txt"
+    res = sr.nextn_measure(q8_model, n, n_max=(1, 2), prompt=ref["prompt_ids"],
+                           vocab={"ns": [1024], "source": "self", "write": str(ranks)})
     runs = res["runs"]
     assert list(runs) == ["plain", "n_max=1", "n_max=2", "auto"]
     assert all(c["same_as_plain"] and len(c["tokens"]) == n for c in runs.values())
@@ -298,6 +354,19 @@ def test_one_nextn_round_on_the_tiny_fixture(q8_model):
         assert sp["total"] * s["one_decode_s"] == pytest.approx(c["decode_s"] / (c["rounds"] + c["plain_rounds"]),
                                                                 rel=1e-9) or sp["host"] == 0
     assert s["nextn"]["n_max=2"]["per_pos"] == runs["n_max=2"]["per_pos"][:2]
+    # --draft-vocab-file self: the plain chain's ids by frequency (then the merge order) cover it; the merge order
+    # covers what its first 1024 ids hold of it
+    from nextn.runtime.draft_vocab import read_ranks, tokenizer_ranks
+
+    gen = runs["plain"]["tokens"]
+    V = int(q8_model.loaded.hparams["n_vocab"])
+    got = read_ranks(str(ranks), V)
+    counted = list(ref["prompt_ids"]) + gen
+    top = max(set(counted), key=lambda t: (counted.count(t), -counted.index(t)))
+    assert int(got[0]) == top and len(got) == V and set(got[:len(set(counted))].tolist()) == set(counted)
+    merge = set(tokenizer_ranks(q8_model.loaded.files.main.fields)[:1024].tolist())
+    assert res["vocab_coverage"]["self"]["1024"] == 1.0
+    assert res["vocab_coverage"]["tokenizer"]["1024"] == pytest.approx(sum(t in merge for t in gen) / len(gen))
 
 
 def test_the_files_by_name_and_the_default_set(tmp_path):
