@@ -96,8 +96,7 @@ class RowPath:
         raise NotImplementedError
 
     def chunk_finish(self, kern, fmt, per_block, rows, accs):
-        """What a row group adds after its chunks: per_block(body(nns, ns)) for weight rows ns (tile rows nns),
-        which tiles._int_tile_chunked calls for each register block right after its last chunk."""
+        """What a row group adds after its chunks (per_block(body(nns, ns)): the tile's rows in register blocks)."""
 
     def chunk_out(self, kern, fmt, accs, nn, r, n_rows):
         """The result of tile row nn and the group's row r."""

@@ -109,18 +109,10 @@ def _int_tile_chunked(kern, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
     # a pass reads one chunk of each row: the K-quants prefetch the same chunk of a row as far ahead (whole rows),
     # not the bytes right after (the rest of this row and the start of the next, which this pass does not read)
     ahead = -(-kern.prefetch // kern.row_bytes) * kern.row_bytes
-    n_chunks = -(-units // cb)
-    with T.serial(0, n_chunks - 1) as c:
-        chunk = (c * cb, (c + 1) * cb)
+    with T.serial(0, -(-units // cb)) as c:
+        chunk = (c * cb, tirx.min((c + 1) * cb, units))
         per_block(lambda nns, ns: path.chunk_pass(kern, fmt, nns, ns, rows, accs, chunk, terms, ahead))
-
-    def last(nns, ns):
-        # the last chunk, then what the path adds after the chunks (chunk_finish: block32's blocks after the last
-        # full group) for the same weight rows while their bytes stream past: in a pass of its own after the
-        # chunks, each row's tail was a demand miss (Q8_0 4096 x 10944 at 2 rows: 1.3x the time, bench/verify_rows.py)
-        path.chunk_pass(kern, fmt, nns, ns, rows, accs, ((n_chunks - 1) * cb, units), terms, ahead)
-        path.chunk_finish(kern, fmt, lambda body: body(nns, ns), rows, accs)
-    per_block(last)
+    path.chunk_finish(kern, fmt, per_block, rows, accs)
 
     def store(nn, n):
         for r, i in enumerate(idx):
