@@ -56,7 +56,9 @@ def build(m, tgt, width, vnni, ttype, op, N, K, X, rows, kw):
     n_w = 2 if op == "matmul_id" else 1
     spec = m.KernelSpec(op if op == "matmul" else "matmul_id", kind, N, K, rows, X, N_USED if X else 0,
                         op != "matmul_id_slots", n_w)
-    knobs = dataclasses.replace(m.default_knobs(spec, width), **kw)
+    # compile's defaults for the target (an older tree's default_knobs may not take the L1 size)
+    l1d = (m.l1d_kb(tgt),) if hasattr(m, "l1d_kb") else ()
+    knobs = dataclasses.replace(m.default_knobs(spec, width, *l1d), **kw)
     f = spec.build(knobs, vnni)
     return tvm.compile(tvm.IRModule({"main": f}), target=tgt).mod["main"], knobs
 
