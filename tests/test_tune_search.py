@@ -145,6 +145,8 @@ def fake_log(tmp_path_factory):
 
 
 def test_the_log_records_before_after_and_round_trips(fake_log):
+    from nextn.compiler.target import make_target
+
     d, book, msgs = fake_log
     assert book["schema"] == 4 and tlog.read(str(d)) == book
     recs = {r["key"]: r for r in book["x86_knobs"]}
@@ -154,7 +156,7 @@ def test_the_log_records_before_after_and_round_trips(fake_log):
     for r in (one, many):
         assert r["kept"] and r["knobs"]["tile_n"] == 32 and r["rounds"] == 3
         # no other knob changed: the others buy nothing on this clock, so a simpler record within the noise wins
-        dk = dataclasses.asdict(x86.default_knobs(SPEC, r["knobs"]["width"]))
+        dk = dataclasses.asdict(x86.default_knobs(SPEC, r["knobs"]["width"], x86.l1d_kb(make_target("llvm"))))
         assert {k: v for k, v in r["knobs"].items() if dk[k] != v} == {"tile_n": 32}, r["knobs"]
         assert all(0.75 < t / dd < 0.85 for t, dd in zip(r["run_secs"], r["default_secs"]))
         assert all(1.15 < s < 1.35 for s in r["speedups"]) and 0 <= r["noise"] < 0.05
@@ -176,6 +178,22 @@ def test_the_log_records_before_after_and_round_trips(fake_log):
     assert "kept [" in show.stdout
 
 
+def test_a_log_older_than_fit_kb_takes_the_targets_default(fake_log, tmp_path):
+    """Knobs.fit_kb came after schema 4 logs were written: a record without it loads, keeps its other knobs and
+    takes the target's L1 (x86.l1d_kb) as the compile default does."""
+    from nextn.compiler.target import make_target
+    from nextn.compiler.tune.apply import x86_knobs
+
+    d, book, _ = fake_log
+    old = copy.deepcopy(book)
+    for r in old["x86_knobs"]:
+        del r["knobs"]["fit_kb"]
+    tlog.write(old, str(tmp_path / "old"))
+    tgt = make_target("llvm")
+    got = x86_knobs(str(tmp_path / "old"), tgt)(SPEC)
+    assert got.tile_n == 32 and got.fit_kb == x86.l1d_kb(tgt)
+
+
 def test_default_kept_records_are_not_applied_and_merge_prefers_kept(fake_log, tmp_path):
     from nextn.compiler.target import make_target
     from nextn.compiler.tune.apply import x86_knobs
@@ -184,7 +202,8 @@ def test_default_kept_records_are_not_applied_and_merge_prefers_kept(fake_log, t
     tgt = make_target("llvm")
     width = x86.vector_width(tgt)
     spec = x86.KernelSpec("matmul", "q8_0", 256, 256, 1)
-    assert x86_knobs(str(d), tgt)(spec) == dataclasses.replace(x86.default_knobs(spec, width), tile_n=32)
+    assert x86_knobs(str(d), tgt)(spec) == dataclasses.replace(x86.default_knobs(spec, width, x86.l1d_kb(tgt)),
+                                                               tile_n=32)
     lost = copy.deepcopy(book)
     for r in lost["x86_knobs"]:
         r["kept"], r["speedups"] = False, [0.9] * len(r["rows"])

@@ -230,6 +230,43 @@ def test_int_row_groups_and_vnni(kind, width):
     assert np.array_equal(y2.view(np.uint32), y.view(np.uint32))
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("kind,units", [("q8_0", 40), ("q4_k", 72)])
+def test_fit_kb_reads_k_whole_or_in_chunks_with_the_same_bits(kind, units):
+    """Knobs.fit_kb: 2 rows whose int8 activations pass 32 KB and fit 48 KB go through K in chunks of 16 KB at
+    fit_kb 32 and K whole at 48 (tiles.py); N = 37 off the tile, the weight at 32 mod 64 bytes (a GGUF view), Q8_0
+    with 3 blocks after its groups of 8: against numpy, and both rows bitwise equal to the one-row decode kernel's
+    (which reads K whole) at either value."""
+    fmt = x86.format_of(kind)
+    K = 256 * units + (96 if fmt.block == 32 else 0)
+    assert 32 << 10 < 2 * units * fmt.unit_bytes <= 48 << 10     # the two paths, not one
+    N, R = 37, 2
+    w, wf = random_weight(kind, (), N, K)
+    vnni = x86.has_vnni(TARGET, WIDTH)
+    acts, xf = activations(kind, RNG.standard_normal((R, K)).astype(np.float32))
+    one = build(x86.matmul(kind, N, K, rows=1, knobs=x86.Knobs(width=WIDTH), vnni=vnni))
+    want = np.concatenate([run(one, w, *[a[t:t + 1] for a in acts], outs=[(1, N)])[0] for t in range(R)])
+    assert rel(want, xf @ wf.T) < 1e-5
+    for fit in (32, 48):
+        knobs = x86.Knobs(width=WIDTH, fit_kb=fit)
+        (y,) = run(build(x86.matmul(kind, N, K, knobs=knobs, vnni=vnni)), w, *acts, outs=[(R, N)])
+        assert np.array_equal(y.view(np.uint32), want.view(np.uint32)), fit
+
+
+def test_fit_kb_default_is_the_targets_l1():
+    """x86.default_knobs' fit_kb is the target CPU's L1 data cache (x86.l1d_kb, by LLVM CPU name): 48 KB on
+    Sapphire / Emerald Rapids and Zen 5, 32 KB on Zen 4, Skylake-X and a target that names no CPU."""
+    def cpu(mcpu):
+        return tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+
+    assert [x86.l1d_kb(cpu(c)) for c in ("sapphirerapids", "emeraldrapids", "znver5", "znver4", "skylake-avx512")] \
+        == [48, 48, 48, 32, 32]
+    assert x86.l1d_kb(tvm.target.Target("llvm")) == 32 and x86.l1d_kb(None) == 32
+    spec = x86.KernelSpec("matmul", "q8_0", 4096, 10944, None)
+    assert x86.default_knobs(spec, 64, x86.l1d_kb(cpu("emeraldrapids"))).fit_kb == 48
+    assert x86.default_knobs(spec, 64).fit_kb == 32
+
+
 LANE_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).path.multi_row)   # IQ4_XS, Q8_0, IQ4_NL, MXFP4
 
 

@@ -94,7 +94,7 @@ def x86_knobs(tuning_log: str | None, target, log=None):
     def knobs(spec):
         if spec.key not in records or width is None:
             return None
-        default = x86.default_knobs(spec, width)
+        default = x86.default_knobs(spec, width, x86.l1d_kb(target))
         rec = records[spec.key]
         bits = {f for f in x86.bit_knobs(spec) if f in rec and rec[f] != getattr(default, f)}
         if bits and log is not None and spec.key not in told:

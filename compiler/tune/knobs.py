@@ -35,15 +35,15 @@ MAX_PASSES = 5
 SCREEN_BLOCK = 4             # candidates between two default timings while screening
 
 
-def space(spec, width: int) -> dict:
+def space(spec, width: int, l1d: int = 32) -> dict:
     """{knob field: values searched} for `spec` on a CPU whose widest vectors are `width` bytes. A knob that
     cannot change the kernel is searched at its default only (row_group with one row; unroll on integer formats,
     whose block loop does not read it; w_rows on formats whose row functions take one weight row), and so is a
     knob that changes the bits of a row (`x86.bit_knobs`: a weight's decode and verify kernels, tuned apart,
-    must give equal rows)."""
+    must give equal rows). `l1d`: the target's L1 data cache in KB (x86.l1d_kb: the default's fit_kb)."""
     from nextn.compiler.lower import x86
 
-    default = x86.default_knobs(spec, width)
+    default = x86.default_knobs(spec, width, l1d)
     fixed = x86.bit_knobs(spec)
     known = {
         "width": sorted({32, width}),
@@ -207,11 +207,11 @@ class Result:
 
 
 def search(spec, width: int, time_fn, rows: list[int], rounds: int = 5, finalists: int = 3,
-           min_gain: float = decide.MIN_GAIN) -> Result:
+           min_gain: float = decide.MIN_GAIN, l1d: int = 32) -> Result:
     """Screen the knob sets of `spec` one knob at a time, confirm the `finalists` fastest-looking against the
     default in `rounds` interleaved rounds at each of `rows` (decide.interleaved). `time_fn(knobs, rows)` →
     seconds per call (KernelBench.time, or a fake clock in tests); an exception from it counts the knob set as
-    failed to build.
+    failed to build. `l1d`: as in `space`.
 
     Screening is a coordinate sweep: for each knob in turn, every value with the other knobs at the best set so
     far, each timed once per row count with the default re-timed after every SCREEN_BLOCK sets (a set's score:
@@ -220,8 +220,8 @@ def search(spec, width: int, time_fn, rows: list[int], rounds: int = 5, finalist
     from nextn.compiler.lower import x86
 
     t_start = time.perf_counter()
-    default = x86.default_knobs(spec, width)
-    sp = space(spec, width)
+    default = x86.default_knobs(spec, width, l1d)
+    sp = space(spec, width, l1d)
     screen, failed, tried = {default: 1.0}, 0, {default}
 
     def timings(kb):

@@ -285,7 +285,7 @@ def _tune_x86(model, tgt, draft, book, key, out_dir, only, max_kernels, log, pro
             continue
         rows = kn.rows_for(spec, prefill, verify_rows, prefill_rows)
         b = bench(spec, tgt)
-        res = kn.search(spec, width, b.time, rows, rounds=rounds)
+        res = kn.search(spec, width, b.time, rows, rounds=rounds, l1d=x86.l1d_kb(tgt))
         del b   # its weight copies
         o = res.outcome
         kept = res.knobs != res.default and (o.kept or keep_slower)

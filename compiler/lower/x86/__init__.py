@@ -54,6 +54,23 @@ def has_vnni(target, width: int) -> bool:
         return False
 
 
+# LLVM CPU names (a target's `mcpu`) whose cores have a 48 KB L1 data cache (Intel Sunny Cove and after, AMD Zen 5);
+# every other x86 CPU is taken to have 32 KB (Skylake, Zen 1-4): the vendors' optimization manuals
+L1D_48K = frozenset({"icelake-client", "icelake-server", "tigerlake", "rocketlake", "alderlake", "raptorlake",
+                     "meteorlake", "arrowlake", "arrowlake-s", "lunarlake", "sapphirerapids", "emeraldrapids",
+                     "graniterapids", "graniterapids-d", "znver5"})
+
+
+def l1d_kb(target) -> int:
+    """The L1 data cache per core in KB of an llvm `target`'s CPU (its `mcpu`, `L1D_48K`): 48 or 32 (also where
+    the target names no CPU). Knobs.fit_kb's default (`default_knobs`)."""
+    try:
+        mcpu = str(target.attrs.get("mcpu", "")) if target is not None else ""
+    except Exception:
+        mcpu = ""
+    return 48 if mcpu in L1D_48K else 32
+
+
 def activation_rows(kind: str, x, exact: bool = False) -> list:
     """numpy: the activation arguments of a `kind` kernel for float32 rows x [T, K] (act_args order)."""
     from nextn.common.quant import activation
@@ -71,7 +88,7 @@ def activation_rows(kind: str, x, exact: bool = False) -> list:
 
 
 __all__ = ["FLOAT_KINDS", "INT_KINDS", "KINDS", "KernelSpec", "Knobs", "act_args", "act_layout", "activation_rows",
-           "bit_knobs", "default_knobs", "format_of", "has_vnni", "matmul", "matmul_heads", "matmul_id",
+           "bit_knobs", "default_knobs", "format_of", "has_vnni", "l1d_kb", "matmul", "matmul_heads", "matmul_id",
            "quantize_rows", "quantize_rows_q8_0", "takes_w_rows", "vector_width", "weight_arg"]
 
 
@@ -161,7 +178,7 @@ def bit_knobs(spec: KernelSpec) -> tuple[str, ...]:
     return format_of(spec.kind, spec.exact).path.bit_knobs
 
 
-def default_knobs(spec: KernelSpec, width: int) -> Knobs:
+def default_knobs(spec: KernelSpec, width: int, l1d: int = 32) -> Knobs:
     """nextn's default schedule for `spec` (what a tuning log record must beat): w_rows 2 for the routed experts'
     row-count kernels (prefill, verify) of the `takes_w_rows` formats at 64-byte width (an expert's few rows per
     tile pass, each activation load serving two weight rows: 1.1-1.2x at 512 rows on GLM-4.5-Air's IQ4_XS / IQ4_NL
@@ -172,7 +189,8 @@ def default_knobs(spec: KernelSpec, width: int) -> Knobs:
     theirs).
     prefetch_level: Knobs' 2 (into L2, kernel.prefetch) for all, the routed down experts (one short activation row per
     slot) too: on GLM-4.5-Air's Q8_0 / IQ4_NL down experts L2 took 1.09-1.31x less time than L1 at 1-8 rows
-    (Zen 4, 2 threads, bench/x86_rows.py --against, two interleaved runs)."""
+    (Zen 4, 2 threads, bench/x86_rows.py --against, two interleaved runs).
+    fit_kb: `l1d`, the target's L1 data cache in KB (`l1d_kb`; tiles.py says what it measured)."""
     path = format_of(spec.kind, spec.exact).path
     two = (spec.op == "matmul_id" or path.w_rows_dense == 2) and spec.rows is None and width == 64 and path.multi_row
-    return Knobs(width=width, w_rows=2 if two else 1)
+    return Knobs(width=width, w_rows=2 if two else 1, fit_kb=l1d)

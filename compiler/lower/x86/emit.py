@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from tvm import relax, tirx
 
-from . import FLOAT_KINDS, INT_KINDS, KernelSpec, act_args, default_knobs, has_vnni, quantize_rows
+from . import FLOAT_KINDS, INT_KINDS, KernelSpec, act_args, default_knobs, has_vnni, l1d_kb, quantize_rows
 from .formats import INT_FORMATS
 
 
@@ -79,7 +79,7 @@ class X86Lowering:
 
     # -- emission -----------------------------------------------------------------------------------------------
     def _kernel(self, bb, spec: KernelSpec) -> relax.GlobalVar:
-        knobs = self.knobs_for(spec) or default_knobs(spec, self.width)
+        knobs = self.knobs_for(spec) or default_knobs(spec, self.width, l1d_kb(self.target))
         key = f"{spec.key}|{knobs}"
         if key not in self._gvs:
             vnni = self.target is not None and has_vnni(self.target, knobs.width)

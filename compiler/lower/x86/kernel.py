@@ -24,8 +24,10 @@ class Knobs:
     being read that each block prefetches (0: none; `prefetch`); w_rows: weight rows of a tile in one
     register block, each activation vector load serving all of them (the row functions that take several,
     tiles.w_rows; the others run one); prefetch_level: the cache level the prefetch fills, 1 (L1, prefetcht0)
-    or 2 (L2, prefetcht1: `prefetch` says why it is the default). The defaults are the best measured on GLM
-    widths (row_group 8: 8 rows' accumulators and the decoded block fit the 32 zmm registers)."""
+    or 2 (L2, prefetcht1: `prefetch` says why it is the default); fit_kb: the activation KB a row group reads K
+    whole within, past it K goes in chunks (tiles.py: the L1 data cache the rows stay in; x86.default_knobs sets
+    the target's, `l1d_kb`). The defaults are the best measured on GLM widths (row_group 8: 8 rows'
+    accumulators and the decoded block fit the 32 zmm registers)."""
     width: int = 32
     tile_n: int = 16
     row_group: int = 8
@@ -33,6 +35,7 @@ class Knobs:
     prefetch_kb: int = 16
     w_rows: int = field(default=1, metadata={"choices": (1, 2)})
     prefetch_level: int = field(default=2, metadata={"choices": (1, 2)})
+    fit_kb: int = field(default=32, metadata={"choices": (32, 48, 64)})
 
 
 class Format:
@@ -128,11 +131,11 @@ class SumPath(RowPath):
 
 @dataclass(slots=True)
 class Kern:
-    """The kernel being built, what the row loops read: its knobs (`width` .. `prefetch_level`; `prefetch` in
-    bytes), the format's `acts`, the weight's `n_blocks` per row of `row_bytes`, `unit_bytes` (Format), `n_tiles`
-    work items per weight, the weight buffer `w` [rows, row_bytes] and its typed views (`views`), the activation
-    arguments (`bind_acts`: x, or xq, xd and xs / xc / xl), the output `y`, the format's `tables` (`declare_tables`)
-    and, once built, the PrimFunc `func`."""
+    """The kernel being built, what the row loops read: its knobs (`width` .. `prefetch_level`; `prefetch` and
+    `fit_bytes` in bytes), the format's `acts`, the weight's `n_blocks` per row of `row_bytes`, `unit_bytes`
+    (Format), `n_tiles` work items per weight, the weight buffer `w` [rows, row_bytes] and its typed views
+    (`views`), the activation arguments (`bind_acts`: x, or xq, xd and xs / xc / xl), the output `y`, the format's
+    `tables` (`declare_tables`) and, once built, the PrimFunc `func`."""
     kind: str = ""
     width: int = 32
     unroll: int = 2
@@ -141,6 +144,7 @@ class Kern:
     acts: str = "f32"
     prefetch: int = 0
     prefetch_level: int = 2
+    fit_bytes: int = 32 << 10
     unit_bytes: int = 256
     n_blocks: int = 0
     row_bytes: int = 0
@@ -167,7 +171,8 @@ def _new(fmt: Format, kind: str, K: int, knobs: Knobs, vnni: bool) -> Kern:
         raise ValueError(f"{kind}: K={K} is not a multiple of the block ({fmt.block})")
     n_blocks = K // fmt.block
     return Kern(kind=kind, width=knobs.width, unroll=knobs.unroll, vnni=vnni, w_rows=knobs.w_rows, acts=fmt.acts,
-                prefetch=knobs.prefetch_kb * 1024, prefetch_level=knobs.prefetch_level, unit_bytes=fmt.unit_bytes,
+                prefetch=knobs.prefetch_kb * 1024, prefetch_level=knobs.prefetch_level, fit_bytes=knobs.fit_kb << 10,
+                unit_bytes=fmt.unit_bytes,
                 n_blocks=n_blocks, row_bytes=n_blocks * fmt.type_size)
 
 

@@ -48,7 +48,7 @@ def tile(kern, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: 
     groups (`group_sizes`), the tile's weight rows in register blocks (`tile_rows`). row_of(i) / out_of(i, n):
     activation row / output index of the i-th row; wrow(n): the weight row."""
     def each_row(make):
-        if fmt.path.unit_blocks and _units_in(kern, len(make()), X_FIT_BYTES) < _chunk_units(kern, fmt):
+        if fmt.path.unit_blocks and _units_in(kern, len(make()), kern.fit_bytes) < _chunk_units(kern, fmt):
             return _int_tile_chunked(kern, fmt, nt, tile_n, N, make, row_of, out_of, wrow)
         idx = make()
         pt = fmt.path.tile_terms(kern, fmt, [row_of(i) for i in idx])
@@ -68,12 +68,13 @@ def tile(kern, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: 
         start = start + n * size
 
 
-# A row group whose int8 activations fit X_FIT_BYTES (the 32 KB L1) reads K whole; a larger one goes through K in
-# chunks of X_CHUNK_BYTES, half of L1: chunks that filled all of it left no room for the weight lines streaming past
-# and the tile's accumulators (bench/x86_rows.py on Zen 4, 2 threads, K = 10944 / 12288: 3-8 rows 1.1-1.2x faster in
-# 16 KB chunks than in 32 KB ones; unchunked at 36-49 KB was slower still)
+# A row group whose int8 activations fit kern.fit_bytes (Knobs.fit_kb: the L1 data cache, 32 KB on Zen 4) reads K
+# whole; a larger one goes through K in chunks of X_CHUNK_BYTES: chunks that filled all of a 32 KB L1 left no room for
+# the weight lines streaming past and the tile's accumulators (bench/x86_rows.py on Zen 4, 2 threads, K = 10944 /
+# 12288: 3-8 rows 1.1-1.2x faster in 16 KB chunks than in 32 KB ones; unchunked at 36-49 KB was slower still). With
+# a 48 KB L1 (Sapphire / Emerald Rapids) 2 rows of Q8_0 4096 x 10944 (35 KB) read K whole took 1.3x less time than
+# in chunks (bench/verify_rows.py, one thread): the chunks cost where the rows fit.
 X_CHUNK_BYTES = 16 << 10
-X_FIT_BYTES = 32 << 10
 
 
 def _chunk_units(kern, fmt) -> int:
@@ -83,7 +84,7 @@ def _chunk_units(kern, fmt) -> int:
 
 def _units_in(kern, size: int, nbytes: int) -> int:
     """Units of K (`_chunk_units`) whose int8 activations of `size` rows fit `nbytes` (at least one): against
-    X_FIT_BYTES whether a group reads K whole, against X_CHUNK_BYTES the units per pass (`_int_tile_chunked`)."""
+    kern.fit_bytes whether a group reads K whole, against X_CHUNK_BYTES the units per pass (`_int_tile_chunked`)."""
     return max(1, nbytes // (size * kern.unit_bytes))
 
 
