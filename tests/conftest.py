@@ -215,7 +215,7 @@ def compiled(tmp_path_factory):
 
     from nextn.common.manifest import MANIFEST
     from nextn.compiler.compile import compile_model
-    from nextn.compiler.options import CompileOptions
+    from nextn.common.compile_options import CompileOptions
 
     done: dict[str, str] = {}
     root = artifact_cache_dir()
