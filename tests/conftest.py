@@ -198,7 +198,13 @@ SLOW_E2E = {
     "test_quant_lowbit_e2e.py": "glm4moe IQ3_XXS and MXFP4_MOE",
     "test_server_session.py::test_glm_dsa_reuse_equals_cold_start": "glm-dsa Q8_0",
     "test_split_gguf.py": "glm4moe Q8_0 with f16 KV, and `nextn run` of a split GGUF (a CLI compile)",
+    # on fast artifacts, but long (the measured fast tier's largest, README "Test tiers")
+    "test_quant.py::test_gpu_kernels_build": "every kernel for CUDA and ROCm",
+    "test_x86_kernels.py::test_every_tuned_knob_keeps_the_row_bits": "every tuning knob's kernel",
+    "test_glm5next.py::test_cli_index_share_flag": "`nextn run` subprocesses of glm5next",
 }
+# Tests swept over the reference prompts that keep one prompt in the fast tier (the others are slow).
+FAST_PARAMS = {"test_glm5next.py::test_index_share_off_matches_reference": "code-short"}
 # Kernel tests swept over every weight format (their first parameter): in the fast tier, one format per x86 / GPU
 # kernel path (block32 Q8_0, K-quant Q4_K, IQ4_XS, the codebook IQ2_XXS, float BF16); the other formats are slow.
 FORMAT_SWEEP_FILES = ("test_x86_kernels.py", "test_x86_iq.py", "test_cuda_kernels.py", "test_quant.py")
@@ -219,7 +225,10 @@ def _slow_format(item) -> bool:
 def _slow_e2e(item) -> bool:
     f = item.path.name
     base = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else ""
-    return f in SLOW_E2E or f"{f}::{base}" in SLOW_E2E or f"{f}::{base.split('[')[0]}" in SLOW_E2E
+    func, _, param = base.partition("[")
+    if f"{f}::{func}" in FAST_PARAMS and param.rstrip("]") != FAST_PARAMS[f"{f}::{func}"]:
+        return True
+    return f in SLOW_E2E or f"{f}::{base}" in SLOW_E2E or f"{f}::{func}" in SLOW_E2E
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import gguf
 
-from conftest import FAST_ARTIFACTS, FAST_FORMATS, FIXTURES, FORMAT_SWEEP_FILES, SLOW_E2E
+from conftest import FAST_ARTIFACTS, FAST_FORMATS, FAST_PARAMS, FIXTURES, FORMAT_SWEEP_FILES, SLOW_E2E
 
 TESTS = Path(__file__).parent
 
 
 def test_slow_e2e_entries_name_existing_tests():
-    for key in SLOW_E2E:
+    for key in [*SLOW_E2E, *FAST_PARAMS]:
         f, _, test = key.partition("::")
         assert (TESTS / f).is_file(), key
         if test:
