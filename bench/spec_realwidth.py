@@ -435,7 +435,7 @@ def summarize(entry: dict) -> dict:
     # ratios per configuration: against llama.cpp's same configuration, and each against its own plain
     for label in set(s["nextn"]) | set(s["llama"]):
         n, q = s["nextn"].get(label, {}), s["llama"].get(label, {})
-        n0, q0 = s["nextn"].get("plain", {}), s["llama"].get("plain", {})
+        q0 = s["llama"].get("plain", {})
         rec = s["ratio"][label] = {}
         rec["nextn_llama"] = _div(n.get("tok_s"), q.get("tok_s"))
         rec["nextn_own_plain"] = _div(n.get("tok_s"), s["nextn"].get(own_plain(label, s["nextn"]), {}).get("tok_s"))

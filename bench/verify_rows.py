@@ -100,7 +100,7 @@ def main():
         if X:
             packed = fmt.pack(random_raw(ttype, X * N, K, rng), (X * N, K))[0].reshape(X, N, -1)
             ws = [tvm.runtime.tensor(packed) for _ in range(n_w)]
-            copies, per_copy = 16, None
+            copies = 16
         else:
             packed = fmt.pack(random_raw(ttype, N, K, rng), (N, K))[0]
             copies = max(1, -(-(a.stream_mb << 20) // packed.nbytes))

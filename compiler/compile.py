@@ -13,6 +13,7 @@ import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+from nextn.common.compile_options import CompileOptions
 from nextn.common.errors import NextnError
 from nextn.common.kv_types import state_bytes_per_cell
 from nextn.common.manifest import MANIFEST, MAX_DRAFT, SCHEMA, library_entry
@@ -22,7 +23,6 @@ from nextn.common.versions import nextn_version
 from . import reproducible
 from .graphs import SPLIT_L, STATIC, build_graphs, weight_kinds
 from .loader.model_files import ModelFiles
-from .options import CompileOptions
 from .target import GPU_TARGETS, TARGETS, make_target, required_cpu_flags
 
 def _rel(path: str, base: str) -> str:
@@ -35,7 +35,7 @@ def _rel(path: str, base: str) -> str:
 
 def compile_model(model: str, out_dir: str, options: CompileOptions = CompileOptions(), draft: str | None = None,
                   dump_ir: str | None = None, verify_model: bool = False, log=print) -> str:
-    """Compile `model` (+ optional MTP-only `draft`) with `options` (compiler/options.py) into `out_dir`; returns
+    """Compile `model` (+ optional MTP-only `draft`) with `options` (common/compile_options.py) into `out_dir`; returns
     `out_dir`. `dump_ir`: write the IR graphs and each Relax phase (GPU targets: the schedule report) to this folder.
     `verify_model`: read every byte of the model file(s) for their sha256 (logged, and recorded in the manifest);
     otherwise the manifest identifies them by their headers (common/gguf.py `GGUFFile.identity`).
@@ -97,7 +97,7 @@ def plan(model: str, options: CompileOptions, draft: str | None = None, dump_ir:
     given), decide the libraries to build (target, arch groups, kernel form) and lower the graphs to one Relax
     module with the x86 kernels (a tuning log's knobs) and CUDA graph capture. Raises NextnError for a bad model,
     an unsupported target, --arch or KV type."""
-    from .gpu_build import parse_arches
+    from nextn.common.compile_options import parse_arches
     from .lower import capture_graphs
     from .lower.to_relax import build_module
     from .lower.x86.emit import for_target

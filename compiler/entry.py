@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 
+from nextn.common.compile_options import CompileOptions, compiler_fingerprint
 from nextn.common.errors import NextnError
 from nextn.common.manifest import MANIFEST, read_manifest
 from nextn.common.paths import cache_dir
 
 from .compile import compile_model
-from .options import CompileOptions, compiler_fingerprint
 
 __all__ = ["CompileOptions", "cache_path", "compile_model", "compiled_artifact", "compiler_fingerprint", "tune",
            "tune_offline", "tuning_export", "tuning_import", "tuning_merge", "tuning_ingest", "tuning_show"]
@@ -29,7 +29,7 @@ def cache_path(model: str, options: CompileOptions = CompileOptions(), draft: st
 
 def compiled_artifact(model: str, options: CompileOptions = CompileOptions(), draft: str | None = None,
                       log=None) -> str:
-    """The artifact directory of `model` (+ MTP-only `draft`) compiled with `options` (compiler/options.py),
+    """The artifact directory of `model` (+ MTP-only `draft`) compiled with `options` (common/compile_options.py),
     compiled on first use and cached at `cache_path`. A damaged cache entry is rebuilt. Raises NextnError for
     missing files and bad input."""
     out = cache_path(model, options, draft)

@@ -26,11 +26,6 @@ import subprocess
 
 from nextn.common.errors import NextnError
 
-CUDA_ARCHES = ("sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_103",
-               "sm_120", "sm_120a")
-ROCM_ARCHES = ("gfx906", "gfx908", "gfx90a", "gfx942", "gfx950", "gfx1030", "gfx1100", "gfx1101", "gfx1200", "gfx1201")
-DEFAULT_ARCHES = {"cuda": ["sm_80", "sm_90", "sm_120"], "rocm": ["gfx942"]}
-
 _STUB_C = r"""
 /* nextn build-machine stub of libcuda.so.1: lets TVM's CUDA plugin load so device code is compiled at build time.
    Every entry point fails with CUDA_ERROR_STUB_LIBRARY (34); nothing can run on it. */
@@ -41,27 +36,6 @@ STUB(cuLaunchCooperativeKernel) STUB(cuModuleGetGlobal) STUB(cuInit) STUB(cuDriv
 int cuGetErrorName(int e, const char** s) { *s = "CUDA_ERROR_STUB_LIBRARY"; return 0; }
 int cuGetErrorString(int e, const char** s) { *s = "nextn build-machine libcuda stub"; return 0; }
 """
-
-
-def parse_arches(target: str, arches) -> list[str]:
-    """Normalise `--arch` values (repeatable and/or comma lists) for `target`; defaults when none given."""
-    flat = [a.strip().lower() for x in (arches or []) for a in str(x).split(",") if a.strip()]
-    if target not in ("cuda", "rocm"):
-        if flat:
-            raise NextnError(f"--arch {','.join(flat)}: the llvm target compiles for this CPU and takes no --arch")
-        return []
-    known = {"cuda": CUDA_ARCHES, "rocm": ROCM_ARCHES}[target]
-    if not flat:
-        return list(DEFAULT_ARCHES[target])
-    out = []
-    for a in flat:
-        if target == "cuda" and re.fullmatch(r"\d+a?", a):
-            a = "sm_" + a
-        if a not in known:
-            raise NextnError(f"--arch {a}: not a {target} architecture nextn builds for (expected one of {', '.join(known)})")
-        if a not in out:
-            out.append(a)
-    return out
 
 
 def _sm_number(arch: str) -> int:

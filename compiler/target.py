@@ -1,20 +1,20 @@
 """Compile targets: the names `nextn compile --target` takes and the TVM target objects they become."""
 from __future__ import annotations
 
+from nextn.common.compile_options import GPU_TARGETS, parse_arches
 from nextn.common.errors import NextnError
 from nextn.common.measure import cpu_flags
 
 TARGETS = ("llvm", "cuda", "rocm")
-GPU_TARGETS = ("cuda", "rocm")   # scratch-holding ops as separate kernels there (to_relax.SPLIT_OPS)
 
 
 def make_target(target: str, arches: list[str] | None = None):
-    """The TVM target for `target`; for GPUs, `arches` (see gpu_build.parse_arches): CUDA schedules for the lowest
+    """The TVM target for `target`; for GPUs, `arches` (see common/compile_options.py parse_arches): CUDA schedules for the lowest
     (its fatbin holds all), ROCm takes one arch per target (one library each)."""
     from tvm.target import Target
 
     if target in ("cuda", "rocm"):
-        from .gpu_build import cuda_target, parse_arches, rocm_target
+        from .gpu_build import cuda_target, rocm_target
 
         arches = parse_arches(target, arches)
         return cuda_target(arches) if target == "cuda" else rocm_target(arches[0])

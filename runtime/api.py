@@ -1,10 +1,12 @@
 """The Python API: `nextn.runtime.load(...)` → `Model` with `generate`, `logits`, `mtp_logits`."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
 
+from nextn.common.compile_options import CompileOptions
 from nextn.common.timing import python_share, tokens_per_s
 
 from .model import LoadedModel
@@ -156,8 +158,13 @@ def load(path: str, target: str = "llvm", ctx_size: int | None = None, spec: boo
          mtp_dense_attention: bool = False, cache_type_k: str | None = None,
          cache_type_v: str | None = None, threads: int | None = None, max_draft: int | None = None,
          mtp_index_share: bool | None = None, draft_vocab: int | None = None,
-         draft_vocab_file: str | None = None) -> Model:
+         draft_vocab_file: str | None = None, options: CompileOptions | None = None) -> Model:
     """Load an artifact directory, or a GGUF (compiled for `target` and cached first).
+
+    The compile options come either as `options` (a CompileOptions, common/compile_options.py: what the CLI and the
+    server build) or as the keywords `target`, `arches`, `mtp_dense_attention`, `cache_type_k`, `cache_type_v`,
+    `draft_vocab`, which make one CompileOptions here; both at once raise ValueError. Either way the object goes
+    whole to `LoadedModel.open`.
 
     `spec=False` leaves the NextN tensors unread. `draft` is an MTP-only GGUF next to a trunk-only model.
     `arches`: GPU archs when a GGUF is compiled for cuda/rocm; `device`: "cpu" or "cuda:N" (a CUDA artifact).
@@ -176,11 +183,18 @@ def load(path: str, target: str = "llvm", ctx_size: int | None = None, spec: boo
     directory must have been (None: an artifact's own, else the full head; 0: the full head). `draft_vocab_file`:
     the ranking (one token id per line, or a JSON list; default: the tokenizer's merge order, runtime/draft_vocab.py).
     Raises NextnError (missing/corrupt files, hash mismatch, unsupported arch, bad tensors, other KV types)."""
+    keywords = {"target": target, "arches": arches, "mtp_dense_attention": mtp_dense_attention,
+                "cache_type_k": cache_type_k, "cache_type_v": cache_type_v, "draft_vocab": draft_vocab}
+    if options is None:
+        options = CompileOptions(**keywords)
+    elif any(v != _SIGNATURE.parameters[k].default for k, v in keywords.items()):
+        raise ValueError("nextn.runtime.load: give the compile options as `options` or as keywords, not both")
     use_threads(threads)
-    m = Model(LoadedModel.open(path, target=target, ctx_size=ctx_size, load_mtp=spec, draft_path=draft, log=log,
-                               arches=arches, device=device, mtp_dense_attention=mtp_dense_attention,
-                               cache_type_k=cache_type_k, cache_type_v=cache_type_v, max_draft=max_draft,
-                               draft_vocab=draft_vocab, draft_vocab_file=draft_vocab_file))
+    m = Model(LoadedModel.open(path, options, ctx_size=ctx_size, load_mtp=spec, draft_path=draft, log=log,
+                               device=device, max_draft=max_draft, draft_vocab_file=draft_vocab_file))
     if mtp_index_share is not None:
         m.loaded.share_mtp_index = bool(mtp_index_share)
     return m
+
+
+_SIGNATURE = inspect.signature(load)   # the keywords' defaults, for `options` given with them

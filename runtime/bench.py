@@ -13,6 +13,7 @@ import json
 import os
 from importlib import resources
 
+from nextn.common.compile_options import CompileOptions
 from nextn.common.errors import NextnError
 
 CONFIGS = [("off", "none", 1), ("n_max=1", "draft-mtp", 1), ("n_max=2", "draft-mtp", 2),
@@ -51,13 +52,13 @@ def _cell(r) -> dict:
 
 
 def run_bench(model: str, prompts: str | None, out: str, n_predict: int = 64, repeat: int = 3, temp: float = 0.8,
-              seed: int = 1, ctx_size: int = 4096, target: str = "llvm", device: str = "cpu", plot: bool = True,
-              log=print, cache_type_k: str | None = None, cache_type_v: str | None = None,
-              threads: int | None = None, draft_vocab: int | None = None, draft_vocab_file: str | None = None) -> dict:
+              seed: int = 1, ctx_size: int = 4096, device: str = "cpu", plot: bool = True, log=print,
+              threads: int | None = None, draft_vocab_file: str | None = None,
+              options: CompileOptions | None = None) -> dict:
     """Run the benchmark on MODEL (GGUF or artifact dir) on `device` (cpu, cuda:N); write `out` (JSON) and `out`
     with .png; return the report. Timings are device-synchronized (per entry point: `entry_s`).
-    `cache_type_k` / `cache_type_v`: KV cache types (-ctk / -ctv), `draft_vocab` / `draft_vocab_file` (the reduced
-    draft head, --spec-draft-vocab), as `nextn.runtime.load`."""
+    `options`: the compile options (--target, -ctk / -ctv, --spec-draft-vocab), `draft_vocab_file` the reduced
+    draft head's ranking, as `nextn.runtime.load`."""
     from tqdm import tqdm
 
     from .api import load
@@ -66,8 +67,8 @@ def run_bench(model: str, prompts: str | None, out: str, n_predict: int = 64, re
     if n_predict < 1 or repeat < 1:
         raise NextnError(f"-n {n_predict} / --repeat {repeat}: expected >= 1")
     plist = load_prompts(prompts)
-    m = load(model, target=target, ctx_size=ctx_size, device=device, log=log, cache_type_k=cache_type_k,
-             cache_type_v=cache_type_v, threads=threads, draft_vocab=draft_vocab, draft_vocab_file=draft_vocab_file)
+    m = load(model, ctx_size=ctx_size, device=device, log=log, threads=threads, draft_vocab_file=draft_vocab_file,
+             options=options)
     if not m.has_mtp:
         raise NextnError(f"{model}: the benchmark compares speculation settings and needs a NextN block")
     encoded = []

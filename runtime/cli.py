@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from nextn.common.compile_options import CompileOptions
 from nextn.common.errors import NextnError
 
 from .cli_options import (draft_vocab_options, kv_cache_options, mtp_index_share_option, parse_n_max, spec_options,
@@ -118,10 +119,12 @@ def run(model, prompt, prompt_file, n_predict, temp, seed, ctx_size, spec_type, 
     n_max = parse_n_max(spec_draft_n_max)
     sampling = SamplingParams(n_predict, temp, top_k, top_p, min_p, seed, stops, ignore_eos).check()
     want_spec = spec_type != "none"
-    m = load(model, target=target, ctx_size=ctx_size, spec=want_spec, draft=draft, arches=list(arches) or None, device=device,
-             log=lambda s: click.echo(s, err=True), mtp_dense_attention=mtp_dense_attention, cache_type_k=cache_type_k,
-             cache_type_v=cache_type_v, threads=threads, max_draft=n_max if isinstance(n_max, int) else None,
-             mtp_index_share=mtp_index_share, draft_vocab=spec_draft_vocab, draft_vocab_file=spec_draft_vocab_file)
+    options = CompileOptions(target=target, arches=arches, mtp_dense_attention=mtp_dense_attention,
+                             cache_type_k=cache_type_k, cache_type_v=cache_type_v, draft_vocab=spec_draft_vocab)
+    m = load(model, ctx_size=ctx_size, spec=want_spec, draft=draft, device=device,
+             log=lambda s: click.echo(s, err=True), threads=threads,
+             max_draft=n_max if isinstance(n_max, int) else None, mtp_index_share=mtp_index_share,
+             draft_vocab_file=spec_draft_vocab_file, options=options)
     spec = SpecParams(resolve_spec_type(spec_type, m.has_mtp, model, "--model-draft"), n_max, spec_draft_n_min,
                       spec_draft_p_min, spec_draft_sampling)
     shown = None if as_json else TextStream(m.tokenizer.token_to_bytes, stops)   # printed as tokens are emitted
@@ -173,10 +176,11 @@ def bench(model, prompts, out, n_predict, repeat, temp, seed, ctx_size, target, 
     """House benchmark: greedy and sampled, spec off / n_max 1..3 / auto, per prompt kind (report, table, PNG)."""
     from .bench import run_bench
 
+    options = CompileOptions(target=target, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                             draft_vocab=spec_draft_vocab)
     run_bench(model, prompts, out, n_predict=n_predict, repeat=repeat, temp=temp, seed=seed, ctx_size=ctx_size,
-              target=target, device=device, plot=not no_plot, log=lambda s: click.echo(s, err=True),
-              cache_type_k=cache_type_k, cache_type_v=cache_type_v, threads=threads, draft_vocab=spec_draft_vocab,
-              draft_vocab_file=spec_draft_vocab_file)
+              device=device, plot=not no_plot, log=lambda s: click.echo(s, err=True), threads=threads,
+              draft_vocab_file=spec_draft_vocab_file, options=options)
 
 
 from .cli_serve import register as _register_serve  # noqa: E402

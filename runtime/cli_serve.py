@@ -85,6 +85,8 @@ def serve(model, host, port, ctx_size, n_batch, kv_unified, n_parallel, threads,
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
     /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
     /v1/models, /slots, /metrics; Anthropic's /v1/messages (+ /v1/messages/count_tokens); OpenAI's /v1/responses."""
+    from nextn.common.compile_options import CompileOptions
+
     from .server import ServeOptions, serve as run_server
     from .server.params import ServerDefaults
 
@@ -106,15 +108,15 @@ def serve(model, host, port, ctx_size, n_batch, kv_unified, n_parallel, threads,
                        n_max=parse_n_max(spec_draft_n_max), n_min=spec_draft_n_min, p_min=spec_draft_p_min,
                        draft_sampling=spec_draft_sampling, reasoning_format=reasoning_format,
                        reasoning_budget=reasoning_budget, verbose=verbose)
+    options = CompileOptions(target=target, arches=arches, mtp_dense_attention=mtp_dense_attention,
+                             cache_type_k=cache_type_k, cache_type_v=cache_type_v, draft_vocab=spec_draft_vocab)
     opt = ServeOptions(model=model, host=host, port=port, ctx_size=ctx_size, n_batch=n_batch, kv_unified=kv_unified,
                        n_parallel=n_parallel, threads=threads,
-                       draft=draft, device=device, target=target, arches=list(arches) or None,
-                       mtp_dense_attention=mtp_dense_attention, mtp_index_share=mtp_index_share,
+                       draft=draft, device=device, compile_options=options, mtp_index_share=mtp_index_share,
                        chat_template=chat_template, chat_template_file=chat_template_file, api_keys=keys,
-                       metrics=metrics, slots=not no_slots, alias=alias, tags=tags, cache_type_k=cache_type_k,
-                       cache_type_v=cache_type_v, spec_type=spec_type, slot_prompt_similarity=similarity,
+                       metrics=metrics, slots=not no_slots, alias=alias, tags=tags,
+                       spec_type=spec_type, slot_prompt_similarity=similarity,
                        cors_origins=tuple(o.strip() for o in cors_origins.split(",") if o.strip()),
                        slot_save_path=slot_save_path, sleep_idle_seconds=sleep_idle_seconds, defaults=d,
-                       draft_vocab=spec_draft_vocab,
                        draft_vocab_file=spec_draft_vocab_file)
     run_server(opt, log=lambda s: click.echo(s, err=True))

@@ -14,6 +14,7 @@ import contextlib
 import os
 import time
 
+from nextn.common.compile_options import CompileOptions
 from nextn.common.errors import NextnError
 from nextn.common.gguf import weakest
 from nextn.common.manifest import MAX_DRAFT
@@ -254,26 +255,24 @@ class LoadedModel:
         return seq
 
     @classmethod
-    def open(cls, path: str, target: str = "llvm", ctx_size: int | None = None, load_mtp: bool = True,
-             draft_path: str | None = None, log=None, arches=None, device: str = "cpu",
-             mtp_dense_attention: bool = False, cache_type_k: str | None = None,
-             cache_type_v: str | None = None, max_draft: int | None = None, draft_vocab: int | None = None,
-             draft_vocab_file: str | None = None) -> "LoadedModel":
-        """Open an artifact directory, or a GGUF file (compiled for `target` first, cached by its header identity).
-        `cache_type_k` / `cache_type_v` (-ctk / -ctv): a GGUF is compiled with them (default f16); an artifact
-        directory must have been compiled with them (None: whatever it was compiled with). `max_draft`: the deepest
-        draft asked for (recurrent states keep max_draft + 2 planes). `draft_vocab` / `draft_vocab_file`: the
-        reduced draft head (--spec-draft-vocab N; a GGUF is compiled with it, cached per N; see __init__)."""
-        dv = {"draft_vocab": draft_vocab, "draft_vocab_file": draft_vocab_file}
+    def open(cls, path: str, options: CompileOptions | None = None, ctx_size: int | None = None,
+             load_mtp: bool = True, draft_path: str | None = None, log=None, device: str = "cpu",
+             max_draft: int | None = None, draft_vocab_file: str | None = None) -> "LoadedModel":
+        """Open an artifact directory, or a GGUF file, compiled first with `options` (common/compile_options.py;
+        None: CompileOptions(), llvm with f16 KV caches) and cached by its header identity and the options' key.
+        An artifact directory keeps the options it was compiled with and is checked against what `options` asked
+        (`CompileOptions.asked`): its KV cache types (-ctk / -ctv) and its reduced draft head (--spec-draft-vocab N;
+        not asked: the artifact's own). `max_draft`: the deepest draft asked for (recurrent states keep
+        max_draft + 2 planes). `draft_vocab_file`: the reduced draft head's ranking (see __init__)."""
+        options = options or CompileOptions()
+        dv = {"draft_vocab": options.asked("draft_vocab"), "draft_vocab_file": draft_vocab_file}
         if os.path.isdir(path):
             art = load_artifact(path)
-            check_kv_types(art, cache_type_k, cache_type_v)
+            check_kv_types(art, options.asked("cache_type_k"), options.asked("cache_type_v"))
             return cls(art, ctx_size, load_mtp, draft_path=draft_path, device=device, log=log, max_draft=max_draft,
                        **dv)
         from nextn.compiler import entry   # the one door into the compiler: compile-and-cache
 
-        options = entry.CompileOptions(target=target, arches=arches, mtp_dense_attention=mtp_dense_attention,
-                                       cache_type_k=cache_type_k, cache_type_v=cache_type_v, draft_vocab=draft_vocab)
         art_dir = entry.compiled_artifact(path, options, draft_path, log=log)
         return cls(load_artifact(art_dir), ctx_size, load_mtp, model_path=path, draft_path=draft_path, device=device,
                    log=log, max_draft=max_draft, **dv)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -159,14 +160,90 @@ def check_split_layout(pair, bundle, trunk_only, p: dict) -> None:
         bundle.generate(p["prompt_ids"], 8, spec_type="none", ignore_eos=True).ids
 
 
+# The fast tier (`pytest -m "not slow"`) compiles these artifacts only, as (model file, MTP-only draft file,
+# CompileOptions.key()): each arch's BF16 build (the fixtures' references), and glm4moe's Q8_0 with and without
+# --exact-matmul (most runtime, CLI and server tests). A compile is the fast tier's main cost (about a minute each on
+# the 2-core machine, cold), so an end-to-end test that needs any other artifact is `slow` (SLOW_E2E); `compiled`
+# fails an unmarked one and says so.
+FAST_ARTIFACTS = {
+    ("tiny-glm4moe-BF16.gguf", None, "llvm-kv_f32_f32"),
+    ("tiny-glm4moe-Q8_0.gguf", None, "llvm-kv_f32_f32"),
+    ("tiny-glm4moe-Q8_0.gguf", None, "llvm-kv_f32_f32-exact"),
+    ("tiny-glm-dsa-BF16.gguf", None, "llvm-kv_f32_f32"),
+    ("tiny-glm5next-BF16.gguf", None, "llvm-kv_f32_f32"),
+}
+# End-to-end tests on other artifacts, or that compile outside `compiled` (a CLI subprocess, entry.compiled_artifact):
+# "file" (all its end-to-end tests) or "file::test" (every parametrization) -> what it compiles. CI runs them all.
+SLOW_E2E = {
+    "test_budget.py::test_a_smaller_kv_type_that_fits": "glm4moe Q8_0 with -ctk/-ctv f16",
+    "test_cuda_kernels.py::test_fixture_compiles_for_sm90": "glm4moe Q8_0 / Q4_K_M for sm_90",
+    "test_draft_vocab.py": "glm4moe BF16 with --spec-draft-vocab 2048",
+    "test_glm5next.py::test_q8_compiled_vs_ir_every_entry_point": "glm5next Q8_0 --exact-matmul",
+    "test_glm5next.py::test_trunk_only_plus_mtp_only_pair_equals_bundle": "glm5next Q8_0, its trunk-only + MTP pair",
+    "test_glm_dsa.py::test_yarn_gguf_config_and_compiled_vs_ir": "a YaRN glm-dsa Q8_0",
+    "test_glm_dsa.py::test_yarn_gguf_speculative_equals_plain": "a YaRN glm-dsa Q8_0, glm-dsa Q8_0",
+    "test_glm_dsa.py::test_mtp_dense_attention_equals_indexer_when_short": "glm-dsa BF16 --mtp-dense-attention",
+    "test_glm_dsa.py::test_q8_0_compiled_vs_ir": "glm-dsa Q8_0 --exact-matmul",
+    "test_glm_dsa.py::test_trunk_only_plus_mtp_only_pair_equals_bundle": "glm-dsa Q8_0, its trunk-only + MTP pair",
+    "test_kv_bucket.py::test_kv_bucket_and_fixed_inputs_are_bit_exact[glm-dsa]": "glm-dsa Q8_0",
+    "test_kv_bucket.py::test_kv_bucket_and_fixed_inputs_are_bit_exact[glm5next]": "glm5next Q8_0",
+    "test_kv_bucket.py::test_split_kernels_form": "each arch's Q8_0 with the GPU kernel form",
+    "test_kv_types.py": "each arch's BF16 at each KV cache type (entry.compiled_artifact)",
+    "test_layouts.py::test_trunk_only_runs_without_speculation": "glm4moe's trunk-only Q8_0",
+    "test_layouts.py::test_trunk_only_refuses_draft_mtp_cli": "glm4moe's trunk-only Q8_0",
+    "test_layouts.py::test_trunk_plus_mtp_draft_equals_bundle": "glm4moe's trunk-only + MTP pair",
+    "test_layouts.py::test_mtp_weights_not_read_when_spec_off": "glm4moe's trunk-only + MTP pair",
+    "test_nvfp4.py": "glm-dsa NVFP4",
+    "test_quant_e2e.py": "glm4moe / glm-dsa Q4_K_M",
+    "test_quant_lowbit_e2e.py": "glm4moe IQ3_XXS and MXFP4_MOE",
+    "test_server_session.py::test_glm_dsa_reuse_equals_cold_start": "glm-dsa Q8_0",
+    "test_split_gguf.py": "glm4moe Q8_0 with f16 KV, and `nextn run` of a split GGUF (a CLI compile)",
+    # on fast artifacts, but long (the measured fast tier's largest, README "Test tiers")
+    "test_quant.py::test_gpu_kernels_build": "every kernel for CUDA and ROCm",
+    "test_x86_kernels.py::test_every_tuned_knob_keeps_the_row_bits": "every tuning knob's kernel",
+    "test_glm5next.py::test_cli_index_share_flag": "`nextn run` subprocesses of glm5next",
+}
+# Tests swept over the reference prompts that keep one prompt in the fast tier (the others are slow).
+FAST_PARAMS = {"test_glm5next.py::test_index_share_off_matches_reference": "code-short"}
+# Kernel tests swept over every weight format (their first parameter): in the fast tier, one format per x86 / GPU
+# kernel path (block32 Q8_0, K-quant Q4_K, IQ4_XS, the codebook IQ2_XXS, float BF16); the other formats are slow.
+FORMAT_SWEEP_FILES = ("test_x86_kernels.py", "test_x86_iq.py", "test_cuda_kernels.py", "test_quant.py")
+FAST_FORMATS = ("q8_0", "q4_k", "iq4_xs", "iq2_xxs", "bf16")
+_SLOW_NODES: set[str] = set()   # node ids marked slow, for `compiled`'s check
+
+
+def _slow_format(item) -> bool:
+    """An end-to-end test of FORMAT_SWEEP_FILES whose first parameter names a ggml type outside FAST_FORMATS."""
+    import gguf
+
+    if item.path.name not in FORMAT_SWEEP_FILES or "[" not in item.nodeid:
+        return False
+    first = item.nodeid.rsplit("[", 1)[1].split("-", 1)[0].rstrip("]").lower()
+    return first in {t.name.lower() for t in gguf.GGMLQuantizationType} and first not in FAST_FORMATS
+
+
+def _slow_e2e(item) -> bool:
+    f = item.path.name
+    base = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else ""
+    func, _, param = base.partition("[")
+    if f"{f}::{func}" in FAST_PARAMS and param.rstrip("]") != FAST_PARAMS[f"{f}::{func}"]:
+        return True
+    return f in SLOW_E2E or f"{f}::{base}" in SLOW_E2E or f"{f}::{func}" in SLOW_E2E
+
+
 def pytest_collection_modifyitems(config, items):
     """The tiers (pyproject.toml markers): a test that takes the `compiled` fixture, directly or through another
-    fixture, or is marked `e2e` (it compiles some other way) is end-to-end; `slow` ones are slow; every other test is
-    `unit`: no compile, seconds for all of them (`pytest -m unit`)."""
+    fixture, or is marked `e2e` (it compiles some other way) is end-to-end; `slow` ones are slow (marked so, or an
+    end-to-end test in SLOW_E2E); every other test is `unit`: no compile, seconds for all of them (`pytest -m unit`).
+    """
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "compiled" in names and item.get_closest_marker("e2e") is None:
             item.add_marker(pytest.mark.e2e)
+        if item.get_closest_marker("e2e") is not None and (_slow_e2e(item) or _slow_format(item)):
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow") is not None:
+            _SLOW_NODES.add(item.nodeid)
         if item.get_closest_marker("e2e") is None and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.unit)
 
@@ -215,7 +292,7 @@ def compiled(tmp_path_factory):
 
     from nextn.common.manifest import MANIFEST
     from nextn.compiler.compile import compile_model
-    from nextn.compiler.options import CompileOptions
+    from nextn.common.compile_options import CompileOptions
 
     done: dict[str, str] = {}
     root = artifact_cache_dir()
@@ -225,8 +302,15 @@ def compiled(tmp_path_factory):
 
     def get(name: str, model: Path, draft: Path | None = None, kv: str = "f32", **fields) -> str:
         if name in done:
+            _log_request(name, model, draft, None, 0.0)
             return done[name]
         options = CompileOptions(cache_type_k=kv, cache_type_v=kv, **fields)
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+        art = (Path(model).name, Path(draft).name if draft else None, options.key())
+        if art not in FAST_ARTIFACTS and test and test not in _SLOW_NODES:
+            pytest.fail(f"{test} needs artifact {art}, outside the fast tier's FAST_ARTIFACTS: add it to SLOW_E2E "
+                        f"(tests/conftest.py) or mark it @pytest.mark.slow", pytrace=False)
+        t0, built = time.perf_counter(), False
         if root is None:
             out = str(tmp_path_factory.mktemp(f"art-{name}"))
             build(out, model, draft, options)
@@ -237,14 +321,31 @@ def compiled(tmp_path_factory):
                 part = f"{out}.part-{os.getpid()}"   # two xdist workers may build one key: the first rename wins
                 shutil.rmtree(part, ignore_errors=True)
                 build(part, model, draft, options)
+                built = True
                 try:
                     os.rename(part, out)    # fails when another worker's complete artifact is there: use that one
                 except OSError:
                     shutil.rmtree(part, ignore_errors=True)
         done[name] = out
+        _log_request(name, model, draft, built or root is None, time.perf_counter() - t0)
         return out
 
     return get
+
+
+def _log_request(name: str, model, draft, built: bool | None, seconds: float) -> None:
+    """With `$NEXTN_TEST_ARTIFACT_LOG` set: append one JSON line per `compiled(...)` request (the test asking,
+    the artifact's name and files, whether this request compiled it (None: already this session's), the seconds
+    it took): which artifacts a tier needs and what they cost (README, Tests)."""
+    path = os.environ.get("NEXTN_TEST_ARTIFACT_LOG")
+    if not path:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    rec = {"test": test, "name": name, "model": os.path.basename(str(model)),
+           "draft": os.path.basename(str(draft)) if draft else None, "built": built, "s": round(seconds, 2),
+           "pid": os.getpid()}
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""CompileOptions (compiler/options.py): the compile-cache key, the JSON form, and the options read back from
+"""CompileOptions (common/compile_options.py): the compile-cache key, the JSON form, and the options read back from
 manifests. `data/manifest-main-*.json.gz` are manifests written by nextn before CompileOptions existed (commit
 848b253; model file paths made relative to the fixtures folder): g4-q8 = tiny-glm4moe-Q8_0 with -ctk/-ctv f32,
 dsa-opts = tiny-glm-dsa-Q8_0 with mtp_dense_attention, draft_vocab 1024, exact_matmul, -ctk q8_0 -ctv bf16,
@@ -15,7 +15,7 @@ import pytest
 
 from nextn.common.errors import NextnError
 from nextn.common.gguf import GGUFFile
-from nextn.compiler.options import CompileOptions
+from nextn.common.compile_options import CompileOptions
 
 from conftest import FIXTURES, G4
 
@@ -117,6 +117,49 @@ def test_json_round_trip(tmp_path):
         CompileOptions.from_json({"exact": True})
     with pytest.raises(NextnError, match="expected a JSON object"):
         CompileOptions.from_json(["llvm"])
+
+
+def test_asked_is_what_the_caller_gave():
+    """KV types and draft_vocab left None compile as f16 / 0 but are not asked: an artifact directory keeps its own
+    (runtime/model.py LoadedModel.open); given, they are asked, even when equal to the default. Equality and the key
+    see only the values."""
+    unasked, given = CompileOptions(), CompileOptions(cache_type_k="f16", cache_type_v="f16", draft_vocab=0)
+    assert unasked == given and unasked.key() == given.key() == "llvm-kv_f16_f16"
+    assert (unasked.cache_type_k, unasked.cache_type_v, unasked.draft_vocab) == ("f16", "f16", 0)
+    assert [unasked.asked(n) for n in ("cache_type_k", "cache_type_v", "draft_vocab")] == [None, None, None]
+    assert [given.asked(n) for n in ("cache_type_k", "cache_type_v", "draft_vocab")] == ["f16", "f16", 0]
+    one = CompileOptions(cache_type_k="q8_0", draft_vocab=1024)
+    assert (one.asked("cache_type_k"), one.asked("cache_type_v"), one.asked("draft_vocab")) == ("q8_0", None, 1024)
+    assert CompileOptions.from_json(one.to_json()).asked("cache_type_v") == "f16"   # JSON holds the values only
+    with pytest.raises(ValueError, match="target: not one of"):
+        one.asked("target")
+
+
+def test_load_takes_options_or_keywords_not_both():
+    """nextn.runtime.load builds one CompileOptions from its keywords, or takes one whole; both is an error (raised
+    before any file is read)."""
+    import nextn.runtime as rt
+
+    with pytest.raises(ValueError, match="as `options` or as keywords, not both"):
+        rt.load("no-such.gguf", cache_type_k="q8_0", options=CompileOptions())
+    with pytest.raises(NextnError):   # keywords at their defaults with `options`: the options are used
+        rt.load("no-such.gguf", target="llvm", options=CompileOptions(cache_type_k="q8_0"))
+
+
+def test_runtime_side_imports_no_compiler_module():
+    """Running an artifact needs no compiler (docs/gpu.md: a GPU machine gets common + runtime only): the CLI, the
+    Python API and the server, and building CompileOptions with its key, import no nextn.compiler module."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import nextn.runtime.cli, nextn.runtime.api, nextn.runtime.server, nextn.runtime.model; "
+            "from nextn.common.compile_options import CompileOptions; "
+            "assert CompileOptions(target='cuda', arches=['90'], cache_type_k='q8_0').key() == "
+            "'cuda_sm_90-kv_q8_0_f16'; "
+            "print(sorted(m for m in sys.modules if m.startswith('nextn.compiler') or m.startswith('nextn.schedules')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("name, want", [

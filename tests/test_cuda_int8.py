@@ -294,7 +294,7 @@ def test_cuda_build_quantizes_the_matmuls_the_cpu_quantizes(compiled, quant):
     whose matmuls the default llvm build quantizes, with the same row formats ("q8" per 256 for Q4_K / Q5_K / Q6_K,
     "q8_0" per 32 for Q8_0): the two default builds compute the same products; under --exact-matmul none."""
     from conftest import G4
-    from nextn.compiler.options import CompileOptions
+    from nextn.common.compile_options import CompileOptions
 
     model = G4 / f"tiny-glm4moe-{quant}.gguf"
     cpu = _activations(compiled(f"g4-{quant}", model))

@@ -232,8 +232,10 @@ def test_serve_with_reduced_draft_head(compiled):
     import httpx
     from test_server import start_server
 
+    from nextn.common.compile_options import CompileOptions
+
     path = compiled(f"dv{N}-glm4moe", FILES["glm4moe"], draft_vocab=N)
-    run = start_server(path, ctx_size=4096, draft_vocab=N, defaults={"n_max": 3})
+    run = start_server(path, ctx_size=4096, compile_options=CompileOptions(draft_vocab=N), defaults={"n_max": 3})
     try:
         assert run.state.model.loaded.draft_vocab == N
         p = reference()["prompts"][0]

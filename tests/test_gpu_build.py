@@ -18,7 +18,7 @@ MODEL = G4 / "tiny-glm4moe-Q8_0.gguf"
 @pytest.fixture(scope="module")
 def cuda_art(tmp_path_factory):
     from nextn.compiler.compile import compile_model
-    from nextn.compiler.options import CompileOptions
+    from nextn.common.compile_options import CompileOptions
 
     out = str(tmp_path_factory.mktemp("art-cuda"))
     dump = str(tmp_path_factory.mktemp("ir-cuda"))
@@ -31,7 +31,7 @@ def cuda_art(tmp_path_factory):
 @pytest.fixture(scope="module")
 def rocm_art(tmp_path_factory):
     from nextn.compiler.compile import compile_model
-    from nextn.compiler.options import CompileOptions
+    from nextn.common.compile_options import CompileOptions
 
     out = str(tmp_path_factory.mktemp("art-rocm"))
     compile_model(str(MODEL), out, CompileOptions(target="rocm", arches=["gfx942"]), log=lambda *_: None)
@@ -162,7 +162,7 @@ def test_glm_dsa_cuda_artifact_and_graphs(tmp_path):
     max_ctx cells)."""
     from nextn.compiler.check_device_code import check_artifact
     from nextn.compiler.compile import compile_model
-    from nextn.compiler.options import CompileOptions
+    from nextn.common.compile_options import CompileOptions
 
     dsa = G4.parent / "tiny-glm-dsa" / "tiny-glm-dsa-Q8_0.gguf"
     out, dump = str(tmp_path / "art"), str(tmp_path / "ir")
@@ -185,7 +185,7 @@ def test_glm_dsa_cuda_artifact_and_graphs(tmp_path):
 
 def test_no_cuda_graph_and_context_limit(cuda_art, tmp_path):
     from nextn.compiler.compile import compile_model
-    from nextn.compiler.options import CompileOptions
+    from nextn.common.compile_options import CompileOptions
     from nextn.runtime.artifact import load_artifact
     from nextn.runtime.model import LoadedModel
     from nextn.common.errors import NextnError
@@ -215,7 +215,8 @@ def test_rocm_gfx942_code_object(rocm_art):
 
 
 def test_arch_parsing():
-    from nextn.compiler.gpu_build import gencode_flags, parse_arches
+    from nextn.common.compile_options import parse_arches
+    from nextn.compiler.gpu_build import gencode_flags
     from nextn.common.errors import NextnError
 
     assert parse_arches("cuda", ["sm_90,80", "sm_120", "sm_90"]) == ["sm_90", "sm_80", "sm_120"]
@@ -251,7 +252,7 @@ def test_glm5next_cuda_rocm_artifacts_and_graphs(tmp_path):
     tail, the draft's index store, and host shape functions such as L // kpool)."""
     from nextn.compiler.check_device_code import check_artifact
     from nextn.compiler.compile import compile_model
-    from nextn.compiler.options import CompileOptions
+    from nextn.common.compile_options import CompileOptions
 
     g5n = G4.parent / "tiny-glm5next" / "tiny-glm5next-Q8_0.gguf"
     out, dump = str(tmp_path / "cuda"), str(tmp_path / "ir")

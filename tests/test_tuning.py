@@ -61,7 +61,7 @@ def test_tune_covers_the_x86_kernels(tmp_path):
     import nextn.runtime as rt
     from nextn.compiler.compile import compile_model
     from nextn.compiler.lower import x86
-    from nextn.compiler.options import CompileOptions
+    from nextn.common.compile_options import CompileOptions
     from nextn.compiler.target import make_target
     from nextn.compiler.tune.apply import x86_knobs
     from nextn.compiler.tune.run import tune_model
@@ -113,7 +113,7 @@ def test_export_import_merge(tuned, tmp_path):
 def test_apply_is_deterministic_and_keeps_results(tuned, tmp_path, compiled):
     import nextn.runtime as rt
     from nextn.compiler.compile import compile_model
-    from nextn.compiler.options import CompileOptions
+    from nextn.common.compile_options import CompileOptions
 
     d, _book, _msgs = tuned
     foreign = tlog.read(str(d))

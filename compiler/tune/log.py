@@ -27,12 +27,13 @@ import base64
 import json
 import os
 
+from nextn.common.compile_options import TUNING_LOG_FILE, tuning_log_file as log_file
 from nextn.common.errors import NextnError
 
 FORMAT = "nextn-tuning-log"
 SCHEMA = 4
 READS = (SCHEMA,)
-LOG_FILE = "log.json"
+LOG_FILE = TUNING_LOG_FILE
 MAX_BYTES = 256 << 20
 _TOP = {"format", "schema", "nextn_version", "tvm_version", "records", "x86_knobs"}
 _KNOB_REC = {"key", "target", "knobs", "run_secs", "default_secs", "kept", "rows", "speedups", "noise", "rounds"}
@@ -180,11 +181,6 @@ def _validate_knobs(recs, where: str, schema: int) -> None:
 
 def _positive(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
-
-
-def log_file(path: str) -> str:
-    """The log file of `path`: LOG_DIR/log.json, or `path` itself (FILE.json)."""
-    return os.path.join(path, LOG_FILE) if os.path.isdir(path) else path
 
 
 def read(path: str, check_kinds: bool = True) -> dict:

@@ -90,7 +90,8 @@ def _build_scope(target, arches):
     import contextlib
 
     if target in ("cuda", "rocm"):
-        from nextn.compiler.gpu_build import build_scope, parse_arches
+        from nextn.common.compile_options import parse_arches
+        from nextn.compiler.gpu_build import build_scope
 
         return lambda: build_scope(target, parse_arches(target, arches))
     return contextlib.nullcontext

@@ -13,6 +13,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
+from nextn.common.compile_options import CompileOptions
 from nextn.common.errors import NextnError
 from .params import ServerDefaults
 
@@ -30,9 +31,9 @@ class ServeOptions:
     threads: int | None = None           # -t (None: runtime/threads.py's default)
     draft: str | None = None             # -md
     device: str = "cpu"
-    target: str = "llvm"
-    arches: list | None = None
-    mtp_dense_attention: bool = False
+    # --target, --arch, --mtp-dense-attention, -ctk / -ctv, --spec-draft-vocab: a GGUF is compiled with them, an
+    # artifact directory must have the KV types and draft head asked (nextn.runtime.load)
+    compile_options: CompileOptions = field(default_factory=CompileOptions)
     mtp_index_share: bool | None = None  # --mtp-index-share / --no-...: None = the GGUF's (nextn.runtime.load)
     chat_template_file: str | None = None
     chat_template: str | None = None     # --chat-template: a built-in name or Jinja text (wins over the file)
@@ -41,15 +42,12 @@ class ServeOptions:
     slots: bool = True
     alias: str | None = None             # -a: comma-separated names; the first in sorted order names the model
     tags: str | None = None              # --tags: comma-separated, informational (/v1/models)
-    cache_type_k: str | None = None      # -ctk / -ctv: a GGUF is compiled with them (default f16), an artifact
-    cache_type_v: str | None = None      # directory must have them (nextn.runtime.load)
     spec_type: str | None = None         # None: draft-mtp when the model has a NextN block
     slot_prompt_similarity: float = 0.1  # -sps (llama-server's default)
     cors_origins: tuple = ("*",)         # --cors-origins (llama-server's default: every origin)
     slot_save_path: str | None = None    # --slot-save-path: POST /slots/{id}?action=save|restore files
     defaults: ServerDefaults = field(default_factory=ServerDefaults)
-    draft_vocab: int | None = None       # --spec-draft-vocab / --spec-draft-vocab-file (nextn.runtime.load)
-    draft_vocab_file: str | None = None
+    draft_vocab_file: str | None = None  # --spec-draft-vocab-file (nextn.runtime.load)
 
 
 def load_state(state, opt: ServeOptions, log) -> None:
@@ -62,11 +60,10 @@ def load_state(state, opt: ServeOptions, log) -> None:
     d = opt.defaults
     want_spec = opt.spec_type != "none"
     per_slot = opt.ctx_size if opt.kv_unified else opt.ctx_size // opt.n_parallel if opt.ctx_size else None
-    m = load(opt.model, target=opt.target, ctx_size=per_slot, spec=want_spec, draft=opt.draft, log=log,
-             arches=opt.arches, device=opt.device, mtp_dense_attention=opt.mtp_dense_attention,
-             cache_type_k=opt.cache_type_k, cache_type_v=opt.cache_type_v, threads=opt.threads,
-             mtp_index_share=opt.mtp_index_share, draft_vocab=opt.draft_vocab, draft_vocab_file=opt.draft_vocab_file,
-             max_draft=d.n_max if d.n_max != "auto" else None)   # requests only lower n_max
+    m = load(opt.model, ctx_size=per_slot, spec=want_spec, draft=opt.draft, log=log, device=opt.device,
+             threads=opt.threads, mtp_index_share=opt.mtp_index_share, draft_vocab_file=opt.draft_vocab_file,
+             max_draft=d.n_max if d.n_max != "auto" else None,   # requests only lower n_max
+             options=opt.compile_options)
     loaded = m.loaded
     d.spec_type = resolve_spec_type(opt.spec_type, m.has_mtp, opt.model, "-md")
     if d.spec_type != "none" and d.n_max != "auto" and d.n_max > m.max_draft:

@@ -1,8 +1,14 @@
-"""`CompileOptions`: every option that shapes an artifact, in one frozen object passed whole from the CLI
-(`nextn compile`), the runtime's compile-and-cache (compiler/entry.py `compiled_artifact`) and the tests' artifact
-cache to `compile_model`. It owns the compile-cache key (`key`, `cache_key`) and its JSON form (`to_json` /
-`from_json`: what the reproducible child process receives); `from_manifest` reads the options back from an
-artifact's manifest (common/manifest.py), including manifests written before this object existed.
+"""`CompileOptions`: every option that shapes an artifact, in one frozen object passed whole from where it is
+given (`nextn compile` / `run` / `bench` / `serve`, `nextn.runtime.load`, the server's ServeOptions, the tests'
+artifact cache) to `compile_model` (compiler/entry.py `compiled_artifact`). It owns the compile-cache key (`key`,
+`cache_key`) and its JSON form (`to_json` / `from_json`: what the reproducible child process receives);
+`from_manifest` reads the options back from an artifact's manifest (common/manifest.py), including manifests written
+before this object existed.
+
+It lives in common, not in the compiler, because the runtime builds it too, and running an artifact directory
+imports no compiler module (docs/gpu.md: a GPU machine gets only common + runtime); so do the facts its key
+needs: the target names (`GPU_TARGETS`), the GPU arch lists (`parse_arches`), the tuning log's file name.
+`compiler_fingerprint` hashes the compiler's sources by finding its folder, without importing it.
 
 Not options: the model files (inputs), and how one compile runs and what it reports (`dump_ir`, `verify_model`,
 `log`: arguments of `compile_model`), none of which changes the library or the entry points.
@@ -14,13 +20,48 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 
-from nextn.common.errors import NextnError
-from nextn.common.kv_types import DEFAULT as DEFAULT_KV, kv_type
-from nextn.common.versions import nextn_version, package_version
+from .errors import NextnError
+from .kv_types import DEFAULT as DEFAULT_KV, kv_type
+from .versions import nextn_version, package_version
 
-from .target import GPU_TARGETS
+GPU_TARGETS = ("cuda", "rocm")   # scratch-holding ops as separate kernels there (to_relax.SPLIT_OPS)
+CUDA_ARCHES = ("sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a", "sm_103",
+               "sm_120", "sm_120a")
+ROCM_ARCHES = ("gfx906", "gfx908", "gfx90a", "gfx942", "gfx950", "gfx1030", "gfx1100", "gfx1101", "gfx1200", "gfx1201")
+DEFAULT_ARCHES = {"cuda": ["sm_80", "sm_90", "sm_120"], "rocm": ["gfx942"]}
+TUNING_LOG_FILE = "log.json"     # LOG_DIR/log.json of `nextn tune` (compiler/tune/log.py)
+# Fields whose None means "not asked": a compile takes the default, an artifact directory keeps its own (`asked`).
+_ASKABLE = ("cache_type_k", "cache_type_v", "draft_vocab")
+
+
+def parse_arches(target: str, arches) -> list[str]:
+    """Normalise `--arch` values (repeatable and/or comma lists) for `target`; defaults when none given."""
+    flat = [a.strip().lower() for x in (arches or []) for a in str(x).split(",") if a.strip()]
+    if target not in ("cuda", "rocm"):
+        if flat:
+            raise NextnError(f"--arch {','.join(flat)}: the llvm target compiles for this CPU and takes no --arch")
+        return []
+    known = {"cuda": CUDA_ARCHES, "rocm": ROCM_ARCHES}[target]
+    if not flat:
+        return list(DEFAULT_ARCHES[target])
+    out = []
+    for a in flat:
+        if target == "cuda" and re.fullmatch(r"\d+a?", a):
+            a = "sm_" + a
+        if a not in known:
+            raise NextnError(f"--arch {a}: not a {target} architecture nextn builds for "
+                             f"(expected one of {', '.join(known)})")
+        if a not in out:
+            out.append(a)
+    return out
+
+
+def tuning_log_file(path: str) -> str:
+    """The log file of `path`: LOG_DIR/log.json, or `path` itself (FILE.json)."""
+    return os.path.join(path, TUNING_LOG_FILE) if os.path.isdir(path) else path
 
 
 @dataclass(frozen=True)
@@ -28,7 +69,7 @@ class CompileOptions:
     """Options of one compile; every field is part of the cache key (`key`). `nextn compile` flags in brackets.
 
     - `target` [--target]: llvm (this CPU), cuda, rocm (compiler/target.py TARGETS); `arches` [--arch]: GPU archs as
-      given (repeatable or comma lists; gpu_build.parse_arches normalises them), () for the target's defaults.
+      given (repeatable or comma lists; `parse_arches` normalises them), () for the target's defaults.
     - `mtp_dense_attention` [--mtp-dense-attention]: glm-dsa's NextN block as dense MLA without an indexer
       (llama.cpp's graph_mtp); an option only the archs that declare it read (ModelSpec.compile_options).
     - `cache_type_k` / `cache_type_v` [-ctk / -ctv]: KV cache types (llama.cpp's: f32, f16, bf16, q8_0; glm-dsa's
@@ -45,13 +86,17 @@ class CompileOptions:
       (lower/capture_graphs.py).
     - `tuning_log` [--tuning-log]: LOG_DIR or FILE.json of `nextn tune`: tuned kernels take its schedules and
       knobs (compiler/tune/apply.py); the key holds the log's content.
+
+    `cache_type_k`, `cache_type_v`, `draft_vocab` given as None (their defaults) read as f16, f16, 0, and are "not
+    asked" (`asked`): a GGUF compiles with the default, an artifact directory keeps what it was compiled with.
+    Equality, the key and the JSON see only the values (equal options compile the same artifact).
     """
     target: str = "llvm"
     arches: tuple = ()
     mtp_dense_attention: bool = False
-    cache_type_k: str = DEFAULT_KV
-    cache_type_v: str = DEFAULT_KV
-    draft_vocab: int = 0
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    draft_vocab: int | None = None
     exact_matmul: bool = False
     split_kernels: bool | None = None
     cuda_graph: bool = True
@@ -59,7 +104,8 @@ class CompileOptions:
 
     def __post_init__(self):
         # Coerce what callers pass (a list of arches, None for a default KV type, a path-like log) to one spelling,
-        # so that equal options compare and hash equal.
+        # so that equal options compare and hash equal; remember which askable fields were left None.
+        object.__setattr__(self, "_unasked", frozenset(n for n in _ASKABLE if getattr(self, n) is None))
         arches = self.arches
         coerced = {"arches": tuple(str(a) for a in ([arches] if isinstance(arches, str) else arches or ())),
                    "mtp_dense_attention": bool(self.mtp_dense_attention), "draft_vocab": int(self.draft_vocab or 0),
@@ -72,6 +118,13 @@ class CompileOptions:
             object.__setattr__(self, k, v)
 
     # -- what the options mean ---------------------------------------------------------------------------------------
+    def asked(self, name: str):
+        """The value of `name` (cache_type_k, cache_type_v, draft_vocab) as the caller gave it, None where it gave
+        None: what an artifact directory is checked against (runtime/model.py `LoadedModel.open`)."""
+        if name not in _ASKABLE:
+            raise ValueError(f"{name}: not one of {', '.join(_ASKABLE)}")
+        return None if name in self._unasked else getattr(self, name)
+
     @property
     def split(self) -> bool:
         """Whether the kernels take their GPU form (lower/attention/; to_relax.SPLIT_OPS as separate kernels)."""
@@ -85,8 +138,6 @@ class CompileOptions:
     def arch_list(self) -> list[str]:
         """The normalised --arch list of the target (its defaults when none given). Raises NextnError for an arch
         the target does not build for, or any arch on llvm."""
-        from .gpu_build import parse_arches
-
         return parse_arches(self.target, self.arches)
 
     def kv_types(self) -> tuple[str, str]:
@@ -129,7 +180,7 @@ class CompileOptions:
         directory, whose manifest refers to the files by path (the tests' cache, bench/bundle.py); the runtime's
         cache (entry.cache_path) passes the GGUF's path at load instead. Raises NextnError for a missing or malformed
         file and as `key()`."""
-        from nextn.common.gguf import GGUFFile
+        from .gguf import GGUFFile
 
         files = [f for f in (model, draft) if f]
         k = "-".join(GGUFFile.open(os.fspath(f)).identity()[:16] for f in files)
@@ -185,14 +236,13 @@ class CompileOptions:
 
 def compiler_fingerprint() -> str:
     """Hash of the sources that shape an artifact (compiler, schedules, common: buffer layouts, manifest) and the
-    TVM version: a changed compiler never reuses a stale artifact."""
-    import nextn.common
-    import nextn.compiler
-    import nextn.schedules
+    TVM version: a changed compiler never reuses a stale artifact. The packages' folders are found, not imported
+    (common imports no other nextn package); called only where a compile or its key is needed."""
+    from importlib.util import find_spec
 
     h = hashlib.sha256()
-    for pkg in (nextn.compiler, nextn.schedules, nextn.common):
-        root = os.path.dirname(pkg.__file__)
+    for pkg in ("nextn.compiler", "nextn.schedules", "nextn.common"):
+        root = os.path.dirname(find_spec(pkg).origin)
         for d, _dirs, files in sorted(os.walk(root)):
             for fn in sorted(files):
                 if fn.endswith(".py"):
@@ -204,11 +254,9 @@ def compiler_fingerprint() -> str:
 
 def _tuning_log_sha256(path: str) -> str:
     """sha256 of the tuning log file at `path` (LOG_DIR: its log.json), as the manifest's `tuning_log.sha256`."""
-    from nextn.common.hashing import sha256_file
+    from .hashing import sha256_file
 
-    from .tune.log import log_file
-
-    f = log_file(path)
+    f = tuning_log_file(path)
     if not os.path.isfile(f):
         raise NextnError(f"{f}: no such tuning log")
     return sha256_file(f)
