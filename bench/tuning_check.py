@@ -62,7 +62,7 @@ def main():
         if spec is None:
             rows.append({"key": r["key"], "note": "not a kernel of this model"})
             continue
-        default = x86.default_knobs(spec, width)
+        default = x86.default_knobs(spec, width, x86.l1d_kb(tgt))   # compile's default (tune/apply.py)
         tuned = dataclasses.replace(default, **r["knobs"])
         bench = kn.KernelBench(spec, tgt)
         o = decide.interleaved(bench.time, default, [tuned], r["rows"], args.rounds)[tuned]
@@ -80,7 +80,7 @@ def main():
             print(f"| {x['key']} | – | – | – | – | – | – | – | {x['note']} | – |")
             continue
         spec = specs[x["key"]]
-        d = dataclasses.asdict(x86.default_knobs(spec, width))
+        d = dataclasses.asdict(x86.default_knobs(spec, width, x86.l1d_kb(tgt)))
         kb = ",".join(f"{k}={v}" for k, v in x["knobs"].items() if d.get(k) != v) or "(default)"
         f = lambda v, p=3: " / ".join(f"{a:.{p}f}" for a in v)   # noqa: E731
         tag = x["verdict"] if x["kept_in_log"] else f"challenger {x['verdict']}; the log keeps the default"

@@ -121,7 +121,8 @@ def main():
         for m in impls:     # each implementation's default knobs for the kernel (as compile picks), then the flags
             spec = m.KernelSpec(op if op == "matmul" else "matmul_id", fmt.kind, N, K, None, X, 8 if X else 0,
                                 op != "matmul_id_slots", 2 if op == "matmul_id" else 1)
-            knobs = dataclasses.replace(m.default_knobs(spec, width), **kw)
+            l1d = (m.l1d_kb(tgt),) if hasattr(m, "l1d_kb") else ()   # an older tree's takes no L1 size
+            knobs = dataclasses.replace(m.default_knobs(spec, width, *l1d), **kw)
             if op == "matmul":
                 f = m.matmul(fmt.kind, N, K, None, knobs, vnni=vnni)
             else:
