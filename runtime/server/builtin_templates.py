@@ -8,6 +8,7 @@ chatglm3, chatglm4, glmedge; another of llama.cpp's names is refused with this l
 from __future__ import annotations
 
 from .errors import ApiError
+from .messages import normalize_messages
 
 
 def _trim(s: str) -> str:
@@ -65,8 +66,6 @@ class BuiltinTemplate:
     legacy = True        # llama-server's non-Jinja path: chat_prompt refuses tools / a tool_choice other than auto
 
     def render(self, messages, tools=None, add_generation_prompt: bool = True, **kwargs) -> str:
-        from .chat_template import normalize_messages
-
         if tools:
             raise ApiError("tools param requires --jinja flag")
         msgs = [(m["role"], m.get("content") or "") for m in normalize_messages(messages)]

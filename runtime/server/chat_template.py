@@ -18,6 +18,7 @@ import os
 from datetime import datetime
 
 from .errors import ApiError
+from .messages import normalize_messages
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "templates", "glm4.jinja")
 
@@ -121,39 +122,3 @@ class ChatTemplate:
             raise ApiError(f"chat template: {e}") from None
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise ApiError(f"chat template failed on these messages: {e}") from None
-
-
-def normalize_messages(messages) -> list[dict]:
-    if not isinstance(messages, list):
-        raise ApiError("Expected 'messages' to be an array")
-    out = []
-    for m in messages:
-        if not isinstance(m, dict):
-            raise ApiError("Expected each message to be an object")
-        m = dict(m)
-        role = m.get("role")
-        if not isinstance(role, str):
-            raise ApiError("Each message needs a 'role' string")
-        if role != "assistant" and "content" not in m:
-            raise ApiError("All non-assistant messages must contain 'content'")
-        if role == "assistant" and "content" not in m and "tool_calls" not in m:
-            raise ApiError("Assistant message must contain either 'content' or 'tool_calls'!")
-        c = m.get("content")
-        if isinstance(c, list):
-            parts = []
-            for part in c:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise ApiError("Expected 'content' parts of type 'text' (this server has no media input)")
-                parts.append(part["text"])
-            m["content"] = "\n".join(parts)
-        elif c is not None and not isinstance(c, str):
-            raise ApiError("Expected 'content' to be a string or an array")
-        for tc in m.get("tool_calls") or []:   # OpenAI sends arguments as a JSON string; templates want an object
-            fn = tc.get("function") if isinstance(tc, dict) else None
-            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-                try:
-                    fn["arguments"] = json.loads(fn["arguments"])
-                except ValueError:
-                    pass
-        out.append(m)
-    return out

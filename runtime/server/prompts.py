@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .chat_output import THINK_CLOSE, THINK_OPEN
-from .chat_template import normalize_messages
+from .messages import normalize_messages
 from .errors import ApiError
 
 
