@@ -9,8 +9,8 @@ TARGETS = ("llvm", "cuda", "rocm")
 
 
 def make_target(target: str, arches: list[str] | None = None):
-    """The TVM target for `target`; for GPUs, `arches` (see common/compile_options.py parse_arches): CUDA schedules for the lowest
-    (its fatbin holds all), ROCm takes one arch per target (one library each)."""
+    """The TVM target for `target`; for GPUs, `arches` (see common/compile_options.py parse_arches): CUDA schedules
+    for the lowest (its fatbin holds all), ROCm takes one arch per target (one library each)."""
     from tvm.target import Target
 
     if target in ("cuda", "rocm"):

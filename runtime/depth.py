@@ -118,11 +118,11 @@ class AdaptiveDepth:
 
     def retime(self, k: int) -> None:
         """Re-time the decode and the verify of k+1 rows at the sequence's current position (`remeasure`): the
-        calibration ran at position 0, and a verify's attention grows with the context (bench/spec_depth.py: a decode
-        1.19x / 2.59x, a verify of 2 rows 1.30x / 3.40x at 8K / 32K). Every depth's verify seconds scale by the
-        verify's change, plain's by the decode's; the plain slowdown is divided by the same factor, so the plain
-        round seconds it has measured stay. The draft step is not re-timed (it grew 1.35x / 2.12x there: its lm
-        head does not grow with the context, its attention does)."""
+        calibration ran at position 0, and a verify's attention grows with the context (bench/spec_depth.py;
+        docs/performance.md, "Decode and draft-mtp at depth"). Every depth's verify seconds scale by the verify's
+        change, plain's by the decode's; the plain slowdown is divided by the same factor, so the plain round seconds
+        it has measured stay. The draft step is not re-timed (it grows less: its lm head does not grow with the
+        context, its attention does)."""
         v1, vk = self.remeasure(1), self.remeasure(k + 1)
         if v1 is None or vk is None:         # no cells left to time at
             return
@@ -137,8 +137,8 @@ class AdaptiveDepth:
         """Record a round: depth k (drafts actually verified), accepted a, wall seconds. A speculative round's
         seconds include writing the NextN gap its choice priced apart (`gap_s`, charged once per `interval` in
         `cost`): that is taken out before the slowdown is updated, else a first round that writes a deferred prompt
-        gap makes every depth look cost-bound for max_interval rounds (bench/spec_realwidth.py, glm45air-1-a0.1 with
-        --spec-draft-vocab 16384: n_max 1 1.73x plain, auto 0.88x, cost-bound after 2 rounds)."""
+        gap makes every depth look cost-bound for max_interval rounds (found by bench/spec_realwidth.py with
+        --spec-draft-vocab; docs/performance.md, "The reduced-vocabulary draft head at real width")."""
         if k > 0:
             seconds = max(seconds - self.gap_s, 0.0)
         s = self.slow[k > 0]

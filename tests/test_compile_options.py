@@ -156,7 +156,8 @@ def test_runtime_side_imports_no_compiler_module():
             "from nextn.common.compile_options import CompileOptions; "
             "assert CompileOptions(target='cuda', arches=['90'], cache_type_k='q8_0').key() == "
             "'cuda_sm_90-kv_q8_0_f16'; "
-            "print(sorted(m for m in sys.modules if m.startswith('nextn.compiler') or m.startswith('nextn.schedules')))")
+            "print(sorted(m for m in sys.modules "
+            "if m.startswith('nextn.compiler') or m.startswith('nextn.schedules')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]"

@@ -179,18 +179,15 @@ def bit_knobs(spec: KernelSpec) -> tuple[str, ...]:
 
 
 def default_knobs(spec: KernelSpec, width: int, l1d: int = 32) -> Knobs:
-    """nextn's default schedule for `spec` (what a tuning log record must beat): w_rows 2 for the routed experts'
-    row-count kernels (prefill, verify) of the `takes_w_rows` formats at 64-byte width (an expert's few rows per
-    tile pass, each activation load serving two weight rows: 1.1-1.2x at 512 rows on GLM-4.5-Air's IQ4_XS / IQ4_NL
-    experts, bench/x86_rows.py) and for IQ4_XS's dense row-count kernels (lanes.lane_rows; Zen 4, 2 threads,
-    bench/x86_rows.py --against, two interleaved runs: attn_q 12288x4096 and the dense gate/up 10944x4096
-    1.12-1.30x at 64 and 512 rows, 1.0-1.07x at 1-4; attn_output 4096x12288 0.87-0.95x in one run, 1.08-1.17x in
-    the other), else 1 (the grouped Q8_0 / IQ4_NL dense ones measured 0.8-1.07x; the one-row decode kernels keep
-    theirs).
-    prefetch_level: Knobs' 2 (into L2, kernel.prefetch) for all, the routed down experts (one short activation row per
-    slot) too: on GLM-4.5-Air's Q8_0 / IQ4_NL down experts L2 took 1.09-1.31x less time than L1 at 1-8 rows
-    (Zen 4, 2 threads, bench/x86_rows.py --against, two interleaved runs).
-    fit_kb: `l1d`, the target's L1 data cache in KB (`l1d_kb`; tiles.py says what it measured)."""
+    """nextn's default schedule for `spec` (what a tuning log record must beat); each choice won an interleaved
+    `bench/x86_rows.py --against` run (numbers: docs/performance.md, the Zen 4 sections of 2026-12-03/04).
+    w_rows: 2 for the routed experts' row-count kernels (prefill, verify) of the `takes_w_rows` formats at 64-byte
+    width (an expert's few rows per tile pass: each activation load serves two weight rows) and for IQ4_XS's dense
+    row-count kernels (lanes.lane_rows), else 1 (the grouped Q8_0 / IQ4_NL dense ones did not gain; the one-row
+    decode kernels keep theirs).
+    prefetch_level: Knobs' 2 (into L2, kernel.prefetch) for all, the routed down experts (one short activation row
+    per slot) too.
+    fit_kb: `l1d`, the target's L1 data cache in KB (`l1d_kb`; why: tiles.py)."""
     path = format_of(spec.kind, spec.exact).path
     two = (spec.op == "matmul_id" or path.w_rows_dense == 2) and spec.rows is None and width == 64 and path.multi_row
     return Knobs(width=width, w_rows=2 if two else 1, fit_kb=l1d)

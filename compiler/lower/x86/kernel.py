@@ -248,12 +248,11 @@ PREFETCH_LOCALITY = {1: 3, 2: 2}
 def prefetch(kern, n, off, nbytes, ahead=None):
     """Software prefetch of the weight bytes `ahead` (default `kern.prefetch`) ahead of row n's bytes
     [off, off + nbytes), one per 64-byte line, into the cache level `kern.prefetch_level` (Knobs.prefetch_level).
-    The rows of a thread's tiles are one contiguous stream; with the hardware prefetcher alone a one-row kernel
-    read it at ~0.7 of the machine's read bandwidth (Zen 4, bench/quant_gemv.py), with 16 KB ahead at about the
-    read bandwidth. Into L2 by default: the weight is read once, and 16 KB of it brought into a 32 KB L1 evicts
-    the activation rows every weight row reads again (Zen 4 with AVX-512, bench/x86_rows.py against prefetcht0:
-    Q8_0 4096x10944 one row 1.2-1.7x, the Q6_K lm head at 4 rows 1.4-1.5x). Prefetches past the end of the
-    weight do not fault."""
+    The rows of a thread's tiles are one contiguous stream, which the hardware prefetcher alone reads well below
+    the machine's read bandwidth and 16 KB ahead at about it (bench/quant_gemv.py). Into L2 by default: the weight
+    is read once, and 16 KB of it brought into a 32 KB L1 evicts the activation rows every weight row reads again
+    (bench/x86_rows.py against prefetcht0; docs/performance.md, "the weight prefetch into L2"). Prefetches past the
+    end of the weight do not fault."""
     if not kern.prefetch:
         return
     base = n * kern.row_bytes + off + (kern.prefetch if ahead is None else ahead)

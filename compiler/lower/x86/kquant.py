@@ -373,7 +373,7 @@ def kquant_rows(kern, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahe
             chunks = fmt.chunks(kern, st, n, s)
             # a row alone (the one-row decode kernel, a group of 1) takes the block's chunks two at a time where
             # VNNI pairs rows (vec.dot_packed: 6 multiplies for 4 chunks, not 8, half the scale vectors), folded
-            # to the same integer lanes; beside a pair it measured 0.85-0.97x (bench/x86_rows.py, 3 rows)
+            # to the same integer lanes; beside a pair it was slower (bench/x86_rows.py, 3 rows)
             packed = _pairs(kern, fmt) and len(rows) == 1 and len(chunks) % 2 == 0
             sums = [None for _ in rows]
             if packed:
@@ -445,7 +445,7 @@ def _steps32(kern, fmt, st, n, s, rows):
     """Block s's int32 x 8 sums of several `rows` at 32-byte width (AVX2: 16 vector registers), as a loop over
     the format's steps (`fmt.step_chunks`: two chunks each) with the rows' sums carried in registers: one step's
     vectors live at a time, each used by every row. Unrolled, LLVM computed one row's block sum after the other
-    with the whole block's decoded vectors spilled and reloaded per row (1.1-1.3x slower at 3-8 rows,
+    with the whole block's decoded vectors spilled and reloaded per row (slower at 3-8 rows,
     bench/x86_rows.py --against). Integer sums: the same lanes as `chunks` in any order."""
     buf = T.decl_buffer((len(rows) * 8,), "int32")
     for i in range(len(rows)):

@@ -68,12 +68,10 @@ def tile(kern, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: 
         start = start + n * size
 
 
-# A row group whose int8 activations fit kern.fit_bytes (Knobs.fit_kb: the L1 data cache, 32 KB on Zen 4) reads K
-# whole; a larger one goes through K in chunks of X_CHUNK_BYTES: chunks that filled all of a 32 KB L1 left no room for
-# the weight lines streaming past and the tile's accumulators (bench/x86_rows.py on Zen 4, 2 threads, K = 10944 /
-# 12288: 3-8 rows 1.1-1.2x faster in 16 KB chunks than in 32 KB ones; unchunked at 36-49 KB was slower still). With
-# a 48 KB L1 (Sapphire / Emerald Rapids) 2 rows of Q8_0 4096 x 10944 (35 KB) read K whole took 1.3x less time than
-# in chunks (bench/verify_rows.py, one thread): the chunks cost where the rows fit.
+# A row group whose int8 activations fit kern.fit_bytes (Knobs.fit_kb: the L1 data cache) reads K whole; a larger
+# one goes through K in chunks of X_CHUNK_BYTES: chunks that filled all of a 32 KB L1 left no room for the weight
+# lines streaming past and the tile's accumulators (16 KB chunks beat 32 KB ones, bench/x86_rows.py), while rows
+# that fit the L1 lose to chunking (bench/verify_rows.py on a 48 KB L1; both measured in docs/performance.md).
 X_CHUNK_BYTES = 16 << 10
 
 
