@@ -207,7 +207,8 @@ SLOW_E2E = {
 FAST_PARAMS = {"test_glm5next.py::test_index_share_off_matches_reference": "code-short"}
 # Kernel tests swept over every weight format (their first parameter): in the fast tier, one format per x86 / GPU
 # kernel path (block32 Q8_0, K-quant Q4_K, IQ4_XS, the codebook IQ2_XXS, float BF16); the other formats are slow.
-FORMAT_SWEEP_FILES = ("test_x86_kernels.py", "test_x86_iq.py", "test_cuda_kernels.py", "test_quant.py")
+FORMAT_SWEEP_FILES = ("test_x86_kernels.py", "test_x86_iq.py", "test_cuda_kernels.py", "test_cuda_int8.py",
+                      "test_quant.py")
 FAST_FORMATS = ("q8_0", "q4_k", "iq4_xs", "iq2_xxs", "bf16")
 _SLOW_NODES: set[str] = set()   # node ids marked slow, for `compiled`'s check
 

@@ -39,7 +39,8 @@ pytestmark = pytest.mark.e2e   # builds CUDA kernels with nvcc
 
 I64 = "int64"
 N, X, USED, XG = 37, 3, 2, 5
-INT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+INT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "MXFP4",
+       "NVFP4"]
 
 
 def _kind(ttype):
@@ -47,12 +48,13 @@ def _kind(ttype):
 
 
 def _k(ttype):
-    """11 blocks of 32 for Q8_0 (not whole warp steps of 256), 3 super-blocks for the K-quants."""
-    return 11 * 32 if ttype == "Q8_0" else 3 * 256
+    """Not whole warp steps of 256 quants: 11 blocks of 32 for the 32-value formats, 5 of 64 for NVFP4, 3
+    super-blocks for the 256-value ones."""
+    return {32: 11 * 32, 64: 5 * 64}.get(by_ggml_type(ttype).block, 3 * 256)
 
 
 def _block(ttype):
-    return int8.KINDS[_kind(ttype)][0]
+    return int8.row_block(_kind(ttype))
 
 
 def _cpu_rows(x, B):
@@ -192,8 +194,8 @@ def test_int8_definition_equals_the_x86_kernel(ttype):
     if x86.vector_width(mt("llvm")) is None:
         pytest.fail("this CPU has no AVX2: the x86 kernels do not build")
     kind, K, T = _kind(ttype), _k(ttype), 9
-    if ttype != "Q8_0":
-        K = 512      # the x86 K-quant kernels' steps
+    if by_ggml_type(ttype).block == 256:
+        K = 512      # the x86 super-block kernels' steps
     raw, w = _raw(ttype, K)
     x = _x(T, K, 5, w.astype(np.float64))
     cpu = tvm.compile(tvm.IRModule({"main": x86.matmul(kind, N, K)}), target=mt("llvm")).mod["main"]
@@ -242,7 +244,7 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
     __dp4a and holds as many weight loads for a symbolic T as for one row (the weight read once per row tile)."""
     from nextn.schedules.gpu import _lowering_problem
 
-    K = 512 if ttype != "Q8_0" else 11 * 32
+    K = 512 if by_ggml_type(ttype).block == 256 else _k(ttype)
     srcs = {}
     for rows in (None, 1):
         fs = {}
@@ -268,15 +270,20 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
     assert w_loads[0] == w_loads[1] > 0, w_loads
 
 
-@pytest.mark.parametrize("ttype,route", [("Q8_0", 32), ("Q4_K", 256), ("Q6_K", 256), ("Q5_K", 256), ("BF16", None),
-                                         ("Q4_0", None), ("MXFP4", None)])
+@pytest.mark.parametrize("ttype,route", [("Q8_0", 32), ("Q4_K", 256), ("Q6_K", 256), ("Q5_K", 256), ("Q4_0", 32),
+                                         ("Q4_1", 32), ("Q5_0", 32), ("Q5_1", 32), ("IQ4_NL", 32), ("MXFP4", 32),
+                                         ("NVFP4", 32), ("IQ4_XS", 256), ("Q2_K", 256), ("Q3_K", 256), ("BF16", None),
+                                         ("F16", None), ("IQ2_XXS", None)])
 def test_route_by_format_and_exact_matmul(ttype, route):
-    """Q8_0 / Q4_K / Q5_K / Q6_K take the integer route with their CPU row block; other formats, and every format
-    under --exact-matmul (quantize False), the float one."""
+    """The integer formats take the integer route with the CPU's row block for them ("q8_0" per 32 for the
+    32-value block formats and NVFP4, "q8" per 256 for the K-quants and IQ4_XS); the float formats and the
+    codebook ones (not on the route yet), and every format under --exact-matmul (quantize False), the float one; a
+    K that is not whole blocks of both the rows and the weight, the float one too."""
     kind = _kind(ttype)
     assert int8.route(kind, 512, True) == route
     assert int8.route(kind, 512, False) is None
-    assert int8.route(kind, 512 + 32, True) == (32 if route == 32 else None)   # not whole super-blocks: float
+    whole = route == 32 and by_ggml_type(ttype).block == 32
+    assert int8.route(kind, 512 + 32, True) == (32 if whole else None)
 
 
 def _activations(art: str) -> dict:

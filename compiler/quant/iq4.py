@@ -21,11 +21,15 @@ def _nl(t, idx):
     return b.f16(0) * lut16(KVALUES, bits(b.u8(2 + b.e % 16), b.e // 16 * 4, 0x0F))
 
 
+def iq4xs_factor(b, ib):
+    """d · (ls - 32) of sub-block ib (32 weights) of an IQ4_XS block, float32: the element is that · kvalues[q]."""
+    lo = bits(b.u8(4 + ib // 2), ib % 2 * 4, 0x0F).astype("int32")
+    hi = bits(b.u16(2), ib * 2, 0x3).astype("int32")
+    return b.f16(0) * f32((lo | (hi << const(4, "int32"))) - const(32, "int32"))
+
+
 @element("iq4_xs")
 def _xs(t, idx):
     b = Block(t[0], idx, 256, 136)
     ib = b.e // 32
-    lo = bits(b.u8(4 + ib // 2), ib % 2 * 4, 0x0F).astype("int32")
-    hi = bits(b.u16(2), ib * 2, 0x3).astype("int32")
-    dl = b.f16(0) * f32((lo | (hi << const(4, "int32"))) - const(32, "int32"))
-    return dl * lut16(KVALUES, bits(b.u8(8 + ib * 16 + b.e % 16), b.e % 32 // 16 * 4, 0x0F))
+    return iq4xs_factor(b, ib) * lut16(KVALUES, bits(b.u8(8 + ib * 16 + b.e % 16), b.e % 32 // 16 * 4, 0x0F))

@@ -24,22 +24,33 @@ def _two_bits(b, off, e):
     return bits(b.u8(off + e // 128 * 32 + e % 32), e % 128 // 32 * 2, 3).astype("int32")
 
 
+def q2k_factors(b, i):
+    """(d · sc, dmin · m) of sub-block i (16 weights) of a Q2_K block, float32: the element is d·sc · q - dmin·m."""
+    sc = b.u8(i)
+    return b.f16(80) * f32(bits(sc, 0, 0x0F)), b.f16(82) * f32(bits(sc, 4, 0x0F))
+
+
 @element("q2_k")
 def _q2k(t, idx):
     b = Block(t[0], idx, 256, 84)
-    sc = b.u8(b.e // 16)
-    return (b.f16(80) * f32(bits(sc, 0, 0x0F))) * f32(_two_bits(b, 16, b.e)) - b.f16(82) * f32(bits(sc, 4, 0x0F))
+    scale, low = q2k_factors(b, b.e // 16)
+    return scale * f32(_two_bits(b, 16, b.e)) - low
+
+
+def q3k_factor(b, i):
+    """d · (sc - 32) of sub-block i (16 weights) of a Q3_K block, float32: the element is that · q."""
+    lo = bits(b.u8(96 + i % 8), i // 8 * 4, 0x0F).astype("int32")
+    hi = bits(b.u8(104 + i % 4), i // 4 * 2, 0x03).astype("int32")
+    return b.f16(108) * f32((lo | (hi << const(4, "int32"))) - const(32, "int32"))
 
 
 @element("q3_k")
 def _q3k(t, idx):
     b = Block(t[0], idx, 256, 110)
-    e, i = b.e, b.e // 16
+    e = b.e
     hb = bits(b.u8(e % 32), e // 32, 1).astype("int32")
     q = _two_bits(b, 32, e) - ((hb ^ const(1, "int32")) << const(2, "int32"))
-    lo = bits(b.u8(96 + i % 8), i // 8 * 4, 0x0F).astype("int32")
-    hi = bits(b.u8(104 + i % 4), i // 4 * 2, 0x03).astype("int32")
-    return (b.f16(108) * f32((lo | (hi << const(4, "int32"))) - const(32, "int32"))) * f32(q)
+    return q3k_factor(b, e // 16) * f32(q)
 
 
 def scale_min(b, j):

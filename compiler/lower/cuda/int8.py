@@ -2,21 +2,26 @@
 integer kernels quantize them, and integer dot products over the weight's quants (`__dp4a` on CUDA sm_61+).
 
     quantize_rows  x f32 [..., K] -> xq int32 [..., K/4] (4 int8 quants per word, little-endian), xd f32 [..., K/B]
-                   per block of B (32 for Q8_0, 256 for the K-quants): amax = max |x|, d = amax / 127,
+                   per block of B (`row_block`: 32 for the 32-value block formats and NVFP4, 256 for the K-quants and
+                   IQ4_XS, the CPU's row format for the kind): amax = max |x|, d = amax / 127,
                    q = round_half_even(x * (127 / amax)), q = 0 where amax = 0 (nextn.common.quant.activation
                    `quantize_q8_0` / `quantize`: the CPU's "q8_0" / "q8" rows, bit for bit on equal inputs)
     mul_mat        y[..., n] = sum over words j < K/4 of
                        xd[.., blk(j)] · (s[n, sub(j)] · f32(dot4(w4[n, j], xq[.., j]))
                                          - m[n, sub(j)] · f32(dot4(1111, xq[.., j])))
 
-w4 (the DEQUANT stage, int32 [..., N, K/4]) packs 4 consecutive signed quants of the weight (Q8_0: qs; Q4_K: the
-nibbles, 0..15; Q5_K: 5 bits, 0..31; Q6_K: q - 32, -32..31); s / m (the SCALE / MIN stages, float32 per
-sub-block: Q8_0 the block's d; Q4_K / Q5_K d·sc and dmin·m; Q6_K d·sc) are the weight's float factors, so that the
-weight element is s · q - m exactly as the format's element expression (nextn.compiler.quant) computes it. Each word
+w4 (the DEQUANT stage, int32 [..., N, K/4]) packs 4 consecutive signed quants of the weight (`FORMATS`: Q8_0 qs;
+Q4_0 / Q5_0 q - 8 / q - 16; Q4_1 / Q5_1 q; IQ4_NL / IQ4_XS kvalues[q]; MXFP4 / NVFP4 the doubled e2m1 values
+E2M1X2[q]; Q2_K q, 0..3; Q3_K q, -4..3; Q4_K the nibbles, 0..15; Q5_K 5 bits, 0..31; Q6_K q - 32, -32..31); s / m
+(the SCALE / MIN stages, float32 per sub-block: the block's d (Q8_0, Q4_0 ... Q5_1, IQ4_NL), with m = -min (Q4_1,
+Q5_1); the e8m0 / ue4m3 scale halved (MXFP4, NVFP4); d·(ls - 32) (IQ4_XS), d·(sc - 32) (Q3_K); Q2_K / Q4_K / Q5_K
+d·sc and dmin·m; Q6_K d·sc) are the weight's float factors, so that the weight element is s · q - m exactly as the
+format's element expression (nextn.compiler.quant) computes it. Each word
 product is exact in int32, so a kernel computes sum_k w_k x'_k (x' = d · q, what the CPU multiplies) and differs
 from the CPU's integer kernels (compiler/lower/x86, ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_q4_K_q8_K ...) only by
 float32 rounding: the CPU sums whole blocks in int32 and scales once per block; here every word is scaled (the
-scheduled kernel gives each lane 2 words of one sub-block per step).
+scheduled kernel gives each lane 2 words of one sub-block per step). The codebook formats (IQ1_S ... IQ3_S) are
+not on this route: they keep float activations.
 
 `dot4(a, b)` = the sum of the 4 signed byte products of int32 words a and b: `__dp4a(a, b, 0)` (a pure extern
 call) where the target has it (`has_dot4`: CUDA sm_61+), else the same int32 result from shifts and multiplies
@@ -26,11 +31,14 @@ Reference for the scheme: llama.cpp ggml-cuda vecdotq.cuh (q8_1 activations, dp4
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
+import numpy as np
 from tvm import te, tirx
 
+from nextn.compiler.quant import k_quants
+
 F32, I32 = "float32", "int32"
-# kind -> (block of the activation rows: the CPU's row format, weights per float factor)
-KINDS = {"q8_0": (32, 32), "q4_k": (256, 32), "q5_k": (256, 32), "q6_k": (256, 16)}
 AMAX, ACT_D, ACT_Q = "act_amax", "act_d", "act_q"
 DOT4 = "__dp4a"
 
@@ -65,13 +73,24 @@ def has_dot4(target) -> bool:
         return True
 
 
+def row_block(kind: str) -> int:
+    """The activation block B of `kind`'s integer matmul: the CPU's row format for it (nextn.common.quant.FORMATS
+    `activation`: "q8_0" rows, blocks of 32, for the 32-value block formats and NVFP4; "q8" rows, blocks of 256, for the
+    K-quants and IQ4_XS), so that both compute the same products."""
+    from nextn.common.quant import FORMATS as LAYOUTS
+
+    return 32 if LAYOUTS[kind].activation == "q8_0" else 256
+
+
 def route(kind: str | None, K: int, quantize: bool) -> int | None:
     """The activation block B of the integer route for a `kind` weight of row length K (None: the float route):
-    the kinds of `KINDS` whose K is whole blocks, when the artifact quantizes activations."""
-    if not quantize or kind not in KINDS:
+    the kinds of `FORMATS` whose K is whole activation and weight blocks, when the artifact quantizes activations."""
+    if not quantize or kind not in FORMATS:
         return None
-    B = KINDS[kind][0]
-    return B if K % B == 0 else None
+    from nextn.common.quant import FORMATS as LAYOUTS
+
+    B = row_block(kind)
+    return B if K % B == 0 and K % LAYOUTS[kind].block == 0 else None
 
 
 def _div(a, b, cuda: bool):
@@ -104,20 +123,67 @@ def _u32(b, off):
     return tirx.reinterpret(I32, b.u32(off))
 
 
-def _word(kind: str, b):
-    """int32: the 4 quants of the weight at elements b.e .. b.e + 3 (b.e a multiple of 4) as signed bytes."""
-    from nextn.compiler.quant import k_quants
+def _uc(v):
+    return tirx.const(v, "uint32")
 
-    e = b.e
-    if kind == "q8_0":
-        return _u32(b, 2 + e)
-    if kind in ("q4_k", "q5_k"):
+
+def _nibbles(b, off, shift):
+    """uint32: the 4-bit fields at bit `shift` of the 4 bytes at `off` (4 consecutive elements of a nibble format),
+    one per byte, 0..15."""
+    return (b.u32(off) >> tirx.Cast("uint32", shift)) & _uc(0x0F0F0F0F)
+
+
+def _minus(v, c: int):
+    """Each byte of uint32 v (0..127) minus c (<= 128) as a signed byte, without borrows between bytes: 128 is
+    added to every byte first, so no byte goes below 0, and taken back by the XOR."""
+    return ((v | _uc(0x80808080)) - _uc(c * 0x01010101)) ^ _uc(0x80808080)
+
+
+def _spread(h):
+    """Bits 0..3 of uint32 h as bit 0 of bytes 0..3."""
+    return (h & _uc(1)) | ((h & _uc(2)) << _uc(7)) | ((h & _uc(4)) << _uc(14)) | ((h & _uc(8)) << _uc(21))
+
+
+def _lut(v, table):
+    """Each byte of uint32 v (0..15) replaced by table[byte] (16 small signed integers) as a signed byte: the
+    table's bytes as two int64 constants (entries 0..7, 8..15), one chosen by bit 3, the byte by bits 0..2 (no
+    table in memory)."""
+    halves = [int(np.array(table[h * 8:h * 8 + 8], np.int8).view("<i8")[0]) for h in (0, 1)]
+    out = _uc(0)
+    for i in range(4):
+        n = (v >> _uc(8 * i)) & _uc(15)
+        half = tirx.Select((n & _uc(8)) != _uc(0), tirx.const(halves[1], "int64"), tirx.const(halves[0], "int64"))
+        byte = ((half >> ((n & _uc(7)) * _uc(8)).astype("int64")) & tirx.const(255, "int64")).astype("uint32")
+        out = out | (byte << _uc(8 * i))
+    return out
+
+
+class Fmt(NamedTuple):
+    """A weight format on the integer route (its GGUF block and size: nextn.common.quant.FORMATS): one float factor
+    per `sub` weights (`scale`, and `low` where the element has a min term), `word(b)` the int32 of the 4 signed
+    quants at elements b.e .. b.e + 3 (b.e a multiple of 4; 4 consecutive quants always share their bytes' bit
+    position): the weight element is scale · q - low, the same value as the format's element expression
+    (nextn.compiler.quant)."""
+    sub: int
+    word: Callable
+    scale: Callable   # (b, i: sub-block index in the block) -> float32
+    low: Callable | None = None
+
+
+def _q45k_word(kind):
+    def word(b):
         _ts, at_qs, at_qh = k_quants.Q45K[kind]
+        e = b.e
         q = (_u32(b, at_qs + e // 64 * 32 + e % 32) >> (e % 64 // 32 * 4).astype(I32)) & _c(0x0F0F0F0F)
         if at_qh is not None:
             q = q | (((_u32(b, at_qh + e % 32) >> (e // 32).astype(I32)) & _c(0x01010101)) << _c(4))
         return q
-    h, r = e // 128, e % 128   # q6_k: 6-bit offset-binary quants, turned into signed bytes q - 32
+    return word
+
+
+def _q6k_word(b):   # 6-bit offset-binary quants, turned into signed bytes q - 32
+    e = b.e
+    h, r = e // 128, e % 128
     lo = (_u32(b, h * 64 + r % 64) >> (r // 64 * 4).astype(I32)) & _c(0x0F0F0F0F)
     hi = (_u32(b, 128 + h * 32 + r % 32) >> (r // 32 * 2).astype(I32)) & _c(0x03030303)
     t = (lo | (hi << _c(4))) ^ _c(0x20202020)
@@ -125,40 +191,94 @@ def _word(kind: str, b):
     return t | (sign << _c(1)) | (sign << _c(2))
 
 
+def _legacy(has_min, has_high):
+    """Q4_0 / Q4_1 / Q5_0 / Q5_1 (compiler/quant/legacy.py): q - 8 (q - 16) signed where there is no min;
+    with a min, w = d · q + m, i.e. low = -m."""
+    at_qh = 4 if has_min else 2
+    at_qs = at_qh + (4 if has_high else 0)
+
+    def word(b):
+        q = _nibbles(b, at_qs + b.e % 16, b.e // 16 * 4)
+        if has_high:
+            q = q | (_spread(b.u32(at_qh) >> tirx.Cast("uint32", b.e)) << _uc(4))
+        if not has_min:
+            q = _minus(q, 16 if has_high else 8)
+        return tirx.reinterpret(I32, q)
+
+    return Fmt(32, word, lambda b, i: b.f16(0), (lambda b, i: -b.f16(2)) if has_min else None)
+
+
+def _table_word(table, at, shift):
+    return lambda b: tirx.reinterpret(I32, _lut(_nibbles(b, at(b), shift(b)), table))
+
+
+def _formats():
+    from nextn.compiler.quant import iq4, mxfp4, nvfp4
+
+    def q3k_word(b):   # 2 low bits | the hmask bit << 2, minus 4 (compiler/quant/k_quants.py _q3k)
+        e = b.e
+        lo = (b.u32(32 + e // 128 * 32 + e % 32) >> tirx.Cast("uint32", e % 128 // 32 * 2)) & _uc(0x03030303)
+        hb = (b.u32(e % 32) >> tirx.Cast("uint32", e // 32)) & _uc(0x01010101)
+        return tirx.reinterpret(I32, _minus(lo | (hb << _uc(2)), 4))
+
+    def q2k_word(b):
+        e = b.e
+        return _u32(b, 16 + e // 128 * 32 + e % 32) >> (e % 128 // 32 * 2).astype(I32) & _c(0x03030303)
+
+    nl16 = (lambda b: b.e % 16, lambda b: b.e // 16 * 4)   # IQ4_NL / MXFP4 nibbles as Q4_0's
+    return {
+        "q8_0": Fmt(32, lambda b: _u32(b, 2 + b.e), lambda b, i: b.f16(0)),
+        "q4_0": _legacy(False, False), "q4_1": _legacy(True, False),
+        "q5_0": _legacy(False, True), "q5_1": _legacy(True, True),
+        "iq4_nl": Fmt(32, _table_word(iq4.KVALUES, lambda b: 2 + nl16[0](b), nl16[1]), lambda b, i: b.f16(0)),
+        "mxfp4": Fmt(32, _table_word(mxfp4.E2M1X2, lambda b: 1 + nl16[0](b), nl16[1]),
+                     lambda b, i: mxfp4.e8m0_half(b.u8(0))),
+        # NVFP4: sub-block s = e / 16, element 16s + j in byte 4 + 8s + j % 8 (nibble j / 8)
+        "nvfp4": Fmt(16, _table_word(mxfp4.E2M1X2, lambda b: 4 + b.e // 16 * 8 + b.e % 8,
+                                             lambda b: b.e % 16 // 8 * 4), lambda b, i: nvfp4.ue4m3_half(b.u8(i))),
+        "iq4_xs": Fmt(32, _table_word(iq4.KVALUES, lambda b: 8 + b.e // 32 * 16 + b.e % 16,
+                                                lambda b: b.e % 32 // 16 * 4), iq4.iq4xs_factor),
+        "q2_k": Fmt(16, q2k_word, lambda b, i: k_quants.q2k_factors(b, i)[0],
+                    lambda b, i: k_quants.q2k_factors(b, i)[1]),
+        "q3_k": Fmt(16, q3k_word, k_quants.q3k_factor),
+        "q4_k": Fmt(32, _q45k_word("q4_k"), lambda b, i: k_quants.q45k_factors(b, i)[0],
+                    lambda b, i: k_quants.q45k_factors(b, i)[1]),
+        "q5_k": Fmt(32, _q45k_word("q5_k"), lambda b, i: k_quants.q45k_factors(b, i)[0],
+                    lambda b, i: k_quants.q45k_factors(b, i)[1]),
+        "q6_k": Fmt(16, _q6k_word, k_quants.q6k_factor),
+    }
+
+
+FORMATS = _formats()
+
+
 def _stages(w, lead, weight_lead, keep=None):
     """(DEQUANT words int32 [*lead, N, K/4], SCALE f32 [*lead, N, K/sub], MIN or None) of quantized weight w."""
-    from nextn.compiler.quant import k_quants
     from nextn.compiler.quant.te import Block
 
     from .te import DEQUANT, MIN, SCALE
 
+    from nextn.common.quant import FORMATS as LAYOUTS
+
     *_, N, K = w.shape
-    kind = w.kind
-    sub = KINDS[kind][1]
-    size, block = {"q8_0": (34, 32), "q6_k": (k_quants.Q6K_SIZE, 256)}.get(kind, (k_quants.Q45K.get(kind, (0,))[0],
-                                                                               256))
+    f, layout = FORMATS[w.kind], LAYOUTS[w.kind]
 
     def kept(i, v, zero):
         return v if keep is None else tirx.if_then_else(keep(*i[:len(lead)]), v, zero)
 
     def blk(i, k):   # i = (*lead, n)
-        return Block(w.tensors[0], (*weight_lead(*i[:-1]), i[-1], k), block, size)
+        return Block(w.tensors[0], (*weight_lead(*i[:-1]), i[-1], k), layout.block, layout.type_size)
 
-    words = te.compute((*lead, N, K // 4), lambda *i: kept(i, _word(kind, blk(i[:-1], i[-1] * 4)), _c(0)),
-                       name=DEQUANT)
-    shape = (*lead, N, K // sub)
+    words = te.compute((*lead, N, K // 4), lambda *i: kept(i, f.word(blk(i[:-1], i[-1] * 4)), _c(0)), name=DEQUANT)
+    shape = (*lead, N, K // f.sub)
     zero = _c(0.0, F32)
-    if kind == "q8_0":
-        return words, te.compute(shape, lambda *i: kept(i, blk(i[:-1], i[-1] * sub).f16(0), zero), name=SCALE), None
-    if kind == "q6_k":
-        return words, te.compute(shape, lambda *i: kept(i, k_quants.q6k_factor(blk(i[:-1], i[-1] * sub),
-                                                                               i[-1] % 16), zero), name=SCALE), None
+    per_block = layout.block // f.sub
 
-    def factor(i, which):
-        return kept(i, k_quants.q45k_factors(blk(i[:-1], i[-1] * sub), i[-1] % (256 // sub))[which], zero)
+    def factor(fn, name):
+        return te.compute(shape, lambda *i: kept(i, fn(blk(i[:-1], i[-1] * f.sub), i[-1] % per_block), zero),
+                          name=name)
 
-    return (words, te.compute(shape, lambda *i: factor(i, 0), name=SCALE),
-            te.compute(shape, lambda *i: factor(i, 1), name=MIN))
+    return words, factor(f.scale, SCALE), factor(f.low, MIN) if f.low is not None else None
 
 
 _ONES = 0x01010101
@@ -167,7 +287,7 @@ _ONES = 0x01010101
 def _term(kind, words, scale, low, wi, xq, xd, j, dp4a):
     """The float32 term of word j: xd · (s · f32(dot4(w, xq)) - m · f32(dot4(1111, xq))); `wi` indexes the
     weight stages without the word, xq / xd are the activation's word and its block scale."""
-    sub = KINDS[kind][1] // 4
+    sub = FORMATS[kind].sub // 4
     s = scale[(*wi, j // sub)] * dot4(words[(*wi, j)], xq, dp4a).astype(F32)
     if low is not None:
         s = s - low[(*wi, j // sub)] * dot4(_c(_ONES), xq, dp4a).astype(F32)
