@@ -253,17 +253,17 @@ def cpu_artifact(gguf: str, exact: bool = True) -> str:
 
 def gpu_route(gguf: str) -> str:
     """"int8" when every tensor of the GGUF whose CPU matmuls take int8 activation rows (compiler/lower/x86
-    INT_KINDS) has a format on the CUDA integer route (compiler/lower/cuda/int8.KINDS: Q8_0, Q4_K, Q5_K, Q6_K), so
-    the default CUDA and llvm artifacts compute the same up to float32 rounding; else "float": a format the CPU
-    quantizes and CUDA does not (Q4_0, Q2_K, Q3_K, IQ4_XS, IQ4_NL, MXFP4, the codebook IQ formats) makes the default
+    INT_KINDS) has a format on the CUDA integer route (compiler/lower/cuda/int8.FORMATS: Q8_0, Q4_0 .. Q5_1, IQ4_NL,
+    IQ4_XS, MXFP4, NVFP4 and the K-quants), so the default CUDA and llvm artifacts compute the same up to float32
+    rounding; else "float": a format the CPU quantizes and CUDA does not (the codebook IQ formats) makes the default
     builds two different computations (issue 33), and only the `--exact-matmul` builds are compared."""
     import gguf as gg
 
-    from nextn.compiler.lower.cuda.int8 import KINDS
+    from nextn.compiler.lower.cuda.int8 import FORMATS
     from nextn.compiler.lower.x86 import INT_KINDS
 
     kinds = {t.tensor_type.name.lower() for t in gg.GGUFReader(gguf).tensors}
-    return "int8" if not (kinds & set(INT_KINDS)) - set(KINDS) else "float"
+    return "int8" if not (kinds & set(INT_KINDS)) - set(FORMATS) else "float"
 
 
 def record_cpu_expectations(gguf: str, fixture: str, path: str, artifact: str | None = None,

@@ -1,6 +1,6 @@
 """The `int8 kernels` device-check stage's inputs, built here (bench/bundle.py): the GPU integer-route kernels alone
 (compiler/lower/cuda/int8.py: `quantize_rows` and the dynamic-T `mul_mat` GEMV, scheduled as a model build
-schedules them) for Q8_0, Q4_K, Q5_K and Q6_K in one library, and per format random weights, activation rows and
+schedules them) for every format on the route (`TYPES`) in one library, and per format random weights, activation rows and
 what the CPU computes from them: the int8 rows of `nextn.common.quant.activation` and the x86 kernel's product
 (compiler/lower/x86, the default llvm artifact's matmul). On the device the kernels get the same float rows, so no
 upstream rounding can move a quantization step: the rows must come out bit for bit and the products within
@@ -13,11 +13,25 @@ import os
 
 import numpy as np
 
-TYPES = ("Q8_0", "Q4_K", "Q5_K", "Q6_K")
+TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4", "NVFP4", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+         "Q6_K")
 N = 96                                    # weight rows: not a multiple of a thread block's 4 ... and 3 blocks of 32
-K = {"Q8_0": 416, "Q4_K": 512, "Q5_K": 512, "Q6_K": 512}   # Q8_0: 13 blocks, not whole warp steps
 ROWS = (1, 4, 9)                          # decode, a verify of 4 rows, two row tiles and one row
-F16_AT = {"Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}   # float16 scale fields (ggml-common.h)
+# float16 scale fields (ggml-common.h block_*): set to small positive values; every other byte random
+F16_AT = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "IQ4_NL": [0], "IQ4_XS": [0],
+          "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+E8M0_AT = {"MXFP4": 0}                    # the e8m0 exponent byte: 2^(e - 128) kept near 2^-5 .. 2^1
+
+
+def _k(ttype: str) -> int:
+    """Row length: 13 blocks of 32 (not whole warp steps of 256 quants), 7 of 64 (NVFP4), 2 super-blocks."""
+    import gguf
+
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[ttype]][0]
+    return {32: 13 * 32, 64: 7 * 64}.get(block, 512)
+
+
+K = {t: _k(t) for t in TYPES}
 
 
 def _raw(ttype: str, rng) -> np.ndarray:
@@ -25,8 +39,10 @@ def _raw(ttype: str, rng) -> np.ndarray:
 
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[ttype]]
     raw = rng.integers(0, 256, (N * K[ttype] // block, size), dtype=np.uint8)
-    for off in F16_AT[ttype]:
+    for off in F16_AT.get(ttype, []):
         raw[:, off:off + 2] = (rng.random(len(raw)) * 0.01 + 1e-3).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if ttype in E8M0_AT:
+        raw[:, E8M0_AT[ttype]] = rng.integers(123, 130, len(raw))
     return raw.reshape(N, K[ttype] // block * size)
 
 
@@ -39,7 +55,7 @@ def _functions(ttype: str, target, dp4a: bool, cuda: bool) -> dict:
     from nextn.compiler.lower.te_ops import QWeight
 
     kind = by_ggml_type(ttype).kind
-    k, B = K[ttype], int8.KINDS[kind][0]
+    k, B = K[ttype], int8.row_block(kind)
     i64 = lambda v: tirx.IntImm("int64", v)   # noqa: E731
     T = te.var("T", "int64")
     bufs = [te.placeholder([i64(int(s)) for s in shape], dt, name="w" + sfx.replace(".", "_"))
@@ -67,6 +83,7 @@ def build(out_dir: str, target_name: str, arches=None, seed: int = 0) -> dict:
     from nextn.common.quant import activation, by_ggml_type
     from nextn.compiler.gpu_build import build_scope
     from nextn.compiler.lower import x86
+    from nextn.compiler.lower.cuda import int8
     from nextn.compiler.lower.cuda.int8 import has_dot4
     from nextn.compiler.target import make_target
 
@@ -92,7 +109,7 @@ def build(out_dir: str, target_name: str, arches=None, seed: int = 0) -> dict:
         for T in ROWS:
             x = rng.standard_normal((T, K[t])).astype(np.float32)
             x[0, :32] = 0.0   # a zero block
-            q, d = activation.quantize_q8_0(x) if kind == "q8_0" else activation.quantize(x)[:2]
+            q, d = activation.quantize_q8_0(x) if int8.row_block(kind) == 32 else activation.quantize(x)[:2]
             y = tvm.runtime.tensor(np.zeros((T, N), np.float32))
             kern(tvm.runtime.tensor(raw), *[tvm.runtime.tensor(np.ascontiguousarray(a))
                                             for a in x86.activation_rows(kind, x)], y)

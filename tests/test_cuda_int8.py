@@ -270,6 +270,27 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
     assert w_loads[0] == w_loads[1] > 0, w_loads
 
 
+def test_rocm_quantizer_divides_correctly_rounded():
+    """ROCm's quantizer keeps plain `/` (`int8._div`): TVM compiles ROCm kernels through LLVM's AMDGPU backend (no
+    hipcc, no fast-math flags), which lowers an f32 fdiv without afn / arcp / !fpmath to the correctly rounded
+    sequence (v_div_scale, v_rcp, Newton steps as FMAs, v_div_fmas, v_div_fixup) and nearbyint to v_rndne_f32 (round
+    half to even): the gfx942 code object holds one v_div_fixup_f32 per division (d = amax / 127, 127 / amax), no
+    bare reciprocal, and a v_rndne_f32 per quant of a lane's word, so q is the CPU's (numpy's x * (127 / amax),
+    rounded half to even) as on CUDA with __fdiv_rn."""
+    from nextn.compiler.gpu_build import build_scope, rocm_target
+
+    T = te.var("T", I64)
+    x = te.placeholder([T, tirx.IntImm(I64, 256)], "float32", name="x")
+    tgt = rocm_target("gfx942")
+    sch = int8.schedule_quantize(te.create_prim_func([x, *int8.quantize_rows(x, 32)]), tgt)
+    with build_scope("rocm", ["gfx942"]), tgt:
+        lib = tvm.compile(_module({"q": sch.mod["main"].with_attr("tirx.is_scheduled", True)}), target=tgt)
+    asm = "\n".join(m.inspect_source("asm") for m in lib.mod.imports)
+    count = lambda op: len(re.findall(rf"\b{op}(_e32|_e64)?\s", asm))   # noqa: E731
+    assert count("v_div_fixup_f32") == count("v_rcp_f32") == count("v_div_fmas_f32") == 2, asm[:2000]
+    assert count("v_rndne_f32") == 4
+
+
 @pytest.mark.parametrize("ttype,route", [("Q8_0", 32), ("Q4_K", 256), ("Q6_K", 256), ("Q5_K", 256), ("Q4_0", 32),
                                          ("Q4_1", 32), ("Q5_0", 32), ("Q5_1", 32), ("IQ4_NL", 32), ("MXFP4", 32),
                                          ("NVFP4", 32), ("IQ4_XS", 256), ("Q2_K", 256), ("Q3_K", 256), ("BF16", None),
@@ -295,26 +316,36 @@ def _activations(art: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quant", ["Q4_K_M", "Q8_0"])
+@pytest.mark.parametrize("quant", ["Q4_K_M", "Q8_0", "MXFP4_MOE", "IQ2_M"])
 def test_cuda_build_quantizes_the_matmuls_the_cpu_quantizes(compiled, quant):
     """The sm_90 build of a fixture marks in its manifest (buffer_plan activation, gpu_kernels) exactly the weights
-    whose matmuls the default llvm build quantizes, with the same row formats ("q8" per 256 for Q4_K / Q5_K / Q6_K,
-    "q8_0" per 32 for Q8_0): the two default builds compute the same products; under --exact-matmul none."""
-    from conftest import G4
-    from nextn.common.compile_options import CompileOptions
-
-    model = G4 / f"tiny-glm4moe-{quant}.gguf"
-    cpu = _activations(compiled(f"g4-{quant}", model))
-    gpu_dir = compiled(f"g4-{quant}-cuda90", model, target="cuda", arches=["sm_90"])
-    gpu = _activations(gpu_dir)
-    assert any(cpu.values()) and gpu == cpu
-    assert set(v for v in gpu.values() if v) == ({"q8_0"} if quant == "Q8_0" else {"q8", "q8_0"})
+    whose matmuls the default llvm build quantizes, with the same row formats ("q8" per 256 for the K-quants and
+    IQ4_XS, "q8_0" per 32 for Q8_0 and MXFP4), but for the codebook formats (IQ2_S, IQ3_S: float rows on CUDA): the
+    two default builds compute the same products; under --exact-matmul none."""
     import json
     import os
 
+    import gguf
+
+    from conftest import FIXTURES, G4
+    from nextn.common.compile_options import CompileOptions
+
+    model = G4 / f"tiny-glm4moe-{quant}.gguf"
+    if not model.exists():
+        model = FIXTURES / "quants" / f"tiny-glm4moe-{quant}.gguf"
+    kinds = {t.name: t.tensor_type.name.lower() for t in gguf.GGUFReader(model).tensors}
+    cpu = _activations(compiled(f"g4-{quant}", model))
+    gpu_dir = compiled(f"g4-{quant}-cuda90", model, target="cuda", arches=["sm_90"])
+    gpu = _activations(gpu_dir)
+    assert any(cpu.values())
+    assert gpu == {t: v if kinds[t] in int8.FORMATS else None for t, v in cpu.items()}
+    assert set(v for v in gpu.values() if v) == {"Q8_0": {"q8_0"}, "MXFP4_MOE": {"q8_0"}}.get(quant, {"q8", "q8_0"})
+    if quant == "IQ2_M":   # its codebook weights stay float on CUDA
+        assert {kinds[t] for t, v in cpu.items() if v and not gpu[t]} == {"iq2_s", "iq3_s"}
     m = json.load(open(os.path.join(gpu_dir, "manifest.json")))
     assert m["gpu_kernels"] == {"activation_quant": "q8", "dot": "cuda"}
     assert not CompileOptions.from_manifest(m).exact_matmul
-    exact = compiled(f"g4-{quant}-cuda90-exact", model, target="cuda", arches=["sm_90"], exact_matmul=True)
-    assert not any(_activations(exact).values())
-    assert CompileOptions.from_manifest(json.load(open(os.path.join(exact, "manifest.json")))).exact_matmul
+    if quant in ("Q4_K_M", "Q8_0"):
+        exact = compiled(f"g4-{quant}-cuda90-exact", model, target="cuda", arches=["sm_90"], exact_matmul=True)
+        assert not any(_activations(exact).values())
+        assert CompileOptions.from_manifest(json.load(open(os.path.join(exact, "manifest.json")))).exact_matmul

@@ -95,7 +95,9 @@ def route(kind: str | None, K: int, quantize: bool) -> int | None:
 
 def _div(a, b, cuda: bool):
     """a / b in float32, correctly rounded: on CUDA `__fdiv_rn` (nvcc compiles TVM's kernels with
-    --use_fast_math, whose `/` is an approximation that would move q across rounding boundaries)."""
+    --use_fast_math, whose `/` is an approximation that would move q across rounding boundaries); elsewhere plain
+    `/`, which llvm and ROCm (TVM's LLVM AMDGPU codegen: no fast-math flags, so LLVM's correctly rounded
+    v_div_scale / v_div_fmas / v_div_fixup sequence; tests/test_cuda_int8.py) compile correctly rounded."""
     return tirx.call_pure_extern(F32, "__fdiv_rn", a, b) if cuda else a / b
 
 
