@@ -41,6 +41,7 @@ I64 = "int64"
 N, X, USED, XG = 37, 3, 2, 5
 INT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "MXFP4",
        "NVFP4"]
+ALIGNED = [t for t in INT if int8.FORMATS[by_ggml_type(t).kind].aligned]   # weight words as 32-bit loads
 
 
 def _kind(ttype):
@@ -241,7 +242,7 @@ def _cuda_funcs(ttype, K, rows):
 def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
     """sm_90: the quantizer (a warp per activation block: ceil(T·K/B / 4) blocks of 4 warps, a shuffle max,
     __fdiv_rn) and the GEMV (ceil(N / 4) blocks of 4 warps, ceil(T / 4) row tiles) build; the GEMV's source calls
-    __dp4a and holds as many weight loads for a symbolic T as for one row (the weight read once per row tile)."""
+    __dp4a, loads the weight words of the aligned formats as 32-bit words, and holds as many weight loads for a symbolic T as for one row (the weight read once per row tile)."""
     from nextn.schedules.gpu import _lowering_problem
 
     K = 512 if by_ggml_type(ttype).block == 256 else _k(ttype)
@@ -266,8 +267,61 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
         quant_src = src[src.index("quantize_kernel("):]
         assert "__dp4a(" in gemv_src and "__fdiv_rn(" in quant_src and "__shfl_down_sync(" in quant_src
         assert "(float)" in gemv_src   # the word sums scaled in float
+        # the aligned formats' weight words as 32-bit loads (int8.word_loads), the others' as bytes
+        assert ("*(uint*)(w_ptr + " in gemv_src) == (ttype in ALIGNED), ttype
     w_loads = [len(re.findall(r"\bw_ptr\[", s[s.index("mul_mat_kernel("):])) for s in srcs.values()]
     assert w_loads[0] == w_loads[1] > 0, w_loads
+
+
+@pytest.mark.parametrize("ttype", ALIGNED)
+def test_word_loads_read_the_same_words(ttype):
+    """`int8.word_loads` (what the GEMV schedule applies first) turns the 4 byte loads of each weight word of the
+    aligned formats (Q4_1, NVFP4, IQ4_XS, Q2_K, Q4_K: one field, 4-byte-aligned offsets in blocks of a multiple of
+    4 bytes) into one 4-byte vector load, in mul_mat, mul_mat_id (x shared; one row per slot) and not in the grouped
+    mul_mat_id (its weight loads are conditional); the rewritten definitions built for llvm give the same outputs
+    bit for bit. The rewrite only fires where the analyzer proves the offset a multiple of 4 (below: not for Q8_0's
+    34-byte blocks even when annotated)."""
+    K = _k(ttype)
+    funcs = _int_funcs(ttype, K)
+    words = {n: int8.word_loads(f) for n, f in funcs.items()}
+    for name in ("mul_mat", "mul_mat_id", "mul_mat_id3"):
+        assert "T.Ramp(" in words[name].script() and "T.Ramp(" not in funcs[name].script(), name
+    assert "T.Ramp(" not in words["grouped"].script()
+    plain, vec = (tvm.compile(_module(fs), target="llvm") for fs in (funcs, words))
+    B, T = _block(ttype), 5
+    (packed, w), (epacked, _ew) = _data(ttype, (N, K), 1), _data(ttype, (X, N, K), 2)
+    x = _x(T, K, 3, w.astype(np.float64))
+    q, d = _quantize(_quantizer(K, B), x, B)
+    ids = np.stack([np.random.default_rng(4).permutation(X)[:USED] for _ in range(T)]).astype(np.int32)
+    q3, d3 = np.repeat(q[:, None], USED, 1), np.repeat(d[:, None], USED, 1)
+    for name, shape, args in (("mul_mat", (T, N), (q, d, *packed)), ("mul_mat_id", (T, USED, N), (q, d, ids, *epacked)),
+                              ("mul_mat_id3", (T, USED, N), (q3, d3, ids, *epacked))):
+        a, b = _run(plain, name, shape, *args), _run(vec, name, shape, *args)
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)) and np.abs(a).max() > 0, name
+
+
+def test_word_loads_need_a_provably_aligned_offset():
+    """The same Block.u32 read, annotated WORD_LOAD: at byte 2 + 4i of 34-byte blocks (Q8_0's qs) it stays 4 byte
+    loads, at byte 4 + 4i of 36-byte blocks it becomes one vector load; both read the little-endian words numpy
+    reads."""
+    from nextn.compiler.lower.cuda.te import WORD_LOAD
+    from nextn.compiler.quant.te import Block
+
+    for size, at in ((34, 2), (36, 4)):
+        raw = te.placeholder([tirx.IntImm(I64, 3), tirx.IntImm(I64, 4 * size)], "uint8", name="raw")
+        # word j: block j // 4, bytes at + 4 (j % 4) .. + 3 of it
+        y = te.compute((3, 16), lambda n, j: Block(raw, (n, j * 8), 32, size).u32(at + (j * 8) % 32 // 2),
+                       name="y", attrs={WORD_LOAD: 1})
+        f = te.create_prim_func([raw, y])
+        g = int8.word_loads(f)
+        assert ("T.Ramp(" in g.script()) == (size == 36), size
+        data = np.random.default_rng(size).integers(0, 256, (3, 4 * size), dtype=np.uint8)
+        offs = np.array([j // 4 * size + at + 4 * (j % 4) for j in range(16)])
+        want = np.stack([data[:, o:o + 4].copy().view("<u4")[:, 0] for o in offs], 1)
+        for fn in (f, g):
+            got = tvm.runtime.empty((3, 16), "uint32")
+            tvm.compile(_module({"f": fn}), target="llvm")["f"](tvm.runtime.tensor(data), got)
+            assert np.array_equal(got.numpy(), want), size
 
 
 def test_rocm_quantizer_divides_correctly_rounded():

@@ -38,7 +38,7 @@ from tvm import tirx
 
 from nextn.schedules.loops import static_extent
 
-from .te import DEQUANT, GROUPED, MATMUL, MIN, SCALE
+from .te import DEQUANT, GROUPED, MATMUL, MIN, SCALE, WORD_LOAD
 
 # Activation rows per pass over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8 activations). 4 covers
 # verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (zeros), and at 8 rows a 4-row
@@ -71,7 +71,9 @@ def schedule(func: tirx.PrimFunc, target):
     """The GEMV schedule of a (fused) PrimFunc holding one `te.py` matmul, or None when `func` is not one."""
     from tvm import s_tir
 
-    sch = s_tir.Schedule(func)
+    from .int8 import word_loads
+
+    sch = s_tir.Schedule(word_loads(func))   # the integer route's aligned weight words as 32-bit loads
     try:
         blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
     except Exception:

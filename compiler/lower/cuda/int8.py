@@ -170,6 +170,10 @@ class Fmt(NamedTuple):
     word: Callable
     scale: Callable   # (b, i: sub-block index in the block) -> float32
     low: Callable | None = None
+    # the word is 4 bytes of one field at a 4-byte-aligned offset of a block whose size is a multiple of 4 (so of
+    # every row and expert: device allocations are 256-byte aligned): the GEMV loads it as one 32-bit word
+    # (`WORD_LOAD`, gemv.py) instead of 4 bytes
+    aligned: bool = False
 
 
 def _q45k_word(kind):
@@ -207,7 +211,9 @@ def _legacy(has_min, has_high):
             q = _minus(q, 16 if has_high else 8)
         return tirx.reinterpret(I32, q)
 
-    return Fmt(32, word, lambda b, i: b.f16(0), (lambda b, i: -b.f16(2)) if has_min else None)
+    # Q4_1: 20-byte blocks, qs at 4, one field: aligned words
+    return Fmt(32, word, lambda b, i: b.f16(0), (lambda b, i: -b.f16(2)) if has_min else None,
+               aligned=has_min and not has_high)
 
 
 def _table_word(table, at, shift):
@@ -237,14 +243,15 @@ def _formats():
                      lambda b, i: mxfp4.e8m0_half(b.u8(0))),
         # NVFP4: sub-block s = e / 16, element 16s + j in byte 4 + 8s + j % 8 (nibble j / 8)
         "nvfp4": Fmt(16, _table_word(mxfp4.E2M1X2, lambda b: 4 + b.e // 16 * 8 + b.e % 8,
-                                             lambda b: b.e % 16 // 8 * 4), lambda b, i: nvfp4.ue4m3_half(b.u8(i))),
+                                             lambda b: b.e % 16 // 8 * 4), lambda b, i: nvfp4.ue4m3_half(b.u8(i)),
+                     aligned=True),
         "iq4_xs": Fmt(32, _table_word(iq4.KVALUES, lambda b: 8 + b.e // 32 * 16 + b.e % 16,
-                                                lambda b: b.e % 32 // 16 * 4), iq4.iq4xs_factor),
+                                                lambda b: b.e % 32 // 16 * 4), iq4.iq4xs_factor, aligned=True),
         "q2_k": Fmt(16, q2k_word, lambda b, i: k_quants.q2k_factors(b, i)[0],
-                    lambda b, i: k_quants.q2k_factors(b, i)[1]),
+                    lambda b, i: k_quants.q2k_factors(b, i)[1], aligned=True),
         "q3_k": Fmt(16, q3k_word, k_quants.q3k_factor),
         "q4_k": Fmt(32, _q45k_word("q4_k"), lambda b, i: k_quants.q45k_factors(b, i)[0],
-                    lambda b, i: k_quants.q45k_factors(b, i)[1]),
+                    lambda b, i: k_quants.q45k_factors(b, i)[1], aligned=True),
         "q5_k": Fmt(32, _q45k_word("q5_k"), lambda b, i: k_quants.q45k_factors(b, i)[0],
                     lambda b, i: k_quants.q45k_factors(b, i)[1]),
         "q6_k": Fmt(16, _q6k_word, k_quants.q6k_factor),
@@ -258,9 +265,9 @@ def _stages(w, lead, weight_lead, keep=None):
     """(DEQUANT words int32 [*lead, N, K/4], SCALE f32 [*lead, N, K/sub], MIN or None) of quantized weight w."""
     from nextn.compiler.quant.te import Block
 
-    from .te import DEQUANT, MIN, SCALE
-
     from nextn.common.quant import FORMATS as LAYOUTS
+
+    from .te import DEQUANT, MIN, SCALE, WORD_LOAD
 
     *_, N, K = w.shape
     f, layout = FORMATS[w.kind], LAYOUTS[w.kind]
@@ -271,7 +278,10 @@ def _stages(w, lead, weight_lead, keep=None):
     def blk(i, k):   # i = (*lead, n)
         return Block(w.tensors[0], (*weight_lead(*i[:-1]), i[-1], k), layout.block, layout.type_size)
 
-    words = te.compute((*lead, N, K // 4), lambda *i: kept(i, f.word(blk(i[:-1], i[-1] * 4)), _c(0)), name=DEQUANT)
+    # aligned words as 32-bit loads (gemv.py); not under `keep`: a copy of the bytes ahead of the branch would load
+    # the weight of a pair that leads no group
+    words = te.compute((*lead, N, K // 4), lambda *i: kept(i, f.word(blk(i[:-1], i[-1] * 4)), _c(0)), name=DEQUANT,
+                       attrs={WORD_LOAD: 1} if f.aligned and keep is None else None)
     shape = (*lead, N, K // f.sub)
     zero = _c(0.0, F32)
     per_block = layout.block // f.sub
@@ -281,6 +291,67 @@ def _stages(w, lead, weight_lead, keep=None):
                           name=name)
 
     return words, factor(f.scale, SCALE), factor(f.low, MIN) if f.low is not None else None
+
+
+def _byte_terms(e):
+    """[(load, shift)] of an OR tree of `Cast(uint32, uint8 load) << shift` terms (Block.u32's form), or None."""
+    from tvm.ir.expr import TensorLoad   # what tirx.BufferLoad builds
+    from tvm.ir.prim.expr import BitwiseOr, Cast, LShift
+
+    if isinstance(e, BitwiseOr):
+        a, b = _byte_terms(e.a), _byte_terms(e.b)
+        return None if a is None or b is None else a + b
+    shift = 0
+    if isinstance(e, LShift) and isinstance(e.b, tirx.IntImm):
+        e, shift = e.a, int(e.b.value)
+    if isinstance(e, Cast) and str(e.ty) == "uint32" and isinstance(e.value, TensorLoad) \
+            and str(e.value.ty) == "uint8":
+        return [(e.value, shift)]
+    return None
+
+
+def _as_word(e, analyzer):
+    """`e` as one 4-byte vector load reinterpreted as uint32 where it is Block.u32 of 4 consecutive bytes of one
+    buffer (bytes i at shift 8i) at an offset the analyzer proves a multiple of 4 in rows of whole words, else
+    `e`."""
+    terms = _byte_terms(e)
+    if terms is None or len(terms) != 4 or sorted(s for _l, s in terms) != [0, 8, 16, 24]:
+        return e
+    loads = [ld for ld, _s in sorted(terms, key=lambda t: t[1])]
+    first = loads[0]
+    for i, ld in enumerate(loads):
+        same = ld.source.same_as(first.source) and all(
+            analyzer.can_prove_equal(a, b) for a, b in zip(ld.indices[:-1], first.indices[:-1]))
+        if not same or not analyzer.can_prove_equal(ld.indices[-1] - first.indices[-1], i):
+            return e
+    last = first.indices[-1]
+    # 4-byte aligned: rows of whole words and a word offset in the row (the buffer's base: a device allocation)
+    if int(first.source.shape[-1]) % 4 or not analyzer.can_prove_equal(tirx.floormod(last, 4), 0):
+        return e
+    ramp = tirx.Ramp(last, tirx.const(1, str(last.ty)), 4)
+    return tirx.reinterpret("uint32", tirx.BufferLoad(first.source, [*first.indices[:-1], ramp]))
+
+
+def word_loads(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` with the weight words of its WORD_LOAD DEQUANT blocks (`Fmt.aligned`) read as 4-byte vector loads
+    (CUDA: one 32-bit load, `*(uchar4*)`) instead of 4 byte loads OR-ed together: the same value, given the
+    4-byte alignment the annotation states. Other blocks, and every other expression, unchanged."""
+    import tvm_ffi
+    from tvm.s_tir import SBlock
+    from tvm.sym import Analyzer
+
+    from .te import WORD_LOAD
+
+    analyzer = Analyzer()
+
+    def on_block(blk):
+        if WORD_LOAD not in blk.annotations:
+            return blk
+        from tvm.ir.prim.expr import BitwiseOr
+
+        return tvm_ffi.structural_map(blk, (BitwiseOr, lambda e: _as_word(e, analyzer)))
+
+    return tvm_ffi.structural_map(func, (SBlock, on_block))
 
 
 _ONES = 0x01010101
