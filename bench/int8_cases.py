@@ -1,7 +1,7 @@
 """The `int8 kernels` device-check stage's inputs, built here (bench/bundle.py): the GPU integer-route kernels alone
 (compiler/lower/cuda/int8.py: `quantize_rows` and the dynamic-T `mul_mat` GEMV, scheduled as a model build
-schedules them) for every format on the route (`TYPES`) in one library, and per format random weights, activation rows and
-what the CPU computes from them: the int8 rows of `nextn.common.quant.activation` and the x86 kernel's product
+schedules them) for every format on the route (`TYPES`) in one library, and per format random weights, activation
+rows and what the CPU computes from them: the int8 rows of `nextn.common.quant.activation` and the x86 kernel's product
 (compiler/lower/x86, the default llvm artifact's matmul). On the device the kernels get the same float rows, so no
 upstream rounding can move a quantization step: the rows must come out bit for bit and the products within
 device_refs.GPU_TOL (float32 summation order only; tests/test_cuda_int8.py holds the definitions to the same on

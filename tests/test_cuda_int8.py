@@ -242,7 +242,8 @@ def _cuda_funcs(ttype, K, rows):
 def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
     """sm_90: the quantizer (a warp per activation block: ceil(T·K/B / 4) blocks of 4 warps, a shuffle max,
     __fdiv_rn) and the GEMV (ceil(N / 4) blocks of 4 warps, ceil(T / 4) row tiles) build; the GEMV's source calls
-    __dp4a, loads the weight words of the aligned formats as 32-bit words, and holds as many weight loads for a symbolic T as for one row (the weight read once per row tile)."""
+    __dp4a, loads the weight words of the aligned formats as 32-bit words, and holds as many weight loads for a
+    symbolic T as for one row (the weight read once per row tile)."""
     from nextn.schedules.gpu import _lowering_problem
 
     K = 512 if by_ggml_type(ttype).block == 256 else _k(ttype)
@@ -393,7 +394,8 @@ def test_cuda_build_quantizes_the_matmuls_the_cpu_quantizes(compiled, quant):
     gpu = _activations(gpu_dir)
     assert any(cpu.values())
     assert gpu == {t: v if kinds[t] in int8.FORMATS else None for t, v in cpu.items()}
-    assert set(v for v in gpu.values() if v) == {"Q8_0": {"q8_0"}, "MXFP4_MOE": {"q8_0"}}.get(quant, {"q8", "q8_0"})
+    assert set(v for v in gpu.values() if v) == {"Q8_0": {"q8_0"}, "MXFP4_MOE": {"q8_0"}, "IQ2_M": {"q8"}}.get(
+        quant, {"q8", "q8_0"})
     if quant == "IQ2_M":   # its codebook weights stay float on CUDA
         assert {kinds[t] for t, v in cpu.items() if v and not gpu[t]} == {"iq2_s", "iq3_s"}
     m = json.load(open(os.path.join(gpu_dir, "manifest.json")))
