@@ -14,12 +14,13 @@ import os
 import numpy as np
 
 TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4", "NVFP4", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-         "Q6_K")
+         "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
 N = 96                                    # weight rows: not a multiple of a thread block's 4 ... and 3 blocks of 32
 ROWS = (1, 4, 9)                          # decode, a verify of 4 rows, two row tiles and one row
 # float16 scale fields (ggml-common.h block_*): set to small positive values; every other byte random
 F16_AT = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "IQ4_NL": [0], "IQ4_XS": [0],
-          "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+          "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ2_XXS": [0], "IQ2_XS": [0],
+          "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0]}
 E8M0_AT = {"MXFP4": 0}                    # the e8m0 exponent byte: 2^(e - 128) kept near 2^-5 .. 2^1
 
 

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.e2e   # builds CUDA kernels with nvcc
 I64 = "int64"
 N, X, USED, XG = 37, 3, 2, 5
 INT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "MXFP4",
-       "NVFP4"]
+       "NVFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"]
 ALIGNED = [t for t in INT if int8.FORMATS[by_ggml_type(t).kind].aligned]   # weight words as 32-bit loads
 
 
@@ -348,13 +348,14 @@ def test_rocm_quantizer_divides_correctly_rounded():
 
 @pytest.mark.parametrize("ttype,route", [("Q8_0", 32), ("Q4_K", 256), ("Q6_K", 256), ("Q5_K", 256), ("Q4_0", 32),
                                          ("Q4_1", 32), ("Q5_0", 32), ("Q5_1", 32), ("IQ4_NL", 32), ("MXFP4", 32),
-                                         ("NVFP4", 32), ("IQ4_XS", 256), ("Q2_K", 256), ("Q3_K", 256), ("BF16", None),
-                                         ("F16", None), ("IQ2_XXS", None)])
+                                         ("NVFP4", 32), ("IQ4_XS", 256), ("Q2_K", 256), ("Q3_K", 256), ("IQ2_XXS", 256),
+                                         ("IQ3_S", 256), ("BF16", None), ("F16", None), ("IQ1_S", None),
+                                         ("IQ1_M", None)])
 def test_route_by_format_and_exact_matmul(ttype, route):
     """The integer formats take the integer route with the CPU's row block for them ("q8_0" per 32 for the
-    32-value block formats and NVFP4, "q8" per 256 for the K-quants and IQ4_XS); the float formats and the
-    codebook ones (not on the route yet), and every format under --exact-matmul (quantize False), the float one; a
-    K that is not whole blocks of both the rows and the weight, the float one too."""
+    32-value block formats and NVFP4, "q8" per 256 for the K-quants, IQ4_XS and the IQ2 / IQ3 codebook formats);
+    the float formats and IQ1_S / IQ1_M (not on the route yet), and every format under --exact-matmul (quantize
+    False), the float one; a K that is not whole blocks of both the rows and the weight, the float one too."""
     kind = _kind(ttype)
     assert int8.route(kind, 512, True) == route
     assert int8.route(kind, 512, False) is None
@@ -374,9 +375,9 @@ def _activations(art: str) -> dict:
 @pytest.mark.parametrize("quant", ["Q4_K_M", "Q8_0", "MXFP4_MOE", "IQ2_M"])
 def test_cuda_build_quantizes_the_matmuls_the_cpu_quantizes(compiled, quant):
     """The sm_90 build of a fixture marks in its manifest (buffer_plan activation, gpu_kernels) exactly the weights
-    whose matmuls the default llvm build quantizes, with the same row formats ("q8" per 256 for the K-quants and
-    IQ4_XS, "q8_0" per 32 for Q8_0 and MXFP4), but for the codebook formats (IQ2_S, IQ3_S: float rows on CUDA): the
-    two default builds compute the same products; under --exact-matmul none."""
+    whose matmuls the default llvm build quantizes, with the same row formats ("q8" per 256 for the K-quants, IQ4_XS
+    and the codebook formats IQ2_S / IQ3_S, "q8_0" per 32 for Q8_0 and MXFP4): the two default builds compute the
+    same products; under --exact-matmul none."""
     import json
     import os
 
@@ -393,11 +394,10 @@ def test_cuda_build_quantizes_the_matmuls_the_cpu_quantizes(compiled, quant):
     gpu_dir = compiled(f"g4-{quant}-cuda90", model, target="cuda", arches=["sm_90"])
     gpu = _activations(gpu_dir)
     assert any(cpu.values())
-    assert gpu == {t: v if kinds[t] in int8.FORMATS else None for t, v in cpu.items()}
+    assert gpu == cpu
     assert set(v for v in gpu.values() if v) == {"Q8_0": {"q8_0"}, "MXFP4_MOE": {"q8_0"}, "IQ2_M": {"q8"}}.get(
         quant, {"q8", "q8_0"})
-    if quant == "IQ2_M":   # its codebook weights stay float on CUDA
-        assert {kinds[t] for t, v in cpu.items() if v and not gpu[t]} == {"iq2_s", "iq3_s"}
+    assert {kinds[t] for t, v in gpu.items() if v} >= ({"iq2_s", "iq3_s", "iq4_xs"} if quant == "IQ2_M" else set())
     m = json.load(open(os.path.join(gpu_dir, "manifest.json")))
     assert m["gpu_kernels"] == {"activation_quant": "q8", "dot": "cuda"}
     assert not CompileOptions.from_manifest(m).exact_matmul

@@ -421,8 +421,8 @@ def test_bundle_plans_quantized_checks_at_the_gpu_tolerance(compiled, tmp_path, 
     """A quantized check's plan entry points at expectations recorded from the --exact-matmul artifact
     (refs/expect-exact-NAME) and carries its tolerance; the device check reads it. Which GGUFs also get the int8
     check ("NAME-int8" on CUDA bundles: every CPU-int8 format on the CUDA integer route): the Q8_0 and Q4_K_M
-    fixtures and the MXFP4_MOE one (Q8_0 + MXFP4); not a GGUF with a format the CPU quantizes and CUDA does not (the
-    codebook formats of IQ2_M, IQ3_XXS)."""
+    fixtures and the quants/ ones (MXFP4, IQ4_XS, IQ2_S, IQ3_XXS, IQ3_S are on the route too); not a GGUF with a
+    format the CPU quantizes and CUDA does not (IQ1_S, IQ1_M: no fixture holds one)."""
     recorded = []
     monkeypatch.setattr(bundle_builder, "record_cpu_expectations",
                         lambda src, fixture, path, art=None, exact=True: recorded.append((path, art, exact)) or
@@ -437,7 +437,7 @@ def test_bundle_plans_quantized_checks_at_the_gpu_tolerance(compiled, tmp_path, 
     assert device_refs.tolerance(c) == device_refs.GPU_TOL and device_refs.tolerance({}) == device_refs.LOGIT_TOL
     assert [bundle_builder.gpu_route(str(G4 / f"tiny-glm4moe-{q}.gguf")) for q in ("Q8_0", "Q4_K_M")] == ["int8"] * 2
     quants = {p.name: bundle_builder.gpu_route(str(p)) for p in (FIXTURES / "quants").glob("*.gguf")}
-    assert quants == {"tiny-glm4moe-IQ2_M.gguf": "float", "tiny-glm4moe-IQ3_XXS.gguf": "float",
+    assert quants == {"tiny-glm4moe-IQ2_M.gguf": "int8", "tiny-glm4moe-IQ3_XXS.gguf": "int8",
                       "tiny-glm4moe-MXFP4_MOE.gguf": "int8"}, quants
 
 

@@ -174,6 +174,8 @@ class Fmt(NamedTuple):
     # every row and expert: device allocations are 256-byte aligned): the GEMV loads it as one 32-bit word
     # (`WORD_LOAD`, gemv.py) instead of 4 bytes
     aligned: bool = False
+    # `word(b, tensors)`: the word reads the format's table buffers too (the codebook formats' `.grid` / `.signs`)
+    tables: bool = False
 
 
 def _q45k_word(kind):
@@ -220,6 +222,79 @@ def _table_word(table, at, shift):
     return lambda b: tirx.reinterpret(I32, _lut(_nibbles(b, at(b), shift(b)), table))
 
 
+def _signed(g, sign_byte, bit0):
+    """int32 word of 4 signed bytes: uint8 expressions g[i] (0..127), negated where bit bit0 + i of uint8 sign_byte
+    is set."""
+    out = _uc(0)
+    for i, gi in enumerate(g):
+        v = gi.astype("uint32")
+        neg = ((sign_byte.astype("uint32") >> tirx.Cast("uint32", bit0 + i)) & _uc(1)) != _uc(0)
+        out = out | ((tirx.Select(neg, _uc(256) - v, v) & _uc(255)) << _uc(8 * i))
+    return tirx.reinterpret(I32, out)
+
+
+def _codebook():
+    """IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S (compiler/quant/iq_grid.py): the word is 4 bytes of one grid entry
+    (unsigned, <= 62) with their signs; the grid and sign patterns are the weight's table buffers (`.grid`,
+    `.signs`: gguf-py's, in device memory, read through the cache), the scale d (0.5 + s) / 4 (IQ2), d (0.5 + s) / 2
+    (IQ3_XXS), d (1 + 2s) (IQ3_S) per sub-block, as the element expressions compute it."""
+    from nextn.compiler.quant.iq_grid import _iq2_scale
+    from nextn.compiler.quant.te import bits, f32
+
+    u32 = lambda v: v.astype("int32")   # noqa: E731
+
+    def entry(grid, gi, width, j0):   # the 4 grid bytes j0 .. j0 + 3 of entry gi (width bytes per entry)
+        return [grid(u32(gi) * width + j0 + i) for i in range(4)]
+
+    def iq2_xxs(b, t):
+        _raw, grid, signs = t
+        ib, l, j0 = b.e // 32, b.e % 32 // 8, b.e % 8
+        aux0, aux1 = b.u32(2 + ib * 8), b.u32(6 + ib * 8)
+        return _signed(entry(grid, bits(aux0, l * 8, 0xFF), 8, j0), signs(u32(bits(aux1, l * 7, 0x7F))), j0)
+
+    def iq2_xs(b, t):
+        _raw, grid, signs = t
+        q = b.u16(2 + b.e // 8 * 2)
+        return _signed(entry(grid, bits(q, 0, 0x1FF), 8, b.e % 8), signs(u32(q >> tirx.const(9, "uint16"))),
+                       b.e % 8)
+
+    def iq2_s(b, t):
+        _raw, grid = t
+        g8 = b.e // 8
+        gi = u32(b.u8(2 + g8)) | (u32(bits(b.u8(66 + g8 // 4), g8 % 4 * 2, 3)) << _c(8))
+        return _signed(entry(grid, gi, 8, b.e % 8), b.u8(34 + g8), b.e % 8)
+
+    def iq3_xxs(b, t):
+        _raw, grid, signs = t
+        aux = b.u32(66 + b.e // 32 * 4)
+        sign = signs(u32(bits(aux, b.e % 32 // 8 * 7, 0x7F)))
+        return _signed(entry(grid, b.u8(2 + b.e // 4), 4, 0), sign, b.e % 8)
+
+    def iq3_s(b, t):
+        _raw, grid = t
+        g4 = b.e // 4
+        gi = u32(b.u8(2 + g4)) | (u32(bits(b.u8(66 + g4 // 8), g4 % 8, 1)) << _c(8))
+        return _signed(entry(grid, gi, 4, 0), b.u8(74 + b.e // 8), b.e % 8)
+
+    def iq3xxs_scale(b, i):
+        aux = b.u32(66 + i * 4)
+        return b.f16(0) * (_c(0.5, F32) + f32(aux >> _uc(28))) * _c(0.5, F32)
+
+    def iq3s_scale(b, i):   # i: sub-block of 32
+        sc = bits(b.u8(106 + i // 2), i % 2 * 4, 0x0F).astype(I32)
+        return b.f16(0) * f32(sc * _c(2) + _c(1))
+
+    return {
+        "iq2_xxs": Fmt(32, iq2_xxs, lambda b, i: _iq2_scale(b.f16(0), b.u32(6 + i * 8) >> _uc(28)), tables=True),
+        "iq2_xs": Fmt(16, iq2_xs, lambda b, i: _iq2_scale(b.f16(0), bits(b.u8(66 + i // 2), i % 2 * 4, 0x0F)),
+                      tables=True),
+        "iq2_s": Fmt(16, iq2_s, lambda b, i: _iq2_scale(b.f16(0), bits(b.u8(74 + i // 2), i % 2 * 4, 0x0F)),
+                     tables=True),
+        "iq3_xxs": Fmt(32, iq3_xxs, iq3xxs_scale, tables=True),
+        "iq3_s": Fmt(32, iq3_s, iq3s_scale, tables=True),
+    }
+
+
 def _formats():
     from nextn.compiler.quant import iq4, mxfp4, nvfp4
 
@@ -255,6 +330,7 @@ def _formats():
         "q5_k": Fmt(32, _q45k_word("q5_k"), lambda b, i: k_quants.q45k_factors(b, i)[0],
                     lambda b, i: k_quants.q45k_factors(b, i)[1]),
         "q6_k": Fmt(16, _q6k_word, k_quants.q6k_factor),
+        **_codebook(),
     }
 
 
@@ -280,7 +356,8 @@ def _stages(w, lead, weight_lead, keep=None):
 
     # aligned words as 32-bit loads (gemv.py); not under `keep`: a copy of the bytes ahead of the branch would load
     # the weight of a pair that leads no group
-    words = te.compute((*lead, N, K // 4), lambda *i: kept(i, f.word(blk(i[:-1], i[-1] * 4)), _c(0)), name=DEQUANT,
+    word = (lambda b: f.word(b, w.tensors)) if f.tables else f.word
+    words = te.compute((*lead, N, K // 4), lambda *i: kept(i, word(blk(i[:-1], i[-1] * 4)), _c(0)), name=DEQUANT,
                        attrs={WORD_LOAD: 1} if f.aligned and keep is None else None)
     shape = (*lead, N, K // f.sub)
     zero = _c(0.0, F32)
