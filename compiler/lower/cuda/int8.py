@@ -20,8 +20,8 @@ format's element expression (nextn.compiler.quant) computes it. Each word
 product is exact in int32, so a kernel computes sum_k w_k x'_k (x' = d · q, what the CPU multiplies) and differs
 from the CPU's integer kernels (compiler/lower/x86, ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_q4_K_q8_K ...) only by
 float32 rounding: the CPU sums whole blocks in int32 and scales once per block; here every word is scaled (the
-scheduled kernel gives each lane 2 words of one sub-block per step). The codebook formats (IQ1_S ... IQ3_S) are
-not on this route: they keep float activations.
+scheduled kernel gives each lane 2 words of one sub-block per step). IQ2_XXS ... IQ3_S: 4 signed bytes of one grid
+entry, the scale per sub-block; IQ1_S / IQ1_M are not on this route (float activations).
 
 `dot4(a, b)` = the sum of the 4 signed byte products of int32 words a and b: `__dp4a(a, b, 0)` (a pure extern
 call) where the target has it (`has_dot4`: CUDA sm_61+), else the same int32 result from shifts and multiplies
