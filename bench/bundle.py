@@ -254,9 +254,10 @@ def cpu_artifact(gguf: str, exact: bool = True) -> str:
 def gpu_route(gguf: str) -> str:
     """"int8" when every tensor of the GGUF whose CPU matmuls take int8 activation rows (compiler/lower/x86
     INT_KINDS) has a format on the CUDA integer route (compiler/lower/cuda/int8.FORMATS: Q8_0, Q4_0 .. Q5_1, IQ4_NL,
-    IQ4_XS, MXFP4, NVFP4, the K-quants, IQ2_XXS .. IQ3_S), so the default CUDA and llvm artifacts compute the same up
-    to float32 rounding; else "float": a format the CPU quantizes and CUDA does not (IQ1_S, IQ1_M) makes the
-    default builds two different computations (issue 33), and only the `--exact-matmul` builds are compared."""
+    IQ4_XS, MXFP4, NVFP4, the K-quants, the codebook formats: today every integer kind of the CPU), so the default
+    CUDA and llvm artifacts compute the same up to float32 rounding; else "float": a format the CPU quantizes and
+    CUDA does not would make the default builds two different computations (issue 33), and only the
+    `--exact-matmul` builds are compared."""
     import gguf as gg
 
     from nextn.compiler.lower.cuda.int8 import FORMATS

@@ -14,13 +14,13 @@ import os
 import numpy as np
 
 TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4", "NVFP4", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-         "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
+         "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 N = 96                                    # weight rows: not a multiple of a thread block's 4 ... and 3 blocks of 32
 ROWS = (1, 4, 9)                          # decode, a verify of 4 rows, two row tiles and one row
 # float16 scale fields (ggml-common.h block_*): set to small positive values; every other byte random
 F16_AT = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "IQ4_NL": [0], "IQ4_XS": [0],
           "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ2_XXS": [0], "IQ2_XS": [0],
-          "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0]}
+          "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0]}
 E8M0_AT = {"MXFP4": 0}                    # the e8m0 exponent byte: 2^(e - 128) kept near 2^-5 .. 2^1
 
 
@@ -44,6 +44,11 @@ def _raw(ttype: str, rng) -> np.ndarray:
         raw[:, off:off + 2] = (rng.random(len(raw)) * 0.01 + 1e-3).astype(np.float16).view(np.uint8).reshape(-1, 2)
     if ttype in E8M0_AT:
         raw[:, E8M0_AT[ttype]] = rng.integers(123, 130, len(raw))
+    if ttype == "IQ1_M":   # the float16 d is the top nibbles of the 4 scale words at bytes 48 .. 55
+        d = (rng.random(len(raw)) * 0.01 + 1e-3).astype(np.float16).view(np.uint16)
+        for i in range(4):
+            hi = 49 + 2 * i
+            raw[:, hi] = (raw[:, hi] & 0x0F) | (((d >> (4 * i)) & 0xF) << 4).astype(np.uint8)
     return raw.reshape(N, K[ttype] // block * size)
 
 

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.e2e   # builds CUDA kernels with nvcc
 I64 = "int64"
 N, X, USED, XG = 37, 3, 2, 5
 INT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "MXFP4",
-       "NVFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"]
+       "NVFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 ALIGNED = [t for t in INT if int8.FORMATS[by_ggml_type(t).kind].aligned]   # weight words as 32-bit loads
 
 
@@ -349,13 +349,13 @@ def test_rocm_quantizer_divides_correctly_rounded():
 @pytest.mark.parametrize("ttype,route", [("Q8_0", 32), ("Q4_K", 256), ("Q6_K", 256), ("Q5_K", 256), ("Q4_0", 32),
                                          ("Q4_1", 32), ("Q5_0", 32), ("Q5_1", 32), ("IQ4_NL", 32), ("MXFP4", 32),
                                          ("NVFP4", 32), ("IQ4_XS", 256), ("Q2_K", 256), ("Q3_K", 256), ("IQ2_XXS", 256),
-                                         ("IQ3_S", 256), ("BF16", None), ("F16", None), ("IQ1_S", None),
-                                         ("IQ1_M", None)])
+                                         ("IQ3_S", 256), ("BF16", None), ("F16", None), ("IQ1_S", 256),
+                                         ("IQ1_M", 256)])
 def test_route_by_format_and_exact_matmul(ttype, route):
     """The integer formats take the integer route with the CPU's row block for them ("q8_0" per 32 for the
-    32-value block formats and NVFP4, "q8" per 256 for the K-quants, IQ4_XS and the IQ2 / IQ3 codebook formats);
-    the float formats and IQ1_S / IQ1_M (not on the route yet), and every format under --exact-matmul (quantize
-    False), the float one; a K that is not whole blocks of both the rows and the weight, the float one too."""
+    32-value block formats and NVFP4, "q8" per 256 for the K-quants, IQ4_XS and the codebook formats); the float
+    formats, and every format under --exact-matmul (quantize False), the float one; a K that is not whole blocks of
+    both the rows and the weight, the float one too."""
     kind = _kind(ttype)
     assert int8.route(kind, 512, True) == route
     assert int8.route(kind, 512, False) is None

@@ -421,8 +421,8 @@ def test_bundle_plans_quantized_checks_at_the_gpu_tolerance(compiled, tmp_path, 
     """A quantized check's plan entry points at expectations recorded from the --exact-matmul artifact
     (refs/expect-exact-NAME) and carries its tolerance; the device check reads it. Which GGUFs also get the int8
     check ("NAME-int8" on CUDA bundles: every CPU-int8 format on the CUDA integer route): the Q8_0 and Q4_K_M
-    fixtures and the quants/ ones (MXFP4, IQ4_XS, IQ2_S, IQ3_XXS, IQ3_S are on the route too); not a GGUF with a
-    format the CPU quantizes and CUDA does not (IQ1_S, IQ1_M: no fixture holds one)."""
+    fixtures and the quants/ ones (MXFP4, IQ4_XS, IQ2_S, IQ3_XXS, IQ3_S are on the route too: every integer kind of
+    the CPU is)."""
     recorded = []
     monkeypatch.setattr(bundle_builder, "record_cpu_expectations",
                         lambda src, fixture, path, art=None, exact=True: recorded.append((path, art, exact)) or

@@ -108,21 +108,27 @@ def _iq3_s(t, idx):
     return db * f32(grid(gi * 4 + b.e % 4)) * sign
 
 
+def iq1s_parts(b):
+    """(grid index int32, dl float32, whether the delta is negative) of element b.e of an IQ1_S block: the element
+    is dl * (grid[index][b.e % 8] + delta)."""
+    ib, l = b.e // 32, b.e % 32 // 8
+    h = b.u16(34 + ib * 2)
+    gi = b.u8(2 + ib * 4 + l).astype(I32) | _hi(bits(h, l * 3, 7), 8)
+    dl = b.f16(0) * f32(bits(h, 12, 7).astype(I32) * const(2, I32) + const(1, I32))
+    return gi, dl, bits(h, 15, 1) != const(0, "uint16")
+
+
 @element("iq1_s")
 def _iq1_s(t, idx):
     raw, grid = t
     b = Block(raw, idx, 256, 50)
-    ib, l, j = b.e // 32, b.e % 32 // 8, b.e % 8
-    h = b.u16(34 + ib * 2)
-    gi = b.u8(2 + ib * 4 + l).astype(I32) | _hi(bits(h, l * 3, 7), 8)
-    dl = b.f16(0) * f32(bits(h, 12, 7).astype(I32) * const(2, I32) + const(1, I32))
-    return dl * (f32(grid(gi * 8 + j)) + _delta(bits(h, 15, 1) != const(0, "uint16")))
+    gi, dl, negative = iq1s_parts(b)
+    return dl * (f32(grid(gi * 8 + b.e % 8)) + _delta(negative))
 
 
-@element("iq1_m")
-def _iq1_m(t, idx):
-    raw, grid = t
-    b = Block(raw, idx, 256, 56)
+def iq1m_parts(b):
+    """(grid index int32, dl float32, whether the delta is negative) of element b.e of an IQ1_M block: the element
+    is dl * (grid[index][b.e % 8] + delta)."""
     g8 = b.e // 8
     w = [b.u16(48 + 2 * i) for i in range(4)]
     u16 = lambda v: const(v, "uint16")  # noqa: E731
@@ -131,4 +137,12 @@ def _iq1_m(t, idx):
     dl = f32(tirx.reinterpret("float16", d16)) * f32(sc * const(2, I32) + const(1, I32))
     h = bits(b.u8(32 + g8 // 2), g8 % 2 * 4, 0x0F)      # 3 high index bits | delta sign << 3
     gi = b.u8(g8).astype(I32) | _hi(h & const(7, "uint8"), 8)
-    return dl * (f32(grid(gi * 8 + b.e % 8)) + _delta((h & const(8, "uint8")) != const(0, "uint8")))
+    return gi, dl, (h & const(8, "uint8")) != const(0, "uint8")
+
+
+@element("iq1_m")
+def _iq1_m(t, idx):
+    raw, grid = t
+    b = Block(raw, idx, 256, 56)
+    gi, dl, negative = iq1m_parts(b)
+    return dl * (f32(grid(gi * 8 + b.e % 8)) + _delta(negative))

@@ -9,11 +9,11 @@ it); FuseOps fuses their element-wise neighbours (bias adds, SwiGLU, the routed-
 the schedule pass; schedules never import the compiler).
 
 Activations: by default the matmuls of the formats of `int8.FORMATS` (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4,
-NVFP4, IQ4_XS, Q2_K ... Q6_K, IQ2_XXS ... IQ3_S) take the integer route (`int8.py`: each activation row quantized
+NVFP4, IQ4_XS, Q2_K ... Q6_K, IQ1_S ... IQ3_S: every integer kind of the CPU) take the integer route (`int8.py`: each activation row quantized
 to int8 once per matmul exactly as the CPU's integer kernels do, `__dp4a` dot products, the scales per (sub-)block
-in float), so a kernel computes what the default llvm artifact computes, up to the fp32 summation order; IQ1_S,
-IQ1_M and float weights, and every format under `--exact-matmul`, keep float32 activations (the float-activation
-CPU path, `--exact-matmul`).
+in float), so a kernel computes what the default llvm artifact computes, up to the fp32 summation order; float
+weights, and every format under `--exact-matmul`, keep float32 activations (the float-activation CPU path,
+`--exact-matmul`).
 """
 from __future__ import annotations
 

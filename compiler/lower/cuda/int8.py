@@ -21,7 +21,7 @@ product is exact in int32, so a kernel computes sum_k w_k x'_k (x' = d · q, wha
 from the CPU's integer kernels (compiler/lower/x86, ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_q4_K_q8_K ...) only by
 float32 rounding: the CPU sums whole blocks in int32 and scales once per block; here every word is scaled (the
 scheduled kernel gives each lane 2 words of one sub-block per step). IQ2_XXS ... IQ3_S: 4 signed bytes of one grid
-entry, the scale per sub-block; IQ1_S / IQ1_M are not on this route (float activations).
+entry, the scale per sub-block; IQ1_S / IQ1_M: the int8 grid values, scale dl and min -(dl · delta).
 
 `dot4(a, b)` = the sum of the 4 signed byte products of int32 words a and b: `__dp4a(a, b, 0)` (a pure extern
 call) where the target has it (`has_dot4`: CUDA sm_61+), else the same int32 result from shifts and multiplies
@@ -238,7 +238,7 @@ def _codebook():
     (unsigned, <= 62) with their signs; the grid and sign patterns are the weight's table buffers (`.grid`,
     `.signs`: gguf-py's, in device memory, read through the cache), the scale d (0.5 + s) / 4 (IQ2), d (0.5 + s) / 2
     (IQ3_XXS), d (1 + 2s) (IQ3_S) per sub-block, as the element expressions compute it."""
-    from nextn.compiler.quant.iq_grid import _iq2_scale
+    from nextn.compiler.quant.iq_grid import _delta, _iq2_scale, iq1m_parts, iq1s_parts
     from nextn.compiler.quant.te import bits, f32
 
     u32 = lambda v: v.astype("int32")   # noqa: E731
@@ -284,7 +284,28 @@ def _codebook():
         sc = bits(b.u8(106 + i // 2), i % 2 * 4, 0x0F).astype(I32)
         return b.f16(0) * f32(sc * _c(2) + _c(1))
 
+    def iq1(parts):   # IQ1_S / IQ1_M: int8 grid values -1, 0, 1; w = dl · q + dl · delta, so low = -(dl · delta)
+        def word(b, t):
+            gi = parts(b)[0]
+            out = _uc(0)
+            for i in range(4):
+                g = tirx.reinterpret("uint8", t[1](gi * 8 + b.e % 8 + i)).astype("uint32")
+                out = out | (g << _uc(8 * i))
+            return tirx.reinterpret(I32, out)
+
+        def low(b, i):
+            _gi, dl, negative = parts(b)
+            return -(dl * _delta(negative))
+
+        return word, (lambda b, i: parts(b)[1]), low
+
+    w1s, s1s, l1s = iq1(iq1s_parts)
+    w1m, s1m, l1m = iq1(iq1m_parts)
     return {
+        # the factors of a sub-block from its first element (the SCALE / MIN stages' b.e); IQ1_M's delta sign is
+        # per 8 weights, so its factors are too
+        "iq1_s": Fmt(32, w1s, s1s, l1s, tables=True),
+        "iq1_m": Fmt(8, w1m, s1m, l1m, tables=True),
         "iq2_xxs": Fmt(32, iq2_xxs, lambda b, i: _iq2_scale(b.f16(0), b.u32(6 + i * 8) >> _uc(28)), tables=True),
         "iq2_xs": Fmt(16, iq2_xs, lambda b, i: _iq2_scale(b.f16(0), bits(b.u8(66 + i // 2), i % 2 * 4, 0x0F)),
                       tables=True),
