@@ -118,14 +118,6 @@ def iq1s_parts(b):
     return gi, dl, bits(h, 15, 1) != const(0, "uint16")
 
 
-@element("iq1_s")
-def _iq1_s(t, idx):
-    raw, grid = t
-    b = Block(raw, idx, 256, 50)
-    gi, dl, negative = iq1s_parts(b)
-    return dl * (f32(grid(gi * 8 + b.e % 8)) + _delta(negative))
-
-
 def iq1m_parts(b):
     """(grid index int32, dl float32, whether the delta is negative) of element b.e of an IQ1_M block: the element
     is dl * (grid[index][b.e % 8] + delta)."""
@@ -140,9 +132,16 @@ def iq1m_parts(b):
     return gi, dl, (h & const(8, "uint8")) != const(0, "uint8")
 
 
-@element("iq1_m")
-def _iq1_m(t, idx):
-    raw, grid = t
-    b = Block(raw, idx, 256, 56)
-    gi, dl, negative = iq1m_parts(b)
-    return dl * (f32(grid(gi * 8 + b.e % 8)) + _delta(negative))
+def _iq1(kind: str, type_size: int, parts):
+    @element(kind)
+    def expr(t, idx):
+        raw, grid = t
+        b = Block(raw, idx, 256, type_size)
+        gi, dl, negative = parts(b)
+        return dl * (f32(grid(gi * 8 + b.e % 8)) + _delta(negative))
+
+    return expr
+
+
+_iq1("iq1_s", 50, iq1s_parts)
+_iq1("iq1_m", 56, iq1m_parts)
