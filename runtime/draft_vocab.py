@@ -14,7 +14,9 @@ Ranks come from
   specials at the end of the vocabulary, which this order puts first.)
 
 A frequency file is what FR-Spec and SGLang's token map use: token counts of text the model produces (or of the
-user's own traffic). `frequency_ranks` makes one from token ids and `write_ranks` writes it in the format above.
+user's own traffic). `frequency_ranks` makes one from token ids and `write_ranks` writes it in the format above;
+`text_ranks` counts the tokens of text files with the model's tokenizer (`nextn draft-vocab MODEL.gguf --from
+TEXT... -o FILE`).
 """
 from __future__ import annotations
 
@@ -99,6 +101,31 @@ def frequency_ranks(tokens, n_vocab: int, fallback=()) -> np.ndarray:
         first.setdefault(x, i)
     seen = sorted(first, key=lambda x: (-counts[x], first[x]))
     return _first_distinct(seen + [int(x) for x in fallback], n_vocab)
+
+
+def text_ranks(model: str, texts, fill: bool = True) -> tuple[np.ndarray, int, int]:
+    """(ranks, tokens counted, distinct ids counted) of the text files `texts` (UTF-8, each tokenized on its own
+    with the GGUF `model`'s tokenizer, runtime/tokenizer.py, no prefix added): `frequency_ranks` of all their
+    tokens, then with `fill` every other id in the tokenizer's order (`tokenizer_ranks`), so any N below the
+    vocabulary can be drafted from the file. NextnError (one line, naming the file) for a model that is not a
+    GGUF with a GLM tokenizer or a text file that cannot be read as UTF-8."""
+    from nextn.common.gguf import GGUFFile
+
+    from .tokenizer import Tokenizer
+
+    fields = GGUFFile.open(model).fields
+    tok = Tokenizer.from_gguf_fields(fields, source=model)
+    tokens = []
+    for path in texts:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            why = getattr(e, "strerror", None) or e
+            raise NextnError(f"{path}: cannot read the text file ({why}; expected UTF-8 text)") from None
+        tokens += tok.encode(text)
+    counted = len(set(tokens))
+    return frequency_ranks(tokens, tok.n_vocab, tokenizer_ranks(fields) if fill else ()), len(tokens), counted
 
 
 def write_ranks(path: str, ids, comment: str = "") -> None:
