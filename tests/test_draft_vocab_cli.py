@@ -77,6 +77,7 @@ def test_draft_vocab_bad_input_is_one_line(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_speculation_with_a_file_from_text_is_lossless(compiled, tmp_path):
     """The reduced draft head's rows from a `nextn draft-vocab` file of the prompt texts: its ids are the file's
     first N, and greedy output with speculation on (n_max 1 and 3) equals the reference on every prompt."""
