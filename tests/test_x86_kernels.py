@@ -304,6 +304,36 @@ def test_weight_row_blocks(kind, w_rows, tile_n):
         assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), t
 
 
+KQUANT_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).block == 256 and x86.format_of(k).acts == "q8"
+                      and x86.format_of(k).path is x86.format_of("q4_k").path)   # Q2_K .. Q6_K
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("R", [1, 2, 3, 4])
+@pytest.mark.parametrize("kind", KQUANT_KINDS)
+def test_kquant_verify_rows(kind, R):
+    """A verify's few rows through the K-quants' row-count kernel with the knobs compile gives it
+    (x86.default_knobs: two weight rows per register block at 64 bytes, the row left over from the VNNI pairs
+    as a cross pair over them, kquant.kquant_rows), N = 37 off the tile and off the block: against float64 numpy,
+    and every row bitwise equal to the one-row decode kernel's (lossless speculation), K whole (2 blocks) and in
+    chunks (fit_kb 32 with 17 blocks per row at 3 and 4 rows)."""
+    N = 37
+    vnni = x86.has_vnni(TARGET, WIDTH)
+    for units in (2, 17):
+        K = 256 * units
+        w, wf = random_weight(kind, (), N, K)
+        acts, xf = activations(kind, RNG.standard_normal((R, K)).astype(np.float32))
+        spec = x86.KernelSpec("matmul", kind, N, K, None)
+        knobs = dataclasses.replace(x86.default_knobs(spec, WIDTH), fit_kb=32)
+        (y,) = run(build(spec.build(knobs, vnni)), w, *acts, outs=[(R, N)])
+        assert rel(y, xf @ wf.T) < 1e-5
+        one = x86.KernelSpec("matmul", kind, N, K, 1)
+        fn = build(one.build(x86.default_knobs(one, WIDTH), vnni))
+        for t in range(R):
+            (y1,) = run(fn, w, *[a[t:t + 1] for a in acts], outs=[(1, N)])
+            assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), (K, t)
+
+
 def _dot_kernel(width, scaled, vnni, n):
     from tvm.script.ir_builder import IRBuilder
     from tvm.tirx.script import builder as T
