@@ -50,12 +50,7 @@ def tokenizer_ranks(fields: dict) -> np.ndarray:
 def read_ranks(path: str, n_vocab: int) -> np.ndarray:
     """The token ids of file `path` (module doc), int32, distinct, in file order. NextnError (one line, naming the
     file) for an unreadable file, a token that is not an integer, or an id outside [0, n_vocab)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        why = getattr(e, "strerror", None) or e
-        raise NextnError(f"{path}: cannot read the draft vocabulary file ({why})") from None
+    text = _read_text(path, "the draft vocabulary file", "")
     if text.lstrip().startswith("["):
         try:
             ids = json.loads(text)
@@ -117,13 +112,7 @@ def text_ranks(model: str, texts, fill: bool = True) -> tuple[np.ndarray, int, i
     tok = Tokenizer.from_gguf_fields(fields, source=model)
     tokens = []
     for path in texts:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            why = getattr(e, "strerror", None) or e
-            raise NextnError(f"{path}: cannot read the text file ({why}; expected UTF-8 text)") from None
-        tokens += tok.encode(text)
+        tokens += tok.encode(_read_text(path, "the text file", "; expected UTF-8 text"))
     counted = len(set(tokens))
     return frequency_ranks(tokens, tok.n_vocab, tokenizer_ranks(fields) if fill else ()), len(tokens), counted
 
@@ -134,6 +123,16 @@ def write_ranks(path: str, ids, comment: str = "") -> None:
         for line in comment.splitlines():
             f.write(f"# {line}\n")
         f.write("".join(f"{int(i)}\n" for i in ids))
+
+
+def _read_text(path: str, what: str, expected: str) -> str:
+    """The UTF-8 text of file `path`; NextnError "PATH: cannot read WHAT (why`expected`)" otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or e
+        raise NextnError(f"{path}: cannot read {what} ({why}{expected})") from None
 
 
 def _first_distinct(ids, n_vocab: int) -> np.ndarray:
