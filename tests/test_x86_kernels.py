@@ -267,17 +267,18 @@ def test_fit_kb_default_is_the_targets_l1():
     assert x86.default_knobs(spec, 64).fit_kb == 32
 
 
-LANE_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).path.multi_row)   # IQ4_XS, Q8_0, IQ4_NL, MXFP4
+LANE_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).path.multi_row)   # IQ4_XS, the K-quants, Q8_0, ..
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("w_rows,tile_n", [(2, 8), (4, 6)], ids=["w2-tile8", "w4-tile6"])
 @pytest.mark.parametrize("kind", LANE_KINDS)
 def test_weight_row_blocks(kind, w_rows, tile_n):
-    """Weight rows in register blocks (Knobs.w_rows; IQ4_XS and the grouped IQ4_NL / MXFP4): N = 37 off the tile
-    and the block (the last tile's rows one at a time; tile_n 6 leaves 2 rows a block of 4 does not cover), 15 rows
-    (groups of 8, 4, 3), K in chunks for the 8 and whole for the others, and a routed-experts kernel: against
-    numpy, and every row bitwise equal to the one-row kernel without blocks (the decode step's)."""
+    """Weight rows in register blocks (Knobs.w_rows; IQ4_XS, the K-quants, the grouped 32-block formats): N = 37 off
+    the tile and the block (the last tile's rows one at a time; tile_n 6 leaves 2 rows a block of 4 does not cover),
+    15 rows (groups of 8, 4, 3: the K-quants' 3 as a pair and a cross pair), K in chunks for the 8 and whole for the
+    others, and a routed-experts kernel: against numpy, and every row bitwise equal to the one-row kernel without
+    blocks (the decode step's)."""
     N, K, R = 37, 256 * 17 + (96 if x86.format_of(kind).block == 32 else 0), 15
     w, wf = random_weight(kind, (), N, K)
     vnni = x86.has_vnni(TARGET, WIDTH)
