@@ -183,6 +183,32 @@ def bench(model, prompts, out, n_predict, repeat, temp, seed, ctx_size, target, 
               draft_vocab_file=spec_draft_vocab_file, options=options)
 
 
+@cli.command("draft-vocab")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--from", "texts", multiple=True, required=True, type=click.Path(dir_okay=False),
+              help="Text file (UTF-8) whose tokens are counted; repeatable. Your own prompts and outputs.")
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False),
+              help="Rank file to write (one token id per line, most frequent first): --spec-draft-vocab-file.")
+@click.option("--fill/--no-fill", default=True, show_default=True,
+              help="After the counted ids, every other id in the tokenizer's merge order (so any N fits).")
+def draft_vocab(model, texts, out, fill):
+    """Write a reduced-vocabulary frequency file for --spec-draft-vocab N from text: the token ids of MODEL's
+    tokenizer ranked by their count in the --from files (FR-Spec)."""
+    from .draft_vocab import text_ranks, write_ranks
+
+    ids, n_tokens, counted = text_ranks(model, texts, fill)
+    if not counted:
+        raise NextnError(f"{', '.join(texts)}: no tokens to count (the text files are empty)")
+    rest = ", then the tokenizer's merge order" if fill else ""
+    try:
+        write_ranks(out, ids, f"nextn draft-vocab: token frequencies of {len(texts)} text file(s) "
+                              f"({n_tokens} tokens, {counted} distinct ids){rest}; most frequent first")
+    except OSError as e:
+        raise NextnError(f"{out}: cannot write the rank file ({e.strerror})") from None
+    click.echo(f"{out}: {len(ids)} token ids ({counted} counted in {n_tokens} tokens of {len(texts)} file(s)){rest}",
+               err=True)
+
+
 from .cli_serve import register as _register_serve  # noqa: E402
 from .cli_tune import register as _register_tuning  # noqa: E402
 

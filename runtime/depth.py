@@ -18,7 +18,8 @@ Vocabulary:
   speculative round at the best depth: it re-measures acceptance and cost. When even alpha = 1 cannot beat plain
   decoding (*cost-bound*: verify of k+1 rows costs more than k+1 plain rounds), the probe is skipped — no
   acceptance could change the answer — and the check repeats every `max_interval` rounds, after re-timing the
-  decode and the verify of the best depth at the current context (two timing-only calls, `retime`).
+  decode, the verify of the best depth and a draft step at the current context (three timing-only calls,
+  `retime`).
 Every switch is recorded in `events` with the numbers behind it.
 """
 from __future__ import annotations
@@ -48,10 +49,11 @@ class AdaptiveDepth:
     `costs` = (verify_s, draft_s[, row_s]) from `calibrate`: seconds of a verify of T = 1..k_max+1 rows, of one
     draft step, of one NextN catch-up row.
     `remeasure(T)` → fresh seconds of a verify of T rows at the current position (timing only; used instead of a
-    probe while cost-bound), or None where T rows do not fit the context."""
+    probe while cost-bound), or None where T rows do not fit the context; `remeasure_draft()` → fresh seconds of
+    one draft step there, or None (no cell left, or not given: the calibration's draft seconds stay)."""
 
     def __init__(self, k_max: int, costs, remeasure=None, alpha0: float = 0.75, beta: float = 0.1,
-                 interval: int = 16, max_interval: int = 256):
+                 interval: int = 16, max_interval: int = 256, remeasure_draft=None):
         self.k_max = k_max
         self.verify_s, self.draft_s = list(costs[0][:k_max + 1]), costs[1]
         self.row_s = costs[2] if len(costs) > 2 else 0.0      # NextN catch-up seconds per gap row
@@ -60,7 +62,7 @@ class AdaptiveDepth:
         self.base = [self.verify_s[k] + k * self.draft_s for k in range(k_max + 1)]
         self.slow = [1.0, 1.0]               # slowdown of plain rounds, of speculative rounds
         self.alpha = [alpha0] * k_max
-        self.remeasure = remeasure
+        self.remeasure, self.remeasure_draft = remeasure, remeasure_draft
         self.beta, self.interval0, self.max_interval = beta, interval, max_interval
         self.interval, self.plain_left, self.mode = interval, 0, "spec"    # mode: spec | plain | probe
         self.events: list[dict] = []
@@ -121,11 +123,15 @@ class AdaptiveDepth:
         calibration ran at position 0, and a verify's attention grows with the context (bench/spec_depth.py;
         docs/performance.md, "Decode and draft-mtp at depth"). Every depth's verify seconds scale by the verify's
         change, plain's by the decode's; the plain slowdown is divided by the same factor, so the plain round seconds
-        it has measured stay. The draft step is not re-timed (it grows less: its lm head does not grow with the
-        context, its attention does)."""
+        it has measured stay. The draft step is re-timed too where `remeasure_draft` is given: its attention grows
+        with the context as the verify's does, its head does not, so it grows by its own factor, and a depth whose
+        drafts got dearer must not look cheaper than it is."""
         v1, vk = self.remeasure(1), self.remeasure(k + 1)
         if v1 is None or vk is None:         # no cells left to time at
             return
+        d = self.remeasure_draft() if self.remeasure_draft is not None else None
+        if d is not None:
+            self.draft_s = d
         f1, fk = v1 / self.verify_s[0], vk / self.verify_s[k]
         self.slow[0] /= f1
         if not self.seen_spec:

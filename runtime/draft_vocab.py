@@ -14,7 +14,9 @@ Ranks come from
   specials at the end of the vocabulary, which this order puts first.)
 
 A frequency file is what FR-Spec and SGLang's token map use: token counts of text the model produces (or of the
-user's own traffic). `frequency_ranks` makes one from token ids and `write_ranks` writes it in the format above.
+user's own traffic). `frequency_ranks` makes one from token ids and `write_ranks` writes it in the format above;
+`text_ranks` counts the tokens of text files with the model's tokenizer (`nextn draft-vocab MODEL.gguf --from
+TEXT... -o FILE`).
 """
 from __future__ import annotations
 
@@ -48,12 +50,7 @@ def tokenizer_ranks(fields: dict) -> np.ndarray:
 def read_ranks(path: str, n_vocab: int) -> np.ndarray:
     """The token ids of file `path` (module doc), int32, distinct, in file order. NextnError (one line, naming the
     file) for an unreadable file, a token that is not an integer, or an id outside [0, n_vocab)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        why = getattr(e, "strerror", None) or e
-        raise NextnError(f"{path}: cannot read the draft vocabulary file ({why})") from None
+    text = _read_text(path, "the draft vocabulary file", "")
     if text.lstrip().startswith("["):
         try:
             ids = json.loads(text)
@@ -101,12 +98,41 @@ def frequency_ranks(tokens, n_vocab: int, fallback=()) -> np.ndarray:
     return _first_distinct(seen + [int(x) for x in fallback], n_vocab)
 
 
+def text_ranks(model: str, texts, fill: bool = True) -> tuple[np.ndarray, int, int]:
+    """(ranks, tokens counted, distinct ids counted) of the text files `texts` (UTF-8, each tokenized on its own
+    with the GGUF `model`'s tokenizer, runtime/tokenizer.py, no prefix added): `frequency_ranks` of all their
+    tokens, then with `fill` every other id in the tokenizer's order (`tokenizer_ranks`), so any N below the
+    vocabulary can be drafted from the file. NextnError (one line, naming the file) for a model that is not a
+    GGUF with a GLM tokenizer or a text file that cannot be read as UTF-8."""
+    from nextn.common.gguf import GGUFFile
+
+    from .tokenizer import Tokenizer
+
+    fields = GGUFFile.open(model).fields
+    tok = Tokenizer.from_gguf_fields(fields, source=model)
+    tokens = []
+    for path in texts:
+        tokens += tok.encode(_read_text(path, "the text file", "; expected UTF-8 text"))
+    counted = len(set(tokens))
+    return frequency_ranks(tokens, tok.n_vocab, tokenizer_ranks(fields) if fill else ()), len(tokens), counted
+
+
 def write_ranks(path: str, ids, comment: str = "") -> None:
     """Write token ids (rank order) as a `--spec-draft-vocab-file`: one id per line, `comment` lines first (`#`)."""
     with open(path, "w", encoding="utf-8") as f:
         for line in comment.splitlines():
             f.write(f"# {line}\n")
         f.write("".join(f"{int(i)}\n" for i in ids))
+
+
+def _read_text(path: str, what: str, expected: str) -> str:
+    """The UTF-8 text of file `path`; NextnError "PATH: cannot read WHAT (why`expected`)" otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or e
+        raise NextnError(f"{path}: cannot read {what} ({why}{expected})") from None
 
 
 def _first_distinct(ids, n_vocab: int) -> np.ndarray:

@@ -271,7 +271,12 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
     remeasure = lambda T: time_call(   # noqa: E731
         lambda: seq.verify(spread_tokens(T, int(seq.model.hparams["n_vocab"])), n_past)) \
         if n_past + T <= seq.n_ctx else None
-    depth = controller or (AdaptiveDepth(k_max, calibrate(seq, k_max), remeasure) if auto else FixedDepth(k_max))
+    # ... and a draft step there (its NextN cell is rewritten by the catch-up rows before a draft reads it)
+    remeasure_draft = lambda: time_call(   # noqa: E731
+        lambda: seq.mtp_draft([0], np.zeros((1, int(seq.model.hparams["n_embd"])), np.float32), n_past)) \
+        if seq.model.has_mtp and n_past + 1 <= seq.n_ctx else None
+    depth = controller or (AdaptiveDepth(k_max, calibrate(seq, k_max), remeasure, remeasure_draft=remeasure_draft)
+                           if auto else FixedDepth(k_max))
     drafter = Drafter(seq, chain, rng, spec.draft_sampling == "sample", spec.n_min, spec.p_min) \
         if spec.enabled else None
     rules = FinishRules(frozenset() if sampling.ignore_eos else eog_ids, sampling.stop, token_bytes, n_predict)

@@ -253,6 +253,60 @@ def test_retime_at_depth_scales_every_verify_and_keeps_plains_measured_seconds()
     assert none.verify_s == [1.0, 2.1, 3.2, 4.3]
 
 
+def test_retime_at_depth_re_times_the_draft_step_too():
+    """`retime` also re-times a draft step at the current context (`remeasure_draft`): calibrated at position 0
+    (decode 1.0 s, verify of 2 rows 1.5 s, draft 0.6 s) depth 1 is cost-bound (2 tokens for 2.1 s at acceptance 1);
+    at depth a decode costs 2.0 s, a verify of 2 rows 2.4 s. With the draft step still priced at 0.6 s depth 1
+    would pay (2 / 3.0 > 1 / 2.0) and `auto` would speculate; re-timed at 2.0 s it costs 4.4 s for 2 tokens, less
+    than plain's 2 per 4.0 s, so `auto` stays plain and re-times again after max_interval rounds."""
+    def run(remeasure_draft):
+        timed = []
+
+        def draft():
+            timed.append("draft")
+            return remeasure_draft
+        c = AdaptiveDepth(1, ([1.0, 1.5], 0.6), lambda T: {1: 2.0, 2: 2.4}[T], alpha0=1.0, interval=4,
+                          max_interval=8, remeasure_draft=draft)
+        depths = []
+        for i in range(17):
+            depths.append(c.choose(i))
+            if depths[-1] == 0:
+                c.observe(0, 0, 2.0, i)
+        return c, depths, timed
+
+    c, depths, timed = run(2.0)
+    assert depths == [0] * 17 and timed == ["draft", "draft"]          # re-timed at rounds 8 and 16, plain all along
+    assert c.draft_s == 2.0 and c.base == pytest.approx([2.0, 2.4 + 2.0])
+    stale, depths, _ = run(None)                                      # no cell to time the draft at: 0.6 s stays
+    assert stale.draft_s == 0.6 and depths == [0] * 16 + [1]          # and depth 1 pays at the next check
+    assert stale.events[-1]["to_depth"] == 1
+
+
+def test_retiming_mid_generation_keeps_the_output(q8_model, monkeypatch):
+    """The engine's `remeasure` / `remeasure_draft` (runtime/speculative.py) time a verify and a draft step at the
+    next cells; their cells are rewritten before they are read: `auto`, re-timing (verify of 2 rows and a draft
+    step) at every fifth round, gives plain decoding's tokens, and the draft was timed (seconds > 0)."""
+    import nextn.runtime.speculative as sp
+
+    drafts = []
+
+    class Retiming(AdaptiveDepth):
+        def __init__(self, *a, remeasure_draft=None, **kw):
+            super().__init__(*a, remeasure_draft=lambda: drafts.append(remeasure_draft()) or drafts[-1], **kw)
+
+        def choose(self, n_emitted, gap_rows=0):
+            if n_emitted % 5 == 4:
+                self.retime(1)
+            return super().choose(n_emitted, gap_rows)
+
+    seq = q8_model.sequence
+    plain = generate(seq, P["prompt_ids"], SamplingParams(32), SPEC_OFF)
+    monkeypatch.setattr(sp, "AdaptiveDepth", Retiming)
+    r = generate(seq, P["prompt_ids"], SamplingParams(32), SpecParams(n_max="auto"))
+    assert r.tokens == plain.tokens
+    assert drafts and all(d is not None and d > 0 for d in drafts)
+
+
 def test_a_written_gap_does_not_count_as_slowdown():
     """A speculative round that writes a NextN gap of 10 rows (0.1 s each, priced apart by `cost`) takes base + 1 s;
     the spec slowdown sees only base (stays 1.0), and depth 1 keeps paying: E(1) = 1.75 at alpha 0.75 for

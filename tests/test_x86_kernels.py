@@ -267,17 +267,18 @@ def test_fit_kb_default_is_the_targets_l1():
     assert x86.default_knobs(spec, 64).fit_kb == 32
 
 
-LANE_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).path.multi_row)   # IQ4_XS, Q8_0, IQ4_NL, MXFP4
+LANE_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).path.multi_row)   # IQ4_XS, the K-quants, Q8_0, ..
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("w_rows,tile_n", [(2, 8), (4, 6)], ids=["w2-tile8", "w4-tile6"])
 @pytest.mark.parametrize("kind", LANE_KINDS)
 def test_weight_row_blocks(kind, w_rows, tile_n):
-    """Weight rows in register blocks (Knobs.w_rows; IQ4_XS and the grouped IQ4_NL / MXFP4): N = 37 off the tile
-    and the block (the last tile's rows one at a time; tile_n 6 leaves 2 rows a block of 4 does not cover), 15 rows
-    (groups of 8, 4, 3), K in chunks for the 8 and whole for the others, and a routed-experts kernel: against
-    numpy, and every row bitwise equal to the one-row kernel without blocks (the decode step's)."""
+    """Weight rows in register blocks (Knobs.w_rows; IQ4_XS, the K-quants, the grouped 32-block formats): N = 37 off
+    the tile and the block (the last tile's rows one at a time; tile_n 6 leaves 2 rows a block of 4 does not cover),
+    15 rows (groups of 8, 4, 3: the K-quants' 3 as a pair and a cross pair), K in chunks for the 8 and whole for the
+    others, and a routed-experts kernel: against numpy, and every row bitwise equal to the one-row kernel without
+    blocks (the decode step's)."""
     N, K, R = 37, 256 * 17 + (96 if x86.format_of(kind).block == 32 else 0), 15
     w, wf = random_weight(kind, (), N, K)
     vnni = x86.has_vnni(TARGET, WIDTH)
@@ -302,6 +303,36 @@ def test_weight_row_blocks(kind, w_rows, tile_n):
     for t in range(T):
         (y1,) = run(one, we, *[a[t:t + 1] for a in acts], ids[t:t + 1], outs=[(1, U, N)])
         assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), t
+
+
+KQUANT_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).block == 256 and x86.format_of(k).acts == "q8"
+                      and x86.format_of(k).path is x86.format_of("q4_k").path)   # Q2_K .. Q6_K
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("R", [1, 2, 3, 4])
+@pytest.mark.parametrize("kind", KQUANT_KINDS)
+def test_kquant_verify_rows(kind, R):
+    """A verify's few rows through the K-quants' row-count kernel with the knobs compile gives it
+    (x86.default_knobs: two weight rows per register block at 64 bytes, the row left over from the VNNI pairs
+    as a cross pair over them, kquant.kquant_rows), N = 37 off the tile and off the block: against float64 numpy,
+    and every row bitwise equal to the one-row decode kernel's (lossless speculation), K whole (2 blocks) and in
+    chunks (fit_kb 32 with 17 blocks per row at 3 and 4 rows)."""
+    N = 37
+    vnni = x86.has_vnni(TARGET, WIDTH)
+    for units in (2, 17):
+        K = 256 * units
+        w, wf = random_weight(kind, (), N, K)
+        acts, xf = activations(kind, RNG.standard_normal((R, K)).astype(np.float32))
+        spec = x86.KernelSpec("matmul", kind, N, K, None)
+        knobs = dataclasses.replace(x86.default_knobs(spec, WIDTH), fit_kb=32)
+        (y,) = run(build(spec.build(knobs, vnni)), w, *acts, outs=[(R, N)])
+        assert rel(y, xf @ wf.T) < 1e-5
+        one = x86.KernelSpec("matmul", kind, N, K, 1)
+        fn = build(one.build(x86.default_knobs(one, WIDTH), vnni))
+        for t in range(R):
+            (y1,) = run(fn, w, *[a[t:t + 1] for a in acts], outs=[(1, N)])
+            assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), (K, t)
 
 
 def _dot_kernel(width, scaled, vnni, n):

@@ -160,8 +160,8 @@ class KernelSpec:
 
 
 def takes_w_rows(spec: KernelSpec) -> bool:
-    """Whether Knobs.w_rows changes `spec`'s kernel (RowPath.multi_row: IQ4_XS, the grouped 32-block formats Q8_0,
-    Q4_0 .. Q5_1, IQ4_NL, MXFP4, and NVFP4)."""
+    """Whether Knobs.w_rows changes `spec`'s kernel (RowPath.multi_row: IQ4_XS, the K-quants Q2_K .. Q6_K, the
+    grouped 32-block formats Q8_0, Q4_0 .. Q5_1, IQ4_NL, MXFP4, and NVFP4)."""
     return format_of(spec.kind, spec.exact).path.multi_row
 
 
@@ -182,8 +182,9 @@ def default_knobs(spec: KernelSpec, width: int, l1d: int = 32) -> Knobs:
     """nextn's default schedule for `spec` (what a tuning log record must beat); each choice won an interleaved
     `bench/x86_rows.py --against` run (numbers: docs/performance.md, the Zen 4 sections of 2026-12-03/04).
     w_rows: 2 for the routed experts' row-count kernels (prefill, verify) of the `takes_w_rows` formats at 64-byte
-    width (an expert's few rows per tile pass: each activation load serves two weight rows) and for IQ4_XS's dense
-    row-count kernels (lanes.lane_rows), else 1 (the grouped Q8_0 / IQ4_NL dense ones did not gain; the one-row
+    width (an expert's few rows per tile pass: each activation load serves two weight rows) and for IQ4_XS's and
+    the K-quants' dense row-count kernels (lanes.lane_rows; kquant.kquant_rows, where a verify's odd row goes as a
+    pair across the two weight rows), else 1 (the grouped Q8_0 / IQ4_NL dense ones did not gain; the one-row
     decode kernels keep theirs).
     prefetch_level: Knobs' 2 (into L2, kernel.prefetch) for all, the routed down experts (one short activation row
     per slot) too.

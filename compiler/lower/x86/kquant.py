@@ -2,7 +2,8 @@
 (how a (weight row, block) is decoded straight from ggml's block_q2_K .. block_q6_K bytes, ggml/src/ggml-common.h)
 and their row loop: a weight row's blocks against a group of rows, u8 x s8 -> i16 pairs (pmaddubsw) then i16 x sub-block scale
 -> i32 (pmaddwd), one int->float conversion and one FMA per term and block, rows two at a time through VNNI where
-the quants allow. The same idea as ggml-cpu's ggml_vec_dot_q4_K_q8_K and its siblings (ggml-cpu/arch/x86/quants.c)."""
+the quants allow (an odd row two weight rows at a time, in a register block of two). The same idea as ggml-cpu's
+ggml_vec_dot_q4_K_q8_K and its siblings (ggml-cpu/arch/x86/quants.c)."""
 from __future__ import annotations
 
 from tvm import tirx
@@ -50,8 +51,12 @@ def _shift_halves(v, a, b, left=False):
 
 
 class KQuantPath(RowPath):
-    """`kquant_rows`: one weight row at a time (a tile's rows share the activation pairs' terms, `tile_terms`),
-    its float lanes per row `kquant_lanes`, K whole or in chunks of blocks."""
+    """`kquant_rows`: a register block of weight rows (Knobs.w_rows, 2 by default for the row-count kernels at 64
+    bytes: x86.default_knobs) against a row group (a tile's rows share the activation pairs' terms,
+    `tile_terms`), its float lanes per (weight row, activation row) `kquant_lanes`, K whole or in chunks of
+    blocks. With two weight rows the row left over from the pairs goes beside itself across them (`kquant_rows`)."""
+    multi_row = True
+    w_rows_dense = 2
 
     def acc_lanes(self, kern, fmt):
         return [kquant_lanes(kern, fmt)]
@@ -60,19 +65,23 @@ class KQuantPath(RowPath):
         return kquant_pair_terms(kern, fmt, rows)
 
     def rows(self, kern, fmt, ns, rows, outs, terms):
-        (n,), (outs,) = ns, outs
-        acc = T.decl_buffer((len(rows) * kquant_lanes(kern, fmt),), "float32")
-        kquant_zero(kern, fmt, acc, 0, len(rows))
-        kquant_rows(kern, fmt, n, rows, acc, 0, pair_terms=terms)
-        paired = kquant_paired(kern, fmt, len(rows))
-        for r, out in enumerate(outs):
-            T.buffer_store(kern.y, kquant_out(kern, fmt, acc, 0, r, r < paired), out)
+        n_l, R = kquant_lanes(kern, fmt), len(rows)
+        acc = T.decl_buffer((len(ns) * R * n_l,), "float32")
+        bases = [j * R * n_l for j in range(len(ns))]
+        for b in bases:
+            kquant_zero(kern, fmt, acc, b, R)
+        kquant_rows(kern, fmt, ns, rows, acc, bases, pair_terms=terms)
+        paired = kquant_paired(kern, fmt, R)
+        for b, o in zip(bases, outs):
+            for r, out in enumerate(o):
+                T.buffer_store(kern.y, kquant_out(kern, fmt, acc, b, r, r < paired), out)
 
     def chunk_zero(self, kern, fmt, accs, nn, n_rows):
         kquant_zero(kern, fmt, accs[0], nn * n_rows * kquant_lanes(kern, fmt), n_rows)
 
     def chunk_pass(self, kern, fmt, nns, ns, rows, accs, chunk, terms, ahead):
-        kquant_rows(kern, fmt, ns[0], rows, accs[0], nns[0] * len(rows) * kquant_lanes(kern, fmt), chunk, terms, ahead)
+        n_l = kquant_lanes(kern, fmt)
+        kquant_rows(kern, fmt, ns, rows, accs[0], [nn * len(rows) * n_l for nn in nns], chunk, terms, ahead)
 
     def chunk_out(self, kern, fmt, accs, nn, r, n_rows):
         paired = kquant_paired(kern, fmt, n_rows)
@@ -348,83 +357,148 @@ def kquant_zero(kern, fmt, acc, base, n_rows):
         T.buffer_store(acc, const(0.0, "float32", m), [ramp(base + off, m)])
 
 
-def kquant_rows(kern, fmt, n, rows, acc, base, blocks=None, pair_terms=None, ahead=None):
-    """Weight row n against "q8" activation rows `rows` for the unsigned K-quants. Per block (of `blocks`, a
-    (first, end) range; all by default) and row: the block sum's 8 int32 lanes (`dot_u8s8` folded to 8, or
-    `dot_pair` for two rows at once: the same lanes) and the xs term's 8 (`fmt.xs_term`: weights of the row's
-    16-value sums, pmaddwd), then per lane one FMA of float(int) by (d x the row's scale): the xs term joins the
-    block sum's integers when it has no factor of its own (Q6_K's -32), else it has 8 lanes of its own with its
-    factor (Q4_K's -dmin). A pair keeps its two rows' lanes interleaved (vec.PAIR_LANES) in one 16-lane vector
-    per term, so a block costs it one conversion and one FMA per term, no shuffles; a row alone has the same
-    lanes in order, so its bits are the same. At 32-byte width (AVX2) a group's block sums go through
-    `_steps32` and each row's end of block through `_rows32`. acc: float32 buffer, row r's `kquant_lanes` lanes at
-    base + r * lanes (a pair's two rows side by side). `pair_terms`: the pairs' activation terms of every
-    block, computed once for all the weight rows of a tile (`kquant_pair_terms`; None: computed here). `ahead`:
-    the prefetch distance in bytes (kernel.prefetch)."""
+def kquant_rows(kern, fmt, ns, rows, acc, bases, blocks=None, pair_terms=None, ahead=None):
+    """Weight rows `ns` (one, or a register block of Knobs.w_rows: tiles.py) against "q8" activation rows `rows`
+    for the unsigned K-quants. Per block (of `blocks`, a (first, end) range; all by default), weight row and
+    activation row: the block sum's 8 int32 lanes (`dot_u8s8` folded to 8, or `dot_pair` for two rows at once:
+    the same lanes) and the xs term's 8 (`fmt.xs_term`: weights of the row's 16-value sums, pmaddwd), then per
+    lane one FMA of float(int) by (d x the row's scale): the xs term joins the block sum's integers when it has
+    no factor of its own (Q6_K's -32), else it has 8 lanes of its own with its factor (Q4_K's -dmin). A pair
+    keeps its two rows' lanes interleaved (vec.PAIR_LANES) in one 16-lane vector per term, so a block costs it
+    one conversion and one FMA per term, no shuffles; a row alone has the same lanes in order, so its bits are
+    the same. Where the rows are odd and two weight rows share the block, the last row goes as a cross pair:
+    one row against both weight rows' vectors (`dot_packed`, weight row i in lanes PAIR_LANES[i]), the same
+    integers, then each weight row's lanes moved into a row alone's order before its FMA: a third row costs
+    what a pair's row costs, not a `dot_u8s8` of its own per weight row. At 32-byte width (AVX2) a group's block
+    sums go through `_steps32` and each row's end of block through `_rows32`. acc: float32 buffer, the lanes of
+    weight row ns[j] and activation row r (`kquant_lanes`) at bases[j] + r * lanes (a pair's two rows side by
+    side; a cross pair's as a row alone's). `pair_terms`: the pairs' activation terms of every block, computed
+    once for all the weight rows of a tile (`kquant_pair_terms`; None: computed here). `ahead`: the prefetch
+    distance in bytes (kernel.prefetch)."""
     L = kern.width // 4
     n_l = kquant_lanes(kern, fmt)
     n_pairs = kquant_paired(kern, fmt, len(rows)) // 2
+    # cross pairs: weight rows (2c, 2c + 1) against the last row where pairs leave one
+    n_cross = len(ns) // 2 if _pairs(kern, fmt) and len(rows) % 2 else 0
+    if len(ns) > 1 and not n_cross:
+        # without a row left over, each weight row on its own, as with one weight row per block: a prefill group's
+        # 8 rows of sums for two weight rows at once would not fit the 32 vector registers
+        for n, base in zip(ns, bases):
+            kquant_rows(kern, fmt, [n], rows, acc, [base], blocks, pair_terms, ahead)
+        return
+    shared = len(ns) > 1
     with T.serial(*(blocks or (0, kern.n_blocks))) as s:
-        prefetch(kern, n, s * fmt.type_size, fmt.type_size, ahead)
-        st = fmt.setup(kern, n, s)
+        sts = []
+        for n in ns:
+            prefetch(kern, n, s * fmt.type_size, fmt.type_size, ahead)
+            sts.append(fmt.setup(kern, n, s))
+        # the activation rows each weight row takes alone (after its pairs; none for a cross pair's)
+        alone = [[] if j < 2 * n_cross else list(range(2 * n_pairs, len(rows))) for j in range(len(ns))]
+        packed = [False] * len(ns)
         if kern.width == 32 and len(rows) > 1 and fmt.n_steps:
-            sums = _steps32(kern, fmt, st, n, s, rows)
+            sums = [_steps32(kern, fmt, st, n, s, rows) for st, n in zip(sts, ns)]
         else:
-            chunks = fmt.chunks(kern, st, n, s)
+            chunks = [fmt.chunks(kern, st, n, s) for st, n in zip(sts, ns)]
+            sums = [[None for _ in rows] for _ in ns]
+            cross = [None] * n_cross
             # a row alone (the one-row decode kernel, a group of 1) takes the block's chunks two at a time where
             # VNNI pairs rows (vec.dot_packed: 6 multiplies for 4 chunks, not 8, half the scale vectors), folded
             # to the same integer lanes; beside a pair it was slower (bench/x86_rows.py, 3 rows)
-            packed = _pairs(kern, fmt) and len(rows) == 1 and len(chunks) % 2 == 0
-            sums = [None for _ in rows]
-            if packed:
-                x = lambda off: kern.xq[rows[0], ramp(fmt.block * s + off, 64)]   # noqa: E731
-                for (wa, oa, sa), (wb, ob, sb) in zip(chunks[0::2], chunks[1::2]):
-                    sums[0] = dot_packed(sums[0], (wa, x(oa), sa), (wb, x(ob), sb))
-            else:
-                for w, off, scv in chunks:
-                    xs = [kern.xq[t, ramp(fmt.block * s + off, kern.width)] for t in rows]
+            for j, n in enumerate(ns):
+                packed[j] = _pairs(kern, fmt) and len(rows) == 1 and bool(alone[j]) and len(chunks[j]) % 2 == 0
+                if packed[j]:
+                    x = lambda off: kern.xq[rows[0], ramp(fmt.block * s + off, 64)]   # noqa: E731
+                    for (wa, oa, sa), (wb, ob, sb) in zip(chunks[j][0::2], chunks[j][1::2]):
+                        sums[j][0] = dot_packed(sums[j][0], (wa, x(oa), sa), (wb, x(ob), sb))
+            for k in range(len(chunks[0])):
+                off = chunks[0][k][1]
+                xs = [kern.xq[t, ramp(fmt.block * s + off, kern.width)] for t in rows]
+                if shared:      # loaded once for the register block's weight rows
+                    xs = [T.Bind(x) for x in xs]
+                for j in range(len(ns)):
+                    if packed[j]:
+                        continue
+                    w, _, scv = chunks[j][k]
                     for p in range(n_pairs):
-                        sums[2 * p] = dot_pair(sums[2 * p], w, xs[2 * p], xs[2 * p + 1], scv)
-                    for i in range(2 * n_pairs, len(rows)):
-                        sums[i] = dot_u8s8(sums[i], w, xs[i], kern.width, scv, kern.vnni)
-        v16, f2 = fmt.xs_term(st)
-        d = st["d"]
+                        sums[j][2 * p] = dot_pair(sums[j][2 * p], w, xs[2 * p], xs[2 * p + 1], scv)
+                    for i in alone[j]:
+                        sums[j][i] = dot_u8s8(sums[j][i], w, xs[i], kern.width, scv, kern.vnni)
+                for c in range(n_cross):
+                    (wa, _, sa), (wb, _, sb) = chunks[2 * c][k], chunks[2 * c + 1][k]
+                    cross[c] = dot_packed(cross[c], (wa, xs[-1], sa), (wb, xs[-1], sb))
+        terms = [fmt.xs_term(st) for st in sts]
         xsum = [kern.xs[t, ramp(16 * s, 16)] for t in rows]
-        if n_pairs:
-            v32 = T.Bind(tirx.Shuffle([v16, v16], [4 * c + i for c in range(4) for _ in range(2) for i in range(4)]))
-        for p in range(n_pairs):
-            if pair_terms is None:
-                xsp, xdp = _pair_terms(kern, rows[2 * p], rows[2 * p + 1], s)
-            else:
-                xsp, xdp = pair_terms.load(s, p)
-            xt = madd(xsp, v32, 64)
-            at = base + 2 * p * n_l
-            main = sums[2 * p] if f2 is not None else sums[2 * p] + xt
-            T.buffer_store(acc, fma(tirx.Broadcast(d, 16) * xdp, tirx.Cast("float32x16", main), acc[ramp(at, 16)]),
-                           [ramp(at, 16)])
-            if f2 is not None:
-                T.buffer_store(acc, fma(tirx.Broadcast(f2, 16) * xdp, tirx.Cast("float32x16", xt),
-                                        acc[ramp(at + 16, 16)]), [ramp(at + 16, 16)])
-        if kern.width == 32:       # (no pairs: they take VNNI at 64 bytes)
-            _rows32(kern, rows, sums, xsum, v16, d, f2, acc, base, s)
+        for j, ((v16, f2), st, base) in enumerate(zip(terms, sts, bases)):
+            d = st["d"]
+            if n_pairs:
+                v32 = T.Bind(tirx.Shuffle([v16, v16], [4 * c + i for c in range(4) for _ in range(2)
+                                                       for i in range(4)]))
+            for p in range(n_pairs):
+                if pair_terms is None:
+                    xsp, xdp = _pair_terms(kern, rows[2 * p], rows[2 * p + 1], s)
+                else:
+                    xsp, xdp = pair_terms.load(s, p)
+                xt = madd(xsp, v32, 64)
+                at = base + 2 * p * n_l
+                main = sums[j][2 * p] if f2 is not None else sums[j][2 * p] + xt
+                T.buffer_store(acc, fma(tirx.Broadcast(d, 16) * xdp, tirx.Cast("float32x16", main),
+                                        acc[ramp(at, 16)]), [ramp(at, 16)])
+                if f2 is not None:
+                    T.buffer_store(acc, fma(tirx.Broadcast(f2, 16) * xdp, tirx.Cast("float32x16", xt),
+                                            acc[ramp(at + 16, 16)]), [ramp(at + 16, 16)])
+            if kern.width == 32:       # (no pairs: they take VNNI at 64 bytes)
+                _rows32(kern, rows, sums[j], xsum, v16, d, f2, acc, base, s)
+                continue
+            for i in alone[j]:
+                _alone_end(kern, fmt, sums[j][i], packed[j], madd(v16, xsum[i], 32), d, f2,
+                           tirx.Broadcast(kern.xd[rows[i], s], n_l), acc, base + i * n_l, L)
+        for c in range(n_cross):
+            _cross_end(kern, fmt, cross[c], terms[2 * c:2 * c + 2], sts[2 * c:2 * c + 2], bases[2 * c:2 * c + 2],
+                       rows[-1], len(rows) - 1, acc, s)
+
+
+def _alone_end(kern, fmt, isum, packed, xt, d, f2, xd, acc, at, L):
+    """The end of block s for a row alone: its block sum `isum` (dot_u8s8 lanes, or dot_packed's where `packed`)
+    and xs term `xt` (int32 x 8) into its `kquant_lanes` accumulator at acc[at]."""
+    n_l = kquant_lanes(kern, fmt)
+    if f2 is None:
+        main = fold_packed(isum) if packed else fold_pairs(isum, L, 8)
+        fac, iv = tirx.Broadcast(d, 8) * xd, main + xt
+    else:   # the block sum's lanes and the xs term's side by side as a pair keeps two rows (SPLIT)
+        fac = pair_lanes(tirx.Broadcast(d, 16), tirx.Broadcast(f2, 16)) * xd
+        if packed:      # dot_packed's lanes m, m + 2 added in place (vpshufd, vpaddd), one shuffle
+            p2 = isum + tirx.Shuffle([isum], [j - j % 4 + (j + 2) % 4 for j in range(16)])
+            iv = tirx.Shuffle([p2, xt], [j if j in PAIR_LANES[0] else 16 + SPLIT_INV[j] - 8 for j in range(16)])
         else:
-            for i in range(2 * n_pairs, len(rows)):
-                xt = madd(v16, xsum[i], 32)
-                at = base + i * n_l
-                xd = tirx.Broadcast(kern.xd[rows[i], s], n_l)
-                if f2 is None:
-                    main = fold_packed(sums[i]) if packed else fold_pairs(sums[i], L, 8)
-                    fac, iv = tirx.Broadcast(d, 8) * xd, main + xt
-                else:   # the block sum's lanes and the xs term's side by side as a pair keeps two rows (SPLIT)
-                    fac = pair_lanes(tirx.Broadcast(d, 16), tirx.Broadcast(f2, 16)) * xd
-                    if packed:      # dot_packed's lanes m, m + 2 added in place (vpshufd, vpaddd), one shuffle
-                        p2 = sums[i] + tirx.Shuffle([sums[i]], [j - j % 4 + (j + 2) % 4 for j in range(16)])
-                        iv = tirx.Shuffle([p2, xt], [j if j in PAIR_LANES[0] else 16 + SPLIT_INV[j] - 8
-                                                     for j in range(16)])
-                    else:
-                        iv = tirx.Shuffle([fold_pairs(sums[i], L, 8), xt], SPLIT_INV)
-                T.buffer_store(acc, fma(fac, tirx.Cast(f"float32x{n_l}", iv), acc[ramp(at, n_l)]),
-                               [ramp(at, n_l)])
+            iv = tirx.Shuffle([fold_pairs(isum, L, 8), xt], SPLIT_INV)
+    T.buffer_store(acc, fma(fac, tirx.Cast(f"float32x{n_l}", iv), acc[ramp(at, n_l)]), [ramp(at, n_l)])
+
+
+def _cross_end(kern, fmt, isum, terms, sts, bases, t, r, acc, s):
+    """The end of block s for activation row t (the group's row r) against two weight rows as a cross pair:
+    `isum`, dot_packed's lanes (weight row i's block sum in PAIR_LANES[i]); the xs terms of both weight rows by
+    one pmaddwd of the row's 16-value sums (twice) against both rows' weights, the same lanes; then per weight
+    row its lanes in a row alone's order (`_alone_end`'s: the same integers, the same factors, one FMA), into
+    acc at bases[i] + r * lanes."""
+    n_l = kquant_lanes(kern, fmt)
+    (va, f2a), (vb, f2b) = terms
+    inter = [4 * c + i + 16 * h for c in range(4) for h in range(2) for i in range(4)]
+    xs = kern.xs[t, ramp(16 * s, 16)]
+    xt = madd(tirx.Shuffle([xs, xs], inter), tirx.Shuffle([va, vb], inter), 64)
+    xd = kern.xd[t, s]
+    for i, (st, f2, base) in enumerate(zip(sts, (f2a, f2b), bases)):
+        lanes = PAIR_LANES[i]
+        if f2 is None:
+            iv = tirx.Shuffle([isum + xt], lanes)
+            fac = tirx.Broadcast(st["d"], 8) * tirx.Broadcast(xd, 8)
+        else:
+            idx = [0] * 16
+            for m in range(8):
+                idx[PAIR_LANES[0][m]], idx[PAIR_LANES[1][m]] = lanes[m], 16 + lanes[m]
+            iv = tirx.Shuffle([isum, xt], idx)
+            fac = pair_lanes(tirx.Broadcast(st["d"], 16), tirx.Broadcast(f2, 16)) * tirx.Broadcast(xd, 16)
+        at = base + r * n_l
+        T.buffer_store(acc, fma(fac, tirx.Cast(f"float32x{n_l}", iv), acc[ramp(at, n_l)]), [ramp(at, n_l)])
 
 
 # A row alone with kquant_lanes 16 (the block sum's 8 lanes and the xs term's 8 with a factor of its own, at 64

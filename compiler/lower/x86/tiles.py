@@ -11,7 +11,8 @@ from tvm.tirx.script import builder as T
 
 def w_rows(kern, fmt) -> int:
     """Weight rows per register block (Knobs.w_rows) for the row functions that take several, each activation
-    vector load serving all of them (lanes.py: IQ4_XS, the grouped Q8_0 / IQ4_NL / MXFP4); 1 for the others."""
+    vector load serving all of them (lanes.py: IQ4_XS, the grouped Q8_0 / IQ4_NL / MXFP4; kquant.py: the K-quants);
+    1 for the others."""
     return kern.w_rows if fmt.path.multi_row else 1
 
 
