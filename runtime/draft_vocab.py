@@ -88,14 +88,13 @@ def draft_ids(n: int, n_vocab: int, fields: dict, path: str | None = None) -> np
 def frequency_ranks(tokens, n_vocab: int, fallback=()) -> np.ndarray:
     """Token ids ranked by how often they occur in `tokens` (most frequent first, ties by first occurrence), then
     the ids of `fallback` (e.g. `tokenizer_ranks`) that did not occur; int32, distinct. FR-Spec (Zhao et al. 2025)
-    section 3: ranks from token frequencies of a corpus."""
-    t = np.asarray(tokens, np.int64)
-    counts = np.bincount(t, minlength=n_vocab) if len(t) else np.zeros(n_vocab, np.int64)
-    first = {}
-    for i, x in enumerate(t.tolist()):
-        first.setdefault(x, i)
-    seen = sorted(first, key=lambda x: (-counts[x], first[x]))
-    return _first_distinct(seen + [int(x) for x in fallback], n_vocab)
+    section 3: ranks from token frequencies of a corpus. Raises ValueError for an id outside [0, n_vocab)."""
+    t = np.asarray(tokens, np.int64).reshape(-1)
+    if len(t) and not (0 <= t.min() and t.max() < n_vocab):
+        raise ValueError(f"frequency_ranks: token ids {t.min()}..{t.max()} outside 0..{n_vocab - 1}")
+    ids, first, counts = np.unique(t, return_index=True, return_counts=True)
+    seen = ids[np.lexsort((first, -counts))]   # by count descending, then by first occurrence
+    return _first_distinct(seen.tolist() + [int(x) for x in fallback], n_vocab)
 
 
 def text_ranks(model: str, texts, fill: bool = True) -> tuple[np.ndarray, int, int]:

@@ -76,6 +76,13 @@ class SpecParams:
     def enabled(self) -> bool:
         return self.type == "draft-mtp"
 
+    def max_drafts(self, max_draft: int) -> int:
+        """The most drafts a round proposes on a model whose NextN head drafts at most `max_draft` per round
+        (LoadedModel.max_draft): 0 when speculation is off, `max_draft` at depth "auto", else min(n_max, max_draft)."""
+        if not self.enabled:
+            return 0
+        return max_draft if self.n_max == "auto" else min(int(self.n_max), max_draft)
+
 
 SPEC_OFF = SpecParams(type="none")
 

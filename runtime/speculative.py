@@ -266,7 +266,7 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
     chain = SamplerChain(sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
     rng = CounterRNG(sampling.seed)
     auto = spec.enabled and spec.n_max == "auto"
-    k_max = (seq.model.max_draft if auto else min(int(spec.n_max), seq.model.max_draft)) if spec.enabled else 0
+    k_max = spec.max_drafts(seq.model.max_draft)
     # `auto` refreshes verify costs while cost-bound by timing a verify at the next cells (rewritten before read).
     remeasure = lambda T: time_call(   # noqa: E731
         lambda: seq.verify(spread_tokens(T, int(seq.model.hparams["n_vocab"])), n_past)) \

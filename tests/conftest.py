@@ -1,6 +1,7 @@
 """Shared fixtures: the trained tiny models in ../shared/fixtures and artifacts compiled from them once per session."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -206,7 +207,8 @@ SLOW_E2E = {
 # Tests swept over the reference prompts that keep one prompt in the fast tier (the others are slow).
 FAST_PARAMS = {"test_glm5next.py::test_index_share_off_matches_reference": "code-short"}
 # Kernel tests swept over every weight format (their first parameter): in the fast tier, one format per x86 / GPU
-# kernel path (block32 Q8_0, K-quant Q4_K, IQ4_XS, the codebook IQ2_XXS, float BF16); the other formats are slow.
+# kernel path (block32 Q8_0, K-quant Q4_K, IQ4_XS, the codebook IQ2_XXS, float BF16; the same four on the GPU integer
+# route); the other formats are slow.
 FORMAT_SWEEP_FILES = ("test_x86_kernels.py", "test_x86_iq.py", "test_cuda_kernels.py", "test_cuda_int8.py",
                       "test_quant.py")
 FAST_FORMATS = ("q8_0", "q4_k", "iq4_xs", "iq2_xxs", "bf16")
@@ -319,14 +321,17 @@ def compiled(tmp_path_factory):
             out = str(root / options.cache_key(model, draft, at_path=True))
             if not os.path.isfile(os.path.join(out, MANIFEST)):
                 root.mkdir(parents=True, exist_ok=True)
-                part = f"{out}.part-{os.getpid()}"   # two xdist workers may build one key: the first rename wins
-                shutil.rmtree(part, ignore_errors=True)
-                build(part, model, draft, options)
-                built = True
-                try:
-                    os.rename(part, out)    # fails when another worker's complete artifact is there: use that one
-                except OSError:
-                    shutil.rmtree(part, ignore_errors=True)
+                with open(f"{out}.lock", "w") as lock:
+                    # two xdist workers asking one key: the second waits for the first's build rather than compiling
+                    # it again beside it (on 2 cores that would halve the speed of both for nothing)
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    if not os.path.isfile(os.path.join(out, MANIFEST)):
+                        part = f"{out}.part-{os.getpid()}"   # a build cut short leaves no artifact behind
+                        shutil.rmtree(part, ignore_errors=True)
+                        build(part, model, draft, options)
+                        shutil.rmtree(out, ignore_errors=True)
+                        os.rename(part, out)
+                        built = True
         done[name] = out
         _log_request(name, model, draft, built or root is None, time.perf_counter() - t0)
         return out

@@ -28,3 +28,24 @@ def test_fast_artifacts_and_formats_exist():
     names = {t.name.lower() for t in gguf.GGMLQuantizationType}
     assert set(FAST_FORMATS) <= names
     assert all((TESTS / f).is_file() for f in FORMAT_SWEEP_FILES)
+
+
+def test_format_sweeps_keep_one_format_per_path_fast():
+    """A sweep file's test whose first parameter is a weight format outside FAST_FORMATS is slow; a fast format, or
+    a first parameter that is no format, stays in the fast tier (test_cuda_int8: the integer route's Q8_0 and Q4_K
+    fast, Q5_K / Q6_K slow)."""
+    from types import SimpleNamespace
+
+    from conftest import _slow_format
+
+    def slow(f, node):
+        return _slow_format(SimpleNamespace(path=TESTS / f, nodeid=f"tests/{f}::{node}"))
+
+    f = "test_cuda_int8.py"
+    assert f in FORMAT_SWEEP_FILES
+    assert not slow(f, "test_int8_mul_mat_against_float64[Q8_0-1]")
+    assert not slow(f, "test_int8_grouped_mul_mat_id_against_float64[Q4_K-False-9]")
+    assert slow(f, "test_int8_mul_mat_id_against_float64[Q5_K-4]")
+    assert slow(f, "test_int8_kernels_build_for_sm90_with_dp4a[Q6_K]")
+    assert not slow(f, "test_quantizer_gives_the_cpu_rows[1-32-352]")
+    assert not slow("test_budget.py", "test_x[Q5_K]")   # not a sweep file

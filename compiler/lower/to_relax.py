@@ -6,11 +6,13 @@ where a weight contributes its format's buffers (manifest `entry_points.*.weight
 its type's storage (nextn.common.kv_types). States and weights are bound once, as MLC-LLM passes its params: the
 runtime builds the two tuples at load (an ffi Array each) and every call passes them as two arguments instead of
 one per buffer (a 46-layer GLM has ~800 weight buffers); the VM unpacks them in C++. States are updated in place
-with `call_tir_inplace`; outputs are returned as a tuple in graph output order. The KV store, attention and the
-DSA index score are hand-written kernels (attention/); the rest goes through TE.
+with `call_tir_inplace`; outputs are returned as a tuple in graph output order. The KV store, attention, the DSA
+indexer, mHC and the KDA ops are hand-written kernels (attention/, indexer/, mhc/, recurrent/); the rest goes through
+TE.
 
-Each IR op (compiler/ir/ops.py) has one lowering, registered with `@lower(op)` as fn(bb, node, args, cx) (`Cx`: the
-symbols, kernels and attention form of the call); the module checks at import that every op of the table has one.
+Each IR op (compiler/ir/ops.py) has one lowering, registered with `@lower(op)` as fn(bb, node, args, cx)
+(registry.py; `Cx`: the symbols, kernels and attention form of the call): the families' ops by their folders, the TE
+ops here; the module checks at import that every op of the table has one.
 """
 from __future__ import annotations
 
@@ -18,14 +20,10 @@ from tvm import relax, te, tirx
 
 from nextn.common.manifest import split_dim
 from nextn.compiler.ir import Graph, rope
-from nextn.compiler.ir.ops import check_impls, registry
+from nextn.compiler.ir.ops import check_impls
 
-from . import attention, cuda, te_ops
-from .indexer import dsa_kernels
-from .recurrent import kda_kernels
-
-LOWER: dict = {}   # op name -> fn(bb, node, args, cx): the node's Relax value
-lower = registry(LOWER, "Relax lowering (compiler/lower/to_relax.py)")
+from . import attention, cuda, indexer, mhc, recurrent, te_ops   # noqa: F401 (the families register their ops)
+from .registry import LOWER, WHERE, Cx, lower
 
 
 def dim_expr(d, sym):
@@ -155,13 +153,6 @@ def _emit_split(bb, n, args, sym):
     return bb.emit_te(lambda r: te_ops.topk_select(r, n.attrs["k"]), rank, primfunc_name_hint="argsort_top_k")
 
 
-class Cx:
-    """What an op's lowering may read besides its node and arguments."""
-
-    def __init__(self, sym: dict, kernels: "attention.Kernels", split_l: bool):
-        self.sym, self.kernels, self.split_l = sym, kernels, split_l
-
-
 def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool = False):
     if kernels.gpu and n.op in SPLIT_OPS:
         return _emit_split(bb, n, args, sym)
@@ -175,32 +166,6 @@ def _(bb, n, args, cx):
         assert x[0] == "f32", f"reshape of a {x[0]} weight"
         x = x[1][0]
     return bb.emit(relax.op.reshape(x, [dim_expr(d, cx.sym) for d in n.shape]))
-
-
-@lower("set_rows")
-def _(bb, n, args, cx):
-    return attention.emit_set_rows(cx.kernels, n, args)
-
-
-@lower("flash_attn_ext", "flash_attn_ext_mla")
-def _(bb, n, args, cx):
-    return attention.emit_attention(cx.kernels, n, args, cx.sym, cx.split_l)
-
-
-@lower("lightning_indexer")
-def _(bb, n, args, cx):
-    return attention.emit_lightning_indexer(cx.kernels, n, args, cx.sym)
-
-
-@lower(*sorted(dsa_kernels.TIR_OPS))
-def _(bb, n, args, cx):
-    return dsa_kernels.emit(bb, n, args, cx.sym)
-
-
-@lower(*sorted(kda_kernels.TIR_OPS))
-def _(bb, n, args, cx):
-    k = cx.kernels
-    return kda_kernels.emit(bb, n, args, cx.sym, gpu_form=k.gpu, gpu=k.gpu and not k.emulate)
 
 
 @lower("kpool_expand")
@@ -329,7 +294,7 @@ def _(bb, n, args, cx):
     return _te(bb, n, args, prim=(cx.sym["L"],))
 
 
-check_impls(LOWER, "Relax lowering (compiler/lower/to_relax.py)")
+check_impls(LOWER, WHERE)
 
 
 def build_module(graphs: list[Graph], weight_kinds: dict[str, str], static: dict[str, dict] | None = None,

@@ -73,6 +73,7 @@ class Slot:
         self.n_mtp = 0
         self.emitted: list = []
         self.extent = None
+        self.chain = None    # the request's SamplerChain when it asks post-sampling probabilities
         self.t_last_used = 0.0
         # recurrent states (glm5next's KDA) hold the state at one position only: no prefix of it can be reused
         self.can_reuse = not seq.recurrent
@@ -96,6 +97,7 @@ class Slot:
         return min(n, len(prompt) - 1)
 
     def start(self, task: Task, token_bytes, n_batch: int | None = None) -> None:
+        from ..sampling import SamplerChain
         from ..speculative import CacheExtent
 
         p = task.params
@@ -112,6 +114,7 @@ class Slot:
         self.n_mtp = min(self.n_mtp, n_cached + 1 if spec.enabled else n_cached)
         self.cache = list(task.prompt_ids[:n_cached])
         self.t_last_used = time.time()
+        self.chain = SamplerChain(p.temperature, p.top_k, p.top_p, p.min_p) if p.post_sampling_probs else None
         on_batch = None
         if p.return_progress:     # llama-server's first prompt_progress: the prompt starts (cache known)
             task.post("progress", n_cached)
@@ -131,11 +134,8 @@ class Slot:
         p = self.task.params
         n = min(p.n_probs, rows.shape[-1])
         if p.post_sampling_probs:
-            from ..sampling import SamplerChain
-
-            chain = SamplerChain(p.temperature, p.top_k, p.top_p, p.min_p)
             for row, t in zip(shaped, tokens):
-                ids, pr = chain.probs(row)
+                ids, pr = self.chain.probs(row)
                 got = dict(zip(ids.tolist(), pr.tolist()))
                 top = [(i, x) for i, x in list(got.items())[:n] if x > 0.0]
                 self.task.outcome.probs.append((int(t), got.get(int(t), 0.0), top))
@@ -382,9 +382,7 @@ class Scheduler:
         if s.extent is None or s.extent.n_past is None:
             need = len(s.task.prompt_ids) - len(s.cache)
         else:
-            spec = p.spec()
-            cap = s.seq.model.max_draft
-            need = 1 + (0 if not spec.enabled else cap if p.n_max == "auto" else min(int(p.n_max), cap))
+            need = 1 + p.spec().max_drafts(s.seq.model.max_draft)
         while sum(held(x) for x in self.slots) + need > self.pool:
             idle = next((x for x in self.slots if x.task is None and x.cache), None)
             if idle is None:

@@ -1,6 +1,6 @@
-"""Relax emission of the ops that touch KV caches: the KV store (`set_rows`), attention (`flash_attn_ext`,
-`flash_attn_ext_mla`) and the DSA index score (`lightning_indexer`), as the hand-written kernels of
-flash_attn.py, kv_access.py and ../indexer/dsa_kernels.py.
+"""The attention family's lowering: the KV store (`set_rows`) and attention (`flash_attn_ext`, `flash_attn_ext_mla`)
+as the hand-written kernels of flash_attn.py and kv_access.py, registered with `@lower` (registry.py). The kernel
+builds and KV-type helpers here serve the other families too (indexer/, recurrent/).
 
 Kernels come in three builds: "cpu" (llvm), "gpu" (CUDA / ROCm thread blocks), and "gpu-emulated" (the GPU
 kernels with serial threads, built for llvm: the GPU form's arithmetic, testable without a GPU). An entry point's
@@ -14,7 +14,7 @@ from tvm import relax, tirx
 
 from nextn.common.kv_types import KV_TYPES
 
-from ..indexer import dsa_kernels
+from ..registry import lower
 from . import flash_attn, kv_access
 
 FORMS = ("cpu", "gpu", "gpu-emulated")
@@ -60,7 +60,9 @@ class Kernels:
         return self._gv[name]
 
 
-def emit_set_rows(k: Kernels, n, args):
+@lower("set_rows")
+def emit_set_rows(bb, n, args, cx):
+    k = cx.kernels
     cache, rows, pos = args
     kv = kv_type_of(n.inputs[0])
     _c, H, D = n.inputs[1].shape
@@ -82,8 +84,11 @@ def attn_shape(n) -> flash_attn.AttnShape:
                                 True, len(n.inputs) > 3)
 
 
-def emit_attention(k: Kernels, n, args, sym, split: bool):
-    """`n` (flash_attn_ext or flash_attn_ext_mla) as a fused kernel, or (`split`) a partial + merge kernel pair."""
+@lower("flash_attn_ext", "flash_attn_ext_mla")
+def emit_attention(bb, n, args, cx):
+    """`n` (flash_attn_ext or flash_attn_ext_mla) as a fused kernel, or (`cx.split_l`) a partial + merge kernel
+    pair."""
+    k, sym, split = cx.kernels, cx.sym, cx.split_l
     a = attn_shape(n)
     if n.op == "flash_attn_ext":
         q, kc, vc, pos = args
@@ -117,18 +122,3 @@ def emit_attention(k: Kernels, n, args, sym, split: bool):
     pml = k.bb.emit(relax.TupleGetItem(part, 1))
     return k.bb.emit(relax.call_tir(gm, relax.Tuple([pacc, pml, pos, lv]), out))
 
-
-def emit_lightning_indexer(k: Kernels, n, args, sym):
-    """The index score [T, L] (or [T, L // kpool] over k-pools: attribute `kpool`)."""
-    q, kc, w, pos = args
-    _t, Hi, D = n.inputs[0].shape
-    kt = kv_type_of(n.inputs[1])
-    kp = int(n.attrs.get("kpool", 1))
-    kind = "gpu" if k.gpu else "cpu"
-    gv = k.get(f"lightning_indexer_{kind}_h{Hi}_d{D}_{kt}{f'_p{kp}' if kp > 1 else ''}",
-               lambda: dsa_kernels.lightning_indexer_kernel(int(Hi), int(D), kt, gpu=k.gpu and not k.emulate,
-                                                            emulate=k.emulate, kpool=kp))
-    T = q.ty.shape[0]
-    L = sym["L"]
-    return k.bb.emit(relax.call_tir(gv, relax.Tuple([q, kc, w, pos, relax.prim_value(L)]),
-                                    relax.TensorType([T, tirx.floordiv(L, kp) if kp > 1 else L], F32)))

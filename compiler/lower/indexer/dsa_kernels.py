@@ -1,4 +1,5 @@
-"""Hand-written TIR kernels of the DSA (glm-dsa) IR ops that TE cannot express cheaply.
+"""Hand-written TIR kernels of the DSA lightning indexer's IR ops (glm-dsa; GLM-5.3-Flash's pooled indexer) that TE
+cannot express cheaply.
 
 - `top_k_mask`: the per-row top-k of the lightning-indexer score as an additive mask. A TE rank count is
   O(L^2) per row (too slow at L ~ 2k); instead each row finds its k-th largest score exactly by bisection on
@@ -6,11 +7,21 @@
   the lowest-index ties equal to it: the same selection as a stable descending argsort (`ir/interpret.py`).
   Rows whose causal cell count is <= k select every cell without any pass.
 - `index_mask_store`: keeps the last row's selection in the NextN state for index sharing (in place).
+- `lightning_indexer`: the index score, over the cells or (GLM-5.3-Flash) over pools of cells.
+- `kpool_store`: pools the indexer keys of every pool a row completes (in place), reading the indexer rows in
+  their KV type (-ctk); the pooled keys are float32. CPU and GPU forms in one PrimFunc (nextn.compiler.lower:
+  GPU_THREADS).
 """
 from __future__ import annotations
 
-from tvm import relax, tirx
+from tvm import tirx
 from tvm.script import tirx as T
+
+from .. import GPU_THREADS
+from ..attention import kv_access
+from ..attention.flash_attn import _binders, _stage_macro
+
+F32 = "float32"
 
 
 KEY_NEG_INF = -2139095041   # order key of -inf: bits 0xff800000 ^ 0x7fffffff as int32
@@ -102,23 +113,6 @@ def _index_mask_store_kernel(after: float = 0.0):
 index_mask_store_kernel = _index_mask_store_kernel()
 
 
-TIR_OPS = frozenset({"top_k_mask", "index_mask_store"})
-
-
-def emit(bb: relax.BlockBuilder, n, args, sym):
-    """Emit IR node `n` (op in TIR_OPS) as a call of its kernel."""
-    if n.op == "top_k_mask":
-        kp = n.attrs.get("kpool", 1)
-        gv = bb.add_func(_top_k_mask_kernel(n.attrs["k"], kp), f"top_k_mask_{n.attrs['k']}" + (f"_pool{kp}" if kp > 1 else ""))
-        score = args[0]
-        return bb.emit(relax.call_tir(gv, relax.Tuple(list(args)), score.ty))
-    if n.op == "index_mask_store":
-        after = n.attrs.get("after", 0.0)
-        gv = bb.add_func(_index_mask_store_kernel(after), "index_mask_store" + ("" if after == 0.0 else "_after_neg_inf"))
-        return bb.emit(relax.op.call_tir_inplace(gv, relax.Tuple(list(args)), [0], args[0].ty))
-    raise NotImplementedError(n.op)
-
-
 INDEX_CHUNK = 256   # cells per task of the index-score kernels
 INDEX_TILE = 8      # cells per register tile (CPU)
 INDEX_THREADS = 128
@@ -133,13 +127,9 @@ def lightning_indexer_kernel(Hi: int, D: int, k_type: str = "f32", gpu: bool = F
     Per-head scores are reduced as they are produced (no [T, Hi, L] anywhere): a task is (row, chunk of cells);
     each cell's score sums d in order for every head, then the heads in order. CPU: heads as vector lanes over a
     register tile of cells. GPU (`gpu`, or `emulate` for its CPU twin): a block per task, a thread per cell."""
-    from ..attention import kv_access
-
     kdt, kw = kv_access.storage_dtype(k_type), kv_access.storage_width(k_type, D)
     CH, TL, NTH, KP = INDEX_CHUNK, INDEX_TILE, INDEX_THREADS, int(kpool)
     NEG = -float("inf")
-
-    from ..attention.flash_attn import _binders, _stage_macro
 
     stage = _stage_macro(k_type, D)
     blk, thr, _shared = _binders(emulate)
@@ -220,3 +210,59 @@ def lightning_indexer_kernel(Hi: int, D: int, k_type: str = "f32", gpu: bool = F
         out = T.match_buffer(var_out, (t, L // KP), "float32")
         body(q, k, w, pos, out, L, t, c)
     return lightning_indexer
+
+
+def kpool_store_kernel(kp_: int, d_: int, k_type: str = "f32", gpu: bool = False):
+    """kpool_store (ir/ops.py): pools the indexer keys of every pool a row completes, in place, one (row, channel)
+    per task / thread. `ik` / `ig` are KV caches of type `k_type` (read through kv_access); `pooled` is float32."""
+    KP, D, NT, GPU = kp_, d_, GPU_THREADS, gpu
+    kdt, kw = kv_access.storage_dtype(k_type), kv_access.storage_width(k_type, d_)
+
+    def ikv(buf, c, d):
+        return kv_access.element(buf, k_type, c, 0, d)
+
+    @T.macro
+    def body(pooled, ik, ig, ape, pos, vt, vd):
+        acc = T.alloc_buffer((3,), F32, scope="local")   # max, sum of exp, weighted sum
+        p0 = T.Cast("int64", pos[vt]) // KP * KP
+        if T.floormod(T.Cast("int64", pos[vt]) + T.int64(1), KP) == T.int64(0):
+            acc[0] = ikv(ig, p0, vd) + ape[0, vd]
+            for j in range(1, KP):
+                acc[0] = T.max(acc[0], ikv(ig, p0 + j, vd) + ape[j, vd])
+            acc[1] = T.float32(0)
+            acc[2] = T.float32(0)
+            for j in range(KP):
+                e = T.exp(ikv(ig, p0 + j, vd) + ape[j, vd] - acc[0])
+                acc[1] = acc[1] + e
+                acc[2] = acc[2] + e * ikv(ik, p0 + j, vd)
+            pooled[p0 // KP, 0, vd] = acc[2] / acc[1]
+
+    @T.prim_func(private=True, s_tir=True)
+    def kpool_store(var_pooled: T.handle, var_ik: T.handle, var_ig: T.handle, var_ape: T.handle, var_pos: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        cp, c, t = T.int64(), T.int64(), T.int64()
+        pooled = T.match_buffer(var_pooled, (cp, 1, D), F32)
+        ik = T.match_buffer(var_ik, (c, 1, kw), kdt)
+        ig = T.match_buffer(var_ig, (c, 1, kw), kdt)
+        ape = T.match_buffer(var_ape, (KP, D), F32)
+        pos = T.match_buffer(var_pos, (t,), "int32")
+        if GPU:
+            for bx in T.thread_binding((t * D + NT - 1) // NT, thread="blockIdx.x"):
+                for tx in T.thread_binding(NT, thread="threadIdx.x"):
+                    with T.sblock("kpool_store"):
+                        vt = T.axis.spatial(t, (bx * NT + tx) // D)
+                        vd = T.axis.spatial(D, (bx * NT + tx) % D)
+                        T.where(bx * NT + tx < t * D)
+                        T.reads(ik[0:c, 0, 0:kw], ig[0:c, 0, 0:kw], ape[0:KP, vd], pos[vt])
+                        T.writes(pooled[0:cp, 0, vd])
+                        body(pooled, ik, ig, ape, pos, vt, vd)
+        else:
+            for td in T.parallel(t * D):
+                with T.sblock("kpool_store"):
+                    vt = T.axis.spatial(t, td // D)
+                    vd = T.axis.spatial(D, td % D)
+                    T.reads(ik[0:c, 0, 0:kw], ig[0:c, 0, 0:kw], ape[0:KP, vd], pos[vt])
+                    T.writes(pooled[0:cp, 0, vd])
+                    body(pooled, ik, ig, ape, pos, vt, vd)
+
+    return kpool_store.with_attr("tirx.is_scheduled", True) if GPU else kpool_store

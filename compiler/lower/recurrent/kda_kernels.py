@@ -1,31 +1,22 @@
-"""Hand-written TIR kernels of GLM-5.3-Flash's IR ops (ir/ops.py states their semantics; ir/interpret.py is the
+"""Hand-written TIR kernels of GLM-5.3-Flash's KDA ops (ir/ops.py states their semantics; ir/interpret.py is the
 reference they are tested against).
 
-- `ssm_conv` / `gated_delta_net`: the KDA layer's stateful ops. Both read the committed plane of their recurrent
-  state (zeros at a sequence start) and write the states they keep into the other planes in place, so a verify
-  pass leaves one state per row and the runtime rolls back by choosing a plane. The state is S[h, i, j] (key i,
-  value j). The recurrence runs a head per CPU task with the value axis vectorized (columns are independent: the
-  delta rule couples keys, never values), or one value column S[h, :, j] per GPU thread in registers; the
-  chunked form (prefill on the CPU) runs one head per task, chunk by chunk: per chunk the strictly lower system
-  (I + A) delta = beta (v - K~ S) by forward substitution, then the outputs and the state in matrix form (the WY
-  / UT transform of DeltaNet, Yang et al. 2024). GPU targets run the recurrence for every row count (one column
-  per thread keeps the GPU busy; a head per thread would not).
-- `dsv4_hc_comb`: mHC's Sinkhorn normalisation, one token per thread on a register [S, S] matrix (unfused it
-  would be 40 reduction kernels per sublayer).
-- `kpool_store`: pools the indexer keys of every pool a row completes (in place), reading the indexer rows in
-  their KV type (-ctk); the pooled keys are float32.
+`ssm_conv` / `gated_delta_net` read the committed plane of their recurrent state (zeros at a sequence start) and
+write the states they keep into the other planes in place, so a verify pass leaves one state per row and the runtime
+rolls back by choosing a plane. The state is S[h, i, j] (key i, value j). The recurrence runs a head per CPU task
+with the value axis vectorized (columns are independent: the delta rule couples keys, never values), or one value
+column S[h, :, j] per GPU thread in registers; the chunked form (prefill on the CPU) runs one head per task, chunk by
+chunk: per chunk the strictly lower system (I + A) delta = beta (v - K~ S) by forward substitution, then the outputs
+and the state in matrix form (the WY / UT transform of DeltaNet, Yang et al. 2024). GPU targets run the recurrence
+for every row count (one column per thread keeps the GPU busy; a head per thread would not).
 No kernel allocates memory beyond registers / thread-local arrays of static size (CUDA graphs, to_relax.SPLIT_OPS).
-Each kernel has a CPU form (a parallel loop) and a GPU form (one element per thread, bound and marked scheduled
-here: dlight's rules do not take blocks that update a buffer they read, as in-place states do), chosen by a
-static `if` in one PrimFunc.
+CPU and GPU forms in one PrimFunc (nextn.compiler.lower: GPU_THREADS).
 """
 from __future__ import annotations
 
-from tvm import relax, te, tirx
 from tvm.script import tirx as T
 
-from .. import attention
-from ..attention import kv_access
+from .. import GPU_THREADS
 
 F32 = "float32"
 
@@ -40,10 +31,8 @@ def _plane(rs, slot, p):
     return T.floormod(T.Cast("int64", rs[0]) + T.int64(1) + slot, p)
 
 
-GPU_THREADS = 64
 
-
-def _ssm_conv_kernel(ch_: int, k_: int, gpu: bool = False):
+def ssm_conv_kernel(ch_: int, k_: int, gpu: bool = False):
     CH, K, NT, GPU = ch_, k_, GPU_THREADS, gpu
 
     @T.macro
@@ -107,7 +96,7 @@ def _row_plane(rs, r, t, p):
     return _plane(rs, t - 1 - T.max(r, t - p + 1), p)
 
 
-def _gdn_recurrent_kernel(h_: int, dv_: int, dk_: int, gpu: bool = False):
+def gdn_recurrent_kernel(h_: int, dv_: int, dk_: int, gpu: bool = False):
     """gated_delta_net, chunk 0, with `eg` = exp(g) precomputed (one exp per key channel, not per column).
     CPU: one head per task, the value axis j (contiguous in S[i, j]) vectorized; the state lives in the planes it
     is kept in (each row reads the previous row's plane). GPU: one value column per thread, in registers."""
@@ -196,7 +185,7 @@ def _gdn_recurrent_kernel(h_: int, dv_: int, dk_: int, gpu: bool = False):
     return gated_delta_net.with_attr("tirx.is_scheduled", True) if GPU else gated_delta_net
 
 
-def _gdn_chunked_kernel(h_: int, dv_: int, dk_: int, c_: int):
+def gdn_chunked_kernel(h_: int, dv_: int, dk_: int, c_: int):
     """gated_delta_net, chunk c: one head per task, the state updated in place in the slot-0 plane (CPU only).
     Within a chunk the pairwise decay exp(gamma_t - gamma_r) is factored as exp(gamma_t) * exp(-gamma_r): one exp
     per (row, key) instead of one per (row, row, key). That needs |gamma| <= 80 inside a chunk (exp(80) and
@@ -305,160 +294,3 @@ def _gdn_chunked_kernel(h_: int, dv_: int, dk_: int, c_: int):
                                 state[dst, vh, i, jo * L + jl] = state[dst, vh, i, jo * L + jl] + kd[r, i] * dl[r, jo * L + jl]
 
     return gated_delta_net_chunked
-
-
-def _hc_comb_kernel(s_: int, eps: float, iters: int, gpu: bool = False):
-    S, NT, GPU = s_, GPU_THREADS, gpu
-
-    @T.macro
-    def body(c, out, vt):
-        m = T.alloc_buffer((S, S), F32, scope="local")
-        acc = T.alloc_buffer((1,), F32, scope="local")
-        for a in range(S):                                   # softmax over dst + eps
-            acc[0] = c[vt, a, 0]
-            for b in range(1, S):
-                acc[0] = T.max(acc[0], c[vt, a, b])
-            for b in range(S):
-                m[a, b] = T.exp(c[vt, a, b] - acc[0])
-            acc[0] = T.float32(0)
-            for b in range(S):
-                acc[0] = acc[0] + m[a, b]
-            for b in range(S):
-                m[a, b] = m[a, b] / acc[0] + T.float32(eps)
-        for it in range(iters):
-            if it > 0:                                       # normalise over dst
-                for a in range(S):
-                    acc[0] = T.float32(0)
-                    for b in range(S):
-                        acc[0] = acc[0] + m[a, b]
-                    for b in range(S):
-                        m[a, b] = m[a, b] / (acc[0] + T.float32(eps))
-            for b in range(S):                               # normalise over src
-                acc[0] = T.float32(0)
-                for a in range(S):
-                    acc[0] = acc[0] + m[a, b]
-                for a in range(S):
-                    m[a, b] = m[a, b] / (acc[0] + T.float32(eps))
-        for a, b in T.grid(S, S):
-            out[vt, a, b] = m[a, b]
-
-    @T.prim_func(private=True, s_tir=True)
-    def dsv4_hc_comb(var_c: T.handle, var_out: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        t = T.int64()
-        c = T.match_buffer(var_c, (t, S, S), F32)
-        out = T.match_buffer(var_out, (t, S, S), F32)
-        if GPU:
-            for bx in T.thread_binding((t + NT - 1) // NT, thread="blockIdx.x"):
-                for tx in T.thread_binding(NT, thread="threadIdx.x"):
-                    with T.sblock("dsv4_hc_comb"):
-                        vt = T.axis.spatial(t, bx * NT + tx)
-                        T.where(bx * NT + tx < t)
-                        T.reads(c[vt, 0:S, 0:S])
-                        T.writes(out[vt, 0:S, 0:S])
-                        body(c, out, vt)
-        else:
-            for tt in T.parallel(t):
-                with T.sblock("dsv4_hc_comb"):
-                    vt = T.axis.spatial(t, tt)
-                    T.reads(c[vt, 0:S, 0:S])
-                    T.writes(out[vt, 0:S, 0:S])
-                    body(c, out, vt)
-
-    return dsv4_hc_comb.with_attr("tirx.is_scheduled", True) if GPU else dsv4_hc_comb
-
-
-def _kpool_store_kernel(kp_: int, d_: int, k_type: str = "f32", gpu: bool = False):
-    """`ik` / `ig` are KV caches of type `k_type` (read through kv_access); `pooled` is float32."""
-    KP, D, NT, GPU = kp_, d_, GPU_THREADS, gpu
-    kdt, kw = kv_access.storage_dtype(k_type), kv_access.storage_width(k_type, d_)
-
-    def ikv(buf, c, d):
-        return kv_access.element(buf, k_type, c, 0, d)
-
-    @T.macro
-    def body(pooled, ik, ig, ape, pos, vt, vd):
-        acc = T.alloc_buffer((3,), F32, scope="local")   # max, sum of exp, weighted sum
-        p0 = T.Cast("int64", pos[vt]) // KP * KP
-        if T.floormod(T.Cast("int64", pos[vt]) + T.int64(1), KP) == T.int64(0):
-            acc[0] = ikv(ig, p0, vd) + ape[0, vd]
-            for j in range(1, KP):
-                acc[0] = T.max(acc[0], ikv(ig, p0 + j, vd) + ape[j, vd])
-            acc[1] = T.float32(0)
-            acc[2] = T.float32(0)
-            for j in range(KP):
-                e = T.exp(ikv(ig, p0 + j, vd) + ape[j, vd] - acc[0])
-                acc[1] = acc[1] + e
-                acc[2] = acc[2] + e * ikv(ik, p0 + j, vd)
-            pooled[p0 // KP, 0, vd] = acc[2] / acc[1]
-
-    @T.prim_func(private=True, s_tir=True)
-    def kpool_store(var_pooled: T.handle, var_ik: T.handle, var_ig: T.handle, var_ape: T.handle, var_pos: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        cp, c, t = T.int64(), T.int64(), T.int64()
-        pooled = T.match_buffer(var_pooled, (cp, 1, D), F32)
-        ik = T.match_buffer(var_ik, (c, 1, kw), kdt)
-        ig = T.match_buffer(var_ig, (c, 1, kw), kdt)
-        ape = T.match_buffer(var_ape, (KP, D), F32)
-        pos = T.match_buffer(var_pos, (t,), "int32")
-        if GPU:
-            for bx in T.thread_binding((t * D + NT - 1) // NT, thread="blockIdx.x"):
-                for tx in T.thread_binding(NT, thread="threadIdx.x"):
-                    with T.sblock("kpool_store"):
-                        vt = T.axis.spatial(t, (bx * NT + tx) // D)
-                        vd = T.axis.spatial(D, (bx * NT + tx) % D)
-                        T.where(bx * NT + tx < t * D)
-                        T.reads(ik[0:c, 0, 0:kw], ig[0:c, 0, 0:kw], ape[0:KP, vd], pos[vt])
-                        T.writes(pooled[0:cp, 0, vd])
-                        body(pooled, ik, ig, ape, pos, vt, vd)
-        else:
-            for td in T.parallel(t * D):
-                with T.sblock("kpool_store"):
-                    vt = T.axis.spatial(t, td // D)
-                    vd = T.axis.spatial(D, td % D)
-                    T.reads(ik[0:c, 0, 0:kw], ig[0:c, 0, 0:kw], ape[0:KP, vd], pos[vt])
-                    T.writes(pooled[0:cp, 0, vd])
-                    body(pooled, ik, ig, ape, pos, vt, vd)
-
-    return kpool_store.with_attr("tirx.is_scheduled", True) if GPU else kpool_store
-
-
-TIR_OPS = frozenset({"ssm_conv", "gated_delta_net", "dsv4_hc_comb", "kpool_store"})
-
-
-def emit(bb: relax.BlockBuilder, n, args, sym, gpu_form: bool = False, gpu: bool = False):
-    """Emit IR node `n` (op in TIR_OPS) as a call of its kernel. `gpu_form`: the GPU arithmetic (the recurrence for
-    every chunk size; also on the CPU, to test it); `gpu`: the thread-bound kernels of a GPU target."""
-    args = [a[1][0] if isinstance(a, tuple) else a for a in args]   # float weights: (kind "f32", [buffer], shape)
-    assert all(not isinstance(a, tuple) for a in args)
-    if n.op == "ssm_conv":
-        x, w, state, pos, rs = args
-        ch, k = (int(d) for d in n.inputs[1].shape)
-        gv = bb.add_func(_ssm_conv_kernel(ch, k, gpu), f"ssm_conv_{ch}_{k}")
-        call = relax.op.call_tir_inplace(gv, relax.Tuple(list(args)), [2, -1], [state.ty, x.ty])
-        return bb.emit(relax.TupleGetItem(bb.emit(call), 1))
-    if n.op == "gated_delta_net":
-        q, k, v, g, beta, state, pos, rs = args
-        _t, H, DK = n.inputs[0].shape
-        DV = n.inputs[2].shape[2]
-        chunk = n.attrs["chunk"]
-        if chunk == 0 or gpu_form:
-            eg = bb.emit_te(lambda g_: te.compute(g_.shape, lambda *i: te.exp(g_[i]), name="exp_g"), g,
-                            primfunc_name_hint="kda_decay")
-            gv = bb.add_func(_gdn_recurrent_kernel(H, DV, DK, gpu), f"gated_delta_net_{H}_{DV}_{DK}")
-            fargs = [q, k, v, eg, beta, state, pos, rs]
-        else:
-            gv = bb.add_func(_gdn_chunked_kernel(H, DV, DK, chunk), f"gated_delta_net_chunk{chunk}_{H}_{DV}_{DK}")
-            fargs = list(args)
-        call = relax.op.call_tir_inplace(gv, relax.Tuple(fargs), [5, -1], [state.ty, v.ty])
-        return bb.emit(relax.TupleGetItem(bb.emit(call), 1))
-    if n.op == "dsv4_hc_comb":
-        S = int(n.shape[1])
-        gv = bb.add_func(_hc_comb_kernel(S, n.attrs["eps"], n.attrs["iters"], gpu), f"dsv4_hc_comb_{S}")
-        return bb.emit(relax.call_tir(gv, relax.Tuple(list(args)), args[0].ty))
-    if n.op == "kpool_store":
-        kp, d = (int(x) for x in n.inputs[3].shape)
-        kt = attention.kv_type_of(n.inputs[1])
-        gv = bb.add_func(_kpool_store_kernel(kp, d, kt, gpu), f"kpool_store_{kp}_{d}_{kt}")
-        return bb.emit(relax.op.call_tir_inplace(gv, relax.Tuple(list(args)), [0], args[0].ty))
-    raise NotImplementedError(n.op)
