@@ -10,15 +10,17 @@ concurrent clients, each its own session (a different system prompt): aggregate 
 time.
 
 Each configuration (server x speculation on/off) starts its server, runs, stops it; configurations are interleaved
-(nextn, llama, nextn, llama, ...) and repeated --rounds times, never two servers at once, so a ratio compares runs
-from the same minutes of a shared machine. Same -c, -np, KV types, threads and chat template (nextn's GLM-4.5-style
+(nextn spec, llama spec, [nextn spec cold], nextn plain, llama plain) and repeated --rounds times, never two servers at
+once, so a ratio compares runs from the same minutes of a shared machine. The cold baseline (--cold: every turn with
+cache_prompt false; --cold-last: the last turn only, its whole conversation on a fresh server) is nextn with
+speculation. Same -c, -np, KV types, threads and chat template (nextn's GLM-4.5-style
 one: the fixtures carry none) for both; llama-server with --jinja, speculation as `--spec-type draft-mtp`.
 
     python bench/agentic.py [MODEL.gguf] [--turns 20] [--turn-words 40] [--max-tokens 32] [-c 4096] [--rounds 1]
-        [-o out/agentic] [--llama-server PATH] [--no-llama] [--cold]
+        [-o out/agentic] [--llama-server PATH] [--no-llama] [--cold | --cold-last]
 
 Writes OUT/agentic.json, OUT/agentic.md (the tables) and OUT/agentic.png (time to first token and decode tok/s per
-turn). llama-server: --llama-server, else bench/peer_llamacpp.sh's build ($NEXTN_PEER_DIR/bin/llama-server).
+turn), again after every configuration (a run cut short keeps what it measured). llama-server: --llama-server, else bench/peer_llamacpp.sh's build ($NEXTN_PEER_DIR/bin/llama-server).
 """
 from __future__ import annotations
 
@@ -101,11 +103,14 @@ def chat(url: str, messages: list, max_tokens: int, cache: bool = True) -> dict:
         raise RuntimeError(f"{url}: HTTP {e.code}: {e.read()[:300]!r}") from None
 
 
-def replay(url: str, msgs: list, max_tokens: int, cache: bool = True) -> list[dict]:
+def replay(url: str, msgs: list, max_tokens: int, cache: bool = True, last_only: bool = False) -> list[dict]:
     """Every turn: the conversation up to its user message; returns one parse_stream result per turn. `cache`
-    False sends `cache_prompt: false` (every turn prefills the whole conversation: nextn before its prompt cache)."""
+    False sends `cache_prompt: false` (every turn prefills the whole conversation: nextn before its prompt cache).
+    `last_only`: the last turn only (its whole conversation, on a fresh server)."""
     out = []
     for t in range(1, len(msgs), 2):
+        if last_only and t + 2 < len(msgs):
+            continue
         res = chat(url, msgs[:t + 1], max_tokens, cache)
         res["turn"] = t // 2 + 1
         out.append(res)
@@ -160,11 +165,11 @@ def stop(p) -> None:
         p.wait()
 
 
-def run_single(kind, a, spec, log_path, cache: bool = True) -> list[dict]:
+def run_single(kind, a, spec, log_path, cache: bool = True, last_only: bool = False) -> list[dict]:
     p, url = start(kind, a, spec, 1, a.ctx, log_path)
     try:
         chat(url, [{"role": "user", "content": "warm up"}], 4)
-        return replay(url, conversation(a.turns, a.turn_words), a.max_tokens, cache)
+        return replay(url, conversation(a.turns, a.turn_words), a.max_tokens, cache, last_only)
     finally:
         stop(p)
 
@@ -208,11 +213,11 @@ def turn_table(runs: dict) -> str:
     head = "| turn | " + " | ".join(f"{c} TTFT ms | {c} decode tok/s | {c} cache_n/prompt_n" for c in configs) + " |"
     sep = "|---:|" + "---:|---:|---:|" * len(configs)
     rows = [head, sep]
-    n_turns = max(len(r) for rs in runs.values() for r in rs)
+    n_turns = max(x["turn"] for rs in runs.values() for r in rs for x in r)
     for t in range(n_turns):
         cells = []
         for c in configs:
-            per = [r[t] for r in runs[c] if t < len(r)]
+            per = [x for r in runs[c] for x in r if x["turn"] == t + 1]
             tim = per[0]["timings"] if per else {}
             cells += [_f(_med([x["ttft_ms"] for x in per])), _f(_med([x["decode_tps"] for x in per]), "{:.1f}"),
                       f"{tim.get('cache_n', '-')}/{tim.get('prompt_n', '-')}"]
@@ -238,10 +243,11 @@ def plot(runs: dict, path: str) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for c, rs in runs.items():
-        n = max(len(r) for r in rs)
-        turns = list(range(1, n + 1))
-        ax1.plot(turns, [_med([r[t]["ttft_ms"] for r in rs if t < len(r)]) for t in range(n)], marker="o", label=c)
-        ax2.plot(turns, [_med([r[t]["decode_tps"] for r in rs if t < len(r)]) for t in range(n)], marker="o", label=c)
+        turns = sorted({x["turn"] for r in rs for x in r})
+        ax1.plot(turns, [_med([x["ttft_ms"] for r in rs for x in r if x["turn"] == t]) for t in turns], marker="o",
+                 label=c)
+        ax2.plot(turns, [_med([x["decode_tps"] for r in rs for x in r if x["turn"] == t]) for t in turns],
+                 marker="o", label=c)
     ax1.set(xlabel="turn", ylabel="time to first token (ms)", title="TTFT per turn")
     ax2.set(xlabel="turn", ylabel="decode tok/s (client side)", title="decode per turn")
     for ax in (ax1, ax2):
@@ -271,6 +277,9 @@ def main(argv=None) -> None:
     ap.add_argument("--cold", action="store_true",
                     help="also nextn with speculation and cache_prompt false (every turn re-prefills: the baseline of "
                          "the issue's 'TTFT >= 5x better than nextn today at turn 20')")
+    ap.add_argument("--cold-last", action="store_true",
+                    help="as --cold, but only the last turn (its whole conversation with cache_prompt false on a fresh "
+                         "server): the same turn-20 baseline, one prefill instead of a whole cold replay")
     a = ap.parse_args(argv)
     a.model = os.path.abspath(a.model)
     if not os.path.isfile(a.model):
@@ -294,17 +303,24 @@ def main(argv=None) -> None:
                 runs.setdefault(name, []).append(run_single(kind, a, spec, log))
                 if a.clients:
                     conc.setdefault(name, []).append(run_concurrent(kind, a, spec, log, a.clients))
-        if a.cold:
-            print(f"agentic: round {rnd + 1}: nextn spec cold ...", file=sys.stderr, flush=True)
-            runs.setdefault("nextn spec cold", []).append(run_single("nextn", a, True, log, cache=False))
-    md = [f"model `{os.path.basename(a.model)}`, {a.turns} turns, {a.turn_words} code words per user turn, replies capped "
-          f"at {a.max_tokens} tokens, -c {a.ctx} per slot, KV {a.cache_type}, -t {a.threads}, n_max {a.n_max}, "
+                report(a, runs, conc)     # after every configuration: a run cut short keeps what it measured
+            if spec and (a.cold or a.cold_last):   # beside the cached spec runs it is the baseline of
+                print(f"agentic: round {rnd + 1}: nextn spec cold ...", file=sys.stderr, flush=True)
+                runs.setdefault("nextn spec cold", []).append(run_single("nextn", a, True, log, cache=False,
+                                                                         last_only=a.cold_last))
+                report(a, runs, conc)
+    print(report(a, runs, conc))
+
+
+def report(a, runs: dict, conc: dict) -> str:
+    """Write OUT/agentic.md, .json and .png from the runs so far; returns the markdown."""
+    md = [f"model `{os.path.basename(a.model)}`, {a.turns} turns, {a.turn_words} code words per user turn, replies "
+          f"capped at {a.max_tokens} tokens, -c {a.ctx} per slot, KV {a.cache_type}, -t {a.threads}, n_max {a.n_max}, "
           f"{a.rounds} round(s) interleaved", "", turn_table(runs), ""]
-    if "llama spec" in runs:
-        md += ["- " + ratio_line(runs, "nextn spec", "llama spec"), "- " + ratio_line(runs, "nextn plain", "llama plain")]
-    md += ["- " + ratio_line(runs, "nextn spec", "nextn plain")]
-    if "nextn spec cold" in runs:
-        md += ["- " + ratio_line(runs, "nextn spec", "nextn spec cold", last=1)]
+    for x, y, last in (("nextn spec", "llama spec", 5), ("nextn plain", "llama plain", 5),
+                       ("nextn spec", "nextn plain", 5), ("nextn spec", "nextn spec cold", 1)):
+        if x in runs and y in runs:
+            md += ["- " + ratio_line(runs, x, y, last=last)]
     if conc:
         md += ["", f"| -np {a.clients}, {a.clients} concurrent sessions | aggregate tok/s (median) | wall s |",
                "|---|---:|---:|"]
@@ -316,7 +332,7 @@ def main(argv=None) -> None:
     with open(os.path.join(a.out, "agentic.json"), "w") as f:
         json.dump({"args": {k: v for k, v in vars(a).items()}, "turns": runs, "concurrent": conc}, f, indent=1)
     plot(runs, os.path.join(a.out, "agentic.png"))
-    print(text)
+    return text
 
 
 if __name__ == "__main__":
