@@ -5,9 +5,9 @@ turn by turn as a coding agent sends it: the whole conversation every turn, stre
 capped at --max-tokens and then replaced by the conversation's own assistant message, so both servers see the same
 prompts and every turn's prompt extends the previous one (the slot's prompt cache covers it). Per turn: time to first
 token (client side: request sent -> first streamed delta), decode tok/s (client side: (n - 1) tokens over first ->
-last delta), and the server's own `timings` (cache_n, prompt_n, predicted_per_second). Then -np 4 with four
-concurrent clients, each its own session (a different system prompt): aggregate tok/s = all generated tokens / wall
-time.
+last delta; the server's `timings.predicted_per_second` when the text came in one delta), and the server's own
+`timings` (cache_n, prompt_n, predicted_per_second). Then -np 4 with four concurrent clients, each its own session (a
+different system prompt): aggregate tok/s = all generated tokens / wall time.
 
 Each configuration (server x speculation on/off) starts its server, runs, stops it; configurations are interleaved
 (nextn spec, llama spec, [nextn spec cold], nextn plain, llama plain) and repeated --rounds times, never two servers at
@@ -17,7 +17,7 @@ speculation. Same -c, -np, KV types, threads and chat template (nextn's GLM-4.5-
 one: the fixtures carry none) for both; llama-server with --jinja, speculation as `--spec-type draft-mtp`.
 
     python bench/agentic.py [MODEL.gguf] [--turns 20] [--turn-words 40] [--max-tokens 32] [-c 4096] [--rounds 1]
-        [-o out/agentic] [--llama-server PATH] [--no-llama] [--cold | --cold-last]
+        [-o out/agentic] [--llama-server PATH] [--no-llama] [--cold | --cold-last] [--configs 'llama spec,...']
 
 Writes OUT/agentic.json, OUT/agentic.md (the tables) and OUT/agentic.png (time to first token and decode tok/s per
 turn), again after every configuration (a run cut short keeps what it measured). llama-server: --llama-server, else bench/peer_llamacpp.sh's build ($NEXTN_PEER_DIR/bin/llama-server).
@@ -87,6 +87,10 @@ def parse_stream(lines, t_sent: float, clock=time.perf_counter) -> dict:
                 t_last = now
     ttft = (t_first - t_sent) * 1e3 if t_first is not None else None
     decode = (n - 1) / (t_last - t_first) if n > 1 and t_last > t_first else None
+    if decode is None and timings.get("predicted_per_second"):
+        # the reply's text came in one delta (a chat parser may hold text until it knows it is content): the
+        # server's own decode rate, which both servers report the same way
+        decode = timings["predicted_per_second"]
     return {"ttft_ms": ttft, "decode_tps": decode, "n_deltas": n, "timings": timings}
 
 
@@ -280,7 +284,11 @@ def main(argv=None) -> None:
     ap.add_argument("--cold-last", action="store_true",
                     help="as --cold, but only the last turn (its whole conversation with cache_prompt false on a fresh "
                          "server): the same turn-20 baseline, one prefill instead of a whole cold replay")
+    ap.add_argument("--configs", default=None,
+                    help="only these configurations, comma-separated (e.g. 'llama spec,llama plain'; default: all of "
+                         "nextn spec, llama spec, [nextn spec cold], nextn plain, llama plain)")
     a = ap.parse_args(argv)
+    only = {c.strip() for c in a.configs.split(",")} if a.configs else None
     a.model = os.path.abspath(a.model)
     if not os.path.isfile(a.model):
         sys.exit(f"agentic: no model file {a.model}")
@@ -299,12 +307,14 @@ def main(argv=None) -> None:
         for spec in (True, False):
             for kind in kinds:            # interleaved: nextn, llama, nextn, llama, ...
                 name = f"{kind} {'spec' if spec else 'plain'}"
+                if only is not None and name not in only:
+                    continue
                 print(f"agentic: round {rnd + 1}: {name} ...", file=sys.stderr, flush=True)
                 runs.setdefault(name, []).append(run_single(kind, a, spec, log))
                 if a.clients:
                     conc.setdefault(name, []).append(run_concurrent(kind, a, spec, log, a.clients))
                 report(a, runs, conc)     # after every configuration: a run cut short keeps what it measured
-            if spec and (a.cold or a.cold_last):   # beside the cached spec runs it is the baseline of
+            if spec and (a.cold or a.cold_last) and (only is None or "nextn spec cold" in only):
                 print(f"agentic: round {rnd + 1}: nextn spec cold ...", file=sys.stderr, flush=True)
                 runs.setdefault("nextn spec cold", []).append(run_single("nextn", a, True, log, cache=False,
                                                                          last_only=a.cold_last))

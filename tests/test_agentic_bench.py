@@ -42,6 +42,10 @@ def test_parse_stream_times_the_first_and_later_deltas(agentic):
 def test_parse_stream_without_tokens(agentic):
     r = agentic.parse_stream([_chunk({"role": "assistant"})], t_sent=0.0, clock=lambda: 1.0)
     assert r["ttft_ms"] is None and r["decode_tps"] is None and r["n_deltas"] == 0
+    # the whole reply in one delta: the server's decode rate stands in for the client's
+    one = [_chunk({"content": "abc"}), _chunk(choices=False, timings={"predicted_per_second": 2.5})]
+    r = agentic.parse_stream(one, t_sent=0.0, clock=lambda: 1.0)
+    assert r["n_deltas"] == 1 and r["ttft_ms"] == 1000.0 and r["decode_tps"] == 2.5
 
 
 def _turn(ttft, tps, cache, prompt, turn=1):
