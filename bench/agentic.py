@@ -20,7 +20,8 @@ one: the fixtures carry none) for both; llama-server with --jinja, speculation a
         [-o out/agentic] [--llama-server PATH] [--no-llama] [--cold | --cold-last] [--configs 'llama spec,...']
 
 Writes OUT/agentic.json, OUT/agentic.md (the tables) and OUT/agentic.png (time to first token and decode tok/s per
-turn), again after every configuration (a run cut short keeps what it measured). llama-server: --llama-server, else bench/peer_llamacpp.sh's build ($NEXTN_PEER_DIR/bin/llama-server).
+turn), again after every configuration (a run cut short keeps what it measured). llama-server: --llama-server, else
+bench/peer_llamacpp.sh's build ($NEXTN_PEER_DIR/bin/llama-server).
 """
 from __future__ import annotations
 
