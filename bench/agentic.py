@@ -5,20 +5,23 @@ turn by turn as a coding agent sends it: the whole conversation every turn, stre
 capped at --max-tokens and then replaced by the conversation's own assistant message, so both servers see the same
 prompts and every turn's prompt extends the previous one (the slot's prompt cache covers it). Per turn: time to first
 token (client side: request sent -> first streamed delta), decode tok/s (client side: (n - 1) tokens over first ->
-last delta), and the server's own `timings` (cache_n, prompt_n, predicted_per_second). Then -np 4 with four
-concurrent clients, each its own session (a different system prompt): aggregate tok/s = all generated tokens / wall
-time.
+last delta; the server's `timings.predicted_per_second` when the text came in one delta), and the server's own
+`timings` (cache_n, prompt_n, predicted_per_second). Then -np 4 with four concurrent clients, each its own session (a
+different system prompt): aggregate tok/s = all generated tokens / wall time.
 
 Each configuration (server x speculation on/off) starts its server, runs, stops it; configurations are interleaved
-(nextn, llama, nextn, llama, ...) and repeated --rounds times, never two servers at once, so a ratio compares runs
-from the same minutes of a shared machine. Same -c, -np, KV types, threads and chat template (nextn's GLM-4.5-style
+(nextn spec, llama spec, [nextn spec cold], nextn plain, llama plain) and repeated --rounds times, never two servers at
+once, so a ratio compares runs from the same minutes of a shared machine. The cold baseline (--cold: every turn with
+cache_prompt false; --cold-last: the last turn only, its whole conversation on a fresh server) is nextn with
+speculation. Same -c, -np, KV types, threads and chat template (nextn's GLM-4.5-style
 one: the fixtures carry none) for both; llama-server with --jinja, speculation as `--spec-type draft-mtp`.
 
     python bench/agentic.py [MODEL.gguf] [--turns 20] [--turn-words 40] [--max-tokens 32] [-c 4096] [--rounds 1]
-        [-o out/agentic] [--llama-server PATH] [--no-llama] [--cold]
+        [-o out/agentic] [--llama-server PATH] [--no-llama] [--cold | --cold-last] [--configs 'llama spec,...']
 
 Writes OUT/agentic.json, OUT/agentic.md (the tables) and OUT/agentic.png (time to first token and decode tok/s per
-turn). llama-server: --llama-server, else bench/peer_llamacpp.sh's build ($NEXTN_PEER_DIR/bin/llama-server).
+turn), again after every configuration (a run cut short keeps what it measured). llama-server: --llama-server, else
+bench/peer_llamacpp.sh's build ($NEXTN_PEER_DIR/bin/llama-server).
 """
 from __future__ import annotations
 
@@ -85,6 +88,10 @@ def parse_stream(lines, t_sent: float, clock=time.perf_counter) -> dict:
                 t_last = now
     ttft = (t_first - t_sent) * 1e3 if t_first is not None else None
     decode = (n - 1) / (t_last - t_first) if n > 1 and t_last > t_first else None
+    if decode is None and timings.get("predicted_per_second"):
+        # the reply's text came in one delta (a chat parser may hold text until it knows it is content): the
+        # server's own decode rate, which both servers report the same way
+        decode = timings["predicted_per_second"]
     return {"ttft_ms": ttft, "decode_tps": decode, "n_deltas": n, "timings": timings}
 
 
@@ -101,11 +108,14 @@ def chat(url: str, messages: list, max_tokens: int, cache: bool = True) -> dict:
         raise RuntimeError(f"{url}: HTTP {e.code}: {e.read()[:300]!r}") from None
 
 
-def replay(url: str, msgs: list, max_tokens: int, cache: bool = True) -> list[dict]:
+def replay(url: str, msgs: list, max_tokens: int, cache: bool = True, last_only: bool = False) -> list[dict]:
     """Every turn: the conversation up to its user message; returns one parse_stream result per turn. `cache`
-    False sends `cache_prompt: false` (every turn prefills the whole conversation: nextn before its prompt cache)."""
+    False sends `cache_prompt: false` (every turn prefills the whole conversation: nextn before its prompt cache).
+    `last_only`: the last turn only (its whole conversation, on a fresh server)."""
     out = []
     for t in range(1, len(msgs), 2):
+        if last_only and t + 2 < len(msgs):
+            continue
         res = chat(url, msgs[:t + 1], max_tokens, cache)
         res["turn"] = t // 2 + 1
         out.append(res)
@@ -160,11 +170,11 @@ def stop(p) -> None:
         p.wait()
 
 
-def run_single(kind, a, spec, log_path, cache: bool = True) -> list[dict]:
+def run_single(kind, a, spec, log_path, cache: bool = True, last_only: bool = False) -> list[dict]:
     p, url = start(kind, a, spec, 1, a.ctx, log_path)
     try:
         chat(url, [{"role": "user", "content": "warm up"}], 4)
-        return replay(url, conversation(a.turns, a.turn_words), a.max_tokens, cache)
+        return replay(url, conversation(a.turns, a.turn_words), a.max_tokens, cache, last_only)
     finally:
         stop(p)
 
@@ -208,11 +218,11 @@ def turn_table(runs: dict) -> str:
     head = "| turn | " + " | ".join(f"{c} TTFT ms | {c} decode tok/s | {c} cache_n/prompt_n" for c in configs) + " |"
     sep = "|---:|" + "---:|---:|---:|" * len(configs)
     rows = [head, sep]
-    n_turns = max(len(r) for rs in runs.values() for r in rs)
+    n_turns = max(x["turn"] for rs in runs.values() for r in rs for x in r)
     for t in range(n_turns):
         cells = []
         for c in configs:
-            per = [r[t] for r in runs[c] if t < len(r)]
+            per = [x for r in runs[c] for x in r if x["turn"] == t + 1]
             tim = per[0]["timings"] if per else {}
             cells += [_f(_med([x["ttft_ms"] for x in per])), _f(_med([x["decode_tps"] for x in per]), "{:.1f}"),
                       f"{tim.get('cache_n', '-')}/{tim.get('prompt_n', '-')}"]
@@ -238,10 +248,11 @@ def plot(runs: dict, path: str) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for c, rs in runs.items():
-        n = max(len(r) for r in rs)
-        turns = list(range(1, n + 1))
-        ax1.plot(turns, [_med([r[t]["ttft_ms"] for r in rs if t < len(r)]) for t in range(n)], marker="o", label=c)
-        ax2.plot(turns, [_med([r[t]["decode_tps"] for r in rs if t < len(r)]) for t in range(n)], marker="o", label=c)
+        turns = sorted({x["turn"] for r in rs for x in r})
+        ax1.plot(turns, [_med([x["ttft_ms"] for r in rs for x in r if x["turn"] == t]) for t in turns], marker="o",
+                 label=c)
+        ax2.plot(turns, [_med([x["decode_tps"] for r in rs for x in r if x["turn"] == t]) for t in turns],
+                 marker="o", label=c)
     ax1.set(xlabel="turn", ylabel="time to first token (ms)", title="TTFT per turn")
     ax2.set(xlabel="turn", ylabel="decode tok/s (client side)", title="decode per turn")
     for ax in (ax1, ax2):
@@ -271,7 +282,14 @@ def main(argv=None) -> None:
     ap.add_argument("--cold", action="store_true",
                     help="also nextn with speculation and cache_prompt false (every turn re-prefills: the baseline of "
                          "the issue's 'TTFT >= 5x better than nextn today at turn 20')")
+    ap.add_argument("--cold-last", action="store_true",
+                    help="as --cold, but only the last turn (its whole conversation with cache_prompt false on a fresh "
+                         "server): the same turn-20 baseline, one prefill instead of a whole cold replay")
+    ap.add_argument("--configs", default=None,
+                    help="only these configurations, comma-separated (e.g. 'llama spec,llama plain'; default: all of "
+                         "nextn spec, llama spec, [nextn spec cold], nextn plain, llama plain)")
     a = ap.parse_args(argv)
+    only = {c.strip() for c in a.configs.split(",")} if a.configs else None
     a.model = os.path.abspath(a.model)
     if not os.path.isfile(a.model):
         sys.exit(f"agentic: no model file {a.model}")
@@ -290,21 +308,30 @@ def main(argv=None) -> None:
         for spec in (True, False):
             for kind in kinds:            # interleaved: nextn, llama, nextn, llama, ...
                 name = f"{kind} {'spec' if spec else 'plain'}"
+                if only is not None and name not in only:
+                    continue
                 print(f"agentic: round {rnd + 1}: {name} ...", file=sys.stderr, flush=True)
                 runs.setdefault(name, []).append(run_single(kind, a, spec, log))
                 if a.clients:
                     conc.setdefault(name, []).append(run_concurrent(kind, a, spec, log, a.clients))
-        if a.cold:
-            print(f"agentic: round {rnd + 1}: nextn spec cold ...", file=sys.stderr, flush=True)
-            runs.setdefault("nextn spec cold", []).append(run_single("nextn", a, True, log, cache=False))
-    md = [f"model `{os.path.basename(a.model)}`, {a.turns} turns, {a.turn_words} code words per user turn, replies capped "
-          f"at {a.max_tokens} tokens, -c {a.ctx} per slot, KV {a.cache_type}, -t {a.threads}, n_max {a.n_max}, "
+                report(a, runs, conc)     # after every configuration: a run cut short keeps what it measured
+            if spec and (a.cold or a.cold_last) and (only is None or "nextn spec cold" in only):
+                print(f"agentic: round {rnd + 1}: nextn spec cold ...", file=sys.stderr, flush=True)
+                runs.setdefault("nextn spec cold", []).append(run_single("nextn", a, True, log, cache=False,
+                                                                         last_only=a.cold_last))
+                report(a, runs, conc)
+    print(report(a, runs, conc))
+
+
+def report(a, runs: dict, conc: dict) -> str:
+    """Write OUT/agentic.md, .json and .png from the runs so far; returns the markdown."""
+    md = [f"model `{os.path.basename(a.model)}`, {a.turns} turns, {a.turn_words} code words per user turn, replies "
+          f"capped at {a.max_tokens} tokens, -c {a.ctx} per slot, KV {a.cache_type}, -t {a.threads}, n_max {a.n_max}, "
           f"{a.rounds} round(s) interleaved", "", turn_table(runs), ""]
-    if "llama spec" in runs:
-        md += ["- " + ratio_line(runs, "nextn spec", "llama spec"), "- " + ratio_line(runs, "nextn plain", "llama plain")]
-    md += ["- " + ratio_line(runs, "nextn spec", "nextn plain")]
-    if "nextn spec cold" in runs:
-        md += ["- " + ratio_line(runs, "nextn spec", "nextn spec cold", last=1)]
+    for x, y, last in (("nextn spec", "llama spec", 5), ("nextn plain", "llama plain", 5),
+                       ("nextn spec", "nextn plain", 5), ("nextn spec", "nextn spec cold", 1)):
+        if x in runs and y in runs:
+            md += ["- " + ratio_line(runs, x, y, last=last)]
     if conc:
         md += ["", f"| -np {a.clients}, {a.clients} concurrent sessions | aggregate tok/s (median) | wall s |",
                "|---|---:|---:|"]
@@ -316,7 +343,7 @@ def main(argv=None) -> None:
     with open(os.path.join(a.out, "agentic.json"), "w") as f:
         json.dump({"args": {k: v for k, v in vars(a).items()}, "turns": runs, "concurrent": conc}, f, indent=1)
     plot(runs, os.path.join(a.out, "agentic.png"))
-    print(text)
+    return text
 
 
 if __name__ == "__main__":

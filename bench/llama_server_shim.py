@@ -11,7 +11,8 @@ and named on stderr; the tests that need them fail or are listed as not applicab
 Starting Python and importing TVM, numpy and the server's modules takes ~10 s on a loaded 2-core machine, the load of
 the cached tiny artifact 0.5 s, and the suite starts a server per test. So with NEXTN_SHIM_ZYGOTE=SOCKET the shim asks
 a warm process (`python bench/llama_server_shim.py --zygote SOCKET LOG`, started by bench/peer_server_tests.sh, the
-imports done once) to fork a `nextn serve` with these arguments; the shim stays the process the suite sees: it
+imports done once) to fork a `nextn serve` with these arguments, writing to the shim's own stdout and stderr (passed
+over the socket: a test that reads the server's log file sees nextn's); the shim stays the process the suite sees: it
 forwards SIGTERM / SIGINT to the forked server and exits with its exit status.
 """
 from __future__ import annotations
@@ -29,20 +30,22 @@ VALUED = {"--port": "--port", "--host": "--host", "--temp": "--temp", "--seed": 
           "--chat-template-file": "--chat-template-file", "--cors-origins": "--cors-origins",
           "--reasoning-budget": "--reasoning-budget", "--top-k": "--top-k", "--top-p": "--top-p",
           "--min-p": "--min-p", "--tags": "--tags", "-sps": "-sps", "--slot-prompt-similarity": "-sps",
-          "--sleep-idle-seconds": "--sleep-idle-seconds", "--batch-size": "-b", "-b": "-b"}
+          "--sleep-idle-seconds": "--sleep-idle-seconds", "--batch-size": "-b", "-b": "-b",
+          "--cache-ram": "--cache-ram", "-cram": "--cache-ram"}
 FLAGS = {"--metrics": "--metrics", "--no-slots": "--no-slots", "--verbose": "--verbose", "--kv-unified": "--kv-unified",
-         "-kvu": "--kv-unified"}
+         "-kvu": "--kv-unified", "--no-cache-idle-slots": "--no-cache-idle-slots",
+         "--cache-idle-slots": "--cache-idle-slots"}
 # taken with their value and dropped: the model source (always $NEXTN_SHIM_MODEL) and settings with no nextn
 # counterpart (batch sizes, GPU layers, flash attention, ...)
 DROP_VALUED = {"--model", "-m", "--model-url", "--hf-repo", "-hf", "--hf-file", "--ubatch-size",
                "-ub", "--n-gpu-layers", "-ngl", "-fa", "--flash-attn", "--pooling", "--grp-attn-n",
                "--grp-attn-w", "--lora", "--model-draft", "-md", "--mmproj-url", "--media-path",
-               "--cache-ram", "--models-dir", "--models-max", "--models-preset", "--tools",
+               "--models-dir", "--models-max", "--models-preset", "--tools",
                "--tools-runtime", "--mcp-servers-config", "--mcp-servers-json", "--spec-synth-len",
                "--spec-synth-rates"}
 DROP_FLAGS = {"--offline", "--cont-batching", "--embedding", "--reranking", "--swa-full", "--slots",
               "--context-shift", "--no-ui", "--no-models-autoload", "--jinja", "--no-jinja",
-              "--no-mmproj", "--no-cache-idle-slots", "--ui-mcp-proxy", "--backend_sampling"}
+              "--no-mmproj", "--ui-mcp-proxy", "--backend_sampling"}
 
 
 def translate(argv: list[str], model: str) -> tuple[list[str], list[str]]:
@@ -80,7 +83,8 @@ def translate(argv: list[str], model: str) -> tuple[list[str], list[str]]:
 def zygote(sock_path: str, log_path: str) -> None:
     """Import what `nextn serve` needs, then fork one server per request on the unix socket `sock_path`: a request is
     one JSON line {"args", "env", "cwd"}; the answer {"pid"} at once, then {"exit": status} when that server ends.
-    The servers write to `log_path`."""
+    The request's first byte carries the shim's stdout and stderr (SCM_RIGHTS): the server writes there; without
+    them, to `log_path`."""
     import json
     import socket
     import threading
@@ -117,14 +121,19 @@ def zygote(sock_path: str, log_path: str) -> None:
 
     while True:
         conn, _ = srv.accept()
+        _, fds, _, _ = socket.recv_fds(conn, 1, 2)      # the shim's stdout and stderr
         req = json.loads(conn.makefile().readline())
         pid = os.fork()
         if pid == 0:                       # the server: the suite's flags, this process's imports
             srv.close()
             conn.close()
-            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
+            if len(fds) == 2:              # where the suite sends llama-server's output (a test may read its log)
+                os.dup2(fds[0], 1)
+                os.dup2(fds[1], 2)
+            else:
+                fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
             os.environ.clear()
             os.environ.update(req["env"])
             os.chdir(req["cwd"])
@@ -141,6 +150,8 @@ def zygote(sock_path: str, log_path: str) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+        for fd in fds:
+            os.close(fd)
         conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         threading.Thread(target=reap, args=(conn, pid), daemon=True).start()
 
@@ -153,6 +164,9 @@ def through_zygote(sock_path: str, args: list[str]) -> int:
 
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(sock_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    socket.send_fds(s, [b"F"], [1, 2])    # the server writes where this process would (the suite's log file)
     s.sendall(json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode() + b"\n")
     f = s.makefile()
     pid = json.loads(f.readline())["pid"]

@@ -10,9 +10,10 @@
 #   PEER_FILES="basic metrics" bench/peer_server_tests.sh     # only unit/test_basic.py and unit/test_metrics.py
 #
 # Default MODEL: the tiny glm4moe fixture (artifacts/tiny-glm4moe-Q8_0.gguf). Prints one line per test file (passed,
-# failed, skipped, n/a) and writes out/peer_server_tests/summary.json (counts and the failed test ids), pytest.log
-# and servers.log (what the nextn servers wrote). The suite's Python requirements go into a venv under the cache folder ($NEXTN_PEER_DIR, default
-# ~/.cache/nextn-peer); the suite writes its scratch files into its own folder there.
+# failed, skipped, n/a) and writes out/peer_server_tests/summary.json (counts and the failed test ids) and pytest.log
+# (a server writes where the suite sends llama-server's output: a failing test's captured output in pytest.log, or
+# the test's own log file). The suite's Python requirements go into a venv under the cache folder ($NEXTN_PEER_DIR,
+# default ~/.cache/nextn-peer); the suite writes its scratch files into its own folder there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

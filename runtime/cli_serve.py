@@ -53,8 +53,15 @@ def register(cli: click.Group) -> None:
               help="Origins whose browser requests may read the answers (comma-separated; *: every origin).")
 @click.option("--slot-save-path", default=None, type=click.Path(file_okay=False, exists=True),
               help="Folder for POST /slots/{id}?action=save|restore files (slot prompt caches).")
+@click.option("-cram", "--cache-ram", default=8192, show_default=True, type=click.IntRange(min=-1),
+              help="Host-memory prompt cache in MiB (-1: no limit, 0: off): a slot's KV is kept there when the slot "
+                   "gets another prompt, and restored for a later prompt that shares its prefix.")
+@click.option("--cache-idle-slots/--no-cache-idle-slots", default=True, show_default=True,
+              help="Save idle slots to the prompt cache when a task starts (with --kv-unified: and clear them); needs "
+                   "--cache-ram.")
 @click.option("-v", "--verbose", is_flag=True, help="Every answer carries `__verbose` (the /completion object, its "
-                                                    "prompt text included), as a request's \"verbose\": true asks.")
+                                                    "prompt text included), as a request's \"verbose\": true asks; "
+                                                    "the log gets the slots' prompt-cache events.")
 @click.option("--sleep-idle-seconds", default=-1, show_default=True, type=int,
               help="Unload the model after this many idle seconds and reload it when a request needs it (-1: never; "
                    "/health, /props, /models and /metrics answer while asleep without waking it).")
@@ -80,7 +87,8 @@ def register(cli: click.Group) -> None:
 def serve(model, host, port, ctx_size, n_batch, kv_unified, n_parallel, threads, spec_type, spec_draft_n_max,
           spec_draft_n_min, spec_draft_p_min, spec_draft_sampling, spec_draft_vocab, spec_draft_vocab_file, n_predict,
           temp, top_k, top_p, min_p, seed, similarity, reasoning_format, reasoning_budget, cors_origins, slot_save_path,
-          sleep_idle_seconds, verbose, metrics, no_slots, api_keys, chat_template, chat_template_file, alias, tags,
+          cache_ram, cache_idle_slots, sleep_idle_seconds, verbose, metrics, no_slots, api_keys, chat_template,
+          chat_template_file, alias, tags,
           draft, cache_type_k, cache_type_v, device, target, arches, mtp_dense_attention, mtp_index_share):
     """Serve MODEL (a GGUF, compiled and cached on first use, or an artifact directory) over HTTP, as llama-server:
     /v1/chat/completions, /v1/completions, /completion, /tokenize, /detokenize, /apply-template, /health, /props,
@@ -117,6 +125,7 @@ def serve(model, host, port, ctx_size, n_batch, kv_unified, n_parallel, threads,
                        metrics=metrics, slots=not no_slots, alias=alias, tags=tags,
                        spec_type=spec_type, slot_prompt_similarity=similarity,
                        cors_origins=tuple(o.strip() for o in cors_origins.split(",") if o.strip()),
-                       slot_save_path=slot_save_path, sleep_idle_seconds=sleep_idle_seconds, defaults=d,
+                       slot_save_path=slot_save_path, cache_ram=cache_ram, cache_idle_slots=cache_idle_slots,
+                       sleep_idle_seconds=sleep_idle_seconds, defaults=d,
                        draft_vocab_file=spec_draft_vocab_file)
     run_server(opt, log=lambda s: click.echo(s, err=True))

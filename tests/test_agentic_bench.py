@@ -42,14 +42,20 @@ def test_parse_stream_times_the_first_and_later_deltas(agentic):
 def test_parse_stream_without_tokens(agentic):
     r = agentic.parse_stream([_chunk({"role": "assistant"})], t_sent=0.0, clock=lambda: 1.0)
     assert r["ttft_ms"] is None and r["decode_tps"] is None and r["n_deltas"] == 0
+    # the whole reply in one delta: the server's decode rate stands in for the client's
+    one = [_chunk({"content": "abc"}), _chunk(choices=False, timings={"predicted_per_second": 2.5})]
+    r = agentic.parse_stream(one, t_sent=0.0, clock=lambda: 1.0)
+    assert r["n_deltas"] == 1 and r["ttft_ms"] == 1000.0 and r["decode_tps"] == 2.5
 
 
-def _turn(ttft, tps, cache, prompt):
-    return {"ttft_ms": ttft, "decode_tps": tps, "n_deltas": 4, "timings": {"cache_n": cache, "prompt_n": prompt}}
+def _turn(ttft, tps, cache, prompt, turn=1):
+    return {"ttft_ms": ttft, "decode_tps": tps, "n_deltas": 4, "timings": {"cache_n": cache, "prompt_n": prompt},
+            "turn": turn}
 
 
 def test_turn_table_and_ratios_take_medians_over_rounds(agentic):
-    runs = {"a": [[_turn(100, 10, 0, 50), _turn(40, 12, 49, 20)], [_turn(300, 30, 0, 50), _turn(60, 14, 49, 20)]],
+    runs = {"a": [[_turn(100, 10, 0, 50), _turn(40, 12, 49, 20, 2)],
+                  [_turn(300, 30, 0, 50), _turn(60, 14, 49, 20, 2)]],
             "b": [[_turn(200, 5, 0, 50)], [_turn(200, 7, 0, 50)]]}
     table = agentic.turn_table(runs).splitlines()
     assert table[0].startswith("| turn | a TTFT ms | a decode tok/s | a cache_n/prompt_n | b TTFT ms")
@@ -57,6 +63,20 @@ def test_turn_table_and_ratios_take_medians_over_rounds(agentic):
     assert table[3] == "| 2 | 50 | 13.0 | 49/20 | - | - | -/- |"          # b has no turn 2
     # last 1 turn of each round: a's TTFT median(40, 60) = 50 over b's 200; decode median(12, 14) = 13 over 6
     assert agentic.ratio_line(runs, "a", "b", last=1) == "a / b, last 1 turns: TTFT 0.25x, decode tok/s 2.17x"
+
+
+def test_a_last_turn_only_run_sits_at_its_turn(agentic, monkeypatch):
+    # --cold-last: the baseline has turn 2 only; its row is turn 2's, and the ratio compares the last turns
+    runs = {"a": [[_turn(100, 10, 0, 50), _turn(40, 12, 49, 20, 2)]], "cold": [[_turn(400, 8, 0, 69, 2)]]}
+    table = agentic.turn_table(runs).splitlines()
+    assert table[2] == "| 1 | 100 | 10.0 | 0/50 | - | - | -/- |"
+    assert table[3] == "| 2 | 40 | 12.0 | 49/20 | 400 | 8.0 | 0/69 |"
+    assert agentic.ratio_line(runs, "a", "cold", last=1) == "a / cold, last 1 turns: TTFT 0.10x, decode tok/s 1.50x"
+    msgs = agentic.conversation(3, 12)
+    sent = []
+    monkeypatch.setattr(agentic, "chat", lambda url, m, n, cache: sent.append((len(m), cache)) or _turn(1, 1, 0, 1))
+    out = agentic.replay("u", msgs, 4, cache=False, last_only=True)
+    assert sent == [(len(msgs) - 1, False)] and [x["turn"] for x in out] == [3]
 
 
 def test_conversation_is_deterministic_and_sessions_differ(agentic):

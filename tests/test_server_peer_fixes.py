@@ -425,3 +425,149 @@ def test_prompt_progress_per_batch(batched):
     ev = progress({"prompt": more, "n_predict": 2, "temperature": 0})
     c0 = ev[0]["cache"]
     assert 0 < c0 < n + 2 and [e["processed"] for e in ev] == [c0] + list(range(c0 + 16, len(more), 16)) + [len(more)]
+
+
+# -- --cache-ram: the host-memory prompt cache (llama-server server_prompt_cache) ------------------------------------
+@pytest.fixture(scope="module")
+def ram(compiled):
+    from nextn.runtime.server import Running, ServeOptions
+    from nextn.runtime.server.params import ServerDefaults
+    from test_server import _free_port
+
+    lines = []
+    opt = ServeOptions(model=q8_exact(compiled), port=_free_port(), ctx_size=1024, n_parallel=2, cache_ram=100,
+                       defaults=ServerDefaults(verbose=True))
+    run = Running(opt, log=lines.append).start_background()
+    assert run.loaded.wait(120) and run.error is None, run.error
+    with httpx.Client(base_url=run.url, timeout=120) as c:
+        yield c, lines
+    run.stop()
+
+
+def test_a_prompt_that_lost_its_slot_is_restored_from_host_memory(ram):
+    from conftest import reference
+
+    c, log = ram
+    ref = {p["kind"]: p for p in reference()["prompts"]}
+    p = ref["code-module"]
+    P, greedy = p["prompt_ids"], p["greedy_ids"]
+    assert any("__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__" in ln for ln in log)     # -v: llama-server's debug marker
+    body = {"n_predict": 16, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+    first = post(c, "/completion", {**body, "prompt": P, "id_slot": 0})
+    assert first["tokens"] == greedy[:16] and first["timings"]["draft_n"] > 0     # speculation on
+    # slot 1 starts: idle slot 0 goes to host memory; then slot 0 is given another prompt (its KV overwritten)
+    post(c, "/completion", {**body, "n_predict": 4, "prompt": ref["docs-prose"]["prompt_ids"], "id_slot": 1})
+    assert sum("slot 0: saved idle slot to prompt cache" in ln for ln in log) == 1
+    post(c, "/completion", {**body, "n_predict": 4, "prompt": ref["code-class"]["prompt_ids"], "id_slot": 0})
+    held = {s["id"]: s["n_past"] for s in c.get("/slots").json()}
+    assert held[0] == len(ref["code-class"]["prompt_ids"]) + 3 and held[1] == len(ref["docs-prose"]["prompt_ids"]) + 3
+    # the conversation goes on: neither slot shares its prefix, the least recently used one (1) takes it and gets
+    # P's KV back (trunk and NextN rows), so only the new tokens are evaluated; the output is a cold start's
+    ext = P + greedy[:16]
+    n_log = len(log)
+    warm = post(c, "/completion", {**body, "prompt": ext})
+    assert any("slot 1: updating prompt cache" in ln for ln in log[n_log:])
+    assert any("slot 1: restored" in ln for ln in log[n_log:])
+    t = warm["timings"]
+    assert len(P) <= t["cache_n"] < len(ext) and t["prompt_n"] == len(ext) - t["cache_n"]
+    assert warm["tokens_cached"] >= len(P)
+    cold = post(c, "/completion", {**body, "prompt": ext, "cache_prompt": False})
+    assert cold["timings"]["cache_n"] == 0
+    assert warm["tokens"] == cold["tokens"] == greedy[16:32]
+    assert warm["timings"]["draft_n"] > 0 and cold["timings"]["draft_n"] > 0
+    # the same prompt once more: slot 1 holds it now, picked by similarity, nothing goes through host memory
+    n_log = len(log)
+    again = post(c, "/completion", {**body, "prompt": ext})
+    assert again["tokens"] == greedy[16:32] and again["timings"]["cache_n"] >= len(ext) - 2
+    assert not any("updating prompt cache" in ln for ln in log[n_log:])
+
+
+class _Buf:
+    """A state buffer's stand-in (runtime/state.py: numpy(), copyfrom(), shape, dtype)."""
+
+    def __init__(self, shape):
+        self.a = np.zeros(shape, np.float32)
+        self.shape, self.dtype = shape, "float32"
+
+    def numpy(self):
+        return self.a.copy()
+
+    def copyfrom(self, x):
+        assert x.shape == self.a.shape
+        self.a[...] = x
+
+
+class _Slot:
+    def __init__(self, i, cells=4096):
+        from types import SimpleNamespace
+
+        states = {"k.0": _Buf((cells, 64)), "rs": _Buf((2, 8))}      # one position-indexed state, one other
+        entries = {"decode": {"states": list(states), "state_shapes": {"k.0": ["C", 64], "rs": [2, 8]}}}
+        self.seq = SimpleNamespace(states=states, model=SimpleNamespace(entries=entries))
+        self.id, self.n_ctx, self.can_reuse, self.cache, self.n_mtp = i, cells, True, [], 0
+
+    def fill(self, tokens):
+        """Hold `tokens`: row i of the KV holds token i's value (what a prefill would write)."""
+        self.cache, self.n_mtp = list(tokens), len(tokens)
+        self.seq.states["k.0"].a[:len(tokens)] = np.asarray(tokens, np.float32)[:, None]
+        self.seq.states["rs"].a[...] = tokens[0]
+        return self
+
+
+def test_prompt_cache_limit_supersede_and_choice():
+    from nextn.runtime.server.prompt_cache import MIB, PromptCache
+
+    pc = PromptCache(1)                                  # 1 MiB; an entry: 256 B per token + the 64 B other state
+    a, b = list(range(1, 2049)), list(range(5001, 7049))
+    assert pc.save(_Slot(0).fill(a)) and pc.save(_Slot(1).fill(b[:1024]))
+    assert [len(e.tokens) for e in pc.states] == [2048, 1024] and pc.size() == 3072 * 256 + 2 * 64
+    assert not pc.save(_Slot(0).fill(b[:1000]))          # an entry covers all of it already
+    assert pc.save(_Slot(0).fill(b))                      # supersedes b[:1024]; with a, 1 MiB + 128 B: a (oldest) goes
+    assert [e.tokens[0] for e in pc.states] == [5001] and pc.size() <= MIB
+    assert not pc.save(_Slot(0).fill(list(range(9000, 9000 + 4096))))    # 1 MiB + 64 B alone: never kept
+    assert [len(e.tokens) for e in pc.states] == [2048]
+    # a prompt keeping < 25 % of the entry leaves it alone; one keeping more takes it (rows and tokens), once
+    s = _Slot(2).fill([7, 8, 9])
+    assert not pc.load(s, b[:500] + [1, 2]) and s.cache == [7, 8, 9]
+    assert pc.load(s, b[:1500] + [1, 2])
+    assert s.cache == b and s.n_mtp == 2048 and not pc.states
+    k = s.seq.states["k.0"].a
+    assert (k[:2048, 0] == np.asarray(b, np.float32)).all() and (k[2048:] == 0).all()
+    assert (s.seq.states["rs"].a == 5001).all()
+    # a slot already holding a better prefix than any entry keeps it
+    pc.save(_Slot(3).fill(b[:600]))
+    assert not pc.load(s, b + [1])
+
+
+def test_several_completions_on_responses_and_messages(two):
+    """llama-server: /v1/responses passes `n` on (its converter copies the body): an array of responses, each with its
+    own id; streamed, each response's events interleaved. /v1/messages drops it (Anthropic has no `n`): one
+    message."""
+    import json
+
+    from test_server_chat import named_events
+
+    def items(r):        # the output without its random ids
+        return [{k: v for k, v in it.items() if k != "id"} for it in r["output"]]
+
+    body = {"model": "tiny", "input": "def main():", "max_output_tokens": 6, "temperature": 0}
+    one = post(two, "/v1/responses", body)
+    assert isinstance(one, dict) and one["usage"]["output_tokens"] > 0
+    many = post(two, "/v1/responses", {**body, "n": 2})
+    assert isinstance(many, list) and len(many) == 2 and many[0]["id"] != many[1]["id"]
+    for r in many + post(two, "/v1/responses", {**body, "n_cmpl": 2}):     # greedy: each is the single reply
+        assert items(r) == items(one) and r["status"] == one["status"]
+        assert [r["usage"][k] for k in ("input_tokens", "output_tokens")] == \
+            [one["usage"][k] for k in ("input_tokens", "output_tokens")]          # cached_tokens: the slots' own
+    ev = named_events(two.post("/v1/responses", json={**body, "n": 2, "stream": True}))
+    created = [e["response"]["id"] for e in ev if e["type"] == "response.created"]
+    completed = [e["response"] for e in ev if e["type"] == "response.completed"]
+    assert len(set(created)) == 2 and {r["id"] for r in completed} == set(created)
+    assert [items(r) for r in completed] == [items(one)] * 2
+    r = two.post("/v1/responses", json={**body, "n": 3})       # more than the slots: llama-server's limit, a 400
+    assert r.status_code == 400 and "n" in r.json()["error"]["message"]
+    msg = {"model": "tiny", "max_tokens": 6, "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}
+    alone = post(two, "/v1/messages", msg)
+    both = post(two, "/v1/messages", {**msg, "n": 2})
+    assert both["type"] == "message" and both["content"] == alone["content"]
+    assert both["usage"]["output_tokens"] == alone["usage"]["output_tokens"]

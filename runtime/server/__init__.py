@@ -46,6 +46,8 @@ class ServeOptions:
     slot_prompt_similarity: float = 0.1  # -sps (llama-server's default)
     cors_origins: tuple = ("*",)         # --cors-origins (llama-server's default: every origin)
     slot_save_path: str | None = None    # --slot-save-path: POST /slots/{id}?action=save|restore files
+    cache_ram: int = 8192                # --cache-ram MiB: host-memory prompt cache (-1: no limit, 0: off)
+    cache_idle_slots: bool = True        # --cache-idle-slots: idle slots saved to it when a task starts
     defaults: ServerDefaults = field(default_factory=ServerDefaults)
     draft_vocab_file: str | None = None  # --spec-draft-vocab-file (nextn.runtime.load)
 
@@ -80,7 +82,8 @@ def load_state(state, opt: ServeOptions, log) -> None:
     state.model = m
     state.scheduler = Scheduler(sequences, tok.token_to_bytes, log=log, speculative=d.spec_type != "none",
                                 similarity=opt.slot_prompt_similarity, pool=ctx if opt.kv_unified else None,
-                                n_batch=opt.n_batch)
+                                n_batch=opt.n_batch, cache_ram=opt.cache_ram, cache_idle_slots=opt.cache_idle_slots,
+                                verbose=d.verbose)
     state.scheduler.start()
 
 

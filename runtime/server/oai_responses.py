@@ -12,8 +12,10 @@ The reply, parsed by `chat_output.ChatOutput`, comes back as output items in gen
 `arguments`); `status` completed, or incomplete with `incomplete_details.reason` max_output_tokens. Streaming
 sends the named events response.created, response.in_progress, per item response.output_item.added / .done with
 its deltas (response.reasoning_text.delta / .done, response.content_part.added / .done and
-response.output_text.delta / .done, response.function_call_arguments.delta / .done), then response.completed (or
-response.incomplete), each with a `sequence_number`.
+response.output_text.delta / .done, response.function_call_arguments.delta / .done), then response.completed, each
+with a `sequence_number`. The stream always ends with response.completed, as llama-server's does (OpenAI sends
+response.incomplete at max_output_tokens), its `response.status` incomplete with `incomplete_details` when the reply
+stopped at max_output_tokens.
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ def to_chat(body: dict) -> dict:
         raise ApiError("previous_response_id: this server stores no responses; send the whole conversation in input")
     out = {k: body[k] for k in ("temperature", "top_p", "top_k", "stream", "cache_prompt", "seed",
                                 "parallel_tool_calls", "chat_template_kwargs", "reasoning_format", "timings_per_token",
-                                "return_progress", "id_slot") if k in body}
+                                "return_progress", "id_slot", "n", "n_cmpl") if k in body}
     if body.get("max_output_tokens") is not None:
         out["max_tokens"] = body["max_output_tokens"]
     msgs = []
@@ -233,9 +235,10 @@ class ResponsesWriter(EventWriter):
         return out
 
     def _end(self, o) -> bytes:
-        status = self._status(o)
-        return self._ev("response.completed" if status == "completed" else "response.incomplete",
-                        response=self._response(status, o), timings=R.timings(o, len(o.tokens)))
+        # llama-server ends every stream with response.completed (server-task.cpp), and its clients wait for that
+        # event; the response object inside still says incomplete at max_output_tokens (OpenAI's field and reason)
+        return self._ev("response.completed", response=self._response(self._status(o), o),
+                        timings=R.timings(o, len(o.tokens)))
 
     def error_event(self, e: ApiError) -> bytes:
         return self._ev("error", code=e.type, message=e.message, param=None)

@@ -120,10 +120,9 @@ async def _generate(request: Request, state, kind: str):
     jobs = [ids for ids in prompts for _ in range(p.n_cmpl)]
     meta = R.Meta(state.model_name, state.fingerprint)
     spec = {"type": p.spec_type, "n_max": p.n_max, "n_min": p.n_min, "p_min": p.p_min}
-    if len(jobs) > 1:
-        if kind not in (COMPLETION, TEXT, CHAT):
-            raise ApiError(f"several completions in one request are not supported on this route (n: {p.n_cmpl})")
-        return await _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_parser, n_vocab)
+    if len(jobs) > 1:      # never /v1/messages: Anthropic has no `n` (anthropic.to_chat drops it, as llama-server)
+        return await _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_parser, n_vocab,
+                                    request_body)
     ids = jobs[0]
     if g is not None:
         p.constraint = Constraint(tokenizer_of(state), g, n_vocab)
@@ -137,13 +136,7 @@ async def _generate(request: Request, state, kind: str):
 
     task = Task(ids, p, eog, post)
     state.scheduler.submit(task)
-    parser = new_parser()
-    if kind == MESSAGES:
-        out = anthropic.MessagesWriter(state, task, parser, state.model_name)
-    elif kind == RESPONSES:
-        out = oai_responses.ResponsesWriter(state, task, parser, state.model_name, request_body)
-    else:
-        out = _Writer(state, kind, task, meta, spec, parser)
+    out = _writer(state, kind, task, meta, spec, new_parser(), request_body)
     watch = asyncio.ensure_future(_watch_disconnect(request, state, task))
     try:
         if not p.stream:
@@ -170,14 +163,24 @@ async def _generate(request: Request, state, kind: str):
     return StreamingResponse(_stream(out, q, state, task, (k, v)), media_type=sse.MEDIA_TYPE)
 
 
-async def _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_parser, n_vocab):
+def _writer(state, kind, task, meta, spec, parser, request_body, index: int = 0):
+    """The object that turns one task's events into its route's answer."""
+    if kind == MESSAGES:
+        return anthropic.MessagesWriter(state, task, parser, state.model_name)
+    if kind == RESPONSES:
+        return oai_responses.ResponsesWriter(state, task, parser, state.model_name, request_body)
+    return _Writer(state, kind, task, meta, spec, parser, index=index)
+
+
+async def _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_parser, n_vocab, request_body):
     """Several completions of one request, run as separate tasks (on any slots) and answered together as
-    llama-server does (server-context.cpp `handle_completions_impl`): `/completion` an array of its objects, each with
-    its `index`; the OpenAI routes one object whose `choices` hold every completion (`index` i), with the first
-    completion's usage and timings. An error of any of them is the answer. Streamed: every completion's chunks as
-    they come, interleaved, each with its `index` (the /completion objects' `index`, the OpenAI chunks'
-    `choices[0].index`), and one `[DONE]` after the last (OpenAI routes); an error before the first chunk is the
-    answer, a later one the stream's last event."""
+    llama-server does (server-context.cpp `handle_completions_impl`): `/completion` and `/v1/responses` an array of
+    their objects (each /completion object with its `index`, each response its own id); the OpenAI chat and text
+    routes one object whose `choices` hold every completion (`index` i), with the first completion's usage and
+    timings. An error of any of them is the answer. Streamed: every completion's chunks as they come, interleaved,
+    each with its `index` (the /completion objects' `index`, the OpenAI chunks' `choices[0].index`; a response's
+    events by its own response id), and one `[DONE]` after the last (OpenAI chat and text routes); an error before
+    the first chunk is the answer, a later one the stream's last event."""
     import copy
 
     loop = asyncio.get_running_loop()
@@ -195,7 +198,7 @@ async def _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_
                 pass
 
         tasks.append(Task(ids, pi, eog, post))
-        writers.append(_Writer(state, kind, tasks[-1], meta, spec, new_parser(), index=i))
+        writers.append(_writer(state, kind, tasks[-1], meta, spec, new_parser(), request_body, index=i))
     for t in tasks:
         state.scheduler.submit(t)
     watch = asyncio.ensure_future(_watch_disconnect_all(request, state, tasks))
@@ -211,7 +214,7 @@ async def _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_
             if k == "error":
                 for t in tasks:
                     state.scheduler.cancel(t)
-                return error_response(v)
+                return writers[i].error_response(v)
             if p.stream:                      # the first event decides: error response, or a stream
                 first = (i, k, v)
                 break
@@ -228,7 +231,7 @@ async def _generate_many(request, state, kind, jobs, p, g, eog, meta, spec, new_
 
         return StreamingResponse(_stream_many(writers, q, state, tasks, first), media_type=sse.MEDIA_TYPE)
     objs = [results[i] for i in range(len(tasks))]
-    if kind == COMPLETION:
+    if kind in (COMPLETION, RESPONSES):
         return json_response(objs)
     first = objs[0]
     first["choices"] = [o["choices"][0] for o in objs]
@@ -246,7 +249,8 @@ async def _stream_many(writers, q, state, tasks, first):
                 if chunk:
                     yield chunk
             elif k == "progress":
-                yield out.progress(v)
+                if hasattr(out, "progress"):
+                    yield out.progress(v)
             elif k == "error":
                 yield out.error_event(v)
                 return

@@ -37,6 +37,7 @@ from ..speculative import decode
 from .errors import ApiError
 from .metrics import Metrics
 from .params import GenParams
+from .prompt_cache import PromptCache, common_prefix
 from .responses import Outcome
 
 
@@ -49,15 +50,6 @@ class Task:
     id: int = field(default_factory=itertools.count().__next__)
     cancelled: threading.Event = field(default_factory=threading.Event)
     outcome: Outcome = field(default_factory=Outcome)
-
-
-def common_prefix(a, b) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Slot:
@@ -212,7 +204,8 @@ class Scheduler:
     """Start with `start()`; `submit(task)` from any thread; `cancel(task)` when its client is gone."""
 
     def __init__(self, sequences, token_bytes, metrics: Metrics | None = None, log=None, speculative: bool = False,
-                 similarity: float = 0.1, pool: int | None = None, n_batch: int | None = None):
+                 similarity: float = 0.1, pool: int | None = None, n_batch: int | None = None, cache_ram: int = 0,
+                 cache_idle_slots: bool = True, verbose: bool = False):
         self.slots = [Slot(i, q, speculative) for i, q in enumerate(sequences)]
         self.pool = pool                 # --kv-unified: cells all slots may hold together (None: each its own)
         self.n_batch = n_batch           # -b: a prompt is evaluated in batches of this many tokens (None: at once)
@@ -220,6 +213,17 @@ class Scheduler:
         self.token_bytes = token_bytes
         self.metrics = metrics or Metrics()
         self.log = log or (lambda m: print(m, file=sys.stderr))
+        # -v: llama-server's debug lines, the events its tests look for in the log among them
+        self.debug = self.log if verbose else (lambda m: None)
+        # --cache-ram MiB (0: off): slots' states kept in host memory when their slot gets another prompt
+        self.prompt_cache = PromptCache(cache_ram, self.debug) if cache_ram != 0 and self.slots[0].can_reuse else None
+        self.cache_idle_slots = cache_idle_slots and self.prompt_cache is not None
+        if cache_idle_slots and cache_ram == 0:
+            self.log("nextn serve: --cache-idle-slots requires --cache-ram, disabling")
+        if self.cache_idle_slots:
+            self.log("nextn serve: idle slots will be saved to the prompt cache" +
+                     (" and cleared" if pool is not None else "") + " upon starting a new task")
+            self.debug("nextn serve: __TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__")
         self._queue: collections.deque[Task] = collections.deque()
         self._calls: collections.deque = collections.deque()   # (fn, concurrent Future): run between steps
         self._cv = threading.Condition()
@@ -292,10 +296,14 @@ class Scheduler:
                     return
                 calls, self._calls = list(self._calls), collections.deque()
                 for task in list(self._queue):      # FIFO; a task that asked for a busy slot waits for it
-                    slot = self._pick(task)
+                    slot, update = self._pick(task)
                     if slot is not None:
                         self._queue.remove(task)
+                        if update and self.prompt_cache is not None:
+                            self._update_cache(slot, task)
                         slot.start(task, self.token_bytes, self.n_batch)
+                        if self.cache_idle_slots:
+                            self._cache_idle()
                 busy = [s for s in self.slots if s.task is not None]
             for fn, fut in calls:
                 try:
@@ -308,24 +316,49 @@ class Scheduler:
     def _idle(self) -> bool:
         return any(s.task is None for s in self.slots)
 
-    def _pick(self, task: Task) -> Slot | None:
-        """An idle slot for `task` (llama-server `get_available_slot`), or None: the one the request named
-        (`id_slot`), when idle; else the one whose cache shares the largest fraction of the prompt as a common
-        prefix, above --slot-prompt-similarity (0: off); else the least recently used one."""
+    def _pick(self, task: Task) -> tuple[Slot | None, bool]:
+        """(an idle slot for `task` or None, whether its cache goes to the host prompt cache first) (llama-server
+        `get_available_slot`): the one the request named (`id_slot`), when idle; else the one whose cache shares the
+        largest fraction of the prompt as a common prefix, above --slot-prompt-similarity (0: off), saved first when
+        the prompt keeps less than half of that cache; else the least recently used one, saved first."""
         if task.params.id_slot >= 0:
             s = self.slots[task.params.id_slot]
-            return s if s.task is None else None
+            return (s if s.task is None else None), False
         idle = [s for s in self.slots if s.task is None]
         if not idle:
-            return None
-        best, best_sim = None, 0.0
+            return None, False
+        best, best_sim, best_n = None, 0.0, 0
         if self.similarity > 0 and task.params.cache_prompt:
             for s in idle:
                 if s.cache:
-                    sim = common_prefix(s.cache, task.prompt_ids) / len(task.prompt_ids)
+                    n = common_prefix(s.cache, task.prompt_ids)
+                    sim = n / len(task.prompt_ids)
                     if sim > best_sim and sim > self.similarity:
-                        best, best_sim = s, sim
-        return best or min(idle, key=lambda s: s.t_last_used)
+                        best, best_sim, best_n = s, sim, n
+        if best is not None:
+            return best, best_n / len(best.cache) < 0.5
+        return min(idle, key=lambda s: s.t_last_used), True
+
+    def _update_cache(self, s: Slot, task: Task) -> None:
+        """--cache-ram: `s` is about to take `task`'s prompt: its cache goes to host memory, and the saved state that
+        best covers the prompt comes back into it (llama-server `get_available_slot`'s "updating prompt cache")."""
+        self.debug(f"nextn serve: slot {s.id}: updating prompt cache")
+        if self.prompt_cache.save(s):
+            self.debug(f"nextn serve: slot {s.id}: saved {len(s.cache)} tokens to the prompt cache")
+        if task.params.cache_prompt and self.prompt_cache.load(s, task.prompt_ids):
+            self.debug(f"nextn serve: slot {s.id}: restored {len(s.cache)} tokens from the prompt cache")
+        self.debug(f"nextn serve: prompt cache: {self.prompt_cache.describe()}")
+
+    def _cache_idle(self) -> None:
+        """--cache-idle-slots (llama-server's default with --cache-ram): when a task starts, every idle slot's cache
+        goes to host memory; with --kv-unified the slot is then cleared (its cells return to the pool)."""
+        for x in self.slots:
+            if x.task is None:
+                if self.prompt_cache.save(x):
+                    self.debug(f"nextn serve: slot {x.id}: saved idle slot to prompt cache ({len(x.cache)} tokens) "
+                               f"__TEST_TAG_CACHE_IDLE_SLOT__")
+                if self.pool is not None:
+                    x.erase()
 
     def _step(self, s: Slot) -> None:
         task = s.task
