@@ -62,6 +62,10 @@ CASES = {   # name: (GGUF type, op, N, K, experts)
     "iq2xxs_exps_gate_up": ("IQ2_XXS", "matmul_id", 1408, 4096, 128),
     "iq1s_exps_gate_up": ("IQ1_S", "matmul_id", 1408, 4096, 128),
     "iq3xxs_exps_gate_up": ("IQ3_XXS", "matmul_id", 1408, 4096, 128),
+    "iq2xs_exps_gate_up": ("IQ2_XS", "matmul_id", 1408, 4096, 128),
+    "iq2s_exps_gate_up": ("IQ2_S", "matmul_id", 1408, 4096, 128),
+    "iq3s_exps_gate_up": ("IQ3_S", "matmul_id", 1408, 4096, 128),
+    "iq1m_exps_gate_up": ("IQ1_M", "matmul_id", 1408, 4096, 128),
     "iq2xxs_l3": ("IQ2_XXS", "matmul", 4096, 4096, 0),
 }
 
