@@ -127,6 +127,7 @@ def main():
                                 op != "matmul_id_slots", 2 if op == "matmul_id" else 1)
             l1d = (m.l1d_kb(tgt),) if hasattr(m, "l1d_kb") else ()   # an older tree's takes no L1 size
             knobs = dataclasses.replace(m.default_knobs(spec, width, *l1d), **kw)
+            vnni = x86.has_vnni(tgt, knobs.width) and not a.no_vnni    # a format's default may be narrower
             if op == "matmul":
                 f = m.matmul(fmt.kind, N, K, None, knobs, vnni=vnni)
             else:
