@@ -39,7 +39,9 @@ for _preset, _layers in (("glm45air", (1, 4, 8)), ("glm52", (1, 3))):
             FILES[f"{_preset}-{_n}-a{_alpha}"] = ("synth", [_preset, str(_n), "--mtp-mix", _alpha])
 SPEC = [n for n in FILES if n not in SPEED]
 # The low-bit files of issue 35: glm45air-1 with each codebook format as its routed experts, an unsloth-like mix
-# (IQ2_XXS experts, Q4_K elsewhere but the Q6_K head), and glm52-1 with IQ1_S experts.
+# (IQ2_XXS experts, Q4_K elsewhere but the Q6_K head), and glm52-1 with IQ1_S experts. Q4_K is synth_realwidth's
+# default --dense-type, so the mix is byte-identical to glm45air-1-IQ2_XXS (same header identity, one compiled
+# artifact): a measurement of either is the mix's.
 LOWBIT_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 for _t in LOWBIT_TYPES:
     FILES[f"glm45air-1-{_t}"] = ("synth", ["glm45air", "1", "--expert-type", _t])

@@ -62,6 +62,10 @@ CASES = {   # name: (GGUF type, op, N, K, experts)
     "iq2xxs_exps_gate_up": ("IQ2_XXS", "matmul_id", 1408, 4096, 128),
     "iq1s_exps_gate_up": ("IQ1_S", "matmul_id", 1408, 4096, 128),
     "iq3xxs_exps_gate_up": ("IQ3_XXS", "matmul_id", 1408, 4096, 128),
+    "iq2xs_exps_gate_up": ("IQ2_XS", "matmul_id", 1408, 4096, 128),
+    "iq2s_exps_gate_up": ("IQ2_S", "matmul_id", 1408, 4096, 128),
+    "iq3s_exps_gate_up": ("IQ3_S", "matmul_id", 1408, 4096, 128),
+    "iq1m_exps_gate_up": ("IQ1_M", "matmul_id", 1408, 4096, 128),
     "iq2xxs_l3": ("IQ2_XXS", "matmul", 4096, 4096, 0),
 }
 
@@ -123,6 +127,7 @@ def main():
                                 op != "matmul_id_slots", 2 if op == "matmul_id" else 1)
             l1d = (m.l1d_kb(tgt),) if hasattr(m, "l1d_kb") else ()   # an older tree's takes no L1 size
             knobs = dataclasses.replace(m.default_knobs(spec, width, *l1d), **kw)
+            vnni = x86.has_vnni(tgt, knobs.width) and not a.no_vnni    # a format's default may be narrower
             if op == "matmul":
                 f = m.matmul(fmt.kind, N, K, None, knobs, vnni=vnni)
             else:

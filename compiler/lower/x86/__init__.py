@@ -188,7 +188,9 @@ def default_knobs(spec: KernelSpec, width: int, l1d: int = 32) -> Knobs:
     decode kernels keep theirs).
     prefetch_level: Knobs' 2 (into L2, kernel.prefetch) for all, the routed down experts (one short activation row
     per slot) too.
-    fit_kb: `l1d`, the target's L1 data cache in KB (`l1d_kb`; why: tiles.py)."""
+    fit_kb: `l1d`, the target's L1 data cache in KB (`l1d_kb`; why: tiles.py).
+    width: the target's `width`, at most the path's `max_width` (the codebook formats: 32, codebook.py)."""
     path = format_of(spec.kind, spec.exact).path
+    width = min(width, path.max_width)
     two = (spec.op == "matmul_id" or path.w_rows_dense == 2) and spec.rows is None and width == 64 and path.multi_row
     return Knobs(width=width, w_rows=2 if two else 1, fit_kb=l1d)

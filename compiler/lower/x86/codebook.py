@@ -59,8 +59,11 @@ def _ksigns(name: str):
 
 class CodebookPath(SumPath):
     """`codebook_rows`: one weight row against a row group, one int32 x 8 per block and row at either width (the
-    same bits), 8 float lanes per row, K whole or in chunks of blocks."""
+    same bits), 8 float lanes per row, K whole or in chunks of blocks. Default width 32 bytes on AVX-512 too
+    (`max_width`): a 64-byte vector of a block's grid entries costs more cross-lane inserts than it saves in
+    multiply-adds (re-timed against 64: docs/performance.md, "Codebook formats", 2026-12-05 21:30)."""
     bit_knobs = ()
+    max_width = 32
 
     def acc_lanes(self, kern, fmt):
         return [8]

@@ -66,13 +66,15 @@ class RowPath:
 
     multi_row: its row functions take a register block of Knobs.w_rows weight rows; w_rows_dense: the default
     w_rows of its dense row-count kernels at 64 bytes (the routed experts' take 2 where `multi_row`,
-    x86.default_knobs); bit_knobs: the Knobs fields that change a row's bits (x86.bit_knobs); unit_blocks: the
+    x86.default_knobs); max_width: the widest vectors (bytes) its default knobs take (x86.default_knobs: the
+    target's width up to this); bit_knobs: the Knobs fields that change a row's bits (x86.bit_knobs); unit_blocks: the
     blocks of a unit of K a row group goes through in chunks (tiles._int_tile_chunked), 0: K whole always.
     `acc_lanes`: the float lanes of each accumulator of a (weight row, activation row); `tile_terms`: what the
     activation rows of a group share across a tile's weight rows (None); `rows`: a row group against weight rows
     `ns`, K whole (tiles._rows); the `chunk_*` functions: the same in chunks of K (tiles._int_tile_chunked)."""
     multi_row = False
     w_rows_dense = 1
+    max_width = 64
     bit_knobs: tuple = ("width",)
     unit_blocks = 1
 
