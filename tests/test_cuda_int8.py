@@ -29,7 +29,7 @@ from tvm import te, tirx
 from nextn.common.compare import rel_err
 from nextn.common.quant import activation, by_ggml_type
 from nextn.compiler.lower import cuda
-from nextn.compiler.lower.cuda import gemv, int8
+from nextn.compiler.lower.cuda import gemv, int8, word_loads
 from nextn.compiler.target import make_target
 from nextn.schedules.gpu_bound import extent_at, launches
 from test_cuda_kernels import _cuda_source, _data, _groups64, _ids, _module, _run, _weight
@@ -268,7 +268,7 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
         quant_src = src[src.index("quantize_kernel("):]
         assert "__dp4a(" in gemv_src and "__fdiv_rn(" in quant_src and "__shfl_down_sync(" in quant_src
         assert "(float)" in gemv_src   # the word sums scaled in float
-        # the aligned formats' weight words as 32-bit loads (int8.word_loads), the others' as bytes
+        # the aligned formats' weight words as 32-bit loads (word_loads.word_loads), the others' as bytes
         assert ("*(uint*)(w_ptr + " in gemv_src) == (ttype in ALIGNED), ttype
     w_loads = [len(re.findall(r"\bw_ptr\[", s[s.index("mul_mat_kernel("):])) for s in srcs.values()]
     assert w_loads[0] == w_loads[1] > 0, w_loads
@@ -276,7 +276,7 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
 
 @pytest.mark.parametrize("ttype", ALIGNED)
 def test_word_loads_read_the_same_words(ttype):
-    """`int8.word_loads` (what the GEMV schedule applies first) turns the 4 byte loads of each weight word of the
+    """`word_loads.word_loads` (what the GEMV schedule applies first) turns the 4 byte loads of each weight word of
     aligned formats (Q4_1, NVFP4, IQ4_XS, Q2_K, Q4_K: one field, 4-byte-aligned offsets in blocks of a multiple of
     4 bytes) into one 4-byte vector load, in mul_mat, mul_mat_id (x shared; one row per slot) and not in the grouped
     mul_mat_id (its weight loads are conditional); the rewritten definitions built for llvm give the same outputs
@@ -284,7 +284,7 @@ def test_word_loads_read_the_same_words(ttype):
     34-byte blocks even when annotated)."""
     K = _k(ttype)
     funcs = _int_funcs(ttype, K)
-    words = {n: int8.word_loads(f) for n, f in funcs.items()}
+    words = {n: word_loads.word_loads(f) for n, f in funcs.items()}
     for name in ("mul_mat", "mul_mat_id", "mul_mat_id3"):
         assert "T.Ramp(" in words[name].script() and "T.Ramp(" not in funcs[name].script(), name
     assert "T.Ramp(" not in words["grouped"].script()
@@ -314,7 +314,7 @@ def test_word_loads_need_a_provably_aligned_offset():
         y = te.compute((3, 16), lambda n, j: Block(raw, (n, j * 8), 32, size).u32(at + (j * 8) % 32 // 2),
                        name="y", attrs={WORD_LOAD: 1})
         f = te.create_prim_func([raw, y])
-        g = int8.word_loads(f)
+        g = word_loads.word_loads(f)
         assert ("T.Ramp(" in g.script()) == (size == 36), size
         data = np.random.default_rng(size).integers(0, 256, (3, 4 * size), dtype=np.uint8)
         offs = np.array([j // 4 * size + at + 4 * (j % 4) for j in range(16)])

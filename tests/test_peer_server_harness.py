@@ -27,10 +27,11 @@ def test_the_shim_maps_llama_server_flags_and_drops_the_rest():
                     "--reasoning-budget", "0", "--api-key", "k", "--metrics", "--verbose"]
     assert dropped == ["--hf-repo", "ggml-org/x", "--no-jinja"]
     args, dropped = shim.translate(["--chat-template", "{{ messages[0].content }}", "--chat-template", "llama3",
-                                    "--kv-unified", "--sleep-idle-seconds", "1", "--cache-ram", "0"], "m")
+                                    "--kv-unified", "--sleep-idle-seconds", "1", "--cache-ram", "0", "--ubatch-size",
+                                    "8"], "m")
     assert args == ["m", "--chat-template", "{{ messages[0].content }}", "--chat-template", "llama3",
-                    "--kv-unified", "--sleep-idle-seconds", "1"]
-    assert dropped == ["--cache-ram", "0"]
+                    "--kv-unified", "--sleep-idle-seconds", "1", "--cache-ram", "0"]
+    assert dropped == ["--ubatch-size", "8"]
 
 
 def test_the_not_applicable_table_names_suite_files_with_reasons():

@@ -71,7 +71,7 @@ def schedule(func: tirx.PrimFunc, target):
     """The GEMV schedule of a (fused) PrimFunc holding one `te.py` matmul, or None when `func` is not one."""
     from tvm import s_tir
 
-    from .int8 import word_loads
+    from .word_loads import word_loads
 
     sch = s_tir.Schedule(word_loads(func))   # the integer route's aligned weight words as 32-bit loads
     try:

@@ -1,0 +1,67 @@
+"""The integer route's aligned weight words as one 4-byte load (CUDA: a 32-bit load) instead of 4 byte loads OR-ed
+together: a TIR rewrite of DEQUANT blocks that int8.py marks WORD_LOAD (`Fmt.aligned`), applied by the GEMV schedule
+(gemv.py) before it schedules. Its own module so that gemv.py and int8.py do not import each other."""
+from __future__ import annotations
+
+from tvm import tirx
+
+
+def _byte_terms(e):
+    """[(load, shift)] of an OR tree of `Cast(uint32, uint8 load) << shift` terms (Block.u32's form), or None."""
+    from tvm.ir.expr import TensorLoad   # what tirx.BufferLoad builds
+    from tvm.ir.prim.expr import BitwiseOr, Cast, LShift
+
+    if isinstance(e, BitwiseOr):
+        a, b = _byte_terms(e.a), _byte_terms(e.b)
+        return None if a is None or b is None else a + b
+    shift = 0
+    if isinstance(e, LShift) and isinstance(e.b, tirx.IntImm):
+        e, shift = e.a, int(e.b.value)
+    if isinstance(e, Cast) and str(e.ty) == "uint32" and isinstance(e.value, TensorLoad) \
+            and str(e.value.ty) == "uint8":
+        return [(e.value, shift)]
+    return None
+
+
+def _as_word(e, analyzer):
+    """`e` as one 4-byte vector load reinterpreted as uint32 where it is Block.u32 of 4 consecutive bytes of one
+    buffer (bytes i at shift 8i) at an offset the analyzer proves a multiple of 4 in rows of whole words, else
+    `e`."""
+    terms = _byte_terms(e)
+    if terms is None or len(terms) != 4 or sorted(s for _l, s in terms) != [0, 8, 16, 24]:
+        return e
+    loads = [ld for ld, _s in sorted(terms, key=lambda t: t[1])]
+    first = loads[0]
+    for i, ld in enumerate(loads):
+        same = ld.source.same_as(first.source) and all(
+            analyzer.can_prove_equal(a, b) for a, b in zip(ld.indices[:-1], first.indices[:-1]))
+        if not same or not analyzer.can_prove_equal(ld.indices[-1] - first.indices[-1], i):
+            return e
+    last = first.indices[-1]
+    # 4-byte aligned: rows of whole words and a word offset in the row (the buffer's base: a device allocation)
+    if int(first.source.shape[-1]) % 4 or not analyzer.can_prove_equal(tirx.floormod(last, 4), 0):
+        return e
+    ramp = tirx.Ramp(last, tirx.const(1, str(last.ty)), 4)
+    return tirx.reinterpret("uint32", tirx.BufferLoad(first.source, [*first.indices[:-1], ramp]))
+
+
+def word_loads(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` with the weight words of its WORD_LOAD DEQUANT blocks (`Fmt.aligned`) read as 4-byte vector loads
+    (CUDA: one 32-bit load, `*(uchar4*)`) instead of 4 byte loads OR-ed together: the same value, given the
+    4-byte alignment the annotation states. Other blocks, and every other expression, unchanged."""
+    import tvm_ffi
+    from tvm.s_tir import SBlock
+    from tvm.sym import Analyzer
+
+    from .te import WORD_LOAD
+
+    analyzer = Analyzer()
+
+    def on_block(blk):
+        if WORD_LOAD not in blk.annotations:
+            return blk
+        from tvm.ir.prim.expr import BitwiseOr
+
+        return tvm_ffi.structural_map(blk, (BitwiseOr, lambda e: _as_word(e, analyzer)))
+
+    return tvm_ffi.structural_map(func, (SBlock, on_block))
