@@ -81,9 +81,10 @@ def _functions(ttype: str, target, dp4a: bool, cuda: bool) -> dict:
     return out
 
 
-def build(out_dir: str, target_name: str, arches=None, seed: int = 0) -> dict:
-    """Write `out_dir`/int8_kernels.so and cases.npz; returns the plan's `int8_kernels` entry (paths relative to
-    `out_dir`'s parent's parent, the bundle: art/int8/...)."""
+def build(out_dir: str, target_name: str, arches=None, seed: int = 0, types=TYPES) -> dict:
+    """Write `out_dir`/int8_kernels.so and cases.npz for the formats `types` (default: every format on the route);
+    returns the plan's `int8_kernels` entry (paths relative to `out_dir`'s parent's parent, the bundle:
+    art/int8/...)."""
     import tvm
 
     from nextn.common.quant import activation, by_ggml_type
@@ -97,7 +98,7 @@ def build(out_dir: str, target_name: str, arches=None, seed: int = 0) -> dict:
     tgt = make_target(target_name, arches or None)
     cuda = target_name == "cuda"
     funcs = {}
-    for t in TYPES:
+    for t in types:
         funcs |= _functions(t, tgt, has_dot4(tgt), cuda)
     mod = tvm.IRModule({tvm.ir.GlobalVar(n): f.with_attr("global_symbol", n) for n, f in funcs.items()})
     with build_scope(target_name, list(arches or [])) if cuda else _null(), tgt:
@@ -106,7 +107,7 @@ def build(out_dir: str, target_name: str, arches=None, seed: int = 0) -> dict:
     cpu = make_target("llvm")
     rng = np.random.default_rng(seed)
     data = {}
-    for t in TYPES:
+    for t in types:
         kind = by_ggml_type(t).kind
         raw = _raw(t, rng)
         kern = tvm.compile(tvm.IRModule({"main": x86.matmul(kind, N, K[t])}), target=cpu).mod["main"]
@@ -122,7 +123,7 @@ def build(out_dir: str, target_name: str, arches=None, seed: int = 0) -> dict:
             data |= {f"{t}/{T}/x": x, f"{t}/{T}/xq": np.ascontiguousarray(q).view(np.int32), f"{t}/{T}/xd": d,
                      f"{t}/{T}/y": y.numpy()}
     np.savez_compressed(os.path.join(out_dir, "cases.npz"), **data)
-    return {"library": "int8_kernels.so", "cases": "cases.npz", "types": list(TYPES), "rows": list(ROWS), "N": N,
+    return {"library": "int8_kernels.so", "cases": "cases.npz", "types": list(types), "rows": list(ROWS), "N": N,
             "K": dict(K)}
 
 

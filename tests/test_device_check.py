@@ -467,15 +467,19 @@ def test_predictable_realwidth_stage_reports_floor_fractions_and_speculation(bun
     assert "realwidth tiny" in r.stdout and "acceptance" in r.stdout
 
 
-def test_int8_kernels_stage_checks_the_integer_kernels_alone(bundle, tmp_path):
+@pytest.mark.parametrize("types", [pytest.param("fast", id="one-per-family"),
+                                   pytest.param("all", id="every-format", marks=pytest.mark.slow)])
+def test_int8_kernels_stage_checks_the_integer_kernels_alone(bundle, tmp_path, types):
     """The `int8 kernels` stage (bench/int8_cases.py; here the llvm build of the same definitions): per integer-route
     format and row count the rows quantized by the kernel equal the CPU's bit for bit and the product the x86
-    kernel's within GPU_TOL; a case whose expected product is off by 1e-3 fails the stage."""
+    kernel's within GPU_TOL; a case whose expected product is off by 1e-3 fails the stage. The fast tier takes one
+    format per kernel family (block32 Q8_0, K-quant Q4_K, table IQ4_XS, codebook IQ2_XXS), the slow one all."""
     import int8_cases
 
     b, _plan = bundle
     art = tmp_path / "int8"
-    spec = int8_cases.build(str(art), "llvm")
+    types = int8_cases.TYPES if types == "all" else ("Q8_0", "Q4_K", "IQ4_XS", "IQ2_XXS")
+    spec = int8_cases.build(str(art), "llvm", types=types)
     d = with_plan(b, tmp_path, lambda p: p.update(int8_kernels=dict(spec, dir=str(art))))
     out = tmp_path / "out"
     r = run_bundle(d, "device-check", "--device", "cpu", "--only", "int8 kernels", "--out", str(out))
@@ -483,7 +487,7 @@ def test_int8_kernels_stage_checks_the_integer_kernels_alone(bundle, tmp_path):
     res = json.loads((out / "device_check.json").read_text())
     assert [s["stage"] for s in res["stages"]] == ["plugin", "int8 kernels"]
     cases = res["int8_kernels"]
-    assert len(cases) == len(int8_cases.TYPES) * len(int8_cases.ROWS)
+    assert len(cases) == len(types) * len(int8_cases.ROWS)
     assert all(c["rows_bit_exact"] and c["rel_err"] < device_refs.GPU_TOL for c in cases.values()), cases
     # the same stage with one expected product moved by 1e-3 of its scale: red
     z = dict(np.load(art / "cases.npz"))
