@@ -113,12 +113,14 @@ def test_the_space_follows_the_knobs_dataclass():
     d = _default(SPEC_T)
     assert all(getattr(d, n) in sp[n] for n in names)
     assert set(sp["row_group"]) == {2, 4, 8} and kn.space(SPEC, W)["row_group"] == (d.row_group,)
-    # w_rows only where the row functions take several weight rows (IQ4_XS and the grouped 32-block formats, Q8_0
-    # among them; not the K-quants)
+    # w_rows only where the row functions take several weight rows (IQ4_XS, the K-quants' verify cross pairs and
+    # the grouped 32-block formats, Q8_0 among them; not the codebook formats or the float path)
     assert set(sp["w_rows"]) == {1, 2}
-    assert set(kn.space(x86.KernelSpec("matmul", "iq4_xs", 256, 256, None), W)["w_rows"]) == {1, 2}
-    q4k = x86.KernelSpec("matmul", "q4_k", 256, 256, None)
-    assert kn.space(q4k, W)["w_rows"] == (_default(q4k).w_rows,)
+    for kind in ("iq4_xs", "q4_k"):
+        assert set(kn.space(x86.KernelSpec("matmul", kind, 256, 256, None), W)["w_rows"]) == {1, 2}
+    for kind in ("iq2_xxs", "bf16"):
+        one = x86.KernelSpec("matmul", kind, 256, 256, None)
+        assert kn.space(one, W)["w_rows"] == (_default(one).w_rows,)
 
 
 class FakeBench:
