@@ -2,11 +2,14 @@
 the PNG, and the one-line error for a bad prompt file. Speed is reported, never asserted."""
 import json
 
+import pytest
+
 from conftest import FIXTURES, G4, reference
 from nextn.runtime.bench import house_prompts, run_bench
 from nextn.runtime.cli import main
 
 
+@pytest.mark.slow   # a bench harness (every prompt x 5 configs x 2 modes): the slow tier holds benches
 def test_bench_report_on_fixture_prompts(compiled, tmp_path):
     art = compiled("bf16", G4 / "tiny-glm4moe-BF16.gguf")
     out = tmp_path / "report.json"
