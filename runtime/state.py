@@ -58,3 +58,63 @@ def state_bytes(entry_points: dict, sizes: dict, retype: dict | None = None) -> 
 
 def nbytes(states: dict) -> int:
     return sum(int(np.prod(s.shape)) * itemsize(s.dtype) for s in states.values())
+
+
+# -- the cells a sequence holds, as host arrays (prompt cache, slot save / restore) ---------------------------------
+def state_dims(entry_points: dict) -> dict:
+    """{state name: its recorded dims (e.g. ["C", 2, 32], ["C//4", 1, 64], ["P", 3, 256])} of the manifest
+    `entry_points`."""
+    out = {}
+    for ep in entry_points.values():
+        for s in ep["states"]:
+            out.setdefault(s, list(ep["state_shapes"][s]))
+    return out
+
+
+def cell_rows(dims, n_cells: int) -> int | None:
+    """Leading rows of a state buffer with recorded `dims` that hold cells [0, n_cells): n_cells for [C, ...],
+    ceil(n_cells / k) for [C//k, ...] (one row per k cells); None for any other state (recurrent [P, ...]: it is
+    not position-indexed, the whole buffer goes)."""
+    d0 = dims[0]
+    if d0 == "C":
+        return n_cells
+    if isinstance(d0, str) and d0.startswith("C//"):
+        k = int(d0[3:])
+        return -(-n_cells // k)
+    return None
+
+
+def _rows_view(t, rows: int):
+    """The first `rows` rows of device buffer `t` as a buffer of its own, sharing `t`'s memory (a byte-offset-0
+    view: rows [0, rows) of a C-contiguous buffer are one contiguous prefix), so a copy moves those rows only."""
+    if rows == int(t.shape[0]):
+        return t
+    return t._create_view((rows,) + tuple(int(d) for d in t.shape[1:]), str(t.dtype))
+
+
+def read_cells(states: dict, dims: dict, n_cells: int) -> dict:
+    """{name: host array} of what `states` (a sequence's buffers, dims as `state_dims`) hold for cells
+    [0, n_cells): the leading `cell_rows` rows of each position-indexed buffer, the whole of any other. Only those
+    bytes cross from the device (llama.cpp `llama_state_seq_get_data`: the cells of one sequence), so the cost
+    grows with the tokens held, not with the context size."""
+    out = {}
+    for k, v in states.items():
+        rows = cell_rows(dims[k], n_cells)
+        rows = int(v.shape[0]) if rows is None else min(rows, int(v.shape[0]))
+        # rows 0: a one-row read sliced to none, for the host dtype and shape
+        out[k] = _rows_view(v, max(rows, 1)).numpy()[:rows]
+    return out
+
+
+def write_cells(states: dict, rows: dict) -> None:
+    """Write `read_cells` arrays back into `states`' leading rows (rows past them keep what they hold: cells past
+    the committed prefix are masked and overwritten before they are read). ValueError when an array does not fit
+    its buffer (another model or a larger context)."""
+    for k, v in states.items():
+        a = rows[k]
+        if a.shape[0] == 0:
+            continue
+        if a.ndim != len(v.shape) or tuple(a.shape[1:]) != tuple(int(d) for d in v.shape[1:]) \
+                or a.shape[0] > int(v.shape[0]):
+            raise ValueError(f"state {k}: {tuple(a.shape)} does not fit the buffer {tuple(v.shape)}")
+        _rows_view(v, a.shape[0]).copyfrom(np.ascontiguousarray(a))

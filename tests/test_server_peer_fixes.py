@@ -483,18 +483,26 @@ def test_a_prompt_that_lost_its_slot_is_restored_from_host_memory(ram):
 
 
 class _Buf:
-    """A state buffer's stand-in (runtime/state.py: numpy(), copyfrom(), shape, dtype)."""
+    """A state buffer's stand-in (runtime/state.py: numpy(), copyfrom(), _create_view(), shape, dtype) over a numpy
+    array; `moved[0]` counts the bytes its copies (and its views' copies) move."""
 
-    def __init__(self, shape):
-        self.a = np.zeros(shape, np.float32)
-        self.shape, self.dtype = shape, "float32"
+    def __init__(self, shape, a=None, moved=None):
+        self.a = np.zeros(shape, np.float32) if a is None else a
+        self.shape, self.dtype = tuple(shape), "float32"
+        self.moved = [0] if moved is None else moved
 
     def numpy(self):
+        self.moved[0] += self.a.nbytes
         return self.a.copy()
 
     def copyfrom(self, x):
         assert x.shape == self.a.shape
+        self.moved[0] += self.a.nbytes
         self.a[...] = x
+
+    def _create_view(self, shape, dtype):
+        assert dtype == self.dtype
+        return _Buf(shape, self.a.reshape(-1)[:int(np.prod(shape))].reshape(shape), self.moved)
 
 
 class _Slot:
@@ -534,6 +542,9 @@ def test_prompt_cache_limit_supersede_and_choice():
     k = s.seq.states["k.0"].a
     assert (k[:2048, 0] == np.asarray(b, np.float32)).all() and (k[2048:] == 0).all()
     assert (s.seq.states["rs"].a == 5001).all()
+    # a save and a load move the rows the tokens hold (and the other state), not the 4096-cell buffer
+    moved = [x.moved[0] for x in s.seq.states.values()]
+    assert moved == [2048 * 256, 64]
     # a slot already holding a better prefix than any entry keeps it
     pc.save(_Slot(3).fill(b[:600]))
     assert not pc.load(s, b + [1])

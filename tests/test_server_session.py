@@ -442,3 +442,67 @@ def test_slot_save_restore_erase_and_id_slot(compiled, tmp_path):
             assert not (tmp_path.parent / "x").exists()
     finally:
         run.stop()
+
+
+def test_slot_save_holds_the_cached_cells_only_and_restore_continues_as_never_saved(compiled, tmp_path):
+    """A slot file holds the rows of the cells the slot's tokens use (trunk and NextN KV), not the slot's whole
+    context: its arrays are n rows each and its bytes are n × the manifest's bytes per cell plus the .npz framing.
+    Saved from a 4096-cell slot, then the slot is given another prompt (its cells overwritten), restored, and the
+    conversation goes on: greedy output and draft counts (speculation on) equal a cold start, and equal the
+    fixture's reference; the same file restores into a server with 1024 cells with the same output."""
+    import json as _json
+
+    from nextn.common.manifest import MANIFEST
+
+    art = q8_exact(compiled)
+    bpt = _json.loads((__import__("pathlib").Path(art) / MANIFEST).read_text())["kv_cache"]["bytes_per_token"]
+    per_cell = int(bpt["trunk"]) + int(bpt["nextn"])
+    ref = {p["kind"]: p for p in reference()["prompts"]}
+    p = ref["code-module"]
+    P, want = p["prompt_ids"], p["greedy_ids"]
+    ext = P + want[:16]
+    outs = []
+    for ctx in (4096, 1024):
+        run = start_server(art, ctx_size=ctx, n_parallel=1, slot_save_path=str(tmp_path))
+        try:
+            with httpx.Client(base_url=run.url, timeout=120) as c:
+                if ctx == 4096:
+                    first = post(c, "/completion", greedy(P, 16))
+                    assert first["tokens"] == want[:16] and first["timings"]["draft_n"] > 0
+                    saved = post(c, "/slots/0?action=save", {"filename": "conv.npz"})
+                    n = saved["n_saved"]
+                    assert n == len(P) + 15
+                    with np.load(tmp_path / "conv.npz") as z:
+                        arrays = {k: z[k] for k in z.files}
+                    assert arrays["tokens"].tolist() == (P + want[:15])
+                    n_cells = max(n, int(arrays["n_mtp"]))
+                    assert n <= n_cells <= n + 3 + 1                   # NextN rows: at most n_max + 1 ahead
+                    kv = [a for k, a in arrays.items() if k.startswith("state.")]
+                    assert kv and all(a.shape[0] == n_cells for a in kv)
+                    assert sum(a.nbytes for a in kv) == n_cells * per_cell
+                    size = (tmp_path / "conv.npz").stat().st_size
+                    assert saved["n_written"] == size
+                    assert n_cells * per_cell < size < n_cells * per_cell + 512 * len(arrays)   # .npz framing
+                    assert size < 4096 * per_cell / 10                    # not the slot's 4096 cells
+                    # another prompt takes the slot's cells, then the saved conversation comes back
+                    post(c, "/completion", greedy(ref["docs-prose"]["prompt_ids"], 4))
+                restored = post(c, "/slots/0?action=restore", {"filename": "conv.npz"})
+                assert restored["n_restored"] == len(P) + 15 and restored["n_read"] == size
+                warm = post(c, "/completion", greedy(ext, 16))
+                assert warm["timings"]["cache_n"] >= len(P) - 1 and warm["timings"]["prompt_n"] <= 16 + 1
+                cold = post(c, "/completion", greedy(ext, 16, cache_prompt=False))
+                assert cold["timings"]["cache_n"] == 0
+                assert warm["tokens"] == cold["tokens"] == want[16:32]
+                assert spec_counts(warm) == spec_counts(cold) and warm["timings"]["draft_n"] > 0
+                outs.append((warm["tokens"], spec_counts(warm)))
+                # a file holding more cells than the slot has is refused, the server goes on
+                if ctx == 1024:
+                    big = {k: a for k, a in arrays.items()}
+                    big["tokens"] = np.zeros(2000, np.int32)
+                    np.savez(tmp_path / "big.npz", **big)
+                    r = c.post("/slots/0?action=restore", json={"filename": "big.npz"})
+                    assert r.status_code == 400 and "1024" in r.json()["error"]["message"]
+                    assert c.get("/health").json() == {"status": "ok"}
+        finally:
+            run.stop()
+    assert outs[0] == outs[1]

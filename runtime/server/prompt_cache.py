@@ -19,6 +19,8 @@ import numpy as np
 
 from nextn.common.kv_types import itemsize
 
+from .. import state
+
 MIB = 1024 * 1024
 
 
@@ -42,33 +44,22 @@ def common_prefix(a, b) -> int:
     return i
 
 
-def positional(seq) -> dict:
-    """{state name: True when its first dimension is the cell (position) axis "C"} of a sequence's state buffers,
-    from the manifest's recorded shapes (runtime/state.py)."""
-    out = {}
-    for ep in seq.model.entries.values():
-        for s in ep["states"]:
-            out.setdefault(s, ep["state_shapes"][s][0] == "C")
-    return out
+def cells_held(slot) -> int:
+    """Cells [0, n) whose state a slot's prompt cache needs: its tokens, or its NextN rows when those reach further
+    (`Slot.n_mtp`), within the slot's context."""
+    return min(max(len(slot.cache), slot.n_mtp), slot.n_ctx)
 
 
 def snapshot(seq, n: int) -> dict:
-    """Rows [0, n) of every position-indexed state buffer of `seq` (the whole buffer of any other), as host arrays."""
-    pos = positional(seq)
-    return {k: (v.numpy()[:n].copy() if pos.get(k) else v.numpy()) for k, v in seq.states.items()}
+    """Rows [0, n) of every position-indexed state buffer of `seq` (the whole buffer of any other), as host arrays;
+    only those rows are read from the device (runtime/state.py `read_cells`)."""
+    return state.read_cells(seq.states, state.state_dims(seq.model.entries), n)
 
 
 def put_back(seq, rows: dict) -> None:
-    """Write `snapshot` rows into `seq`'s buffers (rows past them keep what they hold: masked, overwritten before
-    they are read)."""
-    for k, v in seq.states.items():
-        a = rows[k]
-        if a.shape == tuple(v.shape):
-            v.copyfrom(np.ascontiguousarray(a))
-        else:
-            full = v.numpy()
-            full[:a.shape[0]] = a
-            v.copyfrom(full)
+    """Write `snapshot` rows into `seq`'s buffers, those rows only (rows past them keep what they hold: masked,
+    overwritten before they are read)."""
+    state.write_cells(seq.states, rows)
 
 
 class PromptCache:
@@ -96,9 +87,9 @@ class PromptCache:
             return False
         if any(common_prefix(e.tokens, toks) == len(toks) for e in self.states):
             return False
-        n = min(max(len(toks), slot.n_mtp), slot.n_ctx)
-        pos = positional(slot.seq)
-        est = sum((int(np.prod(v.shape[1:])) * n if pos.get(k) else int(np.prod(v.shape))) * itemsize(v.dtype)
+        n = cells_held(slot)
+        dims = state.state_dims(slot.seq.model.entries)
+        est = sum(int(np.prod(v.shape[1:])) * (state.cell_rows(dims[k], n) or int(v.shape[0])) * itemsize(v.dtype)
                   for k, v in slot.seq.states.items()) if self.limit is not None else 0
         if self.limit is not None and est > self.limit:
             self.log(f"nextn serve: prompt cache: slot {slot.id}'s state ({est / MIB:.3f} MiB) exceeds --cache-ram "
