@@ -95,9 +95,11 @@ def parse_stream(lines, t_sent: float, clock=time.perf_counter) -> dict:
     return {"ttft_ms": ttft, "decode_tps": decode, "n_deltas": n, "timings": timings}
 
 
-def chat(url: str, messages: list, max_tokens: int, cache: bool = True) -> dict:
+def chat(url: str, messages: list, max_tokens: int, cache: bool = True, ignore_eos: bool = False) -> dict:
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "cache_prompt": cache}
+    if ignore_eos:      # every reply max_tokens long (a decode-bound measurement; both servers take it)
+        body["ignore_eos"] = True
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
@@ -108,7 +110,8 @@ def chat(url: str, messages: list, max_tokens: int, cache: bool = True) -> dict:
         raise RuntimeError(f"{url}: HTTP {e.code}: {e.read()[:300]!r}") from None
 
 
-def replay(url: str, msgs: list, max_tokens: int, cache: bool = True, last_only: bool = False) -> list[dict]:
+def replay(url: str, msgs: list, max_tokens: int, cache: bool = True, last_only: bool = False,
+           ignore_eos: bool = False) -> list[dict]:
     """Every turn: the conversation up to its user message; returns one parse_stream result per turn. `cache`
     False sends `cache_prompt: false` (every turn prefills the whole conversation: nextn before its prompt cache).
     `last_only`: the last turn only (its whole conversation, on a fresh server)."""
@@ -116,7 +119,7 @@ def replay(url: str, msgs: list, max_tokens: int, cache: bool = True, last_only:
     for t in range(1, len(msgs), 2):
         if last_only and t + 2 < len(msgs):
             continue
-        res = chat(url, msgs[:t + 1], max_tokens, cache)
+        res = chat(url, msgs[:t + 1], max_tokens, cache, ignore_eos)
         res["turn"] = t // 2 + 1
         out.append(res)
     return out
@@ -135,7 +138,7 @@ def server_cmd(kind: str, a, spec: bool, n_parallel: int, ctx: int, port: int) -
     common = ["--port", str(port), "-c", str(ctx), "-np", str(n_parallel), "-t", str(a.threads),
               "-ctk", a.cache_type, "-ctv", a.cache_type, "--chat-template-file", TEMPLATE]
     if kind == "nextn":
-        return [sys.executable, "-m", "nextn.runtime.cli", "serve", a.model, *common,
+        return [sys.executable, "-m", "nextn.runtime.cli", "serve", a.nextn_model or a.model, *common,
                 "--spec-type", "draft-mtp" if spec else "none", "--spec-draft-n-max", str(a.n_max)]
     sp = ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(a.n_max)] if spec else []
     return [a.llama_server, "-m", a.model, *common, "--jinja", *sp]
@@ -174,7 +177,7 @@ def run_single(kind, a, spec, log_path, cache: bool = True, last_only: bool = Fa
     p, url = start(kind, a, spec, 1, a.ctx, log_path)
     try:
         chat(url, [{"role": "user", "content": "warm up"}], 4)
-        return replay(url, conversation(a.turns, a.turn_words), a.max_tokens, cache, last_only)
+        return replay(url, conversation(a.turns, a.turn_words), a.max_tokens, cache, last_only, a.ignore_eos)
     finally:
         stop(p)
 
@@ -187,7 +190,8 @@ def run_concurrent(kind, a, spec, log_path, clients: int = 4) -> dict:
         t0 = time.perf_counter()
 
         def one(k):
-            results[k] = replay(url, conversation(a.turns, a.turn_words, session=k + 1), a.max_tokens)
+            results[k] = replay(url, conversation(a.turns, a.turn_words, session=k + 1), a.max_tokens,
+                                ignore_eos=a.ignore_eos)
 
         th = [threading.Thread(target=one, args=(k,)) for k in range(clients)]
         for t in th:
@@ -278,6 +282,10 @@ def main(argv=None) -> None:
     ap.add_argument("--clients", type=int, default=4, help="concurrent sessions at -np CLIENTS (0: skip)")
     ap.add_argument("-o", "--out", default=os.path.join(ROOT, "out", "agentic"))
     ap.add_argument("--llama-server", default=None)
+    ap.add_argument("--nextn-model", default=None,
+                    help="what `nextn serve` loads (a compiled artifact directory of MODEL); default MODEL itself")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="replies always --max-tokens long (ignore_eos: a decode-bound -np comparison)")
     ap.add_argument("--no-llama", action="store_true", help="nextn only (spec on vs off)")
     ap.add_argument("--cold", action="store_true",
                     help="also nextn with speculation and cache_prompt false (every turn re-prefills: the baseline of "
@@ -333,9 +341,14 @@ def report(a, runs: dict, conc: dict) -> str:
         if x in runs and y in runs:
             md += ["- " + ratio_line(runs, x, y, last=last)]
     if conc:
-        md += ["", f"| -np {a.clients}, {a.clients} concurrent sessions | aggregate tok/s (median) | wall s |",
-               "|---|---:|---:|"]
-        md += [f"| {c} | {_med([x['aggregate_tps'] for x in xs]):.1f} | {_med([x['wall_s'] for x in xs]):.1f} |"
+        # one client's decode tok/s (median over its turns, -np 1 run): an aggregate near it means the slots'
+        # decodes run one after another, not together
+        one = {c: _med([t["decode_tps"] for r in runs.get(c, []) for t in r]) for c in conc}
+        md += ["", f"| -np {a.clients}, {a.clients} concurrent sessions | aggregate tok/s (median) | wall s "
+               f"| one client's decode tok/s | aggregate / one client |", "|---|---:|---:|---:|---:|"]
+        md += [f"| {c} | {_med([x['aggregate_tps'] for x in xs]):.1f} | {_med([x['wall_s'] for x in xs]):.1f} "
+               f"| {_f(one[c], '{:.1f}')} | "
+               f"{_f(_med([x['aggregate_tps'] for x in xs]) / one[c] if one[c] else None, '{:.2f}')} |"
                for c, xs in conc.items()]
     text = "\n".join(md) + "\n"
     with open(os.path.join(a.out, "agentic.md"), "w") as f:
