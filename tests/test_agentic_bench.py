@@ -74,7 +74,8 @@ def test_a_last_turn_only_run_sits_at_its_turn(agentic, monkeypatch):
     assert agentic.ratio_line(runs, "a", "cold", last=1) == "a / cold, last 1 turns: TTFT 0.10x, decode tok/s 1.50x"
     msgs = agentic.conversation(3, 12)
     sent = []
-    monkeypatch.setattr(agentic, "chat", lambda url, m, n, cache, ignore_eos=False: sent.append((len(m), cache)) or _turn(1, 1, 0, 1))
+    monkeypatch.setattr(agentic, "chat",
+                        lambda url, m, n, cache, ignore_eos=False: sent.append((len(m), cache)) or _turn(1, 1, 0, 1))
     out = agentic.replay("u", msgs, 4, cache=False, last_only=True)
     assert sent == [(len(msgs) - 1, False)] and [x["turn"] for x in out] == [3]
 
