@@ -582,3 +582,49 @@ def test_several_completions_on_responses_and_messages(two):
     both = post(two, "/v1/messages", {**msg, "n": 2})
     assert both["type"] == "message" and both["content"] == alone["content"]
     assert both["usage"]["output_tokens"] == alone["usage"]["output_tokens"]
+
+
+def test_slot_file_holds_the_cached_rows_and_refuses_other_models(tmp_path):
+    """`Slot.save` / `Slot.restore` on stand-in buffers: the file's position-indexed array is the rows of the cells
+    the slot holds (tokens, or NextN rows when further), the other state whole; save and restore move those bytes
+    only; the file restores into a slot with fewer cells; a file with other row shapes, element sizes or more cells
+    than the slot is a 400 and leaves the slot's cache as it was."""
+    from nextn.runtime.server.errors import ApiError
+    from nextn.runtime.server.slots import Slot
+
+    def slot(i, cells):
+        s = _Slot(i, cells)
+        s.seq.recurrent, s.seq.n_ctx = set(), cells
+        return s, Slot(i, s.seq)
+
+    src, a = slot(0, 4096)
+    toks = list(range(1, 101))
+    src.fill(toks)
+    a.cache, a.n_mtp = list(toks), 102                  # NextN rows two cells past the tokens
+    src.seq.states["k.0"].a[100:102] = 7.0
+    for b in src.seq.states.values():
+        b.moved[0] = 0
+    n = a.save(str(tmp_path / "s.npz"))
+    assert n == (tmp_path / "s.npz").stat().st_size
+    with np.load(tmp_path / "s.npz") as z:
+        k, rs, saved = z["state.k.0"], z["state.rs"], z["tokens"].tolist()
+    assert saved == toks and k.shape == (102, 64) and rs.shape == (2, 8)
+    assert (k[:100, 0] == np.asarray(toks, np.float32)).all() and (k[100:] == 7.0).all() and (rs == 1).all()
+    assert sum(b.moved[0] for b in src.seq.states.values()) == 102 * 256 + 64
+    dst, b = slot(1, 1024)
+    b.cache, b.n_mtp = [5, 6], 2
+    assert b.restore(str(tmp_path / "s.npz")) == n
+    assert b.cache == toks and b.n_mtp == 102
+    assert (dst.seq.states["k.0"].a[:102] == k).all() and (dst.seq.states["k.0"].a[102:] == 0).all()
+    assert sum(x.moved[0] for x in dst.seq.states.values()) == 102 * 256 + 64
+    bad = {"tokens": np.asarray(toks, np.int32), "n_mtp": np.int64(102)}
+    for name, arrays in (("cols", {**bad, "state.k.0": k[:, :63], "state.rs": rs}),
+                         ("f64", {**bad, "state.k.0": k.astype(np.float64), "state.rs": rs}),
+                         ("missing", {**bad, "state.k.0": k}),
+                         ("whole", {**bad, "state.k.0": np.zeros((4096, 64), np.float32), "state.rs": rs}),
+                         ("long", {**bad, "tokens": np.zeros(2000, np.int32), "state.k.0": k, "state.rs": rs})):
+        np.savez(tmp_path / f"{name}.npz", **arrays)
+        with pytest.raises(ApiError) as e:
+            b.restore(str(tmp_path / f"{name}.npz"))
+        assert e.value.status == 400, name
+        assert b.cache == toks and b.n_mtp == 102, name

@@ -196,7 +196,7 @@ class Slot:
                     itemsize(v.dtype)) for k, v in states.items()}
         have = {k: (tuple(a.shape), a.dtype.itemsize) for k, a in rows.items()}
         if want != have:
-            raise ApiError(f"slot file {name!r} was saved by another model")
+            raise ApiError(f"slot file {name!r} was saved by another model (or by a nextn that saved whole buffers)")
         self.cache, self.n_mtp = [], 0       # until every buffer is in
         try:
             put_back(self.seq, rows)
