@@ -88,9 +88,10 @@ def parse_stream(lines, t_sent: float, clock=time.perf_counter) -> dict:
                 t_last = now
     ttft = (t_first - t_sent) * 1e3 if t_first is not None else None
     decode = (n - 1) / (t_last - t_first) if n > 1 and t_last > t_first else None
-    if decode is None and timings.get("predicted_per_second"):
-        # the reply's text came in one delta (a chat parser may hold text until it knows it is content): the
-        # server's own decode rate, which both servers report the same way
+    if timings.get("predicted_per_second") and (decode is None or n < timings.get("predicted_n", 0) / 2):
+        # the reply's text came in one delta or few (a chat parser may hold text until it knows it is content;
+        # tokens that detokenize to nothing send no delta): the server's own decode rate, which both servers
+        # report the same way
         decode = timings["predicted_per_second"]
     return {"ttft_ms": ttft, "decode_tps": decode, "n_deltas": n, "timings": timings}
 
