@@ -177,6 +177,14 @@ def cpu_rows_per_task(a: AttnShape, split: bool, one_row: bool = False) -> int:
 VEC = 16   # CPU vector lanes per chunk of the (row, head) lane axis: one accumulator register per tile cell
 
 
+def padded_lanes(n: int) -> int:
+    """Lanes the CPU kernel's softmax runs on for n (row, head) lanes: n itself where it fills whole vectors (a
+    multiple of VEC, or 1, 2, 4, 8), else n rounded up to a multiple of VEC. A lane count such as 12 (one decode row
+    of GLM-4.5-Air's 96 / 8 heads) is otherwise split by LLVM into scalar code (the exp polynomial per lane);
+    padding lanes hold no cell, so they add exact zeros to nothing and change no real lane's bits."""
+    return n if n % VEC == 0 or n in (1, 2, 4, 8) else -(-n // VEC) * VEC
+
+
 def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
     """CPU kernel. split=False (fused): out [T, H, Dv]; split=True (partial): pacc [T, H, NC, Dv] and
     pml [T, H, NC, 2] (m, l) of every chunk c < NC with c * CHUNK < the row's causal cell count.
@@ -187,7 +195,8 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
     g, NG = a.group, a.group // a.lanes
     RB = rows_per_task or (1 if split else cpu_rows_per_task(a, split))
     NL = RB * G                                    # lanes per task
-    VW = VEC if NL % VEC == 0 else NL              # lanes per vector chunk
+    NP = padded_lanes(NL)                          # ... padded to whole vectors: the lanes the softmax runs on
+    VW = min(NP, VEC)                              # lanes per vector chunk
     TL, CH = TILE, CHUNK
     _kdt, kw, _vdt, vw = _storage(a)
     stage_k = _stage_macro(a.k_type, Dk)
@@ -210,14 +219,14 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                     T.writes(o[0:t, 0:H, 0:NC, 0:Dv], ml[0:t, 0:H, 0:NC, 0:2])
                 else:
                     T.writes(o[0:t, 0:H, 0:Dv])
-                qT = T.alloc_buffer((Dk, NL), F32, scope="local")
+                qT = T.alloc_buffer((Dk, NP), F32, scope="local")
                 kt = T.alloc_buffer((TL, Dk), F32, scope="local")
                 vt = T.alloc_buffer((TL, VT), F32, scope="local")
-                s = T.alloc_buffer((TL, NL), F32, scope="local")
-                mk = T.alloc_buffer((TL, NL), F32, scope="local")        # the tile's mask per lane
-                st = T.alloc_buffer((7, NL), F32, scope="local")         # m, l, mc, lc, mt, alpha, beta
+                s = T.alloc_buffer((TL, NP), F32, scope="local")
+                mk = T.alloc_buffer((TL, NP), F32, scope="local")        # the tile's mask per lane
+                st = T.alloc_buffer((7, NP), F32, scope="local")         # m, l, mc, lc, mt, alpha, beta
                 accc = T.alloc_buffer((NL, Dv), F32, scope="local")
-                nl = T.alloc_buffer((NL,), "int64", scope="local")       # causal cells per lane (its row's)
+                nl = T.alloc_buffer((NP,), "int64", scope="local")       # causal cells per lane (its row's)
                 nr = T.alloc_buffer((RB + 1,), "int64", scope="local")   # causal cells per row; [RB] = max
                 ch_lo = T.alloc_buffer((2,), "int64", scope="local")     # chunk range
                 rest = vtask // NC if split else vtask
@@ -233,13 +242,19 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                     nl[r * G + hg] = nr[r]
                 for r, d, hg in T.grid(RB, Dk, G):
                     qT[d, r * G + hg] = q[T.min(t0 + r, t - 1), h0 + hg, d]
+                for ln in range(NL, NP):    # padding lanes: no cell (scores -inf, p 0), never written out
+                    nl[ln] = T.int64(0)
+                    for d in range(Dk):
+                        qT[d, ln] = T.float32(0)
+                    for j in range(TL):
+                        mk[j, ln] = T.float32(0)
                 if split:
                     ch_lo[0] = vtask % NC
                     ch_lo[1] = T.if_then_else(ch_lo[0] * CH < nr[RB], ch_lo[0] + 1, ch_lo[0])
                 else:
                     ch_lo[0] = T.int64(0)
                     ch_lo[1] = (nr[RB] + CH - 1) // CH
-                    for ln in T.vectorized(NL):
+                    for ln in T.vectorized(NP):
                         st[0, ln] = T.float32(NEG_INF)
                         st[1, ln] = T.float32(0)
                     for r in range(RB):
@@ -248,7 +263,7 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                                 for d in T.vectorized(Dv):
                                     o[t0 + r, h0 + hg, d] = T.float32(0)
                 for ch in range(ch_lo[0], ch_lo[1]):
-                    for ln in T.vectorized(NL):
+                    for ln in T.vectorized(NP):
                         st[2, ln] = T.float32(NEG_INF)
                         st[3, ln] = T.float32(0)
                     for ln in range(NL):
@@ -262,7 +277,7 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                         if has_mask:
                             for j, r, hg in T.grid(TL, RB, G):
                                 mk[j, r * G + hg] = mask[T.min(t0 + r, t - 1), T.min(ch * CH + tile * TL + j, L - 1)]
-                        for lc in range(NL // VW):
+                        for lc in range(NP // VW):
                             for j in T.unroll(TL):
                                 for lv in T.vectorized(VW):
                                     s[j, lc * VW + lv] = T.float32(0)
@@ -271,7 +286,7 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                                     for lv in T.vectorized(VW):
                                         s[j, lc * VW + lv] = s[j, lc * VW + lv] + qT[d, lc * VW + lv] * kt[j, d]
                         for j in T.unroll(TL):
-                            for ln in T.vectorized(NL):
+                            for ln in T.vectorized(NP):
                                 if has_mask:
                                     s[j, ln] = T.if_then_else(ch * CH + tile * TL + j < nl[ln],
                                                               s[j, ln] * T.float32(scale) + mk[j, ln],
@@ -279,21 +294,21 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                                 else:
                                     s[j, ln] = T.if_then_else(ch * CH + tile * TL + j < nl[ln],
                                                               s[j, ln] * T.float32(scale), T.float32(NEG_INF))
-                        for ln in T.vectorized(NL):
+                        for ln in T.vectorized(NP):
                             st[4, ln] = st[2, ln]
                         for j in T.unroll(TL):
-                            for ln in T.vectorized(NL):
+                            for ln in T.vectorized(NP):
                                 st[4, ln] = T.max(st[4, ln], s[j, ln])
-                        for ln in T.vectorized(NL):
+                        for ln in T.vectorized(NP):
                             st[5, ln] = exp_factor(st[2, ln], st[4, ln])
                             st[2, ln] = st[4, ln]
                         for j in T.unroll(TL):
-                            for ln in T.vectorized(NL):
+                            for ln in T.vectorized(NP):
                                 s[j, ln] = exp_factor(s[j, ln], st[4, ln])
-                        for ln in T.vectorized(NL):
+                        for ln in T.vectorized(NP):
                             st[3, ln] = st[3, ln] * st[5, ln]
                         for j in T.unroll(TL):
-                            for ln in T.vectorized(NL):
+                            for ln in T.vectorized(NP):
                                 st[3, ln] = st[3, ln] + s[j, ln]
                         for ln in range(NL):
                             for d in T.vectorized(Dv):
@@ -313,7 +328,7 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                                     for d in T.vectorized(Dv):
                                         o[t0 + r, h0 + hg, ch, d] = accc[r * G + hg, d]
                     else:
-                        for ln in T.vectorized(NL):
+                        for ln in T.vectorized(NP):
                             st[4, ln] = T.max(st[0, ln], st[2, ln])
                             st[5, ln] = exp_factor(st[0, ln], st[4, ln])
                             st[6, ln] = exp_factor(st[2, ln], st[4, ln])
