@@ -2,7 +2,7 @@
 the Relax VM's instrument (tvm.runtime.vm.VirtualMachine.set_instrument) times every call of every kernel of an
 entry point, steady state (two untimed calls first), the calls of one step summed per kernel symbol.
 
-    TVM_NUM_THREADS=2 python bench/kernel_profile.py F.gguf [--verify 1,4] [--prefill 512] [--draft]
+    TVM_NUM_THREADS=2 python bench/kernel_profile.py F.gguf [--verify 1,4] [--prefill 512] [--draft] [--pos P]
                                                       [--repeat 5] [--top 25] [--json out.json]
 
 One table: a column per step (ms per step, the best of --repeat steps for each kernel with its calls in the
@@ -121,23 +121,28 @@ def main(argv=None):
     p.add_argument("--draft", action="store_true", help="also one draft step (mtp_draft, one row)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
-    p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--ctx", type=int, default=1024, help="context cells (raised to --pos + the rows it needs)")
+    p.add_argument("--pos", type=int, default=8,
+                   help="position of every step: the steps attend over the --pos cells before them (at depth: the "
+                        "cells hold what the cache holds, the kernels' work does not depend on it) [default: 8]")
     p.add_argument("--json")
     a = p.parse_args(argv)
     import nextn.runtime as rt
 
-    m = rt.load(a.gguf, ctx_size=a.ctx, log=lambda s: print(s, file=sys.stderr))
+    rows = max([a.prefill, 8] + [int(x) for x in a.verify.split(",")])
+    m = rt.load(a.gguf, ctx_size=max(a.ctx, a.pos + rows + 16), log=lambda s: print(s, file=sys.stderr))
     seq = m.sequence
     seq.model.wait_populated()
     rng = np.random.default_rng(0)
     V = int(seq.model.hparams["n_vocab"])
     toks = rng.integers(0, V, max(a.prefill, 16)).astype(np.int32)
     hidden, _lg, am = seq.prefill(toks[:8], 0)
-    steps = {f"verify {T}": (lambda T=T: seq.verify(toks[:T], 8)) for T in map(int, a.verify.split(","))}
+    P = max(a.pos, 8)
+    steps = {f"verify {T}": (lambda T=T: seq.verify(toks[:T], P)) for T in map(int, a.verify.split(","))}
     if a.draft and seq.model.has_mtp:
-        steps["draft"] = lambda: seq.mtp_draft([am], hidden[-1:], 8)
+        steps["draft"] = lambda: seq.mtp_draft([am], hidden[-1:], P)
     if a.prefill:
-        steps[f"prefill {a.prefill}"] = lambda: seq.prefill(toks[:a.prefill], 0, last_only=True)
+        steps[f"prefill {a.prefill}"] = lambda: seq.prefill(toks[:a.prefill], P if a.pos > 8 else 0, last_only=True)
     counts: dict = {}
     cols = {name: profile(seq, f, a.repeat, counts.setdefault(name, {})) for name, f in steps.items()}
     for name in cols:       # the decode's `_rows1` kernels against the verify's `_rowst` ones: by family

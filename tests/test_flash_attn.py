@@ -90,6 +90,8 @@ CASES = {
     "gqa-causal-2chunks": (8, 2, 32, 32, 30, 300, "f32", "f32", False, False),
     "gqa-f16-q8_0": (8, 2, 32, 32, 9, 530, "f16", "q8_0", False, False),
     "gqa-bf16": (12, 4, 64, 64, 4, 290, "bf16", "bf16", False, False),
+    # GLM-4.5-Air's group of 12 query heads per KV head: one row's 12 lanes run padded to 16
+    "gqa12-q8_0-f16": (24, 2, 64, 64, 2, 777, "q8_0", "f16", False, False),
     "mla-mask": (4, 1, 160, 128, 7, 600, "f32", "f32", True, True),     # fully masked tiles and a fully masked row
     "mla-q8_0-mask": (12, 1, 96, 64, 3, 1000, "q8_0", "q8_0", True, True),
 }
@@ -133,6 +135,12 @@ def test_flash_attention_forms(case):
             n0 = int(pos[0]) + 1
             short = run_form(ex, form[1], a, q[:1], kst, vst, pos[:1], None if mask is None else mask[:1, :n0], n0)
             assert np.array_equal(short[0], outs[form][0]), form
+
+
+def test_padded_lanes():
+    """Lane counts that fill whole vectors stay; others round up to a multiple of 16 (the padding lanes hold no
+    cell): 12 heads of one decode row -> 16, 4 rows x 12 -> 48, 3 rows x 4 -> 16."""
+    assert [fa.padded_lanes(n) for n in (1, 2, 4, 8, 16, 48, 3, 12, 24, 20)] == [1, 2, 4, 8, 16, 48, 16, 16, 32, 32]
 
 
 def naive_index_score(q, k, w, pos, L, kpool=1):

@@ -50,21 +50,26 @@ _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.
 _EXP_MIN = -87.33654
 
 
-def fexp(x):
+def fexp(x, select: bool = False):
+    """exp(x) by the polynomial above; `select`: the x < _EXP_MIN case as a Select (see exp_factor)."""
     c = lambda v: tirx.const(v, F32)   # noqa: E731
+    pick = tirx.Select if select else tirx.if_then_else
     xv, xc, n, r = (tirx.Var(name, F32) for name in ("fexp_x", "fexp_xc", "fexp_n", "fexp_r"))
     p = c(_EXP_P[0])
     for k in _EXP_P[1:]:
         p = p * r + c(k)
     two_n = tirx.reinterpret(F32, tirx.shift_left(tirx.Cast("int32", n) + 127, 23))
-    y = tirx.if_then_else(xv < c(_EXP_MIN), c(0.0), (p * r * r + r + c(1.0)) * two_n)
+    y = pick(xv < c(_EXP_MIN), c(0.0), (p * r * r + r + c(1.0)) * two_n)
     return tirx.Let(xv, x, tirx.Let(xc, tirx.max(xv, c(_EXP_MIN)), tirx.Let(
         n, tirx.floor(xc * c(_LOG2E) + c(0.5)), tirx.Let(r, xc - n * c(_LN2_HI) - n * c(_LN2_LO), y))))
 
 
-def exp_factor(m, mt):
-    """exp(m - mt), 0 when m is -inf (no cell yet: nothing to rescale)."""
-    return tirx.if_then_else(m == tirx.const(NEG_INF, F32), tirx.const(0.0, F32), fexp(m - mt))
+def exp_factor(m, mt, select: bool = False):
+    """exp(m - mt), 0 when m is -inf (no cell yet: nothing to rescale). `select`: as a Select (both sides evaluated,
+    the unused one may be NaN; same value), which TVM vectorizes as one masked blend, where the lazy if_then_else
+    makes a loop of 16 lanes scalar code (measured faster for one vector of lanes, slower for 48: cpu_kernel)."""
+    pick = tirx.Select if select else tirx.if_then_else
+    return pick(m == tirx.const(NEG_INF, F32), tirx.const(0.0, F32), fexp(m - mt, select))
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,14 @@ def cpu_rows_per_task(a: AttnShape, split: bool, one_row: bool = False) -> int:
 VEC = 16   # CPU vector lanes per chunk of the (row, head) lane axis: one accumulator register per tile cell
 
 
+def padded_lanes(n: int) -> int:
+    """Lanes the CPU kernel's softmax runs on for n (row, head) lanes: n itself where it fills whole vectors (a
+    multiple of VEC, or 1, 2, 4, 8), else n rounded up to a multiple of VEC. A lane count such as 12 (one decode row
+    of GLM-4.5-Air's 96 / 8 heads) is otherwise split by LLVM into scalar code (the exp polynomial per lane);
+    padding lanes hold no cell, so they add exact zeros to nothing and change no real lane's bits."""
+    return n if n % VEC == 0 or n in (1, 2, 4, 8) else -(-n // VEC) * VEC
+
+
 def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
     """CPU kernel. split=False (fused): out [T, H, Dv]; split=True (partial): pacc [T, H, NC, Dv] and
     pml [T, H, NC, 2] (m, l) of every chunk c < NC with c * CHUNK < the row's causal cell count.
@@ -187,7 +200,13 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
     g, NG = a.group, a.group // a.lanes
     RB = rows_per_task or (1 if split else cpu_rows_per_task(a, split))
     NL = RB * G                                    # lanes per task
-    VW = VEC if NL % VEC == 0 else NL              # lanes per vector chunk
+    NP = padded_lanes(NL)                          # ... padded to whole vectors: the lanes the softmax runs on
+    VW = min(NP, VEC)                              # lanes per vector chunk
+    # one vector of lanes (a decode row): Selects and an int32 cell bound make the softmax vector code (0.66-0.70x
+    # the time at 8K / 32K, bench/attn_depth.py); with 48 lanes (prefill, verify) they ran 1.15x slower: kept lazy
+    sel = NP <= VEC
+    pick = T.Select if sel else T.if_then_else
+    NLT = "int32" if sel else "int64"
     TL, CH = TILE, CHUNK
     _kdt, kw, _vdt, vw = _storage(a)
     stage_k = _stage_macro(a.k_type, Dk)
@@ -210,14 +229,14 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                     T.writes(o[0:t, 0:H, 0:NC, 0:Dv], ml[0:t, 0:H, 0:NC, 0:2])
                 else:
                     T.writes(o[0:t, 0:H, 0:Dv])
-                qT = T.alloc_buffer((Dk, NL), F32, scope="local")
+                qT = T.alloc_buffer((Dk, NP), F32, scope="local")
                 kt = T.alloc_buffer((TL, Dk), F32, scope="local")
                 vt = T.alloc_buffer((TL, VT), F32, scope="local")
-                s = T.alloc_buffer((TL, NL), F32, scope="local")
-                mk = T.alloc_buffer((TL, NL), F32, scope="local")        # the tile's mask per lane
-                st = T.alloc_buffer((7, NL), F32, scope="local")         # m, l, mc, lc, mt, alpha, beta
+                s = T.alloc_buffer((TL, NP), F32, scope="local")
+                mk = T.alloc_buffer((TL, NP), F32, scope="local")        # the tile's mask per lane
+                st = T.alloc_buffer((7, NP), F32, scope="local")         # m, l, mc, lc, mt, alpha, beta
                 accc = T.alloc_buffer((NL, Dv), F32, scope="local")
-                nl = T.alloc_buffer((NL,), "int64", scope="local")       # causal cells per lane (its row's)
+                nl = T.alloc_buffer((NP,), NLT, scope="local")           # causal cells per lane (its row's)
                 nr = T.alloc_buffer((RB + 1,), "int64", scope="local")   # causal cells per row; [RB] = max
                 ch_lo = T.alloc_buffer((2,), "int64", scope="local")     # chunk range
                 rest = vtask // NC if split else vtask
@@ -230,16 +249,22 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                                            T.int64(0))
                     nr[RB] = T.max(nr[RB], nr[r])
                 for r, hg in T.grid(RB, G):
-                    nl[r * G + hg] = nr[r]
+                    nl[r * G + hg] = T.Cast(NLT, nr[r])
                 for r, d, hg in T.grid(RB, Dk, G):
                     qT[d, r * G + hg] = q[T.min(t0 + r, t - 1), h0 + hg, d]
+                for ln in range(NL, NP):    # padding lanes: no cell (scores -inf, p 0), never written out
+                    nl[ln] = T.Cast(NLT, 0)
+                    for d in range(Dk):
+                        qT[d, ln] = T.float32(0)
+                    for j in range(TL):
+                        mk[j, ln] = T.float32(0)
                 if split:
                     ch_lo[0] = vtask % NC
                     ch_lo[1] = T.if_then_else(ch_lo[0] * CH < nr[RB], ch_lo[0] + 1, ch_lo[0])
                 else:
                     ch_lo[0] = T.int64(0)
                     ch_lo[1] = (nr[RB] + CH - 1) // CH
-                    for ln in T.vectorized(NL):
+                    for ln in T.vectorized(NP):
                         st[0, ln] = T.float32(NEG_INF)
                         st[1, ln] = T.float32(0)
                     for r in range(RB):
@@ -248,7 +273,7 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                                 for d in T.vectorized(Dv):
                                     o[t0 + r, h0 + hg, d] = T.float32(0)
                 for ch in range(ch_lo[0], ch_lo[1]):
-                    for ln in T.vectorized(NL):
+                    for ln in T.vectorized(NP):
                         st[2, ln] = T.float32(NEG_INF)
                         st[3, ln] = T.float32(0)
                     for ln in range(NL):
@@ -262,7 +287,7 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                         if has_mask:
                             for j, r, hg in T.grid(TL, RB, G):
                                 mk[j, r * G + hg] = mask[T.min(t0 + r, t - 1), T.min(ch * CH + tile * TL + j, L - 1)]
-                        for lc in range(NL // VW):
+                        for lc in range(NP // VW):
                             for j in T.unroll(TL):
                                 for lv in T.vectorized(VW):
                                     s[j, lc * VW + lv] = T.float32(0)
@@ -271,29 +296,28 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                                     for lv in T.vectorized(VW):
                                         s[j, lc * VW + lv] = s[j, lc * VW + lv] + qT[d, lc * VW + lv] * kt[j, d]
                         for j in T.unroll(TL):
-                            for ln in T.vectorized(NL):
+                            for ln in T.vectorized(NP):
                                 if has_mask:
-                                    s[j, ln] = T.if_then_else(ch * CH + tile * TL + j < nl[ln],
-                                                              s[j, ln] * T.float32(scale) + mk[j, ln],
-                                                              T.float32(NEG_INF))
+                                    s[j, ln] = pick(T.Cast(NLT, ch * CH + tile * TL + j) < nl[ln],
+                                                  s[j, ln] * T.float32(scale) + mk[j, ln], T.float32(NEG_INF))
                                 else:
-                                    s[j, ln] = T.if_then_else(ch * CH + tile * TL + j < nl[ln],
-                                                              s[j, ln] * T.float32(scale), T.float32(NEG_INF))
-                        for ln in T.vectorized(NL):
+                                    s[j, ln] = pick(T.Cast(NLT, ch * CH + tile * TL + j) < nl[ln],
+                                                  s[j, ln] * T.float32(scale), T.float32(NEG_INF))
+                        for ln in T.vectorized(NP):
                             st[4, ln] = st[2, ln]
                         for j in T.unroll(TL):
-                            for ln in T.vectorized(NL):
+                            for ln in T.vectorized(NP):
                                 st[4, ln] = T.max(st[4, ln], s[j, ln])
-                        for ln in T.vectorized(NL):
-                            st[5, ln] = exp_factor(st[2, ln], st[4, ln])
+                        for ln in T.vectorized(NP):
+                            st[5, ln] = exp_factor(st[2, ln], st[4, ln], sel)
                             st[2, ln] = st[4, ln]
                         for j in T.unroll(TL):
-                            for ln in T.vectorized(NL):
-                                s[j, ln] = exp_factor(s[j, ln], st[4, ln])
-                        for ln in T.vectorized(NL):
+                            for ln in T.vectorized(NP):
+                                s[j, ln] = exp_factor(s[j, ln], st[4, ln], sel)
+                        for ln in T.vectorized(NP):
                             st[3, ln] = st[3, ln] * st[5, ln]
                         for j in T.unroll(TL):
-                            for ln in T.vectorized(NL):
+                            for ln in T.vectorized(NP):
                                 st[3, ln] = st[3, ln] + s[j, ln]
                         for ln in range(NL):
                             for d in T.vectorized(Dv):
@@ -313,10 +337,10 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                                     for d in T.vectorized(Dv):
                                         o[t0 + r, h0 + hg, ch, d] = accc[r * G + hg, d]
                     else:
-                        for ln in T.vectorized(NL):
+                        for ln in T.vectorized(NP):
                             st[4, ln] = T.max(st[0, ln], st[2, ln])
-                            st[5, ln] = exp_factor(st[0, ln], st[4, ln])
-                            st[6, ln] = exp_factor(st[2, ln], st[4, ln])
+                            st[5, ln] = exp_factor(st[0, ln], st[4, ln], sel)
+                            st[6, ln] = exp_factor(st[2, ln], st[4, ln], sel)
                             st[0, ln] = st[4, ln]
                             st[1, ln] = st[1, ln] * st[5, ln] + st[3, ln] * st[6, ln]
                         for r in range(RB):
@@ -330,7 +354,7 @@ def cpu_kernel(a: AttnShape, split: bool, rows_per_task: int | None = None):
                         if t0 + r < t:
                             for hg in range(G):
                                 for d in T.vectorized(Dv):
-                                    o[t0 + r, h0 + hg, d] = T.if_then_else(
+                                    o[t0 + r, h0 + hg, d] = pick(
                                         st[1, r * G + hg] == T.float32(0), T.float32(0),
                                         o[t0 + r, h0 + hg, d] / st[1, r * G + hg])
 
@@ -376,14 +400,14 @@ def cpu_merge_kernel(a: AttnShape):
             o[ti, hi, d] = T.float32(0)
         for ch in range((T.min(T.Cast("int64", pos[ti]) + 1, L) + CH - 1) // CH):
             st[2] = T.max(st[0], pml[ti, hi, ch, 0])
-            st[3] = exp_factor(st[0], st[2])
-            st[4] = exp_factor(pml[ti, hi, ch, 0], st[2])
+            st[3] = exp_factor(st[0], st[2], True)
+            st[4] = exp_factor(pml[ti, hi, ch, 0], st[2], True)
             st[0] = st[2]
             st[1] = st[1] * st[3] + pml[ti, hi, ch, 1] * st[4]
             for d in T.vectorized(Dv):
                 o[ti, hi, d] = o[ti, hi, d] * st[3] + pacc[ti, hi, ch, d] * st[4]
         for d in T.vectorized(Dv):
-            o[ti, hi, d] = T.if_then_else(st[1] == T.float32(0), T.float32(0), o[ti, hi, d] / st[1])
+            o[ti, hi, d] = T.Select(st[1] == T.float32(0), T.float32(0), o[ti, hi, d] / st[1])
 
     return _merge_entry(a, lambda n: T.parallel(n), task)
 
