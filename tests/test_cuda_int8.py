@@ -42,6 +42,7 @@ N, X, USED, XG = 37, 3, 2, 5
 INT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "MXFP4",
        "NVFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 ALIGNED = [t for t in INT if int8.FORMATS[by_ggml_type(t).kind].aligned]   # weight words as 32-bit loads
+CODEBOOK = [t for t in INT if int8.FORMATS[by_ggml_type(t).kind].tables]   # grid words as 32-bit loads
 
 
 def _kind(ttype):
@@ -268,20 +269,25 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
         quant_src = src[src.index("quantize_kernel("):]
         assert "__dp4a(" in gemv_src and "__fdiv_rn(" in quant_src and "__shfl_down_sync(" in quant_src
         assert "(float)" in gemv_src   # the word sums scaled in float
-        # the aligned formats' weight words as 32-bit loads (word_loads.word_loads), the others' as bytes
+        # the aligned formats' weight words as 32-bit loads (word_loads.word_loads), the others' as bytes; the
+        # codebook formats' grid words as 32-bit loads of the table buffer (global memory, read-only cache), no byte
+        # of the grid read alone
         assert ("*(uint*)(w_ptr + " in gemv_src) == (ttype in ALIGNED), ttype
+        grid_words = len(re.findall(r"\*\(u?int\*\)\(w_grid_ptr \+ ", gemv_src))
+        assert (grid_words > 0) == (ttype in CODEBOOK) and "w_grid_ptr[" not in gemv_src, (ttype, grid_words)
     w_loads = [len(re.findall(r"\bw_ptr\[", s[s.index("mul_mat_kernel("):])) for s in srcs.values()]
     assert w_loads[0] == w_loads[1] > 0, w_loads
 
 
-@pytest.mark.parametrize("ttype", ALIGNED)
+@pytest.mark.parametrize("ttype", ALIGNED + [pytest.param(t, marks=pytest.mark.slow) for t in CODEBOOK])
 def test_word_loads_read_the_same_words(ttype):
     """`word_loads.word_loads` (what the GEMV schedule applies first) turns the 4 byte loads of each weight word of
     aligned formats (Q4_1, NVFP4, IQ4_XS, Q2_K, Q4_K: one field, 4-byte-aligned offsets in blocks of a multiple of
-    4 bytes) into one 4-byte vector load, in mul_mat, mul_mat_id (x shared; one row per slot) and not in the grouped
-    mul_mat_id (its weight loads are conditional); the rewritten definitions built for llvm give the same outputs
-    bit for bit. The rewrite only fires where the analyzer proves the offset a multiple of 4 (below: not for Q8_0's
-    34-byte blocks even when annotated)."""
+    4 bytes), and of each grid word of the codebook formats (IQ2_XXS ... IQ1_M: 4 bytes at byte 0 or 4 of an entry
+    of 4 or 8; IQ1's int8 table included), into one 4-byte vector load, in mul_mat, mul_mat_id (x shared; one row
+    per slot) and not in the grouped mul_mat_id (its weight loads are conditional); the rewritten definitions built
+    for llvm give the same outputs bit for bit. The rewrite only fires where the analyzer proves the offset a
+    multiple of 4 (below: not for Q8_0's 34-byte blocks even when annotated)."""
     K = _k(ttype)
     funcs = _int_funcs(ttype, K)
     words = {n: word_loads.word_loads(f) for n, f in funcs.items()}
@@ -299,6 +305,38 @@ def test_word_loads_read_the_same_words(ttype):
                               ("mul_mat_id3", (T, USED, N), (q3, d3, ids, *epacked))):
         a, b = _run(plain, name, shape, *args), _run(vec, name, shape, *args)
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)) and np.abs(a).max() > 0, name
+
+
+def test_signed_codebooks_have_no_zero_byte():
+    """int8._signed negates a grid byte g as (g ^ 0xFF) + 1 inside a 32-bit word, which carries into the next byte
+    for g = 0: every entry of the signed codebooks (gguf-py's tables, what the `.grid` buffers hold) is in 1 .. 127,
+    and the unsigned ones are exactly the formats without sign fields (IQ1_S / IQ1_M)."""
+    from nextn.common.quant import FORMATS
+
+    assert set(int8.SIGNED_GRID) | {"iq1_s", "iq1_m"} == {k for k, f in int8.FORMATS.items() if f.tables}
+    for kind in int8.SIGNED_GRID:
+        grid = dict(FORMATS[kind].tables())[".grid"]
+        assert grid.dtype == np.uint8 and grid.min() >= 1 and grid.max() <= 127, kind
+
+
+def test_signed_word_negates_bytes_by_bit():
+    """int8._signed on every 4-byte pattern of sign bits and grid bytes 1, 8, 43, 62, 127 against numpy's per-byte
+    negation, built for llvm."""
+    g = np.array([[1, 8, 43, 127], [62, 1, 127, 8]], np.uint8)
+    gw = g.view("<u4").reshape(-1)
+    signs = np.arange(256, dtype=np.uint8)
+    G = te.placeholder([tirx.IntImm(I64, len(gw))], "uint32", name="g")
+    S = te.placeholder([tirx.IntImm(I64, 256)], "uint8", name="s")
+    out = []
+    for bit0 in (0, 4):
+        out.append(te.compute((len(gw), 256), lambda i, j: int8._signed(G[i], S[j], bit0), name=f"y{bit0}"))
+    f = tvm.compile(_module({"f": te.create_prim_func([G, S, *out])}), target="llvm")["f"]
+    got = [tvm.runtime.empty((len(gw), 256), "int32") for _ in out]
+    f(tvm.runtime.tensor(gw), tvm.runtime.tensor(signs), *got)
+    for bit0, y in zip((0, 4), got):
+        neg = (signs[None, :, None] >> (bit0 + np.arange(4))[None, None, :]) & 1
+        want = np.where(neg == 1, -g.astype(np.int8)[:, None, :], g.astype(np.int8)[:, None, :])
+        assert np.array_equal(y.numpy().view(np.int8).reshape(len(gw), 256, 4), want), bit0
 
 
 def test_word_loads_need_a_provably_aligned_offset():

@@ -1,6 +1,6 @@
 """The integer route's aligned weight words as one 4-byte load (CUDA: a 32-bit load) instead of 4 byte loads OR-ed
-together: a TIR rewrite of DEQUANT blocks that int8.py marks WORD_LOAD (`Fmt.aligned`), applied by the GEMV schedule
-(gemv.py) before it schedules. Its own module so that gemv.py and int8.py do not import each other."""
+together: a TIR rewrite of DEQUANT blocks that int8.py marks WORD_LOAD (`Fmt.aligned`, `Fmt.tables`), applied by the
+GEMV schedule (gemv.py) before it schedules. Its own module so that gemv.py and int8.py do not import each other."""
 from __future__ import annotations
 
 from tvm import tirx
@@ -8,7 +8,8 @@ from tvm import tirx
 
 def _byte_terms(e):
     """[(load, shift)] of an OR tree of `Cast(uint32, uint8 load) << shift` terms (Block.u32's form), or None."""
-    from tvm.ir.expr import TensorLoad   # what tirx.BufferLoad builds
+    from tvm.ir import Op
+    from tvm.ir.expr import Call, TensorLoad   # TensorLoad: what tirx.BufferLoad builds
     from tvm.ir.prim.expr import BitwiseOr, Cast, LShift
 
     if isinstance(e, BitwiseOr):
@@ -17,9 +18,15 @@ def _byte_terms(e):
     shift = 0
     if isinstance(e, LShift) and isinstance(e.b, tirx.IntImm):
         e, shift = e.a, int(e.b.value)
-    if isinstance(e, Cast) and str(e.ty) == "uint32" and isinstance(e.value, TensorLoad) \
-            and str(e.value.ty) == "uint8":
-        return [(e.value, shift)]
+    if not (isinstance(e, Cast) and str(e.ty) == "uint32"):
+        return None
+    v = e.value
+    if isinstance(v, TensorLoad) and str(v.ty) == "uint8":
+        return [(v, shift)]
+    # an int8 table's byte (int8.py _grid_word): Cast(uint32, reinterpret(uint8, int8 load))
+    if isinstance(v, Call) and v.op.same_as(Op.get("tirx.reinterpret")) and str(v.ty) == "uint8" \
+            and isinstance(v.args[0], TensorLoad) and str(v.args[0].ty) == "int8":
+        return [(v.args[0], shift)]
     return None
 
 
