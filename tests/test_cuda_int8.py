@@ -437,9 +437,60 @@ def test_cuda_build_quantizes_the_matmuls_the_cpu_quantizes(compiled, quant):
         quant, {"q8", "q8_0"})
     assert {kinds[t] for t, v in gpu.items() if v} >= ({"iq2_s", "iq4_xs"} if quant == "IQ2_M" else set())
     m = json.load(open(os.path.join(gpu_dir, "manifest.json")))
-    assert m["gpu_kernels"] == {"activation_quant": "q8", "dot": "cuda"}
+    gk = m["gpu_kernels"]
+    assert (gk["activation_quant"], gk["dot"]) == ("q8", "cuda")
+    check_kernel_record(gk["kernels"], model)
     assert not CompileOptions.from_manifest(m).exact_matmul
     if quant in ("Q4_K_M", "Q8_0"):
         exact = compiled(f"g4-{quant}-cuda90-exact", model, target="cuda", arches=["sm_90"], exact_matmul=True)
         assert not any(_activations(exact).values())
         assert CompileOptions.from_manifest(json.load(open(os.path.join(exact, "manifest.json")))).exact_matmul
+
+
+def check_kernel_record(kernels: dict, model) -> None:
+    """The per-kernel record of a default (integer-route) sm_90 build (manifest `gpu_kernels.kernels`, or
+    kernel_report.kernel_summary of the scheduled module): every activation quantizer is `cuda:quantize`, a warp per
+    activation block in blocks of 4 warps, passed no weight; every matmul the GEMV's 4 warps per block; the LM head's
+    weight bytes are output.weight's bytes in the GGUF (with its tables for a codebook type), and its launch one
+    block per 4 weight rows (N / 4 blocks at T = 1), not one per output element."""
+    import gguf
+
+    from nextn.common.quant import FORMATS
+
+    t = {x.name: x for x in gguf.GGUFReader(model).tensors}["output.weight"]
+    kind = t.tensor_type.name.lower()
+    head = int(t.n_bytes) + (sum(a.nbytes for _s, a in FORMATS[kind].tables()) if kind in FORMATS else 0)
+    n_vocab = int(t.shape[-1])
+    quant = {k: v for k, v in kernels.items() if v["rule"] == "cuda:quantize"}
+    assert quant and all(v["weight_bytes"] == 0 and len(v["launches"]) == 1 and "block 32 × 4 (T=1: " in
+                         v["launches"][0] for v in quant.values()), quant
+    gemv_ = {k: v for k, v in kernels.items() if "mul_mat" in k}
+    assert gemv_ and all(v["rule"] == "cuda:gemv" and all("block 32 × 4 (T=1: " in ln for ln in v["launches"])
+                         for v in gemv_.values()), gemv_
+    heads = [v for v in gemv_.values() if v["weight_bytes"] == head]
+    assert heads and all(f"(T=1: {n_vocab // gemv.WARPS} × 128)" in ln for v in heads for ln in v["launches"]), heads
+
+
+@pytest.mark.slow
+def test_kernel_record_of_the_integer_route():
+    """kernel_report.kernel_summary (the manifest's `gpu_kernels.kernels`) of the IQ2_M fixture's default sm_90
+    module, scheduled without code generation (`check_kernel_record`), and the schedule report's text lines are its
+    launch texts."""
+    from conftest import FIXTURES
+    from nextn.compiler.graphs import SPLIT_L, build_graphs, weight_kinds
+    from nextn.compiler.kernel_report import kernel_report, kernel_summary
+    from nextn.compiler.loader.model_files import ModelFiles
+    from nextn.compiler.lower.pipeline import phases
+    from nextn.compiler.lower.to_relax import build_module
+    from nextn.schedules.gpu import ScheduleGPU, last_report
+
+    model = FIXTURES / "quants" / "tiny-glm4moe-IQ2_M.gguf"
+    mf = ModelFiles(str(model), None, load_mtp=False)
+    graphs = build_graphs(mf, mf.has_nextn)
+    mod = build_module(list(graphs.values()), weight_kinds(mf, graphs.values()), form="gpu", split_l=SPLIT_L,
+                       gpu_int8="cuda")
+    tgt = make_target("cuda", ["sm_90"])
+    with tgt:
+        for _name, passes in phases(tgt, ScheduleGPU(tgt, cuda.RULES))[:3]:
+            mod = tvm.transform.Sequential(passes)(mod)
+    check_kernel_record(kernel_summary(kernel_report(mod, last_report())), model)
