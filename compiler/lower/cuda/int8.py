@@ -170,8 +170,9 @@ class Fmt(NamedTuple):
     word: Callable
     scale: Callable   # (b, i: sub-block index in the block) -> float32
     low: Callable | None = None
-    # the word is 4 bytes of one field at a 4-byte-aligned offset of a block whose size is a multiple of 4 (so of
-    # every row and expert: device allocations are 256-byte aligned): the GEMV loads it as one 32-bit word
+    # the word's fields are 4 bytes at 4-byte-aligned offsets of a block whose size is a multiple of 4 (so of
+    # every row and expert: device allocations are 256-byte aligned): the GEMV loads each as one 32-bit word
+    # (word_loads.py, which proves it; blocks of an even size get two 16-bit loads, odd ones bytes)
     # (`WORD_LOAD`, gemv.py) instead of 4 bytes
     aligned: bool = False
     # `word(b, tensors)`: the word reads the format's table buffers too (the codebook formats' `.grid` / `.signs`)
@@ -213,9 +214,9 @@ def _legacy(has_min, has_high):
             q = _minus(q, 16 if has_high else 8)
         return tirx.reinterpret(I32, q)
 
-    # Q4_1: 20-byte blocks, qs at 4, one field: aligned words
+    # Q4_1 / Q5_1: 20 / 24-byte blocks, qh at 4, qs at 4 / 8: aligned words
     return Fmt(32, word, lambda b, i: b.f16(0), (lambda b, i: -b.f16(2)) if has_min else None,
-               aligned=has_min and not has_high)
+               aligned=has_min)
 
 
 def _table_word(table, at, shift):
@@ -362,7 +363,7 @@ def _formats():
         "q4_k": Fmt(32, _q45k_word("q4_k"), lambda b, i: k_quants.q45k_factors(b, i)[0],
                     lambda b, i: k_quants.q45k_factors(b, i)[1], aligned=True),
         "q5_k": Fmt(32, _q45k_word("q5_k"), lambda b, i: k_quants.q45k_factors(b, i)[0],
-                    lambda b, i: k_quants.q45k_factors(b, i)[1]),
+                    lambda b, i: k_quants.q45k_factors(b, i)[1], aligned=True),
         "q6_k": Fmt(16, _q6k_word, k_quants.q6k_factor),
         **_codebook(),
     }
@@ -388,12 +389,12 @@ def _stages(w, lead, weight_lead, keep=None):
     def blk(i, k):   # i = (*lead, n)
         return Block(w.tensors[0], (*weight_lead(*i[:-1]), i[-1], k), layout.block, layout.type_size)
 
-    # aligned words (the aligned formats' weight words, the codebook formats' grid words) as 32-bit loads
-    # (word_loads.py); not under `keep`: a copy of the bytes ahead of the branch would load the weight of a pair that
+    # the weight's words (and the codebook formats' grid words) as 32-bit loads where aligned, else 16-bit pairs
+    # where even (word_loads.py); not under `keep`: a copy of the bytes ahead of the branch would load the weight of a pair that
     # leads no group
     word = (lambda b: f.word(b, w.tensors)) if f.tables else f.word
     words = te.compute((*lead, N, K // 4), lambda *i: kept(i, word(blk(i[:-1], i[-1] * 4)), _c(0)), name=DEQUANT,
-                       attrs={WORD_LOAD: 1} if (f.aligned or f.tables) and keep is None else None)
+                       attrs={WORD_LOAD: 1} if keep is None else None)
     shape = (*lead, N, K // f.sub)
     zero = _c(0.0, F32)
     per_block = layout.block // f.sub

@@ -45,11 +45,21 @@ def _as_word(e, analyzer):
         if not same or not analyzer.can_prove_equal(ld.indices[-1] - first.indices[-1], i):
             return e
     last = first.indices[-1]
+    row = int(first.source.shape[-1])
+
+    def vec(at, n, dtype):
+        ramp = tirx.Ramp(at, tirx.const(1, str(last.ty)), n)
+        return tirx.reinterpret(dtype, tirx.BufferLoad(first.source, [*first.indices[:-1], ramp]))
+
     # 4-byte aligned: rows of whole words and a word offset in the row (the buffer's base: a device allocation)
-    if int(first.source.shape[-1]) % 4 or not analyzer.can_prove_equal(tirx.floormod(last, 4), 0):
-        return e
-    ramp = tirx.Ramp(last, tirx.const(1, str(last.ty)), 4)
-    return tirx.reinterpret("uint32", tirx.BufferLoad(first.source, [*first.indices[:-1], ramp]))
+    if row % 4 == 0 and analyzer.can_prove_equal(tirx.floormod(last, 4), 0):
+        return vec(last, 4, "uint32")
+    # 2-byte aligned (blocks of an even size: Q8_0's 34, Q4_0's 18, Q6_K's 210 ...): two 16-bit loads, as llama.cpp's
+    # get_int_b2 reads them
+    if row % 2 == 0 and analyzer.can_prove_equal(tirx.floormod(last, 2), 0):
+        lo = vec(last, 2, "uint16").astype("uint32")
+        return lo | (vec(last + 2, 2, "uint16").astype("uint32") << tirx.const(16, "uint32"))
+    return e
 
 
 def word_loads(func: tirx.PrimFunc) -> tirx.PrimFunc:
