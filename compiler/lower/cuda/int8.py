@@ -390,8 +390,8 @@ def _stages(w, lead, weight_lead, keep=None):
         return Block(w.tensors[0], (*weight_lead(*i[:-1]), i[-1], k), layout.block, layout.type_size)
 
     # the weight's words (and the codebook formats' grid words) as 32-bit loads where aligned, else 16-bit pairs
-    # where even (word_loads.py); not under `keep`: a copy of the bytes ahead of the branch would load the weight of a pair that
-    # leads no group
+    # where even (word_loads.py); not under `keep`: a copy of the bytes ahead of the branch would load the weight of
+    # a pair that leads no group
     word = (lambda b: f.word(b, w.tensors)) if f.tables else f.word
     words = te.compute((*lead, N, K // 4), lambda *i: kept(i, word(blk(i[:-1], i[-1] * 4)), _c(0)), name=DEQUANT,
                        attrs={WORD_LOAD: 1} if keep is None else None)
