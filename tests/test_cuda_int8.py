@@ -43,6 +43,8 @@ INT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL",
        "NVFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 ALIGNED = [t for t in INT if int8.FORMATS[by_ggml_type(t).kind].aligned]   # weight words as 32-bit loads
 CODEBOOK = [t for t in INT if int8.FORMATS[by_ggml_type(t).kind].tables]   # grid words as 32-bit loads
+# weight words as two 16-bit loads: blocks of an even size, words at even offsets (Q8_0 34 B, Q4_0 18, Q6_K 210 ...)
+PAIRS = [t for t in INT if t not in ALIGNED + CODEBOOK and by_ggml_type(t).type_size % 2 == 0]
 
 
 def _kind(ttype):
@@ -273,21 +275,23 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
         # codebook formats' grid words as 32-bit loads of the table buffer (global memory, read-only cache), no byte
         # of the grid read alone
         assert ("*(uint*)(w_ptr + " in gemv_src) == (ttype in ALIGNED), ttype
+        if ttype not in CODEBOOK:   # (theirs read 16-bit fields of even blocks too)
+            assert ("*(uchar2*)(w_ptr + " in gemv_src) == (ttype in PAIRS), ttype
         grid_words = len(re.findall(r"\*\(u?int\*\)\(w_grid_ptr \+ ", gemv_src))
         assert (grid_words > 0) == (ttype in CODEBOOK) and "w_grid_ptr[" not in gemv_src, (ttype, grid_words)
-    w_loads = [len(re.findall(r"\bw_ptr\[", s[s.index("mul_mat_kernel("):])) for s in srcs.values()]
+    w_loads = [len(re.findall(r"\bw_ptr\[|\(w_ptr \+ ", s[s.index("mul_mat_kernel("):])) for s in srcs.values()]
     assert w_loads[0] == w_loads[1] > 0, w_loads
 
 
-@pytest.mark.parametrize("ttype", ALIGNED + [pytest.param(t, marks=pytest.mark.slow) for t in CODEBOOK])
+@pytest.mark.parametrize("ttype", ALIGNED + [pytest.param(t, marks=pytest.mark.slow) for t in CODEBOOK + PAIRS])
 def test_word_loads_read_the_same_words(ttype):
     """`word_loads.word_loads` (what the GEMV schedule applies first) turns the 4 byte loads of each weight word of
     aligned formats (Q4_1, NVFP4, IQ4_XS, Q2_K, Q4_K: one field, 4-byte-aligned offsets in blocks of a multiple of
     4 bytes), and of each grid word of the codebook formats (IQ2_XXS ... IQ1_M: 4 bytes at byte 0 or 4 of an entry
-    of 4 or 8; IQ1's int8 table included), into one 4-byte vector load, in mul_mat, mul_mat_id (x shared; one row
-    per slot) and not in the grouped mul_mat_id (its weight loads are conditional); the rewritten definitions built
-    for llvm give the same outputs bit for bit. The rewrite only fires where the analyzer proves the offset a
-    multiple of 4 (below: not for Q8_0's 34-byte blocks even when annotated)."""
+    of 4 or 8; IQ1's int8 table included), into one 4-byte vector load, and those of blocks of an even size (Q8_0,
+    Q4_0, Q5_0, IQ4_NL, Q3_K, Q6_K) into two 2-byte loads, in mul_mat, mul_mat_id (x shared; one row per slot) and
+    not in the grouped mul_mat_id (its weight loads are conditional); the rewritten definitions built for llvm give
+    the same outputs bit for bit. The rewrite only fires where the analyzer proves the offset's alignment (below)."""
     K = _k(ttype)
     funcs = _int_funcs(ttype, K)
     words = {n: word_loads.word_loads(f) for n, f in funcs.items()}
@@ -340,20 +344,20 @@ def test_signed_word_negates_bytes_by_bit():
 
 
 def test_word_loads_need_a_provably_aligned_offset():
-    """The same Block.u32 read, annotated WORD_LOAD: at byte 2 + 4i of 34-byte blocks (Q8_0's qs) it stays 4 byte
-    loads, at byte 4 + 4i of 36-byte blocks it becomes one vector load; both read the little-endian words numpy
-    reads."""
+    """The same Block.u32 read, annotated WORD_LOAD: at byte 4 + 4i of 36-byte blocks it becomes one 4-byte vector
+    load, at byte 2 + 4i of 34-byte blocks (Q8_0's qs) two 2-byte loads, at byte 1 + 4i of 17-byte blocks (MXFP4's)
+    it stays 4 byte loads; all read the little-endian words numpy reads."""
     from nextn.compiler.lower.cuda.te import WORD_LOAD
     from nextn.compiler.quant.te import Block
 
-    for size, at in ((34, 2), (36, 4)):
+    for size, at, ramps in ((34, 2, 2), (36, 4, 1), (17, 1, 0)):
         raw = te.placeholder([tirx.IntImm(I64, 3), tirx.IntImm(I64, 4 * size)], "uint8", name="raw")
         # word j: block j // 4, bytes at + 4 (j % 4) .. + 3 of it
         y = te.compute((3, 16), lambda n, j: Block(raw, (n, j * 8), 32, size).u32(at + (j * 8) % 32 // 2),
                        name="y", attrs={WORD_LOAD: 1})
         f = te.create_prim_func([raw, y])
         g = word_loads.word_loads(f)
-        assert ("T.Ramp(" in g.script()) == (size == 36), size
+        assert g.script().count("T.Ramp(") == ramps, size
         data = np.random.default_rng(size).integers(0, 256, (3, 4 * size), dtype=np.uint8)
         offs = np.array([j // 4 * size + at + 4 * (j % 4) for j in range(16)])
         want = np.stack([data[:, o:o + 4].copy().view("<u4")[:, 0] for o in offs], 1)
