@@ -432,6 +432,40 @@ def realwidth_slice(out: str, name: str, target: str, arches, prebuilt: dict) ->
             "fixtures": "models"}
 
 
+def missing_inputs(out: str) -> list[str]:
+    """What bundle `out`'s stages read and the bundle lacks, as 'STAGE: PATH' (empty: every input is there): per
+    check its model (a link into the repository resolves from `out`'s place, bench/gpu_bundle/), reference folder,
+    artifact (manifest.json and each library it lists) and recorded expectations (.json, .npz); the `int8 kernels`
+    library and cases; per real-width stage its artifact, generator and template fixtures; the preloaded libraries
+    and site/."""
+    plan = json.load(open(os.path.join(out, "bundle.json")))
+    need: list[tuple[str, str]] = [("run", "site"), ("run", "run.py"), *(("run", m) for m in BUNDLED_BENCH)]
+    need += [("plugin", p) for p in plan.get("preload", [])]
+
+    def artifact(stage, rel):
+        need.append((stage, os.path.join(rel, "manifest.json")))
+        man = os.path.join(out, rel, "manifest.json")
+        if os.path.isfile(man):
+            need.extend((stage, os.path.join(rel, lib["file"])) for lib in json.load(open(man)).get("libraries", []))
+
+    for c in plan.get("checks", []):
+        stage = f"reference {c['name']}"
+        need += [(stage, c["model"]), (stage, c["reference"])]
+        artifact(stage, c["artifact"])
+        if c.get("expect"):
+            need += [(stage, c["expect"] + ext) for ext in (".json", ".npz")]
+    if plan.get("int8_kernels"):
+        k = plan["int8_kernels"]
+        need += [("int8 kernels", os.path.join(k["dir"], k[f])) for f in ("library", "cases")]
+    for rw in [plan["realwidth"]] if plan.get("realwidth") else []:
+        artifact("realwidth", rw["artifact"])
+        need += [("realwidth", rw[f]) for f in ("synth", "fixtures") if f in rw]
+    for rw in plan.get("realwidth_spec", []):
+        artifact(f"realwidth {rw['name']}", rw["artifact"])
+        need += [(f"realwidth {rw['name']}", rw[f]) for f in ("synth", "fixtures") if f in rw]
+    return [f"{stage}: {rel}" for stage, rel in need if not os.path.exists(os.path.join(out, rel))]
+
+
 def git_head() -> str:
     try:
         return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -465,6 +499,16 @@ def make_tar(out: str, top: str = "gpu_bundle") -> str:
     return tar
 
 
+def _report_missing(out: str) -> int:
+    """Print `missing_inputs(out)` (or that every stage's inputs are there); 1 if anything is missing."""
+    gone = missing_inputs(out)
+    for g in gone:
+        print(f"bundle: missing input of stage {g}", file=sys.stderr)
+    if not gone:
+        log(f"bundle: {out}: every stage's inputs are present")
+    return 1 if gone else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("-o", "--out", default=os.path.join(ROOT, "bench", "gpu_bundle"))
@@ -479,7 +523,11 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse", default=None, help="take the artifacts and CPU expectations of this earlier bundle "
                                                   "(e.g. the output directory itself) instead of compiling again")
     ap.add_argument("--limit-mb", type=float, default=LIMIT_MB, help="MiB a device run may carry (with the repository)")
+    ap.add_argument("--check", metavar="DIR", default=None,
+                    help="only list what the stages of the bundle DIR read and it lacks (exit 1 if anything)")
     a = ap.parse_args(argv)
+    if a.check:
+        return _report_missing(a.check)
     checks = [c for c in a.checks.split(",") if c]
     bad = [c for c in checks if c not in CHECKS]
     if bad:
@@ -490,6 +538,8 @@ def main(argv=None) -> int:
     raw = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(a.out) for f in fs
               if not os.path.islink(os.path.join(d, f)))
     log(f"bundle: {a.out} {raw / 2**20:.1f} MiB unpacked")
+    if _report_missing(a.out):
+        return 1
     if a.no_tar:
         return 0
     tar = make_tar(a.out)

@@ -89,6 +89,7 @@ class Built:
     libraries: list
     tuning_info: dict | None
     tgt: object
+    kernels: dict | None = None   # GPU builds: the manifest's `gpu_kernels.kernels` (kernel_report.kernel_summary)
 
 
 def plan(model: str, options: CompileOptions, draft: str | None = None, dump_ir: str | None = None,
@@ -147,10 +148,11 @@ def build(p: Plan, out: str, dump_ir: str | None = None, log=print) -> Built:
 
     from .gpu_build import build_scope
     from .lower import capture_graphs, cuda
-    from .lower.pipeline import make_pipeline
+    from .kernel_report import kernel_summary
+    from .lower.pipeline import GPU_KINDS, last_kernel_report, make_pipeline
     from .tune.apply import schedule_with_log
 
-    target, libs, tuning_info, tgt = p.options.target, [], None, None
+    target, libs, tuning_info, tgt, kernels = p.options.target, [], None, None, None
     for la in p.lib_arches:
         tgt = make_target(target, la or None)
         log(f"compiling {len(p.graphs)} entry points ({', '.join(p.graphs)}) for {target}"
@@ -164,10 +166,12 @@ def build(p: Plan, out: str, dump_ir: str | None = None, log=print) -> Built:
             tuning_info["kernels_tuned"] = len(sched.applied)
             log(f"tuning log: {len(sched.applied)} kernel(s) use tuned schedules, the rest default schedules")
         _write_schedule_report(target, dump_ir)
+        if target in GPU_KINDS:   # the same schedules for every arch group
+            kernels = kernel_summary(last_kernel_report())
         lib_name = f"model_{target}.so" if target != "rocm" else f"model_{target}_{la[0]}.so"
         ex.export_library(os.path.join(out, lib_name))
         libs.append(library_entry(os.path.join(out, lib_name), la))
-    return Built(libs, tuning_info, tgt)
+    return Built(libs, tuning_info, tgt, kernels)
 
 
 def manifest(p: Plan, built: Built, model_files: list[dict]) -> dict:
@@ -223,8 +227,10 @@ def manifest(p: Plan, built: Built, model_files: list[dict]) -> dict:
                        "max_ctx": c.n_ctx_train} if p.graph_entries else None,
         "libraries": built.libraries,
         # GPU artifacts only (CPU manifests keep their fields): the GPU matmuls (compiler/lower/cuda) take int8
-        # activation rows ("q8": the integer route, `dot` "cuda" for __dp4a) or float ones (None: --exact-matmul)
-        **({"gpu_kernels": {"activation_quant": "q8" if p.gpu_int8 else None, "dot": p.gpu_int8}}
+        # activation rows ("q8": the integer route, `dot` "cuda" for __dp4a) or float ones (None: --exact-matmul);
+        # `kernels`: per PrimFunc its schedule rule, weight bytes and launch shape (compiler/kernel_report.py)
+        **({"gpu_kernels": {"activation_quant": "q8" if p.gpu_int8 else None, "dot": p.gpu_int8,
+                            "kernels": built.kernels}}
            if o.kernel_form == "gpu" else {}),
     }
 

@@ -63,3 +63,18 @@ def shape_text(launch: dict) -> str:
         return " × ".join(f"({x})" if len(kept) > 1 and not x.isdigit() else x for x in kept)
 
     return f"grid {dims(launch['grid'])} × block {dims(launch['block'])}"
+
+
+def launch_text(launch: dict) -> str:
+    """`grid 64 × ((T + 3) // 4) × block 32 × 4 (T=1: 64 × 128)`: the launch shape and its blocks × threads at
+    T = L = 1 (a decode step)."""
+    return f"{shape_text(launch)} (T=1: {launch['blocks_at_1']} × {launch['threads']})"
+
+
+def kernel_summary(report: dict[str, dict]) -> dict[str, dict]:
+    """The manifest's per-kernel record (`gpu_kernels.kernels`) of a `kernel_report`: PrimFunc name → {"rule",
+    "weight_bytes", "launches": [`launch_text`, one per kernel launch]}, so that a GPU artifact states each kernel's
+    schedule rule, the weight bytes it is passed and its launch shape (a one-block-per-output-element schedule reads
+    as `grid (R * 8192) × block 256`) without a GPU or a rebuild."""
+    return {k: {"rule": r["rule"], "weight_bytes": r["weight_bytes"],
+                "launches": [launch_text(ln) for ln in r["launches"]]} for k, r in sorted(report.items())}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from .kernel_report import kernel_report, shape_text
+from .kernel_report import kernel_report, launch_text
 
 
 def main(argv=None):
@@ -52,7 +52,7 @@ def main(argv=None):
         return
     for k in sorted(rep):
         r = rep[k]
-        shapes = "; ".join(f"{shape_text(ln)} (T=1: {ln['blocks_at_1']} × {ln['threads']})" for ln in r["launches"])
+        shapes = "; ".join(launch_text(ln) for ln in r["launches"])
         print(f"{k:48s} {r['rule'] or '-':20s} {r['weight_bytes'] / 1e6:9.3f} MB  {shapes}")
     print("counts:", dict(collections.Counter(r["rule"] for r in rep.values())))
 

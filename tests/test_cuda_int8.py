@@ -42,6 +42,9 @@ N, X, USED, XG = 37, 3, 2, 5
 INT = ["Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "MXFP4",
        "NVFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 ALIGNED = [t for t in INT if int8.FORMATS[by_ggml_type(t).kind].aligned]   # weight words as 32-bit loads
+CODEBOOK = [t for t in INT if int8.FORMATS[by_ggml_type(t).kind].tables]   # grid words as 32-bit loads
+# weight words as two 16-bit loads: blocks of an even size, words at even offsets (Q8_0 34 B, Q4_0 18, Q6_K 210 ...)
+PAIRS = [t for t in INT if t not in ALIGNED + CODEBOOK and by_ggml_type(t).type_size % 2 == 0]
 
 
 def _kind(ttype):
@@ -268,20 +271,27 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
         quant_src = src[src.index("quantize_kernel("):]
         assert "__dp4a(" in gemv_src and "__fdiv_rn(" in quant_src and "__shfl_down_sync(" in quant_src
         assert "(float)" in gemv_src   # the word sums scaled in float
-        # the aligned formats' weight words as 32-bit loads (word_loads.word_loads), the others' as bytes
+        # the aligned formats' weight words as 32-bit loads (word_loads.word_loads), the others' as bytes; the
+        # codebook formats' grid words as 32-bit loads of the table buffer (global memory, read-only cache), no byte
+        # of the grid read alone
         assert ("*(uint*)(w_ptr + " in gemv_src) == (ttype in ALIGNED), ttype
-    w_loads = [len(re.findall(r"\bw_ptr\[", s[s.index("mul_mat_kernel("):])) for s in srcs.values()]
+        if ttype not in CODEBOOK:   # (theirs read 16-bit fields of even blocks too)
+            assert ("*(uchar2*)(w_ptr + " in gemv_src) == (ttype in PAIRS), ttype
+        grid_words = len(re.findall(r"\*\(u?int\*\)\(w_grid_ptr \+ ", gemv_src))
+        assert (grid_words > 0) == (ttype in CODEBOOK) and "w_grid_ptr[" not in gemv_src, (ttype, grid_words)
+    w_loads = [len(re.findall(r"\bw_ptr\[|\(w_ptr \+ ", s[s.index("mul_mat_kernel("):])) for s in srcs.values()]
     assert w_loads[0] == w_loads[1] > 0, w_loads
 
 
-@pytest.mark.parametrize("ttype", ALIGNED)
+@pytest.mark.parametrize("ttype", ALIGNED + [pytest.param(t, marks=pytest.mark.slow) for t in CODEBOOK + PAIRS])
 def test_word_loads_read_the_same_words(ttype):
     """`word_loads.word_loads` (what the GEMV schedule applies first) turns the 4 byte loads of each weight word of
     aligned formats (Q4_1, NVFP4, IQ4_XS, Q2_K, Q4_K: one field, 4-byte-aligned offsets in blocks of a multiple of
-    4 bytes) into one 4-byte vector load, in mul_mat, mul_mat_id (x shared; one row per slot) and not in the grouped
-    mul_mat_id (its weight loads are conditional); the rewritten definitions built for llvm give the same outputs
-    bit for bit. The rewrite only fires where the analyzer proves the offset a multiple of 4 (below: not for Q8_0's
-    34-byte blocks even when annotated)."""
+    4 bytes), and of each grid word of the codebook formats (IQ2_XXS ... IQ1_M: 4 bytes at byte 0 or 4 of an entry
+    of 4 or 8; IQ1's int8 table included), into one 4-byte vector load, and those of blocks of an even size (Q8_0,
+    Q4_0, Q5_0, IQ4_NL, Q3_K, Q6_K) into two 2-byte loads, in mul_mat, mul_mat_id (x shared; one row per slot) and
+    not in the grouped mul_mat_id (its weight loads are conditional); the rewritten definitions built for llvm give
+    the same outputs bit for bit. The rewrite only fires where the analyzer proves the offset's alignment (below)."""
     K = _k(ttype)
     funcs = _int_funcs(ttype, K)
     words = {n: word_loads.word_loads(f) for n, f in funcs.items()}
@@ -301,21 +311,53 @@ def test_word_loads_read_the_same_words(ttype):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)) and np.abs(a).max() > 0, name
 
 
+def test_signed_codebooks_have_no_zero_byte():
+    """int8._signed negates a grid byte g as (g ^ 0xFF) + 1 inside a 32-bit word, which carries into the next byte
+    for g = 0: every entry of the signed codebooks (gguf-py's tables, what the `.grid` buffers hold) is in 1 .. 127,
+    and the unsigned ones are exactly the formats without sign fields (IQ1_S / IQ1_M)."""
+    from nextn.common.quant import FORMATS
+
+    assert set(int8.SIGNED_GRID) | {"iq1_s", "iq1_m"} == {k for k, f in int8.FORMATS.items() if f.tables}
+    for kind in int8.SIGNED_GRID:
+        grid = dict(FORMATS[kind].tables())[".grid"]
+        assert grid.dtype == np.uint8 and grid.min() >= 1 and grid.max() <= 127, kind
+
+
+def test_signed_word_negates_bytes_by_bit():
+    """int8._signed on every 4-byte pattern of sign bits and grid bytes 1, 8, 43, 62, 127 against numpy's per-byte
+    negation, built for llvm."""
+    g = np.array([[1, 8, 43, 127], [62, 1, 127, 8]], np.uint8)
+    gw = g.view("<u4").reshape(-1)
+    signs = np.arange(256, dtype=np.uint8)
+    G = te.placeholder([tirx.IntImm(I64, len(gw))], "uint32", name="g")
+    S = te.placeholder([tirx.IntImm(I64, 256)], "uint8", name="s")
+    out = []
+    for bit0 in (0, 4):
+        out.append(te.compute((len(gw), 256), lambda i, j: int8._signed(G[i], S[j], bit0), name=f"y{bit0}"))
+    f = tvm.compile(_module({"f": te.create_prim_func([G, S, *out])}), target="llvm")["f"]
+    got = [tvm.runtime.empty((len(gw), 256), "int32") for _ in out]
+    f(tvm.runtime.tensor(gw), tvm.runtime.tensor(signs), *got)
+    for bit0, y in zip((0, 4), got):
+        neg = (signs[None, :, None] >> (bit0 + np.arange(4))[None, None, :]) & 1
+        want = np.where(neg == 1, -g.astype(np.int8)[:, None, :], g.astype(np.int8)[:, None, :])
+        assert np.array_equal(y.numpy().view(np.int8).reshape(len(gw), 256, 4), want), bit0
+
+
 def test_word_loads_need_a_provably_aligned_offset():
-    """The same Block.u32 read, annotated WORD_LOAD: at byte 2 + 4i of 34-byte blocks (Q8_0's qs) it stays 4 byte
-    loads, at byte 4 + 4i of 36-byte blocks it becomes one vector load; both read the little-endian words numpy
-    reads."""
+    """The same Block.u32 read, annotated WORD_LOAD: at byte 4 + 4i of 36-byte blocks it becomes one 4-byte vector
+    load, at byte 2 + 4i of 34-byte blocks (Q8_0's qs) two 2-byte loads, at byte 1 + 4i of 17-byte blocks (MXFP4's)
+    it stays 4 byte loads; all read the little-endian words numpy reads."""
     from nextn.compiler.lower.cuda.te import WORD_LOAD
     from nextn.compiler.quant.te import Block
 
-    for size, at in ((34, 2), (36, 4)):
+    for size, at, ramps in ((34, 2, 2), (36, 4, 1), (17, 1, 0)):
         raw = te.placeholder([tirx.IntImm(I64, 3), tirx.IntImm(I64, 4 * size)], "uint8", name="raw")
         # word j: block j // 4, bytes at + 4 (j % 4) .. + 3 of it
         y = te.compute((3, 16), lambda n, j: Block(raw, (n, j * 8), 32, size).u32(at + (j * 8) % 32 // 2),
                        name="y", attrs={WORD_LOAD: 1})
         f = te.create_prim_func([raw, y])
         g = word_loads.word_loads(f)
-        assert ("T.Ramp(" in g.script()) == (size == 36), size
+        assert g.script().count("T.Ramp(") == ramps, size
         data = np.random.default_rng(size).integers(0, 256, (3, 4 * size), dtype=np.uint8)
         offs = np.array([j // 4 * size + at + 4 * (j % 4) for j in range(16)])
         want = np.stack([data[:, o:o + 4].copy().view("<u4")[:, 0] for o in offs], 1)
@@ -399,9 +441,60 @@ def test_cuda_build_quantizes_the_matmuls_the_cpu_quantizes(compiled, quant):
         quant, {"q8", "q8_0"})
     assert {kinds[t] for t, v in gpu.items() if v} >= ({"iq2_s", "iq4_xs"} if quant == "IQ2_M" else set())
     m = json.load(open(os.path.join(gpu_dir, "manifest.json")))
-    assert m["gpu_kernels"] == {"activation_quant": "q8", "dot": "cuda"}
+    gk = m["gpu_kernels"]
+    assert (gk["activation_quant"], gk["dot"]) == ("q8", "cuda")
+    check_kernel_record(gk["kernels"], model)
     assert not CompileOptions.from_manifest(m).exact_matmul
     if quant in ("Q4_K_M", "Q8_0"):
         exact = compiled(f"g4-{quant}-cuda90-exact", model, target="cuda", arches=["sm_90"], exact_matmul=True)
         assert not any(_activations(exact).values())
         assert CompileOptions.from_manifest(json.load(open(os.path.join(exact, "manifest.json")))).exact_matmul
+
+
+def check_kernel_record(kernels: dict, model) -> None:
+    """The per-kernel record of a default (integer-route) sm_90 build (manifest `gpu_kernels.kernels`, or
+    kernel_report.kernel_summary of the scheduled module): every activation quantizer is `cuda:quantize`, a warp per
+    activation block in blocks of 4 warps, passed no weight; every matmul the GEMV's 4 warps per block; the LM head's
+    weight bytes are output.weight's bytes in the GGUF (with its tables for a codebook type), and its launch one
+    block per 4 weight rows (N / 4 blocks at T = 1), not one per output element."""
+    import gguf
+
+    from nextn.common.quant import FORMATS
+
+    t = {x.name: x for x in gguf.GGUFReader(model).tensors}["output.weight"]
+    kind = t.tensor_type.name.lower()
+    head = int(t.n_bytes) + (sum(a.nbytes for _s, a in FORMATS[kind].tables()) if kind in FORMATS else 0)
+    n_vocab = int(t.shape[-1])
+    quant = {k: v for k, v in kernels.items() if v["rule"] == "cuda:quantize"}
+    assert quant and all(v["weight_bytes"] == 0 and len(v["launches"]) == 1 and "block 32 × 4 (T=1: " in
+                         v["launches"][0] for v in quant.values()), quant
+    gemv_ = {k: v for k, v in kernels.items() if "mul_mat" in k}
+    assert gemv_ and all(v["rule"] == "cuda:gemv" and all("block 32 × 4 (T=1: " in ln for ln in v["launches"])
+                         for v in gemv_.values()), gemv_
+    heads = [v for v in gemv_.values() if v["weight_bytes"] == head]
+    assert heads and all(f"(T=1: {n_vocab // gemv.WARPS} × 128)" in ln for v in heads for ln in v["launches"]), heads
+
+
+@pytest.mark.slow
+def test_kernel_record_of_the_integer_route():
+    """kernel_report.kernel_summary (the manifest's `gpu_kernels.kernels`) of the IQ2_M fixture's default sm_90
+    module, scheduled without code generation (`check_kernel_record`), and the schedule report's text lines are its
+    launch texts."""
+    from conftest import FIXTURES
+    from nextn.compiler.graphs import SPLIT_L, build_graphs, weight_kinds
+    from nextn.compiler.kernel_report import kernel_report, kernel_summary
+    from nextn.compiler.loader.model_files import ModelFiles
+    from nextn.compiler.lower.pipeline import phases
+    from nextn.compiler.lower.to_relax import build_module
+    from nextn.schedules.gpu import ScheduleGPU, last_report
+
+    model = FIXTURES / "quants" / "tiny-glm4moe-IQ2_M.gguf"
+    mf = ModelFiles(str(model), None, load_mtp=False)
+    graphs = build_graphs(mf, mf.has_nextn)
+    mod = build_module(list(graphs.values()), weight_kinds(mf, graphs.values()), form="gpu", split_l=SPLIT_L,
+                       gpu_int8="cuda")
+    tgt = make_target("cuda", ["sm_90"])
+    with tgt:
+        for _name, passes in phases(tgt, ScheduleGPU(tgt, cuda.RULES))[:3]:
+            mod = tvm.transform.Sequential(passes)(mod)
+    check_kernel_record(kernel_summary(kernel_report(mod, last_report())), model)

@@ -69,6 +69,29 @@ def test_bundle_carries_the_runtime_only(bundle):
     assert sorted(os.listdir(b / "site" / "nextn")) == ["common", "runtime"]
     assert plan["host"]["python"] == "%d.%d" % sys.version_info[:2] and plan["needs"] == {}
     assert {"tvm", "tvm_ffi", "gguf", "numpy", "tokenizers"} <= set(plan["carries"])
+    assert bundle_builder.missing_inputs(str(b)) == []
+
+
+def test_missing_inputs_names_each_stage_and_path(tmp_path):
+    """bench/bundle.py `missing_inputs` on a bundle whose check lacks its model, its artifact's library and its
+    expectations, and whose `int8 kernels` stage lacks both files: exactly those, by stage; nothing once they exist."""
+    d = tmp_path
+    for sub in ("site", "art/a", "refs/f"):
+        (d / sub).mkdir(parents=True)
+    for m in ["run.py", *bundle_builder.BUNDLED_BENCH]:
+        (d / m).write_text("")
+    (d / "art/a/manifest.json").write_text(json.dumps({"libraries": [{"file": "model_cuda.so"}]}))
+    plan = {"checks": [{"name": "x", "model": "models/x.gguf", "reference": "refs/f", "artifact": "art/a",
+                        "expect": "refs/e"}], "int8_kernels": {"dir": "art/int8", "library": "l.so", "cases": "c.npz"}}
+    (d / "bundle.json").write_text(json.dumps(plan))
+    want = ["reference x: models/x.gguf", "reference x: art/a/model_cuda.so", "reference x: refs/e.json",
+            "reference x: refs/e.npz", "int8 kernels: art/int8/l.so", "int8 kernels: art/int8/c.npz"]
+    assert bundle_builder.missing_inputs(str(d)) == want
+    (d / "models").mkdir()
+    (d / "art/int8").mkdir()
+    for f in ("models/x.gguf", "art/a/model_cuda.so", "refs/e.json", "refs/e.npz", "art/int8/l.so", "art/int8/c.npz"):
+        (d / f).write_text("")
+    assert bundle_builder.missing_inputs(str(d)) == []
 
 
 def test_device_check_cpu_mode_in_a_runtime_only_interpreter(bundle, tmp_path):

@@ -50,16 +50,29 @@ def phases(target, schedule_pass, cuda_graph: bool = False):
 GPU_KINDS = ("cuda", "rocm")
 
 
-def _write_kernel_report(mod, dump_dir: str) -> None:
-    """DIR/kernel_report.json: per PrimFunc its schedule rule, launch shape and weight bytes
-    (compiler/kernel_report.py; the rule table alone is DIR/schedule_report.json)."""
+_KERNEL_REPORT: dict = {}   # the last GPU pipeline's kernel report (`last_kernel_report`)
+
+
+def last_kernel_report() -> dict:
+    """The kernel report (compiler/kernel_report.py `kernel_report`) of the last GPU module this process scheduled
+    (empty before any): the manifest's `gpu_kernels.kernels` (compiler/compile.py)."""
+    return dict(_KERNEL_REPORT)
+
+
+def _kernel_report(mod, dump_dir: str | None) -> None:
+    """Record the scheduled module's kernel report (per PrimFunc its schedule rule, launch shape and weight bytes)
+    and with `dump_dir` write it as DIR/kernel_report.json (the rule table alone is DIR/schedule_report.json)."""
     import json
 
     from nextn.compiler.kernel_report import kernel_report
     from nextn.schedules.gpu import last_report
 
-    with open(os.path.join(dump_dir, "kernel_report.json"), "w") as f:
-        json.dump(kernel_report(mod, last_report()), f, indent=1, sort_keys=True)
+    rep = kernel_report(mod, last_report())
+    _KERNEL_REPORT.clear()
+    _KERNEL_REPORT.update(rep)
+    if dump_dir:
+        with open(os.path.join(dump_dir, "kernel_report.json"), "w") as f:
+            json.dump(rep, f, indent=1, sort_keys=True)
 
 
 def check_device_module(mod, target) -> None:
@@ -100,8 +113,8 @@ def make_pipeline(target, schedule_pass, dump_dir: str | None = None, cuda_graph
                     os.makedirs(dump_dir, exist_ok=True)
                     with open(os.path.join(dump_dir, f"{i + 1}_{name}.py"), "w") as f:
                         f.write(mod.script())
-                    if name == "schedule" and target.kind.name in GPU_KINDS:
-                        _write_kernel_report(mod, dump_dir)
+                if name == "schedule" and target.kind.name in GPU_KINDS:
+                    _kernel_report(mod, dump_dir)
         return mod
 
     return _pipeline

@@ -170,8 +170,9 @@ class Fmt(NamedTuple):
     word: Callable
     scale: Callable   # (b, i: sub-block index in the block) -> float32
     low: Callable | None = None
-    # the word is 4 bytes of one field at a 4-byte-aligned offset of a block whose size is a multiple of 4 (so of
-    # every row and expert: device allocations are 256-byte aligned): the GEMV loads it as one 32-bit word
+    # the word's fields are 4 bytes at 4-byte-aligned offsets of a block whose size is a multiple of 4 (so of
+    # every row and expert: device allocations are 256-byte aligned): the GEMV loads each as one 32-bit word
+    # (word_loads.py, which proves it; blocks of an even size get two 16-bit loads, odd ones bytes)
     # (`WORD_LOAD`, gemv.py) instead of 4 bytes
     aligned: bool = False
     # `word(b, tensors)`: the word reads the format's table buffers too (the codebook formats' `.grid` / `.signs`)
@@ -213,24 +214,42 @@ def _legacy(has_min, has_high):
             q = _minus(q, 16 if has_high else 8)
         return tirx.reinterpret(I32, q)
 
-    # Q4_1: 20-byte blocks, qs at 4, one field: aligned words
+    # Q4_1 / Q5_1: 20 / 24-byte blocks, qh at 4, qs at 4 / 8: aligned words
     return Fmt(32, word, lambda b, i: b.f16(0), (lambda b, i: -b.f16(2)) if has_min else None,
-               aligned=has_min and not has_high)
+               aligned=has_min)
 
 
 def _table_word(table, at, shift):
     return lambda b: tirx.reinterpret(I32, _lut(_nibbles(b, at(b), shift(b)), table))
 
 
+def _grid_word(grid, start):
+    """uint32: grid bytes start .. start + 3 (4 weights of one codebook entry), little-endian, written as the OR of
+    4 byte loads that `word_loads` turns into one 32-bit load of the table where it proves `start` a multiple of 4
+    (entries of 4 or 8 bytes, words at entry byte 0 or 4: always). An int8 table (IQ1's -1 / 0 / 1) is read as
+    its bytes."""
+    out = None
+    for i in range(4):
+        v = grid(start + i)
+        if str(v.ty) != "uint8":
+            v = tirx.reinterpret("uint8", v)
+        v = v.astype("uint32")
+        out = v if out is None else out | (v << _uc(8 * i))
+    return out
+
+
 def _signed(g, sign_byte, bit0):
-    """int32 word of 4 signed bytes: uint8 expressions g[i] (0..127), negated where bit bit0 + i of uint8 sign_byte
-    is set."""
-    out = _uc(0)
-    for i, gi in enumerate(g):
-        v = gi.astype("uint32")
-        neg = ((sign_byte.astype("uint32") >> tirx.Cast("uint32", bit0 + i)) & _uc(1)) != _uc(0)
-        out = out | ((tirx.Select(neg, _uc(256) - v, v) & _uc(255)) << _uc(8 * i))
-    return tirx.reinterpret(I32, out)
+    """int32 word of 4 signed bytes: the bytes of uint32 g (each 1..127: every entry of the signed codebooks, see
+    `SIGNED_GRID`), negated where bit bit0 + i of sign_byte is set. m = 0xFF in the negated bytes, and
+    (g ^ m) + (m & 1) = 256 - g there, which fits its byte because g >= 1 (no carry into the next byte): ~10
+    integer operations per word instead of a select per byte (llama.cpp vecdotq.cuh: __vcmpne4 / __vsub4)."""
+    m = _spread(sign_byte.astype("uint32") >> tirx.Cast("uint32", bit0)) * _uc(0xFF)
+    return tirx.reinterpret(I32, (g ^ m) + (m & _uc(0x01010101)))
+
+
+# the codebooks whose entries `_signed` negates: every grid byte in 1 .. 127 (gguf-py's tables: IQ2 8 .. 43, IQ3_XXS
+# 4 .. 62, IQ3_S 1 .. 15; tests/test_cuda_int8.py checks it)
+SIGNED_GRID = ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s")
 
 
 def _codebook():
@@ -244,7 +263,7 @@ def _codebook():
     u32 = lambda v: v.astype("int32")   # noqa: E731
 
     def entry(grid, gi, width, j0):   # the 4 grid bytes j0 .. j0 + 3 of entry gi (width bytes per entry)
-        return [grid(u32(gi) * width + j0 + i) for i in range(4)]
+        return _grid_word(grid, u32(gi) * width + j0)
 
     def iq2_xxs(b, t):
         _raw, grid, signs = t
@@ -286,12 +305,7 @@ def _codebook():
 
     def iq1(parts):   # IQ1_S / IQ1_M: int8 grid values -1, 0, 1; w = dl · q + dl · delta, so low = -(dl · delta)
         def word(b, t):
-            gi = parts(b)[0]
-            out = _uc(0)
-            for i in range(4):
-                g = tirx.reinterpret("uint8", t[1](gi * 8 + b.e % 8 + i)).astype("uint32")
-                out = out | (g << _uc(8 * i))
-            return tirx.reinterpret(I32, out)
+            return tirx.reinterpret(I32, _grid_word(t[1], parts(b)[0] * 8 + b.e % 8))
 
         def low(b, i):
             _gi, dl, negative = parts(b)
@@ -349,7 +363,7 @@ def _formats():
         "q4_k": Fmt(32, _q45k_word("q4_k"), lambda b, i: k_quants.q45k_factors(b, i)[0],
                     lambda b, i: k_quants.q45k_factors(b, i)[1], aligned=True),
         "q5_k": Fmt(32, _q45k_word("q5_k"), lambda b, i: k_quants.q45k_factors(b, i)[0],
-                    lambda b, i: k_quants.q45k_factors(b, i)[1]),
+                    lambda b, i: k_quants.q45k_factors(b, i)[1], aligned=True),
         "q6_k": Fmt(16, _q6k_word, k_quants.q6k_factor),
         **_codebook(),
     }
@@ -375,11 +389,12 @@ def _stages(w, lead, weight_lead, keep=None):
     def blk(i, k):   # i = (*lead, n)
         return Block(w.tensors[0], (*weight_lead(*i[:-1]), i[-1], k), layout.block, layout.type_size)
 
-    # aligned words as 32-bit loads (word_loads.py); not under `keep`: a copy of the bytes ahead of the branch would
-    # load the weight of a pair that leads no group
+    # the weight's words (and the codebook formats' grid words) as 32-bit loads where aligned, else 16-bit pairs
+    # where even (word_loads.py); not under `keep`: a copy of the bytes ahead of the branch would load the weight of
+    # a pair that leads no group
     word = (lambda b: f.word(b, w.tensors)) if f.tables else f.word
     words = te.compute((*lead, N, K // 4), lambda *i: kept(i, word(blk(i[:-1], i[-1] * 4)), _c(0)), name=DEQUANT,
-                       attrs={WORD_LOAD: 1} if f.aligned and keep is None else None)
+                       attrs={WORD_LOAD: 1} if keep is None else None)
     shape = (*lead, N, K // f.sub)
     zero = _c(0.0, F32)
     per_block = layout.block // f.sub

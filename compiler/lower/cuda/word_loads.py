@@ -1,6 +1,6 @@
 """The integer route's aligned weight words as one 4-byte load (CUDA: a 32-bit load) instead of 4 byte loads OR-ed
-together: a TIR rewrite of DEQUANT blocks that int8.py marks WORD_LOAD (`Fmt.aligned`), applied by the GEMV schedule
-(gemv.py) before it schedules. Its own module so that gemv.py and int8.py do not import each other."""
+together: a TIR rewrite of DEQUANT blocks that int8.py marks WORD_LOAD (`Fmt.aligned`, `Fmt.tables`), applied by the
+GEMV schedule (gemv.py) before it schedules. Its own module so that gemv.py and int8.py do not import each other."""
 from __future__ import annotations
 
 from tvm import tirx
@@ -8,7 +8,8 @@ from tvm import tirx
 
 def _byte_terms(e):
     """[(load, shift)] of an OR tree of `Cast(uint32, uint8 load) << shift` terms (Block.u32's form), or None."""
-    from tvm.ir.expr import TensorLoad   # what tirx.BufferLoad builds
+    from tvm.ir import Op
+    from tvm.ir.expr import Call, TensorLoad   # TensorLoad: what tirx.BufferLoad builds
     from tvm.ir.prim.expr import BitwiseOr, Cast, LShift
 
     if isinstance(e, BitwiseOr):
@@ -17,9 +18,15 @@ def _byte_terms(e):
     shift = 0
     if isinstance(e, LShift) and isinstance(e.b, tirx.IntImm):
         e, shift = e.a, int(e.b.value)
-    if isinstance(e, Cast) and str(e.ty) == "uint32" and isinstance(e.value, TensorLoad) \
-            and str(e.value.ty) == "uint8":
-        return [(e.value, shift)]
+    if not (isinstance(e, Cast) and str(e.ty) == "uint32"):
+        return None
+    v = e.value
+    if isinstance(v, TensorLoad) and str(v.ty) == "uint8":
+        return [(v, shift)]
+    # an int8 table's byte (int8.py _grid_word): Cast(uint32, reinterpret(uint8, int8 load))
+    if isinstance(v, Call) and v.op.same_as(Op.get("tirx.reinterpret")) and str(v.ty) == "uint8" \
+            and isinstance(v.args[0], TensorLoad) and str(v.args[0].ty) == "int8":
+        return [(v.args[0], shift)]
     return None
 
 
@@ -38,11 +45,21 @@ def _as_word(e, analyzer):
         if not same or not analyzer.can_prove_equal(ld.indices[-1] - first.indices[-1], i):
             return e
     last = first.indices[-1]
+    row = int(first.source.shape[-1])
+
+    def vec(at, n, dtype):
+        ramp = tirx.Ramp(at, tirx.const(1, str(last.ty)), n)
+        return tirx.reinterpret(dtype, tirx.BufferLoad(first.source, [*first.indices[:-1], ramp]))
+
     # 4-byte aligned: rows of whole words and a word offset in the row (the buffer's base: a device allocation)
-    if int(first.source.shape[-1]) % 4 or not analyzer.can_prove_equal(tirx.floormod(last, 4), 0):
-        return e
-    ramp = tirx.Ramp(last, tirx.const(1, str(last.ty)), 4)
-    return tirx.reinterpret("uint32", tirx.BufferLoad(first.source, [*first.indices[:-1], ramp]))
+    if row % 4 == 0 and analyzer.can_prove_equal(tirx.floormod(last, 4), 0):
+        return vec(last, 4, "uint32")
+    # 2-byte aligned (blocks of an even size: Q8_0's 34, Q4_0's 18, Q6_K's 210 ...): two 16-bit loads, as llama.cpp's
+    # get_int_b2 reads them
+    if row % 2 == 0 and analyzer.can_prove_equal(tirx.floormod(last, 2), 0):
+        lo = vec(last, 2, "uint16").astype("uint32")
+        return lo | (vec(last + 2, 2, "uint16").astype("uint32") << tirx.const(16, "uint32"))
+    return e
 
 
 def word_loads(func: tirx.PrimFunc) -> tirx.PrimFunc:
