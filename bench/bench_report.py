@@ -2,6 +2,7 @@
 files in turn with the report written after each, and the peer's tools."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
@@ -95,8 +96,9 @@ def peer_tools(names, log, who: str) -> dict:
 
 def saved_report(path: str, summarize) -> dict:
     """A report written by a bench's --output, each file summarized again from its saved rounds by `summarize`
-    (so a report of an older tree reads with today's table)."""
-    with open(path) as f:
+    (so a report of an older tree reads with today's table). A `.gz` path is read through gzip: the reports kept in
+    bench/reports are stored compressed, since every tracked byte travels with each device run (bench/bundle.py)."""
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         report = json.load(f)
     for e in report["files"]:
         e["summary"] = summarize(e)

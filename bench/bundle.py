@@ -60,7 +60,12 @@ HOSTS = {
     "h200": {"implementation": "cpython", "python": "3.12", "soabi": "cpython-312-x86_64-linux-gnu",
              "machine": "x86_64", "needs": dict(HOST_PACKAGES)},
 }
-TVM_TRIM = ["3rdparty", "include", "src", "web", "lib64", "lib/libtvm_compiler.so", "lib/libtvm_runtime_extra.so"]
+TVM_TRIM = ["3rdparty", "include", "src", "web", "lib64", "lib/libtvm_compiler.so", "lib/libtvm_runtime_extra.so",
+            # Python packages the runtime never imports (checked: sys.modules after a load and a generation), cut
+            # for the 64 MiB carry limit: the model importers, TVM's own test / benchmark helpers, other backends
+            "relax/frontend/onnx", "relax/frontend/torch", "relax/frontend/tflite", "relax/frontend/stablehlo",
+            "relax/frontend/nn/llm", "topi/testing", "contrib/cutlass", "contrib/hexagon", "s_tir/meta_schedule/testing",
+            "s_tir/dlight/benchmark", "relax/backend/contrib/example_npu"]
 FFI_TRIM = ["3rdparty", "include", "src", "cython", "stub", "share", "cmake"]
 TVM_FFI_PIN = "apache-tvm-ffi==0.1.14.post1"
 # bench/ modules the bundle carries beside run.py: the device check and what it imports.
@@ -381,12 +386,42 @@ def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",),
             plan["realwidth_spec"].append(dict(rw, artifact=f"art/spec-{rw['name']}"))
         else:
             plan["realwidth_spec"].append(realwidth_slice(out, rw, target, arches, prebuilt))
+    strip_libraries(out)
     shutil.copy2(os.path.join(ROOT, "bench", "bundle_run.py"), os.path.join(out, "run.py"))
     for mod in BUNDLED_BENCH:
         shutil.copy2(os.path.join(ROOT, "bench", mod), os.path.join(out, mod))
     with open(os.path.join(out, "bundle.json"), "w") as f:
         json.dump(plan, f, indent=1)
     return plan
+
+
+def strip_libraries(out: str) -> int:
+    """Strip the static symbol tables and debug info (`strip --strip-unneeded`) of every library under out/art, and
+    record each artifact's stripped files' sha256 and size in its manifest (the runtime refuses a library the manifest does not
+    vouch for). The runtime finds its functions through the dynamic symbol table, which strip keeps. On the
+    2026-12-06 bundle: 4.3 MiB less unpacked, 0.4 MiB less in the archive (glm4moe Q8_0 sm_90: 1.40 -> 1.04 MB), what
+    the 64 MiB carry limit needed. Returns the bytes saved; 0 without a `strip` program."""
+    from nextn.common.manifest import MANIFEST, library_entry
+
+    tool = shutil.which("strip")
+    if not tool:
+        log("bundle: no `strip` program; artifacts carried with their symbol tables")
+        return 0
+    saved = 0
+    for path in sorted(glob.glob(os.path.join(out, "art", "**", "*.so"), recursive=True)):
+        before = os.path.getsize(path)
+        subprocess.run([tool, "--strip-unneeded", path], check=True)
+        saved += before - os.path.getsize(path)
+    for man_path in sorted(glob.glob(os.path.join(out, "art", "*", MANIFEST))):
+        art = os.path.dirname(man_path)
+        with open(man_path) as f:
+            man = json.load(f)
+        man["libraries"] = [library_entry(os.path.join(art, lib["file"]), lib.get("arches", []))
+                            for lib in man.get("libraries", [])]
+        with open(man_path, "w") as f:
+            json.dump(man, f, indent=1)
+    log(f"bundle: stripped the artifacts' libraries: {saved / 2**20:.1f} MiB less")
+    return saved
 
 
 def place_link(out: str, rel: str, repo_rel: str, src: str) -> str:

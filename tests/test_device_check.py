@@ -72,6 +72,37 @@ def test_bundle_carries_the_runtime_only(bundle):
     assert bundle_builder.missing_inputs(str(b)) == []
 
 
+def elf_section_names(path) -> set:
+    """The section names of 64-bit little-endian ELF file `path`, read from its section header table (ELF spec,
+    e_shoff / e_shentsize / e_shnum / e_shstrndx), independently of binutils."""
+    import struct
+
+    data = open(path, "rb").read()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    strtab = headers[shstrndx][4]
+    return {data[strtab + h[0]:data.index(b"\0", strtab + h[0])].decode() for h in headers}
+
+
+def test_bundle_libraries_are_stripped_and_still_vouched_for(bundle):
+    """strip_libraries: no static symbol table left in a bundled artifact's library (what the 64 MiB carry limit
+    needed), each manifest's sha256 / size are the stripped file's (read_manifest refuses anything else), and the
+    dynamic symbols the runtime looks functions up by are still there."""
+    from nextn.common.manifest import read_manifest
+
+    b, _ = bundle
+    libs = sorted((b / "art").glob("**/*.so"))
+    assert libs
+    for lib in libs:
+        names = elf_section_names(lib)
+        assert ".dynsym" in names and ".symtab" not in names, lib
+    for man in sorted((b / "art").glob("*/manifest.json")):
+        for rec in read_manifest(str(man.parent))["libraries"]:
+            assert rec["size"] == os.path.getsize(man.parent / rec["file"])
+
+
 def test_missing_inputs_names_each_stage_and_path(tmp_path):
     """bench/bundle.py `missing_inputs` on a bundle whose check lacks its model, its artifact's library and its
     expectations, and whose `int8 kernels` stage lacks both files: exactly those, by stage; nothing once they exist."""
