@@ -121,9 +121,13 @@ def _int_tile_chunked(kern, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
     per_row(store)
 
 
+# A verify of up to this many rows (n_max 7) goes through the weight as one row group (`group_sizes`)
+ONE_PASS_ROWS = 8
+
+
 def group_sizes(group: int) -> list[int]:
-    """The group sizes a tile's rows go through: `group`, then the powers of two below it and 3, down to 1 (the
-    rows left over from the larger groups, greedily), so a verify of a few rows still shares each tile pass: 3
-    rows (2 drafts) as one group, not 2 + 1 (which decodes each weight block twice)."""
-    below = {1 << i for i in range(group.bit_length()) if 1 << i < group} | ({3} if group > 3 else set())
-    return [group] + sorted(below, reverse=True)
+    """The group sizes a tile's rows go through: `group`, then every size below it up to ONE_PASS_ROWS, down to 1
+    (the rows left over from the larger groups, greedily), so a verify of up to ONE_PASS_ROWS rows (n_max 7) that
+    `group` covers decodes each weight block once: 5 rows as one group, not 4 + 1 (a second pass over the weight,
+    bench/verify_rows.py). Each size is one more body in the kernel (compile time; docs/performance.md)."""
+    return [group] + list(range(min(group - 1, ONE_PASS_ROWS), 0, -1))
