@@ -19,8 +19,8 @@ other jobs take from it is not counted), per call averaged over the copies, the 
 which every configuration runs in turn (interleaved: they see the same drift). --against REV: also the kernels of
 git revision REV's compiler/lower/x86 (bench/x86_rows.py's x86_at), interleaved, and the ratio REV ÷ this tree.
 --variant KNOBS (repeatable): also this tree's verify kernel with these knob overrides on top of --knobs (e.g.
-fit_kb=96: K whole where a row group's activations pass the L1), interleaved, and the ratio of the first kernel
-(REV's, else this tree's) ÷ each.
+fit_kb=96: K whole where a row group's activations pass the L1; x_chunk_kb=N, not a knob, sets
+tiles.X_CHUNK_BYTES for that kernel), interleaved, and the ratio of the first kernel (REV's, else this tree's) ÷ each.
 """
 from __future__ import annotations
 
@@ -61,8 +61,16 @@ def build(m, tgt, width, vnni, ttype, op, N, K, X, rows, kw):
                         op != "matmul_id_slots", n_w)
     # compile's defaults for the target (an older tree's default_knobs may not take the L1 size)
     l1d = (m.l1d_kb(tgt),) if hasattr(m, "l1d_kb") else ()
+    kw = dict(kw)
+    chunk_kb = kw.pop("x_chunk_kb", None)
     knobs = dataclasses.replace(m.default_knobs(spec, width, *l1d), **kw)
-    f = spec.build(knobs, vnni)
+    saved = m.tiles.X_CHUNK_BYTES
+    if chunk_kb is not None:    # not a knob: the module constant, for this build only
+        m.tiles.X_CHUNK_BYTES = chunk_kb << 10
+    try:
+        f = spec.build(knobs, vnni)
+    finally:
+        m.tiles.X_CHUNK_BYTES = saved
     return tvm.compile(tvm.IRModule({"main": f}), target=tgt).mod["main"], knobs
 
 
