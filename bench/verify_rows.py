@@ -3,7 +3,7 @@ shapes: each kernel's time at T rows ÷ the one-row decode kernel's, next to byt
 
     TVM_NUM_THREADS=1 python bench/verify_rows.py [--cases exps_gate_up,exps_down,attn_o,ffn_down,lm_head]
         [--rows 1,2,3,4] [--distinct 8,16,32] [--repeat 7] [--stream-mb 400] [--knobs w_rows=2,tile_n=8]
-        [--against REV]
+        [--against REV] [--variant fit_kb=64 ...]
 
 The decode kernel is the one-row kernel a model's decode entry runs (KernelSpec rows=1), the verify kernel the
 symbolic-row one its verify / prefill entries run (rows=None), each with `default_knobs` as compile picks them
@@ -18,6 +18,9 @@ Timing: CPU time of the process (`time.process_time`: with one TVM thread, the k
 other jobs take from it is not counted), per call averaged over the copies, the minimum over --repeat rounds in
 which every configuration runs in turn (interleaved: they see the same drift). --against REV: also the kernels of
 git revision REV's compiler/lower/x86 (bench/x86_rows.py's x86_at), interleaved, and the ratio REV ÷ this tree.
+--variant KNOBS (repeatable): also this tree's verify kernel with these knob overrides on top of --knobs (e.g.
+fit_kb=96: K whole where a row group's activations pass the L1; x_chunk_kb=N, not a knob, sets
+tiles.X_CHUNK_BYTES for that kernel), interleaved, and the ratio of the first kernel (REV's, else this tree's) ÷ each.
 """
 from __future__ import annotations
 
@@ -58,8 +61,16 @@ def build(m, tgt, width, vnni, ttype, op, N, K, X, rows, kw):
                         op != "matmul_id_slots", n_w)
     # compile's defaults for the target (an older tree's default_knobs may not take the L1 size)
     l1d = (m.l1d_kb(tgt),) if hasattr(m, "l1d_kb") else ()
+    kw = dict(kw)
+    chunk_kb = kw.pop("x_chunk_kb", None)
     knobs = dataclasses.replace(m.default_knobs(spec, width, *l1d), **kw)
-    f = spec.build(knobs, vnni)
+    saved = m.tiles.X_CHUNK_BYTES
+    if chunk_kb is not None:    # not a knob: the module constant, for this build only
+        m.tiles.X_CHUNK_BYTES = chunk_kb << 10
+    try:
+        f = spec.build(knobs, vnni)
+    finally:
+        m.tiles.X_CHUNK_BYTES = saved
     return tvm.compile(tvm.IRModule({"main": f}), target=tgt).mod["main"], knobs
 
 
@@ -78,9 +89,15 @@ def main():
     ap.add_argument("--stream-mb", type=int, default=400)
     ap.add_argument("--knobs", default="", help="verify kernel knob overrides, e.g. w_rows=2,tile_n=8")
     ap.add_argument("--against", metavar="REV")
+    ap.add_argument("--variant", action="append", default=[], metavar="KNOBS",
+                    help="another verify kernel of this tree with these knob overrides (repeatable)")
     a = ap.parse_args()
-    kw = {k: int(v) for k, v in (p.split("=") for p in a.knobs.split(",") if p)}
-    impls = [(a.against, x86_at(a.against)), ("this", x86)] if a.against else [("this", x86)]
+    def parse(knobs):
+        return {k: int(v) for k, v in (p.split("=") for p in knobs.split(",") if p)}
+
+    kw = parse(a.knobs)
+    impls = ([(a.against, x86_at(a.against), kw)] if a.against else []) + [("this", x86, kw)] \
+        + [(f"this[{v}]", x86, {**kw, **parse(v)}) for v in a.variant]
     tgt = make_target("llvm")
     width = x86.vector_width(tgt)
     vnni = x86.has_vnni(tgt, width)
@@ -92,9 +109,9 @@ def main():
         fmt = by_ggml_type(ttype)
         n_w = 2 if op == "matmul_id" else 1
         kernels = []    # (impl label, decode fn, verify fn)
-        for label, m in impls:
+        for label, m, kw_m in impls:
             dec, _ = build(m, tgt, width, vnni, ttype, op, N, K, X, 1, {})
-            ver, knobs = build(m, tgt, width, vnni, ttype, op, N, K, X, None, kw)
+            ver, knobs = build(m, tgt, width, vnni, ttype, op, N, K, X, None, kw_m)
             kernels.append((label, dec, ver))
             print(f"{name} ({tensor}, {ttype} {N}x{K}{f' X{X}' if X else ''}) {label}: verify knobs {knobs}")
         if X:
@@ -135,13 +152,13 @@ def main():
         dec_ms = {k: best[j] * 1e3 for j, c in enumerate(configs) if c[2] == "decode" for k in [c[3]]}
         print("| kernel | T | distinct experts | " + " | ".join(
             f"{lab} ms | {lab} ÷ decode" for lab, _, _ in kernels) + " | bytes(T) ÷ bytes(1) |"
-              + (f" {a.against} ÷ this |" if a.against else ""))
+              + "".join(f" {kernels[0][0]} ÷ {lab} |" for lab, _, _ in kernels[1:]))
         by = {}
         for j, c in enumerate(configs):
             by.setdefault((c[0], c[1], c[2]), {})[c[3]] = best[j] * 1e3
         for (R, D, which), per in by.items():
             cells = " | ".join(f"{per[k]:.2f} | {per[k] / dec_ms[k]:.2f}" for k in range(len(kernels)))
-            ratio = f" {per[0] / per[1]:.2f} |" if a.against else ""
+            ratio = "".join(f" {per[0] / per[k]:.2f} |" for k in range(1, len(kernels)))
             print(f"| {name} {which} | {R} | {D if X else '-'} | {cells} | {D / N_USED if X else 1:.2f} |{ratio}",
                   flush=True)
         del ws

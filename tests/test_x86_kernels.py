@@ -305,34 +305,54 @@ def test_weight_row_blocks(kind, w_rows, tile_n):
         assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), t
 
 
-KQUANT_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).block == 256 and x86.format_of(k).acts == "q8"
-                      and x86.format_of(k).path is x86.format_of("q4_k").path)   # Q2_K .. Q6_K
-
-
 @pytest.mark.e2e
-@pytest.mark.parametrize("R", [1, 2, 3, 4])
-@pytest.mark.parametrize("kind", KQUANT_KINDS)
-def test_kquant_verify_rows(kind, R):
-    """A verify's few rows through the K-quants' row-count kernel with the knobs compile gives it
-    (x86.default_knobs: two weight rows per register block at 64 bytes, the row left over from the VNNI pairs
-    as a cross pair over them, kquant.kquant_rows), N = 37 off the tile and off the block: against float64 numpy,
-    and every row bitwise equal to the one-row decode kernel's (lossless speculation), K whole (2 blocks) and in
-    chunks (fit_kb 32 with 17 blocks per row at 3 and 4 rows)."""
+@pytest.mark.parametrize("kind,exact", PATHS, ids=PATH_IDS)
+def test_verify_rows(kind, exact):
+    """A verify of 1..8 rows (n_max up to 7) through the row-count kernel with the knobs compile gives it
+    (x86.default_knobs: row_group 8, so each count is one row group, tiles.group_sizes; the K-quants' and IQ4_XS's
+    two weight rows per register block at 64 bytes with an odd row as a cross pair, kquant.kquant_rows), N = 37 off
+    the tile and off the block: against float64 numpy, and every row bitwise equal to the one-row decode kernel's
+    (lossless speculation), K whole and, at fit_kb 32, K long enough that the larger groups of the integer paths
+    go through it in chunks (the 256-blocks from 8 rows, Q8_0 .. MXFP4 and NVFP4 from 5, tiles._int_tile_chunked)."""
     N = 37
+    fmt = x86.format_of(kind, exact)
     vnni = x86.has_vnni(TARGET, WIDTH)
-    for units in (2, 17):
-        K = 256 * units
+    long_k = 6400 if fmt.block == 64 else 256 * 17 + (96 if fmt.block == 32 else 0)   # NVFP4: 100 blocks of 64
+    for K in (k_of(kind, exact),) + ((long_k,) if fmt.acts != "f32" else ()):
         w, wf = random_weight(kind, (), N, K)
-        acts, xf = activations(kind, RNG.standard_normal((R, K)).astype(np.float32))
-        spec = x86.KernelSpec("matmul", kind, N, K, None)
+        spec = x86.KernelSpec("matmul", kind, N, K, None, exact=exact)
         knobs = dataclasses.replace(x86.default_knobs(spec, WIDTH), fit_kb=32)
-        (y,) = run(build(spec.build(knobs, vnni)), w, *acts, outs=[(R, N)])
-        assert rel(y, xf @ wf.T) < 1e-5
-        one = x86.KernelSpec("matmul", kind, N, K, 1)
-        fn = build(one.build(x86.default_knobs(one, WIDTH), vnni))
-        for t in range(R):
-            (y1,) = run(fn, w, *[a[t:t + 1] for a in acts], outs=[(1, N)])
-            assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), (K, t)
+        assert knobs.row_group >= 8
+        ver = build(spec.build(knobs, x86.has_vnni(TARGET, knobs.width)))
+        one = x86.KernelSpec("matmul", kind, N, K, 1, exact=exact)
+        knobs1 = x86.default_knobs(one, WIDTH)
+        dec = build(one.build(knobs1, x86.has_vnni(TARGET, knobs1.width)))
+        for R in range(1, 9):
+            acts, xf = activations(kind, RNG.standard_normal((R, K)).astype(np.float32), exact)
+            (y,) = run(ver, w, *acts, outs=[(R, N)])
+            assert rel(y, xf @ wf.T) < 1e-5, (K, R)
+            for t in range(R):
+                (y1,) = run(dec, w, *[a[t:t + 1] for a in acts], outs=[(1, N)])
+                assert np.array_equal(y1[0].view(np.uint32), y[t].view(np.uint32)), (K, R, t)
+
+
+def test_group_sizes_take_a_verify_in_one_group():
+    """tiles.group_sizes: every row count up to 8 (a verify at n_max 1..7) is one group of the default row_group,
+    so each weight block is decoded once per call; larger counts go in groups of 8, then one group of the rest;
+    a smaller row_group (a tuning log's 2 or 4) keeps its own size as the largest."""
+    from nextn.compiler.lower.x86.tiles import group_sizes
+
+    def split(T, group):        # the loop nest of tiles.tile: greedy, largest first
+        out = []
+        for size in group_sizes(group):
+            out += [size] * (T // size)
+            T %= size
+        assert T == 0
+        return out
+
+    assert [split(T, x86.Knobs().row_group) for T in range(1, 9)] == [[T] for T in range(1, 9)]
+    assert split(13, 8) == [8, 5] and split(24, 8) == [8, 8, 8]
+    assert split(7, 4) == [4, 3] and split(5, 2) == [2, 2, 1] and group_sizes(1) == [1]
 
 
 def _dot_kernel(width, scaled, vnni, n):

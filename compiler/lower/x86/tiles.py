@@ -46,8 +46,8 @@ def tile_rows(kern, fmt, nt, tile_n, N, body, W=None):
 
 def tile(kern, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: n):
     """Weight tile nt against `count` activation rows: full groups of `group` rows, then the rest in smaller
-    groups (`group_sizes`), the tile's weight rows in register blocks (`tile_rows`). row_of(i) / out_of(i, n):
-    activation row / output index of the i-th row; wrow(n): the weight row."""
+    groups (`group_sizes`: one group up to 8 rows), the tile's weight rows in register blocks (`tile_rows`).
+    row_of(i) / out_of(i, n): activation row / output index of the i-th row; wrow(n): the weight row."""
     def each_row(make):
         if fmt.path.unit_blocks and _units_in(kern, len(make()), kern.fit_bytes) < _chunk_units(kern, fmt):
             return _int_tile_chunked(kern, fmt, nt, tile_n, N, make, row_of, out_of, wrow)
@@ -59,14 +59,37 @@ def tile(kern, fmt, nt, tile_n, N, count, group, row_of, out_of, wrow=lambda n: 
                   [[out_of(i, n) for i in idx] for n in ns], pt)
         tile_rows(kern, fmt, nt, tile_n, N, body)
 
-    start = 0
-    for size in group_sizes(group):
-        n = (count - start) // size
-        if not isinstance(n, int):
-            n = T.Bind(n)
-        with T.serial(0, n) as g:
-            each_row(lambda: [start + g * size + r for r in range(size)])
-        start = start + n * size
+    # full groups, then the rest (< group rows) by its value: one branch per value, each its greedy split
+    # (`group_sizes`); a chain of greedy loops would nest each size's start in the next one's, an expression that
+    # doubles per size once the simplifier substitutes the bound values (minutes of compile at 8 sizes)
+    sizes = group_sizes(group)
+    n_full = count // group if isinstance(count, int) else T.Bind(count // group)
+    with T.serial(0, n_full) as g:
+        each_row(lambda: [g * group + r for r in range(group)])
+    base = n_full * group if isinstance(count, int) else T.Bind(n_full * group)
+    rest = count - base if isinstance(count, int) else T.Bind(count - base)
+    for v in range(1, group):
+        def split(v=v):
+            off = 0
+            for size in _greedy(v, sizes[1:]):
+                each_row(lambda off=off, size=size: [base + off + r for r in range(size)])
+                off += size
+        if isinstance(rest, int):
+            if rest == v:
+                split()
+            continue
+        with T.If(rest == v):
+            with T.Then():
+                split()
+
+
+def _greedy(v: int, sizes: list[int]) -> list[int]:
+    """v rows as groups of `sizes` (descending, ending in 1), largest first."""
+    out = []
+    for size in sizes:
+        out += [size] * (v // size)
+        v %= size
+    return out
 
 
 # A row group whose int8 activations fit kern.fit_bytes (Knobs.fit_kb: the L1 data cache) reads K whole; a larger
@@ -121,9 +144,13 @@ def _int_tile_chunked(kern, fmt, nt, tile_n, N, make, row_of, out_of, wrow):
     per_row(store)
 
 
+# A verify of up to this many rows (n_max 7) goes through the weight as one row group (`group_sizes`)
+ONE_PASS_ROWS = 8
+
+
 def group_sizes(group: int) -> list[int]:
-    """The group sizes a tile's rows go through: `group`, then the powers of two below it and 3, down to 1 (the
-    rows left over from the larger groups, greedily), so a verify of a few rows still shares each tile pass: 3
-    rows (2 drafts) as one group, not 2 + 1 (which decodes each weight block twice)."""
-    below = {1 << i for i in range(group.bit_length()) if 1 << i < group} | ({3} if group > 3 else set())
-    return [group] + sorted(below, reverse=True)
+    """The group sizes a tile's rows go through: `group`, then every size below it up to ONE_PASS_ROWS, down to 1
+    (the rows left over from the larger groups, greedily), so a verify of up to ONE_PASS_ROWS rows (n_max 7) that
+    `group` covers decodes each weight block once: 5 rows as one group, not 4 + 1 (a second pass over the weight,
+    bench/verify_rows.py). Each size is one more body in a row-count kernel (`tile`: one branch per rest)."""
+    return [group] + list(range(min(group - 1, ONE_PASS_ROWS), 0, -1))
