@@ -84,6 +84,14 @@ def cell_rows(dims, n_cells: int) -> int | None:
     return None
 
 
+def held_rows(dims, buffer_rows: int, n_cells: int) -> int:
+    """Leading rows of a state buffer (recorded `dims`, `buffer_rows` rows) that carry cells [0, n_cells):
+    `cell_rows`, at most the buffer's; the whole buffer for a state that is not position-indexed. What `read_cells`
+    reads, a slot file holds and the prompt cache prices."""
+    rows = cell_rows(dims, n_cells)
+    return buffer_rows if rows is None else min(rows, buffer_rows)
+
+
 def _rows_view(t, rows: int):
     """The first `rows` rows of device buffer `t` as a buffer of its own, sharing `t`'s memory (a byte-offset-0
     view: rows [0, rows) of a C-contiguous buffer are one contiguous prefix), so a copy moves those rows only."""
@@ -99,8 +107,7 @@ def read_cells(states: dict, dims: dict, n_cells: int) -> dict:
     grows with the tokens held, not with the context size."""
     out = {}
     for k, v in states.items():
-        rows = cell_rows(dims[k], n_cells)
-        rows = int(v.shape[0]) if rows is None else min(rows, int(v.shape[0]))
+        rows = held_rows(dims[k], int(v.shape[0]), n_cells)
         # rows 0: a one-row read sliced to none, for the host dtype and shape
         out[k] = _rows_view(v, max(rows, 1)).numpy()[:rows]
     return out

@@ -89,7 +89,7 @@ class PromptCache:
             return False
         n = cells_held(slot)
         dims = state.state_dims(slot.seq.model.entries)
-        est = sum(int(np.prod(v.shape[1:])) * (state.cell_rows(dims[k], n) or int(v.shape[0])) * itemsize(v.dtype)
+        est = sum(int(np.prod(v.shape[1:])) * state.held_rows(dims[k], int(v.shape[0]), n) * itemsize(v.dtype)
                   for k, v in slot.seq.states.items()) if self.limit is not None else 0
         if self.limit is not None and est > self.limit:
             self.log(f"nextn serve: prompt cache: slot {slot.id}'s state ({est / MIB:.3f} MiB) exceeds --cache-ram "

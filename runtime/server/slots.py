@@ -192,7 +192,7 @@ class Slot:
         rows = {k[len("state."):]: v for k, v in data.items() if k.startswith("state.")}
         if n > self.n_ctx:
             raise ApiError(f"slot file {name!r} holds {n} cells; slot {self.id} has {self.n_ctx}")
-        want = {k: ((state.cell_rows(dims[k], n) or int(v.shape[0]),) + tuple(int(d) for d in v.shape[1:]),
+        want = {k: ((state.held_rows(dims[k], int(v.shape[0]), n),) + tuple(int(d) for d in v.shape[1:]),
                     itemsize(v.dtype)) for k, v in states.items()}
         have = {k: (tuple(a.shape), a.dtype.itemsize) for k, a in rows.items()}
         if want != have:
