@@ -628,3 +628,11 @@ def test_slot_file_holds_the_cached_rows_and_refuses_other_models(tmp_path):
             b.restore(str(tmp_path / f"{name}.npz"))
         assert e.value.status == 400, name
         assert b.cache == toks and b.n_mtp == 102, name
+    # an empty slot's file holds no rows of the position-indexed state and restores to an empty cache
+    _, e = slot(2, 4096)
+    e.cache, e.n_mtp = [], 0
+    m = e.save(str(tmp_path / "empty.npz"))
+    with np.load(tmp_path / "empty.npz") as z:
+        assert z["state.k.0"].shape == (0, 64) and z["tokens"].size == 0 and z["state.rs"].shape == (2, 8)
+    assert b.restore(str(tmp_path / "empty.npz")) == m
+    assert b.cache == [] and b.n_mtp == 0
