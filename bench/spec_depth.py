@@ -85,13 +85,15 @@ def nextn_generate(m, ids: list[int], n_gen: int, spec_type: str, n_max, tail: i
     """One greedy generation of n_gen tokens after `ids` with the first len(ids) - tail cells taken as cached (module
     doc; tail 0: all prefilled); a `GenerateResult` as `Model.generate` returns it."""
     from nextn.runtime.api import GenerateResult
+    from nextn.runtime.params import SamplingParams, SpecParams
     from nextn.runtime.speculative import generate
     from nextn.runtime.threads import runtime_threads
 
     spec = spec_type == "draft-mtp"
     eff = "auto" if n_max == "auto" else min(int(n_max), m.max_draft)
     n_cached = max(0, len(ids) - tail) if tail else 0
-    g = generate(m.engine, ids, n_gen, spec=spec, n_max=eff, n_cached=n_cached)
+    g = generate(m.sequence, ids, SamplingParams(n_predict=n_gen, ignore_eos=True),
+                 SpecParams(spec_type, eff if spec else 1), n_cached=n_cached)
     return GenerateResult(len(ids), g.tokens, "", g.stats, g.prefill_s, g.decode_s, g.finish_reason, spec_type,
                           eff if spec else 0, g.vm_s, seed=g.seed, n_max_requested=n_max if spec else 0,
                           threads=runtime_threads())
@@ -102,7 +104,7 @@ def nextn_depth(m, D: int, n_gen: int, n_max, tail: int, inner: int, base: list[
     "prefill_s", "n_cached"}."""
     from nextn.common.timing import time_call
 
-    eng = m.engine
+    eng = m.sequence
     ids = depth_ids(base, D)
     cfgs = sr.configs(n_max)
     for _label, spec_type, k in cfgs:        # warm-up at this depth: first calls, auto's calibration
@@ -117,14 +119,14 @@ def nextn_depth(m, D: int, n_gen: int, n_max, tail: int, inner: int, base: list[
     for label, c in runs.items():
         c["same_as_plain"] = same[label]
     chain = [int(t) for t in runs["plain"]["tokens"]]
-    E = int(eng.hparams["n_embd"])
+    E = int(m.loaded.hparams["n_embd"])
     z = np.zeros((1, E), np.float32)
     calls = {}
     for P in (SHALLOW, D):
         calls[f"decode@{P}"] = lambda P=P: eng.verify(chain[:1], P)
         for T in (2, 3):
             calls[f"verify_{T}@{P}"] = lambda P=P, T=T: eng.verify(chain[:T], P)
-        if eng.has_mtp:
+        if m.has_mtp:
             calls[f"draft@{P}"] = lambda P=P: eng.mtp_draft(chain[:1], z, P)
     best = {k: float("inf") for k in calls}
     for _ in range(REPS):
@@ -144,16 +146,17 @@ def worker(path: str, a) -> dict:
     m = rt.load(path, ctx_size=ctx, log=lambda s: print(s, file=sys.stderr), cache_type_k=a.cache_type_k,
                 cache_type_v=a.cache_type_v)
     load_s = time.perf_counter() - t
-    m.engine.wait_populated()
+    seq = m.sequence          # its KV is allocated here: part of the load, as llama.cpp's
+    m.loaded.wait_populated()
     base = m.tokenizer.encode(PROMPT)
-    out = {"depths": {}, "load_s": load_s, "n_ctx": m.engine.n_ctx, "kv_cache": m.engine.kv_cache,
+    out = {"depths": {}, "load_s": load_s, "n_ctx": seq.n_ctx, "kv_cache": seq.kv_cache,
            "threads_env": os.environ.get("TVM_NUM_THREADS")}
-    if m.engine.has_mtp:     # what `auto` pays once per load before its first generation (outside tok/s)
+    if m.has_mtp:     # what `auto` pays once per load before its first generation (outside tok/s)
         from nextn.runtime.depth import calibrate
 
         t = time.perf_counter()
-        costs = calibrate(m.engine, m.engine.max_draft)
-        out["calibrate"] = {"s": time.perf_counter() - t, "k_max": m.engine.max_draft, "verify_s": costs[0],
+        costs = calibrate(seq, m.max_draft)
+        out["calibrate"] = {"s": time.perf_counter() - t, "k_max": m.max_draft, "verify_s": costs[0],
                             "draft_s": costs[1], "row_s": costs[2]}
     for D in a.depth:
         print(f"nextn: depth {D}", file=sys.stderr, flush=True)
