@@ -636,3 +636,44 @@ def test_slot_file_holds_the_cached_rows_and_refuses_other_models(tmp_path):
         assert z["state.k.0"].shape == (0, 64) and z["tokens"].size == 0 and z["state.rs"].shape == (2, 8)
     assert b.restore(str(tmp_path / "empty.npz")) == m
     assert b.cache == [] and b.n_mtp == 0
+
+
+def test_slot_file_moves_one_state_at_a_time(tmp_path):
+    """Save and restore hold one state's rows in host memory at a time (tracemalloc sees numpy's buffers): with
+    eight 1 MiB states held, the peak of either stays under three states' bytes (all eight at once before), and the
+    restored rows are the saved ones."""
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from nextn.runtime.server.slots import Slot
+
+    def stand_in(cells):
+        states = {f"k.{i}": _Buf((cells, 256)) for i in range(8)}
+        shapes = {k: ["C", 256] for k in states}
+        seq = SimpleNamespace(states=states, model=SimpleNamespace(entries={"decode": {"states": list(states),
+                                                                                         "state_shapes": shapes}}),
+                              recurrent=set(), n_ctx=cells)
+        return seq, Slot(0, seq)
+
+    n, row = 1024, 256 * 4                             # 1024 cells held: 1 MiB per state
+    src, a = stand_in(4096)
+    for i, b in enumerate(src.states.values()):
+        b.a[:n] = np.arange(n * 256, dtype=np.float32).reshape(n, 256) + i
+    a.cache, a.n_mtp = list(range(n)), n
+    dst, b = stand_in(2048)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        a.save(str(tmp_path / "s.npz"))
+        peak_save = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        b.restore(str(tmp_path / "s.npz"))
+        peak_restore = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    # one state's rows, plus numpy's copy of them as it writes a zip member (in chunks of at most 16 MiB)
+    assert n * row <= peak_save < 3 * n * row and n * row <= peak_restore < 3 * n * row, (peak_save, peak_restore)
+    assert b.cache == a.cache and b.n_mtp == n
+    for k in src.states:
+        assert (dst.states[k].a[:n] == src.states[k].a[:n]).all() and (dst.states[k].a[n:] == 0).all()

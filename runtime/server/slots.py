@@ -31,15 +31,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nextn.common.errors import NextnError
-from nextn.common.kv_types import itemsize
 
-from .. import state
 from ..depth import calibrated
 from ..speculative import decode
 from .errors import ApiError
 from .metrics import Metrics
 from .params import GenParams
-from .prompt_cache import PromptCache, cells_held, common_prefix, put_back, snapshot
+from . import slot_file
+from .prompt_cache import PromptCache, cells_held, common_prefix
 from .responses import Outcome
 
 
@@ -159,49 +158,32 @@ class Slot:
         return n
 
     def save(self, path: str) -> int:
-        """Write the cache's tokens, its NextN count and the state rows of the cells it holds (prompt_cache
-        `snapshot`: rows [0, n) of each position-indexed buffer, n = `cells_held`; the whole of any other) to
-        `path` (numpy .npz, one array per state, `state.<name>`); returns the bytes written. The file grows with the
-        tokens held, not with the slot's context (llama-server `llama_state_seq_save_file`)."""
+        """Write the cache's tokens, its NextN count and the state rows of the cells it holds (n = `cells_held`) to
+        `path` (slot_file.py: an .npz, one member per state, written one at a time); returns the bytes written.
+        The file grows with the tokens held, not with the slot's context (llama-server `llama_state_seq_save_file`)."""
         if not self.can_reuse:
             raise ApiError("this model's slots keep no prompt cache (its recurrent state exists at one position only)")
-        arrays = {f"state.{k}": a for k, a in snapshot(self.seq, cells_held(self)).items()}
-        with open(path, "wb") as f:
-            np.savez(f, tokens=np.asarray(self.cache, np.int32), n_mtp=np.int64(self.n_mtp), **arrays)
+        slot_file.write(path, self.seq, self.cache, self.n_mtp, cells_held(self))
         return os.path.getsize(path)
 
     def restore(self, path: str) -> int:
-        """Read a `save` file into this slot (the rows it holds only); ApiError (400) when it is not one or was made
-        for another model, or holds more cells than this slot's context."""
+        """Read a `save` file into this slot (the rows it holds only, one state at a time); ApiError (400) when it
+        is not one or was made for another model, or holds more cells than this slot's context (the slot keeps its
+        cache), or a state does not read back (the slot forgets its cache)."""
         if not self.can_reuse:
             raise ApiError("this model's slots keep no prompt cache (its recurrent state exists at one position only)")
         name = os.path.basename(path)
         try:
-            with np.load(path) as z:
-                data = {k: z[k] for k in z.files}
+            tokens, n_mtp = slot_file.check(path, self.seq, self.n_ctx)
         except FileNotFoundError:
             raise ApiError(f"slot file {name!r} not found", "not_found_error") from None
-        except (OSError, ValueError) as e:
-            raise ApiError(f"slot file {name!r} is not a saved slot: {e}") from None
-        states = self.seq.states
-        if "tokens" not in data or "n_mtp" not in data:
-            raise ApiError(f"slot file {name!r} is not a saved slot: no tokens / n_mtp")
-        tokens, n_mtp = [int(t) for t in data["tokens"]], int(data["n_mtp"])
-        n = max(len(tokens), n_mtp)
-        dims = state.state_dims(self.seq.model.entries)
-        rows = {k[len("state."):]: v for k, v in data.items() if k.startswith("state.")}
-        if n > self.n_ctx:
-            raise ApiError(f"slot file {name!r} holds {n} cells; slot {self.id} has {self.n_ctx}")
-        want = {k: ((state.held_rows(dims[k], int(v.shape[0]), n),) + tuple(int(d) for d in v.shape[1:]),
-                    itemsize(v.dtype)) for k, v in states.items()}
-        have = {k: (tuple(a.shape), a.dtype.itemsize) for k, a in rows.items()}
-        if want != have:
-            raise ApiError(f"slot file {name!r} was saved by another model (or by a nextn that saved whole buffers)")
+        except slot_file.SlotFileError as e:
+            raise ApiError(f"slot file {name!r} {e}") from None
         self.cache, self.n_mtp = [], 0       # until every buffer is in
         try:
-            put_back(self.seq, rows)
-        except (ValueError, TypeError, RuntimeError) as e:
-            raise ApiError(f"slot file {name!r} was saved by another model: {e}") from None
+            slot_file.read(path, self.seq)
+        except (OSError, slot_file.SlotFileError) as e:
+            raise ApiError(f"slot file {name!r} {e}") from None
         self.cache, self.n_mtp = tokens, n_mtp
         return os.path.getsize(path)
 
