@@ -103,3 +103,22 @@ def test_summary_ratios_and_table():
     assert "| f.gguf | 8192 | n_max=1 | 6.00 | 0.800 (8/10) | NO | 1.60 | 0.750 (6/8) (8192) | 3.75 | 1.50 / 0.80 |" \
         in t
     assert "calibration at load (k_max 2): 2.0 s = 20 decodes" in t
+
+
+def test_nextn_depth_runs_on_the_runtime(q8_model):
+    """spec_depth's nextn side on the tiny Q8_0 fixture (the bench had fallen behind the runtime's API once): at
+    depth 512 with all but 16 cells taken as cached, every configuration decodes -n tokens, each speculative run's
+    tokens equal plain's, and plain's equal a plain generation after the same cached prefix run directly."""
+    from nextn.runtime.params import SamplingParams, SpecParams
+    from nextn.runtime.speculative import generate
+
+    base = q8_model.tokenizer.encode("The quick brown fox jumps over the lazy dog. ")
+    out = sd.nextn_depth(q8_model, 512, 8, [1, 2], 16, 1, base)
+    assert set(out["runs"]) == {"plain", "n_max=1", "n_max=2", "auto"} and out["n_cached"] == 496
+    plain = out["runs"]["plain"]["tokens"]
+    assert len(plain) == 8 and all(c["tokens"] == plain and c["same_as_plain"] for c in out["runs"].values())
+    ids = sd.depth_ids(base, 512)
+    g = generate(q8_model.sequence, ids, SamplingParams(n_predict=8, ignore_eos=True), SpecParams("none", 1),
+                 n_cached=496)
+    assert g.tokens == plain
+    assert {"decode@512", "verify_2@512", "draft@512"} <= set(out["ms"])
