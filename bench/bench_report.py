@@ -30,11 +30,20 @@ def resolve_files(names, directory, known=()) -> list[str]:
     return sorted(paths, key=os.path.getsize)
 
 
+def shown_path(p: str) -> str:
+    """`p` as a report records it: under the home folder as `~/...`, any other absolute path by its name alone, so
+    a report kept in the repository names no folder of the machine that made it."""
+    if not os.path.isabs(p):
+        return p
+    home = os.path.expanduser("~")
+    return "~" + p[len(home):] if p == home or p.startswith(home + os.sep) else os.path.basename(p)
+
+
 def file_entry(path: str, info: dict, **fields) -> dict:
-    """A file's report entry before its rounds: name, path, size, arch and trunk layers (`info`:
+    """A file's report entry before its rounds: name, path (`shown_path`), size, arch and trunk layers (`info`:
     gguf_bytes.gguf_info), then `fields`."""
-    return {"name": os.path.basename(path), "path": os.path.abspath(path), "size": os.path.getsize(path),
-            "arch": info["arch"], "n_layer": info["n_layer"], **fields, "rounds": []}
+    return {"name": os.path.basename(path), "path": shown_path(os.path.abspath(path)),
+            "size": os.path.getsize(path), "arch": info["arch"], "n_layer": info["n_layer"], **fields, "rounds": []}
 
 
 def new_report(a, argv, **extra) -> dict:
@@ -44,7 +53,8 @@ def new_report(a, argv, **extra) -> dict:
 
     report = {"machine": machine(), "threads": a.threads, "cache_type_k": a.cache_type_k,
               "cache_type_v": a.cache_type_v, "repeat": a.repeat, "n_gen": a.n_gen, "ctx": a.ctx,
-              "engines": sorted(a.engines), "argv": sys.argv[1:] if argv is None else list(argv),
+              "engines": sorted(a.engines),
+              "argv": [shown_path(x) for x in (sys.argv[1:] if argv is None else argv)],
               "llama_build": peer_version(), **extra, "files": []}
     # Our own processes raise the load during the run, so only the load before it says whether others were busy.
     report["loaded"] = report["machine"]["loadavg"][0] > 0.5

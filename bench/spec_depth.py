@@ -51,7 +51,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_report import PROMPT, file_notes, new_report, resolve_files, run_files, saved_report  # noqa: E402
+from bench_report import (PROMPT, file_notes, new_report, resolve_files, run_files, saved_report,  # noqa: E402
+                          shown_path)
 from guarded import failure, run_watched, skipped_for_memory  # noqa: E402
 from llama_logs import llama_bench_build, llama_bench_rows  # noqa: E402
 from machine_probe import GB  # noqa: E402
@@ -364,8 +365,8 @@ def format_table(report: dict) -> str:
 
 # -- the run ---------------------------------------------------------------------------------------------------------
 def measure_file(path, a, tools, log) -> dict:
-    entry = {"name": os.path.basename(path), "path": os.path.abspath(path), "size": os.path.getsize(path),
-             "rounds": []}
+    entry = {"name": os.path.basename(path), "path": shown_path(os.path.abspath(path)),
+             "size": os.path.getsize(path), "rounds": []}
     if skipped_for_memory(entry, a.headroom_gb, log):
         return entry
     with tempfile.TemporaryDirectory() as folder:

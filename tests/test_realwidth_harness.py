@@ -316,3 +316,28 @@ def test_llama_bench_rows_skip_log_lines():
     rows = list(llama_logs.llama_bench_rows(text))
     assert rows == [{"n_prompt": 0, "n_gen": 32, "avg_ts": 5.5}, {"n_prompt": 512, "n_gen": 0}]
     assert llama_logs.llama_bench_build({"build_number": 7, "build_commit": "abc"}) == "7 (abc)"
+
+
+def test_reports_name_no_folder_of_the_machine(tmp_path, monkeypatch):
+    """A report records a file under the home folder as ~/..., any other absolute path by its name (reports are kept
+    in the repository); and every report kept in bench/reports/ holds no absolute path."""
+    import gzip
+
+    from bench_report import shown_path
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert shown_path(str(tmp_path / "home" / ".cache" / "f.gguf")) == "~/.cache/f.gguf"
+    assert shown_path(str(tmp_path / "homework" / "f.gguf")) == "f.gguf"
+    assert shown_path("/tmp/out/report.json") == "report.json" and shown_path("glm45air-1") == "glm45air-1"
+
+    def strings(x):
+        if isinstance(x, dict):
+            return [s for v in x.values() for s in strings(v)]
+        if isinstance(x, list):
+            return [s for v in x for s in strings(v)]
+        return [x] if isinstance(x, str) else []
+
+    kept = sorted((Path(__file__).resolve().parents[1] / "bench" / "reports").glob("*.json.gz"))
+    assert kept
+    for p in kept:
+        assert not [s for s in strings(json.load(gzip.open(p))) if s.startswith("/")], p.name
