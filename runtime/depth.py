@@ -36,7 +36,7 @@ class FixedDepth:
         self.k_max = k
         self.events: list[dict] = []
 
-    def choose(self, n_emitted: int, gap_rows: int = 0) -> int:
+    def choose(self, n_emitted: int, gap_rows: int = 0, left: int | None = None) -> int:
         return self.k_max
 
     def observe(self, k: int, a: int, seconds: float, n_emitted: int = 0) -> None:
@@ -58,6 +58,7 @@ class AdaptiveDepth:
         self.verify_s, self.draft_s = list(costs[0][:k_max + 1]), costs[1]
         self.row_s = costs[2] if len(costs) > 2 else 0.0      # NextN catch-up seconds per gap row
         self.gap_s = 0.0                                       # catch-up owed before the next draft
+        self.left = None                                       # tokens the generation may still emit (None: no end)
         self.seen_spec = False
         self.base = [self.verify_s[k] + k * self.draft_s for k in range(k_max + 1)]
         self.slow = [1.0, 1.0]               # slowdown of plain rounds, of speculative rounds
@@ -76,20 +77,30 @@ class AdaptiveDepth:
 
     def cost(self, k: int) -> float:
         """Seconds of a round of depth k; a speculative round also pays the NextN catch-up of the gap, spread over
-        the rounds it would buy (`interval`)."""
+        the rounds it would buy (`spread`)."""
         if k == 0:
             return self.base[0] * self.slow[0]
-        return self.base[k] * self.slow[1] + self.gap_s / self.interval
+        return self.base[k] * self.slow[1] + self.gap_s / self.spread(k)
+
+    def spread(self, k: int) -> float:
+        """Rounds of depth k a catch-up written now pays for: `interval`, or fewer where the generation ends
+        sooner (`left` tokens at E(k) per round). Without this a probe near the end of a generation writes the
+        NextN rows of everything emitted since the last draft for the few rounds left (bench/spec_realwidth.py,
+        glm45air-4-a0.2: `auto` at 0.93x plain, its one probe at token 119 of 127 paying a 118-row catch-up)."""
+        if self.left is None:
+            return float(self.interval)
+        return max(1.0, min(float(self.interval), self.left / self.expected(k)))
 
     def rates(self, alpha=None) -> list[float]:
         return [self.expected(k, alpha) / self.cost(k) for k in range(self.k_max + 1)]
 
-    def choose(self, n_emitted: int, gap_rows: int = 0) -> int:
-        """Depth of the next round; `gap_rows`: NextN rows a draft would first have to write."""
+    def choose(self, n_emitted: int, gap_rows: int = 0, left: int | None = None) -> int:
+        """Depth of the next round; `gap_rows`: NextN rows a draft would first have to write; `left`: tokens the
+        generation may still emit (its -n budget or the context's cells; None: unbounded)."""
         if self.plain_left > 0:              # the plain phase costs one compare per round
             self.plain_left -= 1
             return 0
-        self.gap_s = gap_rows * self.row_s
+        self.gap_s, self.left = gap_rows * self.row_s, left
         r = self.rates()
         best = max(range(1, self.k_max + 1), key=lambda k: r[k])
         if self.mode == "spec":

@@ -307,7 +307,8 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
         tr = time.perf_counter()
         drafts, q = [], None
         if spec.enabled:
-            k = min(depth.choose(len(out), len(drafter.tok)), n_predict - len(out), seq.n_ctx - n_past - 1)
+            left = min(n_predict - len(out), seq.n_ctx - n_past - 1)
+            k = min(depth.choose(len(out), len(drafter.tok), left=left), left)
             drafter.add_rows([id_last], pending_h, n_past)
             if k > 0:
                 drafts, q = drafter.propose(n_past, k)

@@ -294,10 +294,10 @@ def test_retiming_mid_generation_keeps_the_output(q8_model, monkeypatch):
         def __init__(self, *a, remeasure_draft=None, **kw):
             super().__init__(*a, remeasure_draft=lambda: drafts.append(remeasure_draft()) or drafts[-1], **kw)
 
-        def choose(self, n_emitted, gap_rows=0):
+        def choose(self, n_emitted, gap_rows=0, left=None):
             if n_emitted % 5 == 4:
                 self.retime(1)
-            return super().choose(n_emitted, gap_rows)
+            return super().choose(n_emitted, gap_rows, left)
 
     seq = q8_model.sequence
     plain = generate(seq, P["prompt_ids"], SamplingParams(32), SPEC_OFF)
@@ -318,3 +318,19 @@ def test_a_written_gap_does_not_count_as_slowdown():
     assert c.slow[1] == pytest.approx(1.0)
     c.observe(0, 0, 2.0, 2)                     # a plain round is not corrected: 2.0 s for base 1.0
     assert c.slow[0] == pytest.approx(1.1)
+
+
+def test_a_catch_up_is_priced_over_the_rounds_left():
+    """A draft that must first write a 10-row NextN gap (0.1 s a row) spreads that 1 s over the rounds it buys:
+    `interval` (16) of them while the generation has no near end, so depth 1 (E = 1.75 at alpha 0.75, base 1.2 +
+    0.2 s) pays against plain's 1 s per token; with 4 tokens left (2.3 rounds at depth 1) the same catch-up costs
+    0.44 s a round and plain decoding wins; with 100 left, 16 rounds again."""
+    def first_depth(left):
+        return AdaptiveDepth(1, ([1.0, 1.2], 0.2, 0.1), alpha0=0.75, interval=16).choose(1, gap_rows=10, left=left)
+
+    assert first_depth(None) == 1 and first_depth(100) == 1
+    assert first_depth(4) == 0
+    c = AdaptiveDepth(1, ([1.0, 1.2], 0.2, 0.1), alpha0=0.75, interval=16)
+    c.choose(1, gap_rows=10, left=4)
+    assert c.spread(1) == pytest.approx(4 / 1.75) and c.cost(1) == pytest.approx(1.4 + 1.0 / (4 / 1.75))
+    assert c.events[-1]["to_depth"] == 0
