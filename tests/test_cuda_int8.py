@@ -245,8 +245,9 @@ def _cuda_funcs(ttype, K, rows):
 def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
     """sm_90: the quantizer (a warp per activation block: ceil(T·K/B / 4) blocks of 4 warps, a shuffle max,
     __fdiv_rn) and the GEMV (ceil(N / 4) blocks of 4 warps, ceil(T / 4) row tiles) build; the GEMV's source calls
-    __dp4a, loads the weight words of the aligned formats as 32-bit words, and holds as many weight loads for a
-    symbolic T as for one row (the weight read once per row tile)."""
+    __dp4a, loads the weight words of the aligned formats as 32-bit words and the activation words as 64-bit pairs
+    (whole warp steps only), and holds as many weight loads for a symbolic T as for one row (the weight read once per
+    row tile)."""
     from nextn.schedules.gpu import _lowering_problem
 
     K = 512 if by_ggml_type(ttype).block == 256 else _k(ttype)
@@ -279,6 +280,14 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
             assert ("*(uchar2*)(w_ptr + " in gemv_src) == (ttype in PAIRS), ttype
         grid_words = len(re.findall(r"\*\(u?int\*\)\(w_grid_ptr \+ ", gemv_src))
         assert (grid_words > 0) == (ttype in CODEBOOK) and "w_grid_ptr[" not in gemv_src, (ttype, grid_words)
+        # the activation words: a lane's 2 words of a step as one 64-bit load per row (a predicated register tile
+        # for a symbolic T) where K is whole warp steps (256 quants), else scalar loads
+        whole = K % 256 == 0
+        assert ("*(int2*)(xq_ptr + " in gemv_src) == whole and ("xq_ptr[" in gemv_src) != whole, (ttype, K)
+    # a symbolic T: each row's vector load of the padded tile only under that row's `t < T` (no read past T)
+    lines = srcs[None][srcs[None].index("mul_mat_kernel("):].splitlines()
+    at = [i for i, line in enumerate(lines) if "*(int2*)(xq_ptr + " in line]
+    assert all(re.search(r"if \(.* < T\) \{$", lines[i - 1]) for i in at), ttype
     w_loads = [len(re.findall(r"\bw_ptr\[|\(w_ptr \+ ", s[s.index("mul_mat_kernel("):])) for s in srcs.values()]
     assert w_loads[0] == w_loads[1] > 0, w_loads
 

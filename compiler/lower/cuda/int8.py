@@ -435,10 +435,11 @@ def mul_mat(w, xq, xd, dp4a: bool = True):
     padded = not isinstance(T, tirx.IntImm)
     if padded:
         from .gemv import TILE_ROWS
+        from .te import XQ_PAD
 
         Tp = (T + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
         xq = te.compute((Tp, *xq.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xq[(t, *r)], _c(0)),
-                        name="xq_pad")
+                        name=XQ_PAD)
         xd = te.compute((Tp, *xd.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xd[(t, *r)], _c(0.0, F32)),
                         name="xd_pad")
     j = te.reduce_axis((0, Kw), name="k")
