@@ -245,8 +245,9 @@ def _cuda_funcs(ttype, K, rows):
 def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
     """sm_90: the quantizer (a warp per activation block: ceil(T·K/B / 4) blocks of 4 warps, a shuffle max,
     __fdiv_rn) and the GEMV (ceil(N / 4) blocks of 4 warps, ceil(T / 4) row tiles) build; the GEMV's source calls
-    __dp4a, loads the weight words of the aligned formats as 32-bit words, and holds as many weight loads for a
-    symbolic T as for one row (the weight read once per row tile)."""
+    __dp4a, loads the weight words of the aligned formats as 32-bit words and the activation words as 64-bit pairs
+    (whole warp steps only), and holds as many weight loads for a symbolic T as for one row (the weight read once per
+    row tile)."""
     from nextn.schedules.gpu import _lowering_problem
 
     K = 512 if by_ggml_type(ttype).block == 256 else _k(ttype)
@@ -279,6 +280,14 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
             assert ("*(uchar2*)(w_ptr + " in gemv_src) == (ttype in PAIRS), ttype
         grid_words = len(re.findall(r"\*\(u?int\*\)\(w_grid_ptr \+ ", gemv_src))
         assert (grid_words > 0) == (ttype in CODEBOOK) and "w_grid_ptr[" not in gemv_src, (ttype, grid_words)
+        # the activation words: a lane's 2 words of a step as one 64-bit load per row (a predicated register tile
+        # for a symbolic T) where K is whole warp steps (256 quants), else scalar loads
+        whole = K % 256 == 0
+        assert ("*(int2*)(xq_ptr + " in gemv_src) == whole and ("xq_ptr[" in gemv_src) != whole, (ttype, K)
+    # a symbolic T: each row's vector load of the padded tile only under that row's `t < T` (no read past T)
+    lines = srcs[None][srcs[None].index("mul_mat_kernel("):].splitlines()
+    at = [i for i, line in enumerate(lines) if "*(int2*)(xq_ptr + " in line]
+    assert all(re.search(r"if \(.* < T\) \{$", lines[i - 1]) for i in at), ttype
     w_loads = [len(re.findall(r"\bw_ptr\[|\(w_ptr \+ ", s[s.index("mul_mat_kernel("):])) for s in srcs.values()]
     assert w_loads[0] == w_loads[1] > 0, w_loads
 
@@ -290,25 +299,63 @@ def test_word_loads_read_the_same_words(ttype):
     4 bytes), and of each grid word of the codebook formats (IQ2_XXS ... IQ1_M: 4 bytes at byte 0 or 4 of an entry
     of 4 or 8; IQ1's int8 table included), into one 4-byte vector load, and those of blocks of an even size (Q8_0,
     Q4_0, Q5_0, IQ4_NL, Q3_K, Q6_K) into two 2-byte loads, in mul_mat, mul_mat_id (x shared; one row per slot) and
-    not in the grouped mul_mat_id (its weight loads are conditional); the rewritten definitions built for llvm give
+    the grouped mul_mat_id (both layouts; repeated experts, so some pairs lead no group and load nothing); the
+    rewritten definitions built for llvm give
     the same outputs bit for bit. The rewrite only fires where the analyzer proves the offset's alignment (below)."""
     K = _k(ttype)
     funcs = _int_funcs(ttype, K)
     words = {n: word_loads.word_loads(f) for n, f in funcs.items()}
-    for name in ("mul_mat", "mul_mat_id", "mul_mat_id3"):
+    for name in ("mul_mat", "mul_mat_id", "mul_mat_id3", "grouped", "grouped3"):
         assert "T.Ramp(" in words[name].script() and "T.Ramp(" not in funcs[name].script(), name
-    assert "T.Ramp(" not in words["grouped"].script()
     plain, vec = (tvm.compile(_module(fs), target="llvm") for fs in (funcs, words))
     B, T = _block(ttype), 5
     (packed, w), (epacked, _ew) = _data(ttype, (N, K), 1), _data(ttype, (X, N, K), 2)
+    gpacked, _gw = _data(ttype, (XG, N, K), 3)
     x = _x(T, K, 3, w.astype(np.float64))
     q, d = _quantize(_quantizer(K, B), x, B)
     ids = np.stack([np.random.default_rng(4).permutation(X)[:USED] for _ in range(T)]).astype(np.int32)
+    gids = _ids(T, 6, False)
+    gids[1] = gids[0]   # a repeated pair of experts: pairs that lead no group (their words are never loaded)
     q3, d3 = np.repeat(q[:, None], USED, 1), np.repeat(d[:, None], USED, 1)
     for name, shape, args in (("mul_mat", (T, N), (q, d, *packed)), ("mul_mat_id", (T, USED, N), (q, d, ids, *epacked)),
-                              ("mul_mat_id3", (T, USED, N), (q3, d3, ids, *epacked))):
+                              ("mul_mat_id3", (T, USED, N), (q3, d3, ids, *epacked)),
+                              ("grouped", (T, USED, N), (q, d, gids, *gpacked)),
+                              ("grouped3", (T, USED, N), (q3, d3, gids, *gpacked))):
         a, b = _run(plain, name, shape, *args), _run(vec, name, shape, *args)
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)) and np.abs(a).max() > 0, name
+
+
+_E_LOADS = {"bytes": r"\be_ptr\[", "u16 pairs": r"\*\(uchar2\*\)\(e_ptr \+ ", "u32 words": r"\*\(uint\*\)\(e_ptr \+ "}
+
+
+@pytest.mark.parametrize("ttype", ["Q4_K"] + [pytest.param(t, marks=pytest.mark.slow) for t in ("Q8_0", "IQ2_XXS")])
+def test_grouped_kernel_loads_weight_words_under_the_leader_branch(ttype):
+    """sm_90: the grouped integer mul_mat_id (the routed experts of verify / prefill) reads the expert's bytes as the
+    ungrouped mul_mat_id does: in their CUDA sources the same number of byte loads, 16-bit pair loads and 32-bit word
+    loads of the expert buffer (Q4_K: its qs as words; Q8_0, IQ2_XXS: pairs), and in the grouped
+    kernel every one of them inside the block-uniform leader branch (a pair that leads no group loads nothing)."""
+    from test_cuda_kernels import _loads_outside_leader_branch
+
+    K = 512 if by_ggml_type(ttype).block == 256 else _k(ttype)
+    B, W, T = _block(ttype), cuda.GROUP_ROWS, te.var("T", I64)
+    ebufs, ew = _weight(ttype, (XG, N, K), "e")
+    xq = te.placeholder([T, tirx.IntImm(I64, K // 4)], "int32", name="xq")
+    xd = te.placeholder([T, tirx.IntImm(I64, K // B)], "float32", name="xd")
+    ids = te.placeholder([T, tirx.IntImm(I64, USED)], "int32", name="ids")
+    groups = te.placeholder([T, tirx.IntImm(I64, USED), tirx.IntImm(I64, W + 1)], "int32", name="groups")
+    fs = {"grouped": te.create_prim_func([xq, xd, ids, groups, *ebufs,
+                                          int8.mul_mat_id_grouped(ew, xq, xd, ids, groups)]),
+          "mul_mat_id": te.create_prim_func([xq, xd, ids, *ebufs, int8.mul_mat_id(ew, xq, xd, ids)])}
+    scheduled = {n: _scheduled(f)[0] for n, f in fs.items()}
+    src = _cuda_source(scheduled, make_target("cuda", ["sm_90"]))
+    grouped = src[src.index("grouped_kernel(", src.index("grouped_kernel(") + 1):]
+    grouped = grouped[:grouped.index("\n}\n") + 3]
+    ungrouped = src[src.index("mul_mat_id_kernel(", src.index("mul_mat_id_kernel(") + 1):]
+    ungrouped = ungrouped[:ungrouped.index("\n}\n") + 3]
+    counts = [{k: len(re.findall(r, body)) for k, r in _E_LOADS.items()} for body in (grouped, ungrouped)]
+    assert counts[0] == counts[1], (ttype, counts)
+    assert counts[0]["u16 pairs"] + counts[0]["u32 words"] > 0, (ttype, counts)
+    assert _loads_outside_leader_branch(grouped) == 0, ttype
 
 
 def test_signed_codebooks_have_no_zero_byte():

@@ -331,11 +331,12 @@ def test_grouped_weight_reads_per_expert(T):
 
 
 def _loads_outside_leader_branch(src: str) -> int:
-    """Weight (`e_ptr[`) loads of a CUDA kernel body that no enclosing `if (0 <= groups_ptr[...])` scope guards
-    (scopes followed by their braces, line by line: TVM's codegen opens and closes one per line)."""
+    """Weight loads (`e_ptr[`, and the vector loads `(e_ptr + ` of word_loads.py) of a CUDA kernel body that no
+    enclosing `if (0 <= groups_ptr[...])` scope guards (scopes followed by their braces, line by line: TVM's codegen
+    opens and closes one per line)."""
     stack, outside = [], 0
     for line in src.splitlines():
-        if "e_ptr[" in line and not any(stack):
+        if re.search(r"\be_ptr\[|\(e_ptr \+ ", line) and not any(stack):
             outside += 1
         for m in re.finditer(r"[{}]", line):
             if m.group() == "{":

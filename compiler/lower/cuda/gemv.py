@@ -27,7 +27,8 @@ activation columns per pass).
 
 The integer route (int8.py) takes the same schedule: its DEQUANT stage is int32 words of 4 quants, so k counts
 words, VEC is 2 (8 quants of one sub-block per lane and step), the weight's float factors (SCALE, MIN) are read by
-the reduction and computed once per step, and a symbolic T comes padded to whole tiles by the definition.
+the reduction and computed once per step, and a symbolic T comes padded to whole tiles by the definition (XQ_PAD:
+kept as the register tile, so that a lane's 2 activation words per row and step are one 64-bit load).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from tvm import tirx
 
 from nextn.schedules.loops import static_extent
 
-from .te import DEQUANT, GROUPED, MATMUL, MIN, SCALE, WORD_LOAD
+from .te import DEQUANT, GROUPED, MATMUL, MIN, SCALE, WORD_LOAD, XQ_PAD
 
 # Activation rows per pass over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8 activations). 4 covers
 # verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (zeros), and at 8 rows a 4-row
@@ -90,9 +91,13 @@ def schedule(func: tirx.PrimFunc, target):
                if not any(sch.get(b).same_as(sch.get(s)) for s in stages)]
     integer = str(sch.get(deq).writes[0].source.dtype) == "int32"   # int8.py: 4 quants per word
     weight_side = [sch.get(b) for b in (deq, *stages)]
+    # the integer route's activation words padded to whole row tiles (int8.mul_mat, symbolic T): a register tile
+    # below, like the float route's x_pads, when its loads can be vectors
+    xq_pads = _named(sch, blocks[:i_mm], XQ_PAD) if integer else []
+    keep = weight_side + [sch.get(b) for b in xq_pads]
     # element-wise producers of the activations (SwiGLU, a division): into the reads (chosen before inlining
     # changes the block nodes)
-    for b in [b for b in blocks[:i_mm] if not any(sch.get(b).same_as(w) for w in weight_side)]:
+    for b in [b for b in blocks[:i_mm] if not any(sch.get(b).same_as(w) for w in keep)]:
         sch.compute_inline(b)
     tail = blocks[i_mm + 1:]
     node = sch.get(mm)
@@ -147,7 +152,11 @@ def schedule(func: tirx.PrimFunc, target):
     if integer:   # K counts words: 2 per lane and step (8 quants of one sub-block), 64 per warp step
         vec = 2 if K % 2 == 0 else 1
         exact_steps = K % (LANES * vec) == 0
-    if not (exact_steps and vec % 4 == 0 and len(x_pads) == 1):
+        x_pads = xq_pads
+    # activation elements per vector load: a float4 of float rows; on the integer route the lane's vec words of
+    # a step (2: one 64-bit load, 8-byte aligned: a row is K/4 words and K a multiple of 256 for whole steps)
+    x_vec = vec if integer else 4
+    if not (exact_steps and vec % x_vec == 0 and x_vec > 1 and len(x_pads) == 1):
         for b in x_pads:   # read in place, each load predicated
             sch.compute_inline(b)
         x_pads = []
@@ -191,20 +200,23 @@ def schedule(func: tirx.PrimFunc, target):
         sch.compute_at(wl, ko, preserve_unit_loops=True)
         sch.vectorize(sch.get_loops(wl)[-1])
     # the activations of a static row count (the decode and draft steps; the routed experts' (row, slot) pairs) as
-    # float4 loads too; a padded row tile keeps its predicated scalar loads (a tile past T has no bounded region)
+    # vector loads too (float4; the integer route: its int32 words, not the block scales xd or the weight's factors;
+    # not the grouped kernel's rows, read through the group index: no bounded region); a padded row tile below
     acts = [i for i, r in enumerate(sch.get(rf).reads) if not any(r.source.same_as(b) for b in (
-        sch.get(rf).writes[0].source, sch.get(deq).writes[0].source))]
-    if exact_steps and rows_static and len(acts) == 1 and vec % 4 == 0:
+        sch.get(rf).writes[0].source, sch.get(deq).writes[0].source))
+        and (not integer or str(r.source.dtype) == "int32")]
+    if exact_steps and rows_static and len(acts) == 1 and vec % x_vec == 0 and x_vec > 1 \
+            and not _named(sch, [mm], GROUPED):
         xl = sch.cache_read(rf, acts[0], "local")
         sch.compute_at(xl, ko, preserve_unit_loops=True)
-        v_o, v4 = sch.split(sch.get_loops(xl)[-1], [None, 4])
+        v_o, v4 = sch.split(sch.get_loops(xl)[-1], [None, x_vec])
         sch.vectorize(v4)
         sch.unroll(v_o)
-    for xp in x_pads:   # the padded row tile's activations: float4 loads under one row predicate each
+    for xp in x_pads:   # the padded row tile's activations: vector loads under one row predicate each
         sch.compute_at(xp, ko, preserve_unit_loops=True)
         sch.set_scope(xp, 0, "local")
         *_, xr, xk = sch.get_loops(xp)
-        v_o, v4 = sch.split(xk, [None, 4])
+        v_o, v4 = sch.split(xk, [None, x_vec])
         sch.vectorize(v4)
         sch.unroll(v_o)
         sch.unroll(xr)

@@ -390,11 +390,12 @@ def _stages(w, lead, weight_lead, keep=None):
         return Block(w.tensors[0], (*weight_lead(*i[:-1]), i[-1], k), layout.block, layout.type_size)
 
     # the weight's words (and the codebook formats' grid words) as 32-bit loads where aligned, else 16-bit pairs
-    # where even (word_loads.py); not under `keep`: a copy of the bytes ahead of the branch would load the weight of
-    # a pair that leads no group
+    # where even (word_loads.py); under `keep` too (the grouped mul_mat_id): TVM's CUDA codegen prints if_then_else
+    # as an `if` statement and a vector load's temporary inside its branch, so a pair that leads no group still
+    # loads nothing (tests/test_cuda_int8.py test_grouped_kernel_loads_weight_words_under_the_leader_branch)
     word = (lambda b: f.word(b, w.tensors)) if f.tables else f.word
     words = te.compute((*lead, N, K // 4), lambda *i: kept(i, word(blk(i[:-1], i[-1] * 4)), _c(0)), name=DEQUANT,
-                       attrs={WORD_LOAD: 1} if keep is None else None)
+                       attrs={WORD_LOAD: 1})
     shape = (*lead, N, K // f.sub)
     zero = _c(0.0, F32)
     per_block = layout.block // f.sub
@@ -434,10 +435,11 @@ def mul_mat(w, xq, xd, dp4a: bool = True):
     padded = not isinstance(T, tirx.IntImm)
     if padded:
         from .gemv import TILE_ROWS
+        from .te import XQ_PAD
 
         Tp = (T + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
         xq = te.compute((Tp, *xq.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xq[(t, *r)], _c(0)),
-                        name="xq_pad")
+                        name=XQ_PAD)
         xd = te.compute((Tp, *xd.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xd[(t, *r)], _c(0.0, F32)),
                         name="xd_pad")
     j = te.reduce_axis((0, Kw), name="k")

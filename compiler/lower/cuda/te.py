@@ -21,6 +21,9 @@ DEQUANT, MATMUL, SCALE, MIN = "dequant", "gemv", "wscale", "wmin"
 # A DEQUANT block annotation (int8.py): each 4 bytes the block reads of the weight are one field at a 4-byte-aligned
 # address, so the GEMV (gemv.py) may load them as 32-bit words
 WORD_LOAD = "nextn.word_load"
+# The integer route's activation words padded to whole GEMV row tiles (int8.mul_mat, a symbolic T): the schedule
+# loads them as a register tile of vectors
+XQ_PAD = "xq_pad"
 
 
 def _dequant(w, lead, weight_lead, keep=None):
