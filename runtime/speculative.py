@@ -172,7 +172,7 @@ class Drafter:
     """The NextN side: keeps the NextN KV in step with the trunk and proposes drafts (llama.cpp `process()`, `draft()`).
     `add_rows` queues teacher-forced rows (the gap); `propose` writes the gap, then drafts up to k tokens."""
 
-    FUSE_ROWS = 2   # a gap this short rides along in the draft-step-0 call (mtp_draft computes logits per row)
+    FUSE_ROWS = 2   # a gap this short rides along in the draft-step-0 call
 
     def __init__(self, seq, chain: SamplerChain, rng: CounterRNG, sampled: bool, n_min: int, p_min: float):
         self.seq, self.chain, self.rng = seq, chain, rng
@@ -203,7 +203,8 @@ class Drafter:
         self.tok, self.h = [], []
         drafts, q = [], []
         for i in range(k):
-            h, lg, am = self.seq.mtp_draft(toks, h, pos, reuse_index=i > 0)   # glm-dsa: step 0 selects, 1.. reuse
+            # glm-dsa: step 0 selects, 1.. reuse; the head runs on the last row only (the gap's rows write KV)
+            h, lg, am = self.seq.mtp_draft(toks, h, pos, reuse_index=i > 0, out_ids=[len(toks) - 1])
             d, qi, p = self._pick(lg, am, n_past + i + 1)
             if p < self.p_min:
                 break
