@@ -54,7 +54,8 @@ decode seconds). Per-position acceptance: llama.cpp's `acc per pos` (rounds with
 
 Cost per round, nextn, each a multiple of one decode (the plain run's `decode` entry seconds per step), from each
 speculative run's `entry_s`: draft steps (`mtp_draft` + `draft`: the k NextN steps; step 0 carries up to
-Drafter.FUSE_ROWS gap rows in the same call), NextN gap rows (`mtp_rows`: a gap longer than that), verify
+`Drafter.fuse_rows` - 1 gap rows in the same call, its head on the last row), NextN gap rows (`mtp_rows`: a gap
+longer than that), verify
 (`verify` + `decode`), host (decode seconds outside any entry point: the Python loop, conversions, the
 acceptance check), per round (speculative + plain rounds). "The same at the bytes' cost": the tokens per round
 ÷ (bytes(k+1) ÷ bytes(1) + drafts per round × a draft step's bytes ÷ bytes(1)), what the run would give per
@@ -252,7 +253,8 @@ def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: 
     if dv:     # a reduced draft head: its draft steps and a decode of this process only
         calls = {f"verify_1 dv{dv}": lambda: seq.verify(chain[P:P + 1], P),
                  f"draft dv{dv}": lambda: seq.mtp_draft([int(chain[P])], hidden[-1:], P),
-                 f"draft_2 dv{dv}": lambda: seq.mtp_draft([int(chain[P - 1]), int(chain[P])], hidden[-2:], P - 1)}
+                 f"draft_2 dv{dv}": lambda: seq.mtp_draft([int(chain[P - 1]), int(chain[P])], hidden[-2:], P - 1,
+                                                          out_ids=[1])}
         return {"runs": runs, "ms": {k: min(v) * 1e3 for k, v in round_robin(calls, REPS).items()},
                 "prompt_ids": ids, "draft_vocab": dv, "calibrate_s": {str(dv): calibrate_s}}
     calls = {f"verify_{T}": (lambda T=T: seq.verify(chain[P:P + T], P)) for T in VERIFY_ROWS}
@@ -260,7 +262,7 @@ def nextn_measure(m, n_gen: int, n_max=(1, 2, 3), kernels: bool = True, prompt: 
     calls.update({f"verify_calib_{T}": (lambda T=T: seq.verify(spread_tokens(T, V), P)) for T in VERIFY_ROWS[1:]})
     if seq.model.has_mtp:
         calls["draft"] = lambda: seq.mtp_draft([int(chain[P])], hidden[-1:], P)
-        calls["draft_2"] = lambda: seq.mtp_draft([int(chain[P - 1]), int(chain[P])], hidden[-2:], P - 1)
+        calls["draft_2"] = lambda: seq.mtp_draft([int(chain[P - 1]), int(chain[P])], hidden[-2:], P - 1, out_ids=[1])
     out = {"runs": runs, "ms": {k: min(v) * 1e3 for k, v in round_robin(calls, REPS).items()},
            "prompt_tokens": len(ids), "prompt_ids": ids, "calibrate_s": {"0": calibrate_s},
            "verify_experts": {str(T): routed_experts(seq, calls[f"verify_{T}"]) for T in VERIFY_ROWS},

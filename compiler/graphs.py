@@ -4,7 +4,8 @@
                logits for `out_ids` rows of those
     verify     trunk over [id_last, d1..dk] (k+1 rows); logits and argmax for every row
     mtp_rows   NextN rows teacher-forced with trunk hidden states (prompt warm-up, after each verify)
-    mtp_draft  NextN rows with logits for every row (`mtp_logits` uses T rows)
+    mtp_draft  NextN rows (h_nextn for every row) with logits and argmax for its `out_ids` rows (`select_head_rows`):
+               a draft step 0 with the NextN gap asks for its last row only
     decode     `verify` specialised to one row (plain decoding): static shapes, fewer VM shape checks, tunable
     draft      `mtp_draft` specialised to one row (a draft step)
 plus an arch's extra entry points (glm-dsa: `mtp_draft_shared`), and with the compile option `draft_vocab` N
@@ -39,9 +40,28 @@ for _e in DRAFTING:
     if _e in STATIC:
         STATIC[_e + VOCAB_SUFFIX] = STATIC[_e]
 SPLIT_L = SPLIT_L | {e + VOCAB_SUFFIX for e in DRAFTING}
+# Entries of several rows whose head runs on the `out_ids` rows only (`select_head_rows`); their one-row `STATIC`
+# forms (`draft`, `mtp_draft_shared`) have a single row to give and take no `out_ids`.
+SELECT_ROWS = frozenset({"mtp_draft", "mtp_draft" + VOCAB_SUFFIX})
 # The reduced head's weight: the N rows of the head tensor (node attrs `rows_of`) that the runtime gathers once at
 # load, in the order of its input `draft_ids` (runtime/draft_vocab.py ranks the tokens).
 DRAFT_HEAD = "draft_vocab.head"
+
+
+def select_head_rows(g) -> None:
+    """Give `g`'s head an input `out_ids` [R] int32 (row indices into the call's T rows): `logits` = W·hs becomes
+    W·get_rows(hs, out_ids) [R, n_vocab] and `argmax` [R] follows it; `h_nextn` (and every other output) keeps its
+    T rows. The head is where the rows cost: a 151552 x 4096 matmul per row at GLM-4.5-Air's width, so a draft step 0
+    that also writes the NextN gap's rows (runtime/speculative.py `Drafter`) asks for its last row alone (llama.cpp's
+    `inp_out_ids`: the rows of a batch whose logits are asked for). The same get_rows before the head as `out_ids` in
+    glm_base/graph.py `head` (mtp_rows, prefill); per row the same computation. Apply before `reduce_head`, which
+    then multiplies the selected rows."""
+    logits = g.outputs["logits"]
+    w, hs = logits.inputs
+    assert logits.op == "mul_mat" and w.op == "weight", logits
+    ids = g.input("out_ids", ("R",), "int32")
+    picked = g.mul_mat(w, g.get_rows(hs, ids))
+    g.outputs["logits"], g.outputs["argmax"] = picked, g.argmax(picked)
 
 
 def reduce_head(g, n_vocab_draft: int) -> None:
@@ -163,6 +183,8 @@ def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv
             continue
         g = spec.build_trunk(c, mf.has_tensor, all_rows) if kind == "trunk" else spec.build_mtp(c, mf.has_tensor, all_rows, **opts)
         g.name, g.kind = name, kind
+        if name in SELECT_ROWS:
+            select_head_rows(g)
         graphs[name] = g
     if spec.extra_entry_points is not None:
         for name, (kind, g) in spec.extra_entry_points(c, mf.has_tensor, **opts).items():
@@ -176,6 +198,8 @@ def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv
                 continue
             g = (spec.build_mtp(c, mf.has_tensor, True, **opts) if name in ENTRY_POINTS
                  else spec.extra_entry_points(c, mf.has_tensor, **opts)[name][1])
+            if name + VOCAB_SUFFIX in SELECT_ROWS:
+                select_head_rows(g)
             reduce_head(g, n_draft)
             g.name, g.kind = name + VOCAB_SUFFIX, "mtp"
             graphs[g.name] = g

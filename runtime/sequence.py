@@ -196,19 +196,23 @@ class Sequence:
 
         return np.concatenate(self._by_chunk(rows, pos0, tokens, h_prev))
 
-    def mtp_draft(self, tokens, h_prev, pos0: int, reuse_index: bool = False):
-        """NextN rows with logits for every row: (h_nextn [T, E], logits [T, V] tvm tensor, argmax [T]).
+    def mtp_draft(self, tokens, h_prev, pos0: int, reuse_index: bool = False, out_ids=None):
+        """NextN rows: (h_nextn [T, E], logits [R, V] tvm tensor, argmax [R]) with R the rows `out_ids` (int indices
+        into the T rows, ascending; None: every row). A draft step 0 carrying the NextN gap asks for its last row: the
+        head runs on the asked rows only (compiler/graphs.py `select_head_rows`; a one-row call has its one row, and
+        an artifact compiled before `out_ids` returns every row).
         `reuse_index`: a one-row draft step after step 0 of the same round; with DSA index sharing (glm-dsa, glm5next;
         `share_mtp_index`, artifact entry `mtp_draft_shared`) it attends to the DSA selection step 0 stored
         instead of running the NextN indexer again. Ignored by models without it.
-        With the reduced draft head (`draft_vocab` N) the `_vocab` entries run: logits [T, N] are those of the
+        With the reduced draft head (`draft_vocab` N) the `_vocab` entries run: logits [R, N] are those of the
         tokens `draft_ids` (in that order) and argmax is already a token id of the full vocabulary."""
         name = "mtp_draft"
         if reuse_index and self.model.share_mtp_index and len(tokens) == 1 and "mtp_draft_shared" in self.model.fn:
             name = "mtp_draft_shared"
         if self.model.draft_vocab:
             name += VOCAB
-        out = self._run(name, tokens, pos0, h_prev=np.ascontiguousarray(h_prev, np.float32))
+        ids = np.arange(len(tokens), dtype=np.int32) if out_ids is None else np.asarray(out_ids, np.int32)
+        out = self._run(name, tokens, pos0, h_prev=np.ascontiguousarray(h_prev, np.float32), out_ids=ids)
         h, lg, am = out[0], out[1], out[2]   # glm-dsa's mtp_draft also returns the stored selection (unused here)
         return h.numpy(), lg, am.numpy()
 

@@ -24,8 +24,10 @@ trunk hidden states, logits off; the rejected drafts' rows are written, then rem
 `draft()` runs k one-row steps, the first for the new id_last: 2k + 1 NextN rows per round. The verify computes only
 the trunk hidden states these rows take as h_prev, not the rows themselves (they go through the NextN block), so
 nothing more of it can be reused. nextn writes the rows of emitted tokens only, once, and lazily: the a accepted
-drafts wait in a *gap* and go in with the next draft's step 0 (one call while gap + id_last is at most FUSE_ROWS
-rows, else one `mtp_rows` call first), so a round costs a + k NextN rows and a plain round none. Measured on the
+drafts wait in a *gap* and go in with the next draft's step 0: one `mtp_draft` call whose head runs on its last row
+only (`out_ids`), while gap + id_last is at most `Drafter.fuse_rows` = max_draft + 1 rows (every fixed-depth round),
+else one `mtp_rows` call first (`auto`'s deferred prompt); so a round costs a + k NextN rows in k NextN calls, reads
+the NextN block's weights k times, and a plain round none. Measured on the
 three trained fixtures' prompts (bench/draft_vocab.py; docs/design.md "Speculation"): at n_max 1, 1.68-1.74 NextN
 rows per round against llama.cpp's 3.00; at n_max 3, 4.28-4.43 against 6.85-6.90.
 
@@ -172,10 +174,12 @@ class Drafter:
     """The NextN side: keeps the NextN KV in step with the trunk and proposes drafts (llama.cpp `process()`, `draft()`).
     `add_rows` queues teacher-forced rows (the gap); `propose` writes the gap, then drafts up to k tokens."""
 
-    FUSE_ROWS = 2   # a gap this short rides along in the draft-step-0 call (mtp_draft computes logits per row)
-
     def __init__(self, seq, chain: SamplerChain, rng: CounterRNG, sampled: bool, n_min: int, p_min: float):
         self.seq, self.chain, self.rng = seq, chain, rng
+        # A gap + id_last of up to this many rows rides along in the draft-step-0 call (its head runs on the last row
+        # only: `out_ids`): a verify's row limit, so every fixed-depth round (a <= n_max accepted + id_last) fuses;
+        # only a longer gap (`auto`'s deferred prompt and plain rounds) is written by `mtp_rows` first.
+        self.fuse_rows = int(seq.model.max_draft) + 1
         self.sampled, self.n_min, self.p_min = sampled and not chain.greedy, n_min, p_min
         self.tok, self.h, self.pos0 = [], [], 0
 
@@ -194,7 +198,7 @@ class Drafter:
         """The gap ends with (id_last @ n_past, pending_h). Returns (drafts, q) — q[i] the draft distribution of
         d_{i+1} when drafts are sampled, else None."""
         last_tok, last_h = self.tok[-1:], self.h[-1][-1:]
-        if len(self.tok) > self.FUSE_ROWS:
+        if len(self.tok) > self.fuse_rows:
             self.tok, self.h[-1] = self.tok[:-1], self.h[-1][:-1]
             self.flush()
             toks, h, pos = last_tok, last_h, n_past
@@ -203,7 +207,8 @@ class Drafter:
         self.tok, self.h = [], []
         drafts, q = [], []
         for i in range(k):
-            h, lg, am = self.seq.mtp_draft(toks, h, pos, reuse_index=i > 0)   # glm-dsa: step 0 selects, 1.. reuse
+            # glm-dsa: step 0 selects, 1.. reuse; the head runs on the last row only (the gap's rows write KV)
+            h, lg, am = self.seq.mtp_draft(toks, h, pos, reuse_index=i > 0, out_ids=[len(toks) - 1])
             d, qi, p = self._pick(lg, am, n_past + i + 1)
             if p < self.p_min:
                 break

@@ -86,7 +86,8 @@ def check_mtp_vs_ir(seq, graphs, w, ids):
     got = seq.mtp_rows(ids, h_prev, 0)
     assert rel_err(got, want["h_nextn"]) < 1e-5
     want = interpret.run(graphs["mtp_draft"], {"tokens": ids[:1], "pos": np.array([T], np.int32),
-                                               "h_prev": got[-1:]}, w, st, n_kv=T + 1)
+                                               "h_prev": got[-1:], "out_ids": np.array([0], np.int32)},
+                           w, st, n_kv=T + 1)
     h, lg, am = seq.mtp_draft(ids[:1], got[-1:], T)
     assert rel_err(h, want["h_nextn"]) < 1e-5
     assert rel_err(lg.numpy(), want["logits"]) < 1e-5 and am[0] == want["argmax"][0]

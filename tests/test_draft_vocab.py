@@ -90,7 +90,8 @@ def test_reduced_head_ids_are_numpy_argmax_over_its_rows(compiled):
     h_prev = np.concatenate([np.zeros((1, h.shape[1]), np.float32), h[:-1]])
     for rows in (slice(0, 3), slice(3, 4)):
         t, hp, p0 = ids[rows], h_prev[rows], rows.start
-        full = seq._run("mtp_draft", t, p0, h_prev=hp)[1].numpy()       # the full head, same rows and KV
+        every = np.arange(len(t), dtype=np.int32)
+        full = seq._run("mtp_draft", t, p0, h_prev=hp, out_ids=every)[1].numpy()   # the full head, same rows and KV
         _h, lg, am = seq.mtp_draft(t, hp, p0)
         assert seq.vm_seconds["mtp_draft_vocab" if len(t) > 1 else "draft_vocab"] > 0
         want = full[:, seq.model.draft_ids]

@@ -597,8 +597,10 @@ def test_q8_compiled_vs_ir_every_entry_point(compiled):
     close(seq.mtp_rows(ids, hp[:T], 0), want["h_nextn"])
     for entry, tokens, pos0, reuse in (("draft", [7], T, False), ("mtp_draft_shared", [8], T + 1, True),
                                        ("mtp_draft", [9, 10], T + 2, False)):
-        want = ir(entry, tokens, pos0, h_prev=hp[pos0 - T:pos0 - T + len(tokens)])
-        h, lg, am = seq.mtp_draft(tokens, hp[pos0 - T:pos0 - T + len(tokens)], pos0, reuse_index=reuse)
+        sel = {"out_ids": np.array([len(tokens) - 1], np.int32)} if entry == "mtp_draft" else {}   # the last row's head
+        want = ir(entry, tokens, pos0, h_prev=hp[pos0 - T:pos0 - T + len(tokens)], **sel)
+        h, lg, am = seq.mtp_draft(tokens, hp[pos0 - T:pos0 - T + len(tokens)], pos0, reuse_index=reuse,
+                                  out_ids=sel.get("out_ids"))
         close(h, want["h_nextn"]), close(lg.numpy(), want["logits"])
         assert (am == want["argmax"]).all() and seq.vm_seconds[entry] > 0, entry
     for name, a in st.items():   # (the NextN selection holds -inf: equal as such)

@@ -143,8 +143,8 @@ def test_compiled_vs_ir_on_the_same_cache(arch, kv, artifact):
     assert rel_err(got, want["h_nextn"]) < 1e-5
     hd, lg, am = seq.mtp_draft(ids[:1], got[-1:], T)
     st = decoded(seq)
-    want = interpret.run(graphs["mtp_draft"], {"tokens": ids[:1], "pos": np.array([T], np.int32), "h_prev": got[-1:]},
-                         w, st, n_kv=T + 1, keep_kv=True)
+    want = interpret.run(graphs["mtp_draft"], {"tokens": ids[:1], "pos": np.array([T], np.int32), "h_prev": got[-1:],
+                                               "out_ids": np.array([0], np.int32)}, w, st, n_kv=T + 1, keep_kv=True)
     assert rel_err(hd, want["h_nextn"]) < 1e-5 and rel_err(lg.numpy(), want["logits"]) < 1e-5 and am[0] == want["argmax"][0]
 
 
