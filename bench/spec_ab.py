@@ -12,11 +12,13 @@ Every speculative run's tokens are checked against its own plain run's. Run it u
 (`flock "$(python bench/realwidth_files.py --lock)" ...`)."""
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 
-PROMPT = "The quick brown fox jumps over the lazy dog, and then"   # bench_report.PROMPT (not imported: any build)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_report import PROMPT  # noqa: E402  (this tree's prompt, whichever build's python runs the worker)
 
 
 def worker(path: str, n_gen: int, n_max: list, inner: int) -> dict:
