@@ -334,3 +334,22 @@ def test_a_catch_up_is_priced_over_the_rounds_left():
     c.choose(1, gap_rows=10, left=4)
     assert c.spread(1) == pytest.approx(4 / 1.75) and c.cost(1) == pytest.approx(1.4 + 1.0 / (4 / 1.75))
     assert c.events[-1]["to_depth"] == 0
+
+
+def test_an_untried_depth_takes_the_acceptance_reached_before_it():
+    """After 20 rounds at depth 1 that all accepted, position 1's acceptance is 1 - 0.25 * 0.9**20 (0.97) while
+    positions 2, 3 were never reached. Costs: verify of 1..4 rows 1.0 / 1.4 / 1.8 / 2.2 s, a draft step 0.3 s. With
+    the untried positions at the prior 0.75, depth 1 would look best (1.97 / 1.7 s against 3.24 / 3.1 s at depth 3);
+    taking position 1's 0.97 for them, depth 3 expects 1 + .97 + .97**2 + .97**3 = 3.83 tokens in 3.1 s, the best
+    rate, and `auto` tries it."""
+    c = AdaptiveDepth(3, ([1.0, 1.4, 1.8, 2.2], 0.3), alpha0=0.75)
+    for i in range(20):
+        c.observe(1, 1, c.base[1], i)
+    a1 = 1 - 0.25 * 0.9 ** 20
+    assert c.alpha[0] == pytest.approx(a1) and c.alpha[1:] == [0.75, 0.75] and c.seen == [True, False, False]
+    assert c.believed() == pytest.approx([a1] * 3)
+    assert c.expected(3) == pytest.approx(1 + a1 + a1 ** 2 + a1 ** 3)
+    assert c.expected(3, [a1, 0.75, 0.75]) / c.cost(3) < c.expected(1) / c.cost(1)     # the prior's verdict
+    assert c.choose(20) == 3
+    c.observe(3, 1, c.base[3], 20)           # drafts 1 accepted, 2 rejected: position 2 is now measured
+    assert c.seen == [True, True, False] and c.believed()[2] == pytest.approx(c.alpha[1])
