@@ -19,6 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_report import PROMPT  # noqa: E402  (this tree's prompt, whichever build's python runs the worker)
+from spec_realwidth import cell, round_split  # noqa: E402
 
 
 def worker(path: str, n_gen: int, n_max: list, inner: int) -> dict:
@@ -35,24 +36,22 @@ def worker(path: str, n_gen: int, n_max: list, inner: int) -> dict:
     out = {}
     for c in cfgs:
         best = max((run(c, n_gen) for _ in range(inner)), key=lambda r: r.tokens_per_s)
-        out[str(c)] = {"tok_s": best.tokens_per_s, "ids": best.ids, "rounds": best.stats.rounds,
-                       "plain_rounds": best.stats.plain_rounds, "drafted": best.stats.drafted,
-                       "accepted": best.stats.accepted, "decode_s": best.decode_s, "vm_s": best.vm_s}
+        out[str(c)] = cell(best)
     return out
 
 
 def split(run: dict, c: str) -> dict:
-    plain = run["plain"]
-    one = plain["vm_s"]["decode"] / plain["plain_rounds"]
-    x = run[c]
+    """Configuration `c` of one worker's `run` (spec_realwidth `cell`s) against its plain run: spec_realwidth
+    `round_split`'s parts per round in decodes, NextN as the gap rows (`mtp_rows`) plus the draft steps, shown per
+    entry too (`mtp_draft`: step 0 with the gap riding along; `draft`: the one-row steps)."""
+    plain, x = run["plain"], run[c]
+    one = plain["entry_s"]["decode"] / plain["plain_rounds"]
+    parts = round_split(x, one)
     n = x["rounds"] + x["plain_rounds"]
-    v = x["vm_s"]
-    d = {k: v.get(k, 0.0) / n / one for k in ("mtp_rows", "mtp_draft", "draft")}
-    d["nextn"] = sum(d.values())
-    d["verify"] = (v.get("verify", 0.0) + v.get("decode", 0.0)) / n / one
-    d["host"] = (x["decode_s"] - sum(v.values())) / n / one
+    d = {"mtp_rows": parts["gap"], **{k: x["entry_s"].get(k, 0.0) / n / one for k in ("mtp_draft", "draft")},
+         "nextn": parts["draft"] + parts["gap"], "verify": parts["verify"], "host": parts["host"]}
     return {"tok_s": x["tok_s"], "x_plain": x["tok_s"] / plain["tok_s"], "decode_ms": one * 1e3,
-            "accepted": f"{x['accepted']}/{x['drafted']}", "same_as_plain": x["ids"] == plain["ids"],
+            "accepted": f"{x['accepted']}/{x['drafted']}", "same_as_plain": x["tokens"] == plain["tokens"],
             **{k: round(val, 3) for k, val in d.items()}}
 
 
