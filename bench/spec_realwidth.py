@@ -59,7 +59,10 @@ longer than that), verify
 (`verify` + `decode`), host (decode seconds outside any entry point: the Python loop, conversions, the
 acceptance check), per round (speculative + plain rounds). "The same at the bytes' cost": the tokens per round
 ÷ (bytes(k+1) ÷ bytes(1) + drafts per round × a draft step's bytes ÷ bytes(1)), what the run would give per
-decode-time if every entry point cost what its weight bytes cost (plain: 1).
+decode-time if every entry point cost what its weight bytes cost (plain: 1). "The same with free drafts": tokens
+per round ÷ (bytes(k+1) ÷ bytes(1)), the same with draft steps that cost nothing: no cheaper draft (head, NextN
+block, host) can lift a configuration above it at that acceptance and that routing, so a target above it needs
+more tokens per round or a verify that reads fewer experts (the projection has the same column at L_real layers).
 
 Verify against its bytes (item 2): bytes(T) = every dense weight once + the lm head once + T rows of token_embd +
 each distinct routed expert once (distinct experts from the verify's own expert ids, the same size per layer in
@@ -483,7 +486,9 @@ def summarize(entry: dict) -> dict:
         if sp and T is not None and str(T) in s["verify_bytes"]:
             drafts = b["drafted"] / b["rounds"] if b["rounds"] else 0.0
             dx = s["draft_heads"].get(label_draft_vocab(label), {}).get("bytes_x_decode") or 0.0
-            sp["bytes_bound"] = sp["tokens"] / (s["verify_bytes"][str(T)]["bytes_x_decode"] + drafts * dx)
+            vx = s["verify_bytes"][str(T)]["bytes_x_decode"]
+            sp["bytes_bound"] = sp["tokens"] / (vx + drafts * dx)
+            sp["free_draft_bound"] = sp["tokens"] / vx     # ... and if a draft step cost nothing at all
     k = next((r["kernels"] for r in nx if r.get("kernels")), None)
     if k:
         s["kernels"] = {}
@@ -566,7 +571,8 @@ def projection(files: list[dict]) -> list[dict]:
             bx = verify_bytes(dec, T, vb[str(T)]["distinct"], used) / dec["total"]
             N = label_draft_vocab(label)
             dx = dv_bytes[str(N)] / dec["total"] if N and str(N) in dv_bytes else draft_x
-            cfg[label].update(bytes_x_decode=bx, bytes_bound=cfg[label]["tokens"] / (bx + drafts * dx))
+            cfg[label].update(bytes_x_decode=bx, bytes_bound=cfg[label]["tokens"] / (bx + drafts * dx),
+                              free_draft_bound=cfg[label]["tokens"] / bx)
         for c in cfg.values():
             c["x_plain"] = _div(c["tok_s"], cfg["plain"]["tok_s"])
         out.append({"arch": arch, "alpha": alpha, "layers": layers, "L_real": L, "base": base["name"],
@@ -591,13 +597,14 @@ def format_table(report: dict) -> str:
     # 1. nextn's cost per round
     L += ["nextn's cost per round, each a multiple of one decode (the plain run's `decode` step):", "",
           "| file | config | tokens / round | draft steps | NextN gap rows | verify | host | round | "
-          "tokens per decode-time | the same at the bytes' cost |", "|" + "---|" * 10]
+          "tokens per decode-time | the same at the bytes' cost | the same with free drafts |", "|" + "---|" * 11]
     for e in files:
         for label, sp in (e["summary"].get("split") or {}).items():
             if sp:
                 L.append(f"| {e['name']} | {label} | {sp['tokens']:.2f} | {sp['draft']:.2f} | {sp['gap']:.2f} | "
                          f"{sp['verify']:.2f} | {sp['host']:.2f} | {sp['total']:.2f} | "
-                         f"{_f(_div(sp['tokens'], sp['total']))} | {_f(sp.get('bytes_bound'))} |")
+                         f"{_f(_div(sp['tokens'], sp['total']))} | {_f(sp.get('bytes_bound'))} | "
+                         f"{_f(sp.get('free_draft_bound'))} |")
     # 2. verify vs bytes
     L += ["", f"A verify of T rows against its bytes (chain tokens; ms of the entry points, min of {REPS} calls "
           "× rounds):",
@@ -652,11 +659,11 @@ def format_table(report: dict) -> str:
               f"measured on {', '.join(map(str, p['layers']))} trunk layers, per-layer ms of the verify of 1..4 rows "
               + " / ".join(f"{v:.1f}" for v in p["per_layer_ms"].values()) + f", projected from {p['base']}:", "",
               "| config | tokens / round | verify bytes ÷ decode bytes | projected round ms | projected tok/s | "
-              "bytes-bound ÷ plain | projected ÷ projected plain |", "|" + "---|" * 7]
+              "bytes-bound ÷ plain | the same with free drafts | projected ÷ projected plain |", "|" + "---|" * 8]
         for label in labels:
             c = p["configs"][label]
             L.append(f"| {label} | {c['tokens']:.2f} | {c['bytes_x_decode']:.2f} | {c['round_s'] * 1e3:.0f} | "
-                     f"{c['tok_s']:.2f} | {c['bytes_bound']:.2f} | {_f(c['x_plain'])} |")
+                     f"{c['tok_s']:.2f} | {c['bytes_bound']:.2f} | {c['free_draft_bound']:.2f} | {_f(c['x_plain'])} |")
     # 5. speed, ratios last
     L += ["", "| file | config | nextn tok/s | nextn acceptance (acc/drafted) | nextn acc per pos | same tokens as "
           "plain | llama tok/s | llama acceptance | llama acc per pos | nextn ÷ llama | "

@@ -198,6 +198,7 @@ def test_summary_split_projection_and_table(monkeypatch):
     # at the bytes' cost: 1.8 tokens per (a verify of 2 rows' bytes + one draft step's) in decodes' bytes
     assert sp["bytes_bound"] == pytest.approx(1.8 / ((782 + 2 + 80 * 0.5) / 782 + 391 / 782))
     assert s["split"]["plain"]["bytes_bound"] == pytest.approx(1.0) and "bytes_bound" not in s["split"].get("auto", {})
+    assert sp["free_draft_bound"] == pytest.approx(1.8 / ((782 + 2 + 80 * 0.5) / 782))   # the draft's bytes at 0
     vb = s["verify_bytes"]["2"]
     assert vb["verify_x_decode"] == 1.5 and vb["calib_x_decode"] == pytest.approx(1.1)
     assert vb["bytes_x_decode"] == pytest.approx((782 + 2 + 40) / 782)
@@ -221,6 +222,7 @@ def test_summary_split_projection_and_table(monkeypatch):
     assert p["bytes_per_token"] == pytest.approx(total)
     assert p["configs"]["n_max=1"]["bytes_x_decode"] == pytest.approx((total + 2 + 1840 * 0.5) / total)
     assert p["configs"]["n_max=1"]["bytes_bound"] == pytest.approx(1.8 / ((total + 2 + 920) / total + 391 / total))
+    assert p["configs"]["n_max=1"]["free_draft_bound"] == pytest.approx(1.8 / ((total + 2 + 920) / total))
     assert sr.projection([a]) == []               # one layer count: no slope, no projection
     report = {"files": [a, b], "machine": {"cpu": "cpu", "physical_cores": 2, "loadavg": (3.0, 0, 0)}, "threads": 2,
               "cache_type_k": "f16", "cache_type_v": "f16", "ctx": 4096, "n_gen": 10, "repeat": 1, "loaded": True}
