@@ -1,7 +1,7 @@
 """The real-width GGUFs the benches read, made by one command into a cache folder (as peer_llamacpp.sh builds the peer).
 
     python bench/realwidth_files.py                  # the speed set (bench/realwidth.py's files); prints name=path
-    python bench/realwidth_files.py --set spec       # the predictable files of the speculation benches (~90 GB)
+    python bench/realwidth_files.py --set spec       # the predictable files of the speculation benches (~145 GB)
     python bench/realwidth_files.py --set lowbit     # codebook-format experts (issue 35), ~3-5 GB each
     python bench/realwidth_files.py glm45air-1 glm45air-8-a0.1    # just these
     python bench/realwidth_files.py --list           # names and recipes, nothing generated
@@ -32,8 +32,9 @@ FILES: dict[str, tuple] = {
 }
 SPEED = list(FILES)
 # The predictable files of the speculation benches (synth_realwidth --mtp-mix): glm45air with 1, 4, 8 MoE layers,
-# glm52 with 1 and 3, each at ALPHA 0, 0.1 and 0.2.
-for _preset, _layers in (("glm45air", (1, 4, 8)), ("glm52", (1, 3))):
+# glm52 with 1, 2 and 3, each at ALPHA 0, 0.1 and 0.2. glm52-3 (~24 GB) does not fit a 24 GB machine's page cache, so
+# glm52-2 (~18.5 GB) is the second layer count there that the 78-layer projection needs.
+for _preset, _layers in (("glm45air", (1, 4, 8)), ("glm52", (1, 2, 3))):
     for _n in _layers:
         for _alpha in ("0", "0.1", "0.2"):
             FILES[f"{_preset}-{_n}-a{_alpha}"] = ("synth", [_preset, str(_n), "--mtp-mix", _alpha])
