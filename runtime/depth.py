@@ -233,9 +233,10 @@ class AdaptiveDepth:
         the priced `gap_s`, is taken out before the slowdown is updated, else a first round that writes a deferred
         prompt gap makes every depth look cost-bound for max_interval rounds (found by bench/spec_realwidth.py with
         --spec-draft-vocab; docs/performance.md, "The reduced-vocabulary draft head at real width"). The measured
-        seconds, not the price: `row_s` is one 32-row call's rate, and a catch-up priced below its cost left the rest
-        in the slowdown, where it made every later round look dearer (glm45air-8-a0: three losing probes, 0.97x
-        plain where depth 3 ran 1.14x). The catch-up is then paid: the probe's verdict below no longer charges it."""
+        seconds, not the price: `row_s` is one 32-row call's rate at position 0, and what a price misses would stay
+        in the slowdown of every later round. The catch-up is then paid: the probe's verdict below no longer charges
+        it (it did: tests/test_depth_sim.py). A depth's own slowdown starts from the speculative one, weighted as
+        `prior_rounds` rounds, as an acceptance does."""
         self.elapsed_s += seconds
         if self.mode == "probe":
             self.probe_loss_s += max(seconds - (a + 1) * self.base[0] * self.slow[0], 0.0)
