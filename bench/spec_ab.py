@@ -1,7 +1,8 @@
 """Two nextn builds side by side on one GGUF, interleaved (issue 34: a runtime / compiler change against its base):
 each build's Python (a worktree's venv) runs a fresh worker process per round, alternating A, B, A, B, ...; each
 worker loads the file (compiled and cached by that build on first use), warms up, then generates -n tokens after
-bench_report.PROMPT plainly and at each --n-max (greedy, ignore EOS, f16 KV, -c 4096), best of --inner generations.
+bench_report.PROMPT plainly and at each --n-max (an int or `auto`; greedy, ignore EOS, f16 KV, -c 4096), best of
+--inner generations.
 
     python bench/spec_ab.py FILE --a A_PYTHON --b B_PYTHON [-n 64] [--repeat 2] [--n-max 2,3] [-o report.json]
 
@@ -52,7 +53,9 @@ def split(run: dict, c: str) -> dict:
          "nextn": parts["draft"] + parts["gap"], "verify": parts["verify"], "host": parts["host"]}
     return {"tok_s": x["tok_s"], "x_plain": x["tok_s"] / plain["tok_s"], "decode_ms": one * 1e3,
             "accepted": f"{x['accepted']}/{x['drafted']}", "same_as_plain": x["tokens"] == plain["tokens"],
-            **{k: round(val, 3) for k, val in d.items()}}
+            **{k: round(val, 3) for k, val in d.items()},
+            **({"rounds": f"{x['rounds']} spec / {x['plain_rounds']} plain", "depth_switches": x["depth_switches"]}
+               if c == "auto" else {})}
 
 
 def main():
@@ -67,7 +70,7 @@ def main():
     ap.add_argument("-o", "--output", default=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    n_max = [int(x) for x in a.n_max.split(",")]
+    n_max = [x if x == "auto" else int(x) for x in a.n_max.split(",")]
     if a.worker:
         print("JSON" + json.dumps(worker(a.file, a.n_gen, n_max, a.inner)))
         return

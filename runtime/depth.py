@@ -2,25 +2,42 @@
 
 Vocabulary:
 - *depth* k: drafts proposed this round (0 = a plain decoding round: verify of one row, no NextN work).
-- *alpha[j]*: running (exponential moving average) acceptance of the draft at position j+1 given that drafts
-  1..j were accepted — the conditional form of llama.cpp's `acc per pos`.
+- *alpha[j]*: running acceptance of the draft at position j+1 given that drafts 1..j were accepted — the
+  conditional form of llama.cpp's `acc per pos`: the mean of the belief it started from (the prior alpha0, or for a
+  position first reached after others the acceptance `believed` of it then), weighted as `prior_rounds` rounds, and
+  the rounds that reached it, until that mean moves a round's result by less than `beta`; then an exponential moving
+  average of weight beta. (Before: the moving average from alpha0 = 0.75 at once, so a probe that accepted moved
+  the belief by 0.025; on glm45air-8-a0, acceptance 0.98, `auto` started speculating at token 53 in one run and
+  never in another: docs/performance.md.)
 - *expected tokens* E(k) = 1 + sum_{i=1..k} prod_{j<i} alpha[j]: tokens a round of depth k emits on average
   (Leviathan et al. 2023, eq. 1, with per-position rather than constant acceptance).
 - *round cost* c(k) = base(k) × slowdown: base(k) from a one-off calibration of the sequence's entry points (verify
   of k+1 rows + k draft steps; a draft step is timed through `Sequence.mtp_draft`, so it is the step decoding will
   run — the reduced head's `draft_vocab` entry with --spec-draft-vocab, whose lower cost can make a depth pay);
-  *slowdown* a moving average of measured round seconds / base(k), one for plain rounds and one for speculative
-  rounds (it absorbs the loop's own time and the machine's current load; a measurement counts at most 4x the
-  running value, so one preempted round cannot flip the choice).
+  *slowdown* a moving average of measured round seconds / base(k): one for plain rounds, one for each depth once a
+  round ran at it, and one for speculative rounds that stands in for the depths not run yet (it absorbs the loop's
+  own time, the NextN gap rows fused into draft step 0, the calibration's error and the machine's current load; a
+  measurement counts at most 4x the running value, so one preempted round cannot flip the choice).
+- *gap*: NextN rows of emitted tokens not written yet (runtime/speculative.py `Drafter`); with `auto` the prompt's
+  rows wait there too, and every plainly decoded token adds one. A draft writes up to `Drafter.fuse_rows` of them
+  inside its step 0 (their cost is in the round's seconds); a longer gap first takes a separate `mtp_rows` call, the
+  *catch-up*, priced at `row_s` a row and spread over the rounds it buys (`spread`); the decode loop times it, and
+  `observe` takes its measured seconds out of the round's before updating a slowdown.
 - *rate* r(k) = E(k) / c(k), tokens per second. Each round takes argmax_k r(k).
 - *gate*: when r(0) >= max_k r(k), decode plainly and *probe* again after `interval` plain rounds; the interval
   doubles (up to `max_interval`) while probes keep losing and resets when speculation wins. A probe is one
-  speculative round at the best depth: it re-measures acceptance and cost. When even alpha = 1 cannot beat plain
-  decoding (*cost-bound*: verify of k+1 rows costs more than k+1 plain rounds), the probe is skipped — no
-  acceptance could change the answer — and the check repeats every `max_interval` rounds, after re-timing the
-  decode, the verify of the best depth and a draft step at the current context (three timing-only calls,
-  `retime`).
-Every switch is recorded in `events` with the numbers behind it.
+  speculative round at the best depth: it re-measures acceptance and cost. Speculation, once measured, stops only
+  when plain decoding is expected more than HOLD faster, and a probe's verdict uses the same margin: its catch-up is
+  paid, so a few early rejections do not buy another catch-up and a plain interval. The first round probes when
+  the prior says plain (no acceptance is measured, and the catch-up is the prompt alone). Every probe first writes
+  the gap, ~0.05 decodes a row on glm45air-8-a0, so probes are *budgeted*: their measured seconds beyond plain
+  decoding's for their tokens stay within PROBE_SHARE of the generation's plain seconds (`affordable`). When even
+  alpha = 1 cannot beat plain decoding (*cost-bound*: verify of k+1 rows costs more than k+1 plain rounds), the
+  probe is skipped — no acceptance could change the answer — and the check repeats every `max_interval` rounds,
+  after re-timing the decode, the verify of the best depth and a draft step at the current context (three
+  timing-only calls, `retime`; not where only the catch-up makes it cost-bound).
+Every switch is recorded in `events` with the numbers behind it. tests/test_depth_sim.py runs the decode loop on a
+simulated sequence with glm45air-8-a0's costs against every fixed depth.
 """
 from __future__ import annotations
 
@@ -39,7 +56,7 @@ class FixedDepth:
     def choose(self, n_emitted: int, gap_rows: int = 0, left: int | None = None) -> int:
         return self.k_max
 
-    def observe(self, k: int, a: int, seconds: float, n_emitted: int = 0) -> None:
+    def observe(self, k: int, a: int, seconds: float, n_emitted: int = 0, catch_up_s: float | None = None) -> None:
         pass
 
 
@@ -53,7 +70,7 @@ class AdaptiveDepth:
     one draft step there, or None (no cell left, or not given: the calibration's draft seconds stay)."""
 
     def __init__(self, k_max: int, costs, remeasure=None, alpha0: float = 0.75, beta: float = 0.1,
-                 interval: int = 16, max_interval: int = 256, remeasure_draft=None):
+                 interval: int = 16, max_interval: int = 256, remeasure_draft=None, prior_rounds: int = 4):
         self.k_max = k_max
         self.verify_s, self.draft_s = list(costs[0][:k_max + 1]), costs[1]
         self.row_s = costs[2] if len(costs) > 2 else 0.0      # NextN catch-up seconds per gap row
@@ -62,8 +79,14 @@ class AdaptiveDepth:
         self.seen_spec = False
         self.base = [self.verify_s[k] + k * self.draft_s for k in range(k_max + 1)]
         self.slow = [1.0, 1.0]               # slowdown of plain rounds, of speculative rounds
+        self.slow_at = [None] * (k_max + 1)  # slowdown of rounds at depth k (None: none yet; slow[1] stands in)
+        self.rounds_at = [0] * (k_max + 1)
+        self.elapsed_s = 0.0                 # seconds of every round observed
+        self.probe_loss_s = 0.0              # seconds the probes took beyond plain decoding's for their tokens
         self.alpha = [alpha0] * k_max
         self.seen = [False] * k_max          # whether a round has reached draft position j+1 yet
+        self.reached = [0] * k_max           # rounds that reached draft position j+1
+        self.prior_rounds = prior_rounds     # the belief a position starts from weighs as much as this many rounds
         self.remeasure, self.remeasure_draft = remeasure, remeasure_draft
         self.beta, self.interval0, self.max_interval = beta, interval, max_interval
         self.interval, self.plain_left, self.mode = interval, 0, "spec"    # mode: spec | plain | probe
@@ -92,7 +115,27 @@ class AdaptiveDepth:
         the rounds it would buy (`spread`)."""
         if k == 0:
             return self.base[0] * self.slow[0]
-        return self.base[k] * self.slow[1] + self.gap_s / self.spread(k)
+        return self.base[k] * self.spec_slow(k) + self.gap_s / self.spread(k)
+
+    def spec_slow(self, k: int) -> float:
+        """Slowdown of a round at depth k: its own, measured, once a round ran at k; else the speculative rounds'.
+        Per depth because the calibration prices the verifies past FIT_ROWS rows by a line that runs 10-21 % below
+        their seconds (`extrapolate`): with one slowdown for all depths the deep ones kept looking cheap."""
+        return self.slow[1] if self.slow_at[k] is None else self.slow_at[k]
+
+    def affordable(self, k: int) -> bool:
+        """Whether a probe at depth k fits the probe budget: the seconds the probes so far took beyond plain
+        decoding's for their tokens, plus this one's priced excess (its catch-up `gap_s` and its round, less its
+        expected tokens at plain's seconds), at most PROBE_SHARE of the generation's seconds at plain's rate
+        (elapsed + `left` tokens). Every probe first writes the NextN rows of the tokens decoded plainly since the
+        last draft (the catch-up, ~0.05 decodes a row on glm45air-8-a0), so probing at the doubling interval would
+        cost ~5 % of a generation where nothing pays. With no known end (`left` None) the interval alone limits
+        probes."""
+        if self.left is None:
+            return True
+        plain_s = self.base[0] * self.slow[0]
+        price = self.gap_s + self.base[k] * self.spec_slow(k) - self.expected(k) * plain_s
+        return self.probe_loss_s + max(price, 0.0) <= PROBE_SHARE * (self.elapsed_s + self.left * plain_s)
 
     def spread(self, k: int) -> float:
         """Rounds of depth k a catch-up written now pays for: `interval`, or fewer where the generation ends
@@ -116,10 +159,15 @@ class AdaptiveDepth:
         r = self.rates()
         best = max(range(1, self.k_max + 1), key=lambda k: r[k])
         if self.mode == "spec":
-            if r[best] > r[0]:
+            if r[best] * (1.0 + HOLD if self.seen_spec else 1.0) > r[0]:
                 return best
             bound = self.expected(best, [1.0] * self.k_max) / self.cost(best)
-            self._event(n_emitted, 0, f"depth {best} expects {r[best]:.0f} tok/s <= plain {r[0]:.0f} tok/s"
+            if bound > r[0] and not any(self.seen) and self.left is not None and self.affordable(best):
+                # No acceptance measured yet: the prior's verdict is a guess, and a probe is cheapest now (its
+                # catch-up is the deferred prompt alone; later ones also write every token decoded since).
+                self.mode = "probe"
+                return best
+            self._event(n_emitted, 0, f"depth {best} expects " + self._versus(r[best], r[0])
                         + (" even at acceptance 1 (cost-bound)" if bound <= r[0] else ""))
             if bound <= r[0]:                # no acceptance could win: look again only every max_interval
                 self.interval = self.max_interval
@@ -129,17 +177,33 @@ class AdaptiveDepth:
         self.interval = min(2 * self.interval, self.max_interval)
         if r[best] > r[0]:
             self.mode, self.interval = "spec", self.interval0
-            self._event(n_emitted, best, f"depth {best} expects {r[best]:.0f} tok/s > plain {r[0]:.0f} tok/s")
+            self._event(n_emitted, best, f"depth {best} expects " + self._versus(r[best], r[0]))
             return best
-        if max(self.rates([1.0] * self.k_max)[1:]) <= r[0]:
-            # Cost-bound: no acceptance could win; re-time at the current context instead of probing.
-            if self.remeasure is not None:
+        if self.cost_bound():
+            # Cost-bound: no acceptance could win; re-time at the current context instead of probing, unless the
+            # catch-up alone is what no acceptance repays (near the generation's end): re-timing costs a decode, a
+            # verify and a draft step, which told nothing new there (2 % of a 128-token generation in
+            # tests/test_depth_sim.py).
+            if self.remeasure is not None and self.cost_bound(catch_up=False):
                 self.retime(best)
             self.interval = self.max_interval
             self.plain_left = self.interval - 1
             return 0
+        if not self.affordable(best):        # the probe budget is spent: plain for another interval
+            self.plain_left = self.interval - 1
+            return 0
         self.mode = "probe"
         return best
+
+    def cost_bound(self, catch_up: bool = True) -> bool:
+        """Whether no depth beats plain decoding even at acceptance 1 (with the priced catch-up, or without it)."""
+        gap_s = self.gap_s
+        self.gap_s = gap_s if catch_up else 0.0
+        try:
+            r = self.rates([1.0] * self.k_max)
+        finally:
+            self.gap_s = gap_s
+        return max(r[1:]) <= r[0]
 
     def retime(self, k: int) -> None:
         """Re-time the decode and the verify of k+1 rows at the sequence's current position (`remeasure`): the
@@ -162,31 +226,58 @@ class AdaptiveDepth:
         self.verify_s = [v1] + [v * fk for v in self.verify_s[1:]]
         self.base = [self.verify_s[j] + j * self.draft_s for j in range(self.k_max + 1)]
 
-    def observe(self, k: int, a: int, seconds: float, n_emitted: int = 0) -> None:
+    def observe(self, k: int, a: int, seconds: float, n_emitted: int = 0, catch_up_s: float | None = None) -> None:
         """Record a round: depth k (drafts actually verified), accepted a, wall seconds. A speculative round's
-        seconds include writing the NextN gap its choice priced apart (`gap_s`, charged once per `interval` in
-        `cost`): that is taken out before the slowdown is updated, else a first round that writes a deferred prompt
-        gap makes every depth look cost-bound for max_interval rounds (found by bench/spec_realwidth.py with
-        --spec-draft-vocab; docs/performance.md, "The reduced-vocabulary draft head at real width")."""
+        seconds include the NextN catch-up its choice priced apart (`gap_s`, charged once per `interval` in `cost`):
+        `catch_up_s`, its measured seconds (the decode loop times the Drafter's `mtp_rows` call), or where not given
+        the priced `gap_s`, is taken out before the slowdown is updated, else a first round that writes a deferred
+        prompt gap makes every depth look cost-bound for max_interval rounds (found by bench/spec_realwidth.py with
+        --spec-draft-vocab; docs/performance.md, "The reduced-vocabulary draft head at real width"). The measured
+        seconds, not the price: `row_s` is one 32-row call's rate at position 0, and what a price misses would stay
+        in the slowdown of every later round. The catch-up is then paid: the probe's verdict below no longer charges
+        it (before, it priced the catch-up it had just paid once more). A depth's own slowdown starts from the speculative one, weighted as
+        `prior_rounds` rounds, as an acceptance does."""
+        self.elapsed_s += seconds
+        if self.mode == "probe":
+            self.probe_loss_s += max(seconds - (a + 1) * self.base[0] * self.slow[0], 0.0)
         if k > 0:
-            seconds = max(seconds - self.gap_s, 0.0)
+            seconds = max(seconds - (self.gap_s if catch_up_s is None else catch_up_s), 0.0)
+            self.gap_s = 0.0
+            self.rounds_at[k] += 1
+            s, w = self.spec_slow(k), max(0.1, 1.0 / (self.rounds_at[k] + self.prior_rounds))
+            self.slow_at[k] = s + w * (min(seconds / self.base[k], 4 * s) - s)
         s = self.slow[k > 0]
         self.slow[k > 0] = s + 0.1 * (min(seconds / self.base[k], 4 * s) - s)
         self.seen_spec |= k > 0
         if not self.seen_spec:               # until a speculative round is measured, assume the plain overhead
             self.slow[1] = self.slow[0]
+        belief = self.believed()
         for j in range(min(a + 1, k)):       # positions the round reached: 1..a accepted, a+1 rejected
-            self.alpha[j] += self.beta * (float(j < a) - self.alpha[j])
+            if not self.seen[j]:             # a position's first round starts from what was believed of it
+                self.alpha[j] = belief[j]
+            self.reached[j] += 1
+            w = max(self.beta, 1.0 / (self.reached[j] + self.prior_rounds))
+            self.alpha[j] += w * (float(j < a) - self.alpha[j])
             self.seen[j] = True
         if self.mode == "probe":
             r = self.rates()
             best = max(range(1, self.k_max + 1), key=lambda j: r[j])
-            if r[best] > r[0]:
+            # The probe's catch-up is paid: speculation goes on unless plain decoding is clearly faster (HOLD),
+            # so a few unlucky rejections early do not cost another catch-up and a plain interval.
+            if r[best] * (1.0 + HOLD) > r[0]:
                 self.mode, self.interval = "spec", self.interval0
                 self._event(n_emitted, best, f"probe at depth {k} accepted {a}: depth {best} expects "
-                                        f"{r[best]:.0f} tok/s > plain {r[0]:.0f} tok/s")
+                                             + self._versus(r[best], r[0]))
             else:
+                if not self.events or self.events[-1]["to_depth"] != 0:     # the first probe: a switch to plain
+                    self._event(n_emitted, 0, f"probe at depth {k} accepted {a}: depth {best} expects "
+                                              + self._versus(r[best], r[0]))
                 self.mode, self.plain_left = "plain", self.interval
+
+    @staticmethod
+    def _versus(spec: float, plain: float) -> str:
+        rel = ">" if spec > plain else f"within {HOLD:.0%} of" if spec * (1.0 + HOLD) > plain else "<="
+        return f"{spec:.1f} tok/s {rel} plain {plain:.1f} tok/s"
 
     def _event(self, n_emitted, to_k: int, why: str) -> None:
         self.events.append({"at_token": n_emitted, "to_depth": to_k, "why": why})
@@ -207,6 +298,8 @@ def calibrated(seq, k_max: int) -> bool:
 
 FIT_ROWS = 4        # `calibrate` times verifies of 1..FIT_ROWS rows and extrapolates the deeper ones (`extrapolate`)
 CATCH_UP_ROWS = 32  # NextN catch-up rows `calibrate` times in one call (a deferred prompt gap is priced per row)
+PROBE_SHARE = 0.02  # probes may cost at most this share of a generation's plain seconds (`AdaptiveDepth.affordable`)
+HOLD = 0.02         # speculation, once measured, stops only where plain decoding is expected this much faster
 
 
 def extrapolate(verify_s, n: int) -> list[float]:

@@ -182,6 +182,18 @@ class Drafter:
         self.fuse_rows = int(seq.model.max_draft) + 1
         self.sampled, self.n_min, self.p_min = sampled and not chain.greedy, n_min, p_min
         self.tok, self.h, self.pos0 = [], [], 0
+        self.catch_up_s = 0.0       # seconds of the `mtp_rows` catch-ups `propose` wrote since `take_catch_up`
+
+    def catch_up_rows(self) -> int:
+        """Gap rows a draft proposed now would write by a separate `mtp_rows` call (the catch-up) before its step 0:
+        all of them when gap + id_last exceeds `fuse_rows`, else none (they ride in step 0, whose seconds are the
+        round's). Call it before id_last is added."""
+        return len(self.tok) if len(self.tok) + 1 > self.fuse_rows else 0
+
+    def take_catch_up(self) -> float:
+        """Seconds of the catch-ups written since the last call (the gate takes them out of a round's seconds)."""
+        s, self.catch_up_s = self.catch_up_s, 0.0
+        return s
 
     def add_rows(self, tokens, h_prev, pos0: int) -> None:
         if not self.tok:
@@ -200,7 +212,9 @@ class Drafter:
         last_tok, last_h = self.tok[-1:], self.h[-1][-1:]
         if len(self.tok) > self.fuse_rows:
             self.tok, self.h[-1] = self.tok[:-1], self.h[-1][:-1]
+            t = time.perf_counter()
             self.flush()
+            self.catch_up_s += time.perf_counter() - t
             toks, h, pos = last_tok, last_h, n_past
         else:
             toks, h, pos = self.tok, np.concatenate(self.h), self.pos0
@@ -313,7 +327,7 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
         drafts, q = [], None
         if spec.enabled:
             left = min(n_predict - len(out), seq.n_ctx - n_past - 1)
-            k = min(depth.choose(len(out), len(drafter.tok), left=left), left)
+            k = min(depth.choose(len(out), drafter.catch_up_rows(), left=left), left)
             drafter.add_rows([id_last], pending_h, n_past)
             if k > 0:
                 drafts, q = drafter.propose(n_past, k)
@@ -336,7 +350,8 @@ def decode(seq, prompt_ids, sampling: SamplingParams = SamplingParams(), spec: S
         stats.draft_s += tv - tr
         stats.verify_s += ts - tv
         stats.sampling_s += te - ts
-        depth.observe(len(drafts), a, time.perf_counter() - tr, len(out))
+        depth.observe(len(drafts), a, time.perf_counter() - tr, len(out),
+                      catch_up_s=drafter.take_catch_up() if spec.enabled else 0.0)
         _mark(extent, n_past, drafter)
         if on_logits is not None:
             on_logits(raw[:m], new[:m], target[:m])

@@ -29,3 +29,8 @@ def test_split_prices_each_entry_in_decodes():
     assert got["host"] == pytest.approx(per(1.9 - 1.74), abs=1e-3)
     assert got["accepted"] == "45/60" and got["same_as_plain"]
     assert not spec_ab.split({"plain": plain, "2": {**spec, "tokens": [1, 2, 4]}}, "2")["same_as_plain"]
+    # `auto` (--n-max 3,auto) adds its round counts and depth switches, the same split otherwise
+    ev = [{"at_token": 1, "to_depth": 1, "why": "probe"}]
+    auto = spec_ab.split({"plain": plain, "auto": {**spec, "depth_switches": ev}}, "auto")
+    assert auto["rounds"] == "30 spec / 10 plain" and auto["depth_switches"] == ev
+    assert auto["verify"] == got["verify"] and "depth_switches" not in got

@@ -337,15 +337,16 @@ def test_a_catch_up_is_priced_over_the_rounds_left():
 
 
 def test_an_untried_depth_takes_the_acceptance_reached_before_it():
-    """After 20 rounds at depth 1 that all accepted, position 1's acceptance is 1 - 0.25 * 0.9**20 (0.97) while
+    """After 20 rounds at depth 1 that all accepted, position 1's acceptance is 1 - 0.9**15 / 9 (0.977: the mean of
+    the prior 0.75 counted as 4 rounds and the first 5 rounds is 8/9, then 15 moving-average steps of 0.1) while
     positions 2, 3 were never reached. Costs: verify of 1..4 rows 1.0 / 1.4 / 1.8 / 2.2 s, a draft step 0.3 s. With
-    the untried positions at the prior 0.75, depth 1 would look best (1.97 / 1.7 s against 3.24 / 3.1 s at depth 3);
-    taking position 1's 0.97 for them, depth 3 expects 1 + .97 + .97**2 + .97**3 = 3.83 tokens in 3.1 s, the best
-    rate, and `auto` tries it."""
+    the untried positions at the prior 0.75, depth 1 would look best (1.98 / 1.7 s against 3.26 / 3.1 s at depth 3);
+    taking position 1's 0.977 for them, depth 3 expects 1 + .977 + .977**2 + .977**3 = 3.86 tokens in 3.1 s, the
+    best rate, and `auto` tries it."""
     c = AdaptiveDepth(3, ([1.0, 1.4, 1.8, 2.2], 0.3), alpha0=0.75)
     for i in range(20):
         c.observe(1, 1, c.base[1], i)
-    a1 = 1 - 0.25 * 0.9 ** 20
+    a1 = 1 - 0.9 ** 15 / 9
     assert c.alpha[0] == pytest.approx(a1) and c.alpha[1:] == [0.75, 0.75] and c.seen == [True, False, False]
     assert c.believed() == pytest.approx([a1] * 3)
     assert c.expected(3) == pytest.approx(1 + a1 + a1 ** 2 + a1 ** 3)
@@ -353,3 +354,65 @@ def test_an_untried_depth_takes_the_acceptance_reached_before_it():
     assert c.choose(20) == 3
     c.observe(3, 1, c.base[3], 20)           # drafts 1 accepted, 2 rejected: position 2 is now measured
     assert c.seen == [True, True, False] and c.believed()[2] == pytest.approx(c.alpha[1])
+
+
+def test_a_catch_up_is_taken_out_at_its_measured_seconds():
+    """The decode loop times the catch-up (`Drafter.take_catch_up`) and `observe` takes those seconds out of the
+    round's, not the price `gap_s` (10 rows at 0.1 s = 1.0 s): a catch-up that took 3.0 s leaves the speculative
+    slowdowns at 1.0 where the price would have left 2.0 s in them (1 + 0.1 * (3.4 / 1.4 - 1) = 1.143). The catch-up
+    is then paid: `gap_s` is 0 for the rates that judge the round."""
+    def after(**kw):
+        c = AdaptiveDepth(1, ([1.0, 1.2], 0.2, 0.1), alpha0=0.75)
+        assert c.choose(1, gap_rows=10, left=100) == 1 and c.gap_s == pytest.approx(1.0)
+        c.observe(1, 1, 1.4 + 3.0, 2, **kw)
+        return c
+    c = after(catch_up_s=3.0)
+    assert c.slow[1] == pytest.approx(1.0) and c.slow_at[1] == pytest.approx(1.0) and c.gap_s == 0.0
+    priced = after()
+    assert priced.slow[1] == pytest.approx(1 + 0.1 * (3.4 / 1.4 - 1))
+
+
+def test_the_first_round_probes_where_the_prior_says_plain():
+    """Issue 34's costs (verify of 2 rows 1.48 decodes, a draft step 0.32): at the prior acceptance 0.79 depth 1
+    expects 1.79 tokens in 1.80 s, below plain's 1 a second, but no acceptance is measured yet, so with the
+    generation's length known the first round probes (its catch-up is the prompt's alone). Accepted, position 1
+    believes (4 * 0.79 + 1) / 5 = 0.832: 1.832 / 1.80 > 1, speculation; rejected, 3.16 / 5 = 0.632: 1.632 / 1.80 is
+    more than HOLD below plain, plain decoding, and the switch is recorded. Without `left` the prior's verdict
+    stands (plain for one interval)."""
+    def probe(a):
+        c = AdaptiveDepth(3, ([1.0, 1.48, 1.97, 2.45], 0.32), alpha0=0.79)
+        assert c.choose(1, left=127) == 1 and c.mode == "probe"
+        c.observe(1, a, 1.80, 2 + a)
+        return c
+    won, lost = probe(1), probe(0)
+    assert won.alpha[0] == pytest.approx(0.832) and won.mode == "spec" and won.events[-1]["to_depth"] >= 1
+    assert lost.alpha[0] == pytest.approx(0.632) and lost.mode == "plain" and lost.events[-1]["to_depth"] == 0
+    assert "accepted 0" in lost.events[-1]["why"]
+    assert AdaptiveDepth(3, ([1.0, 1.48, 1.97, 2.45], 0.32), alpha0=0.79).choose(1) == 0
+
+
+def test_speculation_holds_within_2_percent_of_plain():
+    """Once speculative rounds are measured, depth 1 at the issue's costs (1.80 s a round) keeps going while it
+    expects at least 1 / 1.02 tokens a second: at acceptance 0.78 (1.78 / 1.80 = 0.989) it holds, at 0.75
+    (0.972) plain decoding takes over."""
+    for alpha, want in ((0.78, 1), (0.75, 0)):
+        c = AdaptiveDepth(1, ([1.0, 1.48], 0.32))
+        c.seen_spec, c.seen, c.alpha = True, [True], [alpha]
+        assert c.choose(5, left=100) == want
+
+
+def test_probes_stay_within_their_budget():
+    """`affordable`: a probe at depth 1 (1.4 s round, 1.75 tokens expected at 1 s a plain token) that must first
+    write a 3.0 s catch-up is priced 3.0 + 1.4 - 1.75 = 2.65 s; the budget is PROBE_SHARE (2 %) of the generation's
+    plain seconds: 2.0 s with 100 tokens left (too dear), 4.0 s with 200; with 1.5 s already spent on probes,
+    4.15 s > 4.0 s is too dear again."""
+    from nextn.runtime.depth import PROBE_SHARE
+    assert PROBE_SHARE == 0.02
+    c = AdaptiveDepth(1, ([1.0, 1.2], 0.2, 0.1), alpha0=0.75)
+    c.gap_s = 3.0
+    c.left = 100
+    assert not c.affordable(1)
+    c.left = 200
+    assert c.affordable(1)
+    c.probe_loss_s = 1.5
+    assert not c.affordable(1)
