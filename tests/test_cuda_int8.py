@@ -358,6 +358,89 @@ def test_grouped_kernel_loads_weight_words_under_the_leader_branch(ttype):
     assert _loads_outside_leader_branch(grouped) == 0, ttype
 
 
+def _grouped_int8(ttype, K, layout, dp4a=True):
+    """The integer grouped mul_mat_id over a symbolic T (x shared: "x"; one row per slot: "x3"); `dp4a` False for
+    llvm."""
+    B, W, T = _block(ttype), cuda.GROUP_ROWS, te.var("T", I64)
+    ebufs, ew = _weight(ttype, (XG, N, K), "e")
+    lead = [T] if layout == "x" else [T, tirx.IntImm(I64, USED)]
+    xq = te.placeholder([*lead, tirx.IntImm(I64, K // 4)], "int32", name="xq")
+    xd = te.placeholder([*lead, tirx.IntImm(I64, K // B)], "float32", name="xd")
+    ids = te.placeholder([T, tirx.IntImm(I64, USED)], "int32", name="ids")
+    groups = te.placeholder([T, tirx.IntImm(I64, USED), tirx.IntImm(I64, W + 1)], "int32", name="groups")
+    return te.create_prim_func([xq, xd, ids, groups, *ebufs, int8.mul_mat_id_grouped(ew, xq, xd, ids, groups, dp4a)])
+
+
+@pytest.mark.parametrize("ttype,K", [("Q4_K", 512), ("Q8_0", 352), pytest.param("Q8_0", 1024, marks=pytest.mark.slow),
+                                     pytest.param("Q6_K", 512, marks=pytest.mark.slow)])
+def test_grouped_kernel_loads_member_words_as_int2(ttype, K):
+    """sm_90, the grouped integer mul_mat_id (symbolic T, both x layouts): where K is whole warp steps (a multiple
+    of 256 quants), a lane's 2 activation words of a step are one 64-bit load per member row (the XQ_GROUP stage as
+    a register tile, gemv.py), GROUP_ROWS x K / 256 of them, each directly under its own member test
+    `if (0 <= groups_ptr[e])` with the row taken from that same entry e (a row that is no member loads nothing), and
+    no scalar activation load is left; a K of partial steps keeps the scalar loads (the stage inlined)."""
+    from test_cuda_kernels import _loads_outside_leader_branch
+
+    tgt = make_target("cuda", ["sm_90"])
+    for layout in ("x", "x3"):
+        src = _cuda_source({"grouped": _scheduled(_grouped_int8(ttype, K, layout))[0]}, tgt)
+        body = src[src.index("grouped_kernel(", src.index("grouped_kernel(") + 1):]
+        body = body[:body.index("\n}\n") + 3]
+        lines = body.splitlines()
+        at = [i for i, line in enumerate(lines) if "*(int2*)(xq_ptr + " in line]
+        if K % 256:
+            assert not at and "xq_ptr[" in body, (ttype, K, layout)
+            continue
+        assert len(at) == cuda.GROUP_ROWS * (K // 256) and "xq_ptr[" not in body, (ttype, K, layout, len(at))
+        for i in at:
+            test = re.fullmatch(r"\s*if \(0 <= (groups_ptr\[.*\])\) \{", lines[i - 1])
+            assert test and f"(int64_t){test.group(1)}" in lines[i], (ttype, layout, lines[i - 1], lines[i])
+        assert _loads_outside_leader_branch(body) == 0, (ttype, layout)
+
+
+@pytest.mark.parametrize("ttype", ["Q4_K", "Q8_0"] + [pytest.param(t, marks=pytest.mark.slow)
+                                                      for t in ("Q6_K", "IQ2_XXS", "MXFP4", "IQ1_M")])
+def test_grouped_member_words_stage_changes_no_bit(ttype):
+    """The grouped integer mul_mat_id reads its member rows' activation words through a stage of their own
+    (XQ_GROUP, which the GEMV keeps as its register tile of 64-bit loads). Built for llvm, both x layouts, distinct
+    and repeated experts (pairs that lead no group, windows past T): with the stage, with it inlined, and gathered
+    (expert_gather), it gives the ungrouped mul_mat_id's outputs bit for bit (each sum adds the same terms in the same
+    order; the ungrouped kernel reads xq directly)."""
+    from tvm import s_tir
+
+    from nextn.compiler.lower.cuda.te import XQ_GROUP
+
+    K, T, B = _k(ttype), 6, _block(ttype)
+    Tv = te.var("T", I64)
+    ebufs, ew = _weight(ttype, (XG, N, K), "e")
+    ids = te.placeholder([Tv, tirx.IntImm(I64, USED)], "int32", name="ids")
+    groups = cuda.expert_groups(ids, cuda.expert_leaders(ids))
+    funcs = {}
+    for layout, lead in (("x", [Tv]), ("x3", [Tv, tirx.IntImm(I64, USED)])):
+        xq = te.placeholder([*lead, tirx.IntImm(I64, K // 4)], "int32", name="xq")
+        xd = te.placeholder([*lead, tirx.IntImm(I64, K // B)], "float32", name="xd")
+        y = cuda.expert_gather(int8.mul_mat_id_grouped(ew, xq, xd, ids, groups, dp4a=False), groups)
+        f = te.create_prim_func([xq, xd, ids, *ebufs, y])
+        sch = s_tir.Schedule(f)
+        sch.compute_inline(sch.get_sblock(XQ_GROUP))
+        assert XQ_GROUP in f.script() and XQ_GROUP not in sch.mod["main"].script()
+        funcs[layout], funcs[layout + "_inlined"] = f, sch.mod["main"]
+        funcs[layout + "_ungrouped"] = te.create_prim_func([xq, xd, ids, *ebufs,
+                                                            int8.mul_mat_id(ew, xq, xd, ids, dp4a=False)])
+    lib = tvm.compile(_module(funcs), target="llvm")
+    epacked, ew64 = _data(ttype, (XG, N, K), 3)
+    x = _x(T, K, 8, ew64[0].astype(np.float64))
+    q, d = _quantize(_quantizer(K, B), x, B)
+    q3, d3 = (np.ascontiguousarray(np.repeat(a[:, None], USED, 1)) for a in (q, d))
+    for repeat in (False, True):
+        ids_ = _ids(T, 9, repeat)
+        for layout, (xq_, xd_) in (("x", (q, d)), ("x3", (q3, d3))):
+            a, b, c = (_run(lib, layout + sfx, (T, USED, N), xq_, xd_, ids_, *epacked)
+                       for sfx in ("", "_inlined", "_ungrouped"))
+            assert np.array_equal(a.view(np.uint32), c.view(np.uint32)) and np.abs(a).max() > 0, (layout, repeat)
+            assert np.array_equal(b.view(np.uint32), c.view(np.uint32)), (layout, repeat)
+
+
 def test_signed_codebooks_have_no_zero_byte():
     """int8._signed negates a grid byte g as (g ^ 0xFF) + 1 inside a 32-bit word, which carries into the next byte
     for g = 0: every entry of the signed codebooks (gguf-py's tables, what the `.grid` buffers hold) is in 1 .. 127,

@@ -476,7 +476,7 @@ def mul_mat_id(w, xq, xd, ids, dp4a: bool = True):
 def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True):
     """`te.mul_mat_id_grouped` on quantized rows: float32 [T, n_used, GROUP_ROWS, N], a leader's products for its
     member rows, 0 elsewhere; a pair that leads no group loads no weight."""
-    from .te import GROUP_ROWS, GROUPED
+    from .te import GROUP_ROWS, GROUPED, XQ_GROUP
 
     T, kk = ids.shape
     W = GROUP_ROWS
@@ -486,12 +486,24 @@ def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True):
     B4 = Kw // xd.shape[-1]
     j = te.reduce_axis((0, Kw), name="k")
 
-    def f(t, s, q, n):
+    def member(t, s, q):   # the activation row of member q of leader (t, s): (row,) or (row, slot), and m >= 0
         m = groups[t, s, q].astype("int64")
         row = te.max(m, _c(0, "int64"))
-        xi = (row // kk,) if len(xq.shape) == 2 else (row // kk, row % kk)
-        v = _term(w.kind, words, scale, low, (t, s, n), xq[(*xi, j)], xd[(*xi, j // B4)], j, dp4a)
-        return te.sum(tirx.if_then_else(m >= 0, v, _c(0.0, F32)), axis=j)
+        return ((row // kk,) if len(xq.shape) == 2 else (row // kk, row % kk)), m >= 0
+
+    def words_of(t, s, q, jj):
+        xi, is_member = member(t, s, q)
+        return tirx.if_then_else(is_member, xq[(*xi, jj)], _c(0))
+
+    # the members' activation words as a stage of their own (0 past the members): the GEMV keeps it as a register
+    # tile, a lane's 2 words of a step as one 64-bit load under the member's test (gemv.py, as XQ_PAD); the sums
+    # read the same words in the same order, whether it is kept or inlined
+    xg = te.compute((T, kk, W, Kw), words_of, name=XQ_GROUP)
+
+    def f(t, s, q, n):
+        xi, is_member = member(t, s, q)
+        v = _term(w.kind, words, scale, low, (t, s, n), xg[t, s, q, j], xd[(*xi, j // B4)], j, dp4a)
+        return te.sum(tirx.if_then_else(is_member, v, _c(0.0, F32)), axis=j)
 
     return te.compute((T, kk, W, w.shape[-2]), f, name=GROUPED)
 
