@@ -105,6 +105,90 @@ def test_quantizer_gives_the_cpu_rows(B, K, T):
     assert q[-1, 1] == 0 and q[-1, 2] == 2
 
 
+_NORMAL_MIN = np.float32(2.0 ** -126)   # the smallest normal float32; below it -ftz flushes to (signed) zero
+
+
+def _ftz(v):
+    v = np.asarray(v, np.float32)
+    return np.where(np.abs(v) < _NORMAL_MIN, np.copysign(np.float32(0), v), v).astype(np.float32)
+
+
+def _fast_math_rows(x, B, threshold=True):
+    """(q int8, d float32) of rows x as the sm_90 quantizer computes them under nvcc's --use_fast_math, op by op in
+    numpy with each op's flushing (the PTX, checked in test_quantizer_sm90_zeroes_tiny_blocks_before_dividing:
+    abs.ftz, max.ftz, setp.lt.ftz against AMAX_MIN, div.rn.ftz for d and 127 / amax, setp.leu.ftz, mul.ftz, then
+    cvt.rni (half to even) and cvt.rzi.s32 of an integer value); `threshold` False: without the AMAX_MIN test."""
+    T, K = x.shape
+    xb = x.reshape(T, K // B, B)
+    amax = _ftz(np.abs(_ftz(xb)).max(-1))
+    if threshold:
+        amax = np.where(amax < activation.AMAX_MIN, np.float32(0), amax).astype(np.float32)
+    d = _ftz(amax / np.float32(127))
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.where(amax <= 0, np.float32(0), _ftz(np.float32(127) / amax)).astype(np.float32)
+        p = _ftz(_ftz(xb) * inv[..., None])
+    return np.rint(p).astype(np.int8).reshape(T, K), d
+
+
+def _tiny_blocks(B, seed):
+    """Rows of 256 values whose blocks of B sit at the edges of AMAX_MIN = 2^-118: amax exactly 2^-118 (one value
+    negative, subnormals and the q = 1 boundary amax / 254 beside it), one float32 step below and above it, 1e-36
+    (d = amax / 127 subnormal: -ftz would flush it), 1e-37 (127 / amax overflows to inf), a subnormal amax, the
+    smallest normal, 1e-30 with subnormal values, an ordinary block with subnormal and zero values, a zero block."""
+    rng = np.random.default_rng(seed)
+    lo = activation.AMAX_MIN
+    sub = np.float32(2.0 ** -126) * np.float32(0.75)       # a subnormal
+    rows = []
+    for amax in (lo, -lo, np.nextafter(lo, np.float32(0)), np.nextafter(lo, np.float32(1)), np.float32(1e-36),
+                 np.float32(1e-37), np.float32(1e-40), _NORMAL_MIN, np.float32(1e-30), np.float32(1.0), None):
+        row = np.zeros(256, np.float32)
+        if amax is not None:
+            for b in range(0, 256, B):
+                v = (rng.uniform(-1, 1, B) * np.abs(amax)).astype(np.float32)
+                v[rng.integers(1, B, 4)] = [sub, -sub, np.float32(1e-45), 0.0]
+                v[B - 1] = np.float32(abs(amax)) / np.float32(254)      # x * 127 / amax = 0.5: to even, 0
+                v[B - 2] = np.nextafter(np.float32(abs(amax)) / np.float32(254), np.float32(1))   # just past: 1
+                v[0] = amax
+                row[b:b + B] = v
+        rows.append(row)
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("B", [32, 256])
+def test_tiny_blocks_quantize_alike_with_and_without_flush_to_zero(B):
+    """Blocks whose amax is below activation.AMAX_MIN = 2^-118 quantize as zero blocks (d = 0, q = 0) on every path:
+    the numpy statement, the x86 kernel and the GPU definition built for llvm give the same rows bit for bit, and
+    so does a model of the sm_90 quantizer under --use_fast_math (subnormal inputs and results flushed at every
+    op); from 2^-118 up every value it computes that can change q or d is normal, so flushing changes nothing.
+    Without the threshold the fast-math d of a block of amax 1e-36 would be 0 where the CPU's is subnormal."""
+    from nextn.compiler.lower import x86
+
+    x = _tiny_blocks(B, B)
+    T, K = x.shape
+    q, d = _cpu_rows(x, B)
+    n_blocks = K // B
+    below = np.abs(x).reshape(T, n_blocks, B).max(-1) < activation.AMAX_MIN
+    assert below[2:3].all() and below[6:7].all() and not below[[0, 1, 3, 9]].any()   # the edges as meant
+    assert (d[below] == 0).all() and (q.reshape(T, n_blocks, B)[below] == 0).all()
+    kept = ~below & (d > 0)
+    assert kept[0].all() and (q[0].reshape(n_blocks, B)[:, [0, B - 2, B - 1]] == [127, 1, 0]).all()
+    xq, xd = _quantize(_quantizer(K, B), x, B)
+    for name, (gq, gd) in (("fast-math model", _fast_math_rows(x, B)),
+                           ("llvm definition", (xq.view(np.int8).reshape(T, K), xd))):
+        assert np.array_equal(gq, q) and np.array_equal(gd.view(np.uint32), d.view(np.uint32)), name
+    fmt = "q8" if B == 256 else "q8_0"
+    fn = tvm.compile(tvm.IRModule({"main": x86.quantize_rows(K, row_format=fmt)}), target=make_target("llvm"))
+    want = activation.quantize(x) if B == 256 else (q, d)
+    got = [tvm.runtime.empty(w.shape, str(w.dtype)) for w in want]
+    fn.mod["main"](tvm.runtime.tensor(x), *got)
+    for g, w in zip(got, want):
+        assert np.array_equal(g.numpy(), w), fmt
+    # why the threshold: a block of amax 1e-36 has d = amax / 127 ~ 7.9e-39, subnormal (kept on the CPU before)
+    _q, d_ftz = _fast_math_rows(x[4:5], B, threshold=False)
+    cpu_d = np.abs(x[4]).reshape(n_blocks, B).max(-1) / np.float32(127)
+    assert (cpu_d > 0).all() and (d_ftz == 0).all()
+
+
 def _int_funcs(ttype, K):
     """llvm PrimFuncs of the integer definitions over quantized rows: mul_mat (symbolic T), mul_mat_id (x shared;
     one row per slot), the grouped mul_mat_id (both x layouts) and `expert_groups`."""
@@ -495,6 +579,33 @@ def test_word_loads_need_a_provably_aligned_offset():
             got = tvm.runtime.empty((3, 16), "uint32")
             tvm.compile(_module({"f": fn}), target="llvm")["f"](tvm.runtime.tensor(data), got)
             assert np.array_equal(got.numpy(), want), size
+
+
+def test_quantizer_sm90_zeroes_tiny_blocks_before_dividing():
+    """The sm_90 quantizer's source tests amax against AMAX_MIN (2^-118, printed 0x1p-118f) before each division,
+    which takes the tested value, never amax itself; its PTX under TVM's nvcc flags (--use_fast_math) is the op
+    sequence `_fast_math_rows` models: abs.ftz, max.ftz, setp.lt.ftz against 0f04800000 (2^-118), div.rn.ftz (d
+    and 127 / amax), mul.ftz, cvt.rni without ftz."""
+    from tvm.support import nvcc
+
+    from nextn.compiler.gpu_build import build_scope
+
+    T = te.var("T", I64)
+    x = te.placeholder([T, tirx.IntImm(I64, 256)], "float32", name="x")
+    f, tgt = _scheduled(te.create_prim_func([x, *int8.quantize_rows(x, 32, cuda=True)]))
+    src = _cuda_source({"quantize": f}, tgt)
+    body = src[src.index("quantize_kernel(", src.index("quantize_kernel(") + 1):]
+    assert float(activation.AMAX_MIN) == float.fromhex("0x1p-118")
+    assert body.count("act_amax_local_ptr[0] < 0x1p-118f") >= 2 and "__fdiv_rn(act_amax" not in body
+    assert body.count("__fdiv_rn(") >= 2
+    with build_scope("cuda", ["sm_90"]), tgt:
+        ptx = nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc").decode()
+    k = ptx[ptx.index(".entry quantize_kernel"):]
+    ops = lambda op: len(re.findall(rf"^\s+{re.escape(op)}\s", k, re.M))   # noqa: E731
+    assert re.search(r"setp\.lt\.ftz\.f32\s+%p\d+, %f\d+, 0f04800000;", k), k
+    assert ops("div.rn.ftz.f32") == 2 and ops("div.rn.f32") == 0 and ops("div.approx.ftz.f32") == 0
+    assert ops("abs.ftz.f32") >= 1 and ops("max.ftz.f32") >= 1 and ops("mul.ftz.f32") == 4
+    assert ops("cvt.rni.f32.f32") == 4
 
 
 def test_rocm_quantizer_divides_correctly_rounded():

@@ -4,7 +4,8 @@ integer kernels quantize them, and integer dot products over the weight's quants
     quantize_rows  x f32 [..., K] -> xq int32 [..., K/4] (4 int8 quants per word, little-endian), xd f32 [..., K/B]
                    per block of B (`row_block`: 32 for the 32-value block formats and NVFP4, 256 for the K-quants and
                    IQ4_XS, the CPU's row format for the kind): amax = max |x|, d = amax / 127,
-                   q = round_half_even(x * (127 / amax)), q = 0 where amax = 0 (nextn.common.quant.activation
+                   q = round_half_even(x * (127 / amax)), q = 0 where amax = 0 or below AMAX_MIN
+                   (nextn.common.quant.activation
                    `quantize_q8_0` / `quantize`: the CPU's "q8_0" / "q8" rows, bit for bit on equal inputs)
     mul_mat        y[..., n] = sum over words j < K/4 of
                        xd[.., blk(j)] · (s[n, sub(j)] · f32(dot4(w4[n, j], xq[.., j]))
@@ -104,13 +105,19 @@ def _div(a, b, cuda: bool):
 def quantize_rows(x, B: int, cuda: bool = False):
     """(xq int32 [..., K/4], xd float32 [..., K/B]) of float32 rows x [..., K] (module docstring). `cuda`: the
     divisions as `__fdiv_rn` (else plain; llvm's is correctly rounded)."""
+    from nextn.common.quant.activation import AMAX_MIN
+
     *lead, K = x.shape
     i = te.reduce_axis((0, B), name="i")
     amax = te.compute((*lead, K // B), lambda *l: te.max(tirx.abs(x[(*l[:-1], l[-1] * B + i)]), axis=i), name=AMAX)
-    xd = te.compute((*lead, K // B), lambda *l: _div(amax[l], _c(127.0, F32), cuda), name=ACT_D)
+
+    def kept(a):   # an amax below AMAX_MIN as 0: a zero block, as the CPU's (under -ftz too: activation.AMAX_MIN)
+        return tirx.Select(a < _c(float(AMAX_MIN), F32), _c(0.0, F32), a)
+
+    xd = te.compute((*lead, K // B), lambda *l: _div(kept(amax[l]), _c(127.0, F32), cuda), name=ACT_D)
 
     def word(*l):
-        a = amax[(*l[:-1], l[-1] * 4 // B)]
+        a = kept(amax[(*l[:-1], l[-1] * 4 // B)])
         inv = tirx.Select(a > _c(0.0, F32), _div(_c(127.0, F32), a, cuda), _c(0.0, F32))
         w = _c(0)
         for e in range(4):
