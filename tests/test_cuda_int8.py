@@ -105,6 +105,90 @@ def test_quantizer_gives_the_cpu_rows(B, K, T):
     assert q[-1, 1] == 0 and q[-1, 2] == 2
 
 
+_NORMAL_MIN = np.float32(2.0 ** -126)   # the smallest normal float32; below it -ftz flushes to (signed) zero
+
+
+def _ftz(v):
+    v = np.asarray(v, np.float32)
+    return np.where(np.abs(v) < _NORMAL_MIN, np.copysign(np.float32(0), v), v).astype(np.float32)
+
+
+def _fast_math_rows(x, B, threshold=True):
+    """(q int8, d float32) of rows x as the sm_90 quantizer computes them under nvcc's --use_fast_math, op by op in
+    numpy with each op's flushing (the PTX, checked in test_quantizer_sm90_zeroes_tiny_blocks_before_dividing:
+    abs.ftz, max.ftz, setp.lt.ftz against AMAX_MIN, div.rn.ftz for d and 127 / amax, setp.leu.ftz, mul.ftz, then
+    cvt.rni (half to even) and cvt.rzi.s32 of an integer value); `threshold` False: without the AMAX_MIN test."""
+    T, K = x.shape
+    xb = x.reshape(T, K // B, B)
+    amax = _ftz(np.abs(_ftz(xb)).max(-1))
+    if threshold:
+        amax = np.where(amax < activation.AMAX_MIN, np.float32(0), amax).astype(np.float32)
+    d = _ftz(amax / np.float32(127))
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.where(amax <= 0, np.float32(0), _ftz(np.float32(127) / amax)).astype(np.float32)
+        p = _ftz(_ftz(xb) * inv[..., None])
+    return np.rint(p).astype(np.int8).reshape(T, K), d
+
+
+def _tiny_blocks(B, seed):
+    """Rows of 256 values whose blocks of B sit at the edges of AMAX_MIN = 2^-118: amax exactly 2^-118 (one value
+    negative, subnormals and the q = 1 boundary amax / 254 beside it), one float32 step below and above it, 1e-36
+    (d = amax / 127 subnormal: -ftz would flush it), 1e-37 (127 / amax overflows to inf), a subnormal amax, the
+    smallest normal, 1e-30 with subnormal values, an ordinary block with subnormal and zero values, a zero block."""
+    rng = np.random.default_rng(seed)
+    lo = activation.AMAX_MIN
+    sub = np.float32(2.0 ** -126) * np.float32(0.75)       # a subnormal
+    rows = []
+    for amax in (lo, -lo, np.nextafter(lo, np.float32(0)), np.nextafter(lo, np.float32(1)), np.float32(1e-36),
+                 np.float32(1e-37), np.float32(1e-40), _NORMAL_MIN, np.float32(1e-30), np.float32(1.0), None):
+        row = np.zeros(256, np.float32)
+        if amax is not None:
+            for b in range(0, 256, B):
+                v = (rng.uniform(-1, 1, B) * np.abs(amax)).astype(np.float32)
+                v[rng.integers(1, B, 4)] = [sub, -sub, np.float32(1e-45), 0.0]
+                v[B - 1] = np.float32(abs(amax)) / np.float32(254)      # x * 127 / amax = 0.5: to even, 0
+                v[B - 2] = np.nextafter(np.float32(abs(amax)) / np.float32(254), np.float32(1))   # just past: 1
+                v[0] = amax
+                row[b:b + B] = v
+        rows.append(row)
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("B", [32, 256])
+def test_tiny_blocks_quantize_alike_with_and_without_flush_to_zero(B):
+    """Blocks whose amax is below activation.AMAX_MIN = 2^-118 quantize as zero blocks (d = 0, q = 0) on every path:
+    the numpy statement, the x86 kernel and the GPU definition built for llvm give the same rows bit for bit, and
+    so does a model of the sm_90 quantizer under --use_fast_math (subnormal inputs and results flushed at every
+    op); from 2^-118 up every value it computes that can change q or d is normal, so flushing changes nothing.
+    Without the threshold the fast-math d of a block of amax 1e-36 would be 0 where the CPU's is subnormal."""
+    from nextn.compiler.lower import x86
+
+    x = _tiny_blocks(B, B)
+    T, K = x.shape
+    q, d = _cpu_rows(x, B)
+    n_blocks = K // B
+    below = np.abs(x).reshape(T, n_blocks, B).max(-1) < activation.AMAX_MIN
+    assert below[2:3].all() and below[6:7].all() and not below[[0, 1, 3, 9]].any()   # the edges as meant
+    assert (d[below] == 0).all() and (q.reshape(T, n_blocks, B)[below] == 0).all()
+    kept = ~below & (d > 0)
+    assert kept[0].all() and (q[0].reshape(n_blocks, B)[:, [0, B - 2, B - 1]] == [127, 1, 0]).all()
+    xq, xd = _quantize(_quantizer(K, B), x, B)
+    for name, (gq, gd) in (("fast-math model", _fast_math_rows(x, B)),
+                           ("llvm definition", (xq.view(np.int8).reshape(T, K), xd))):
+        assert np.array_equal(gq, q) and np.array_equal(gd.view(np.uint32), d.view(np.uint32)), name
+    fmt = "q8" if B == 256 else "q8_0"
+    fn = tvm.compile(tvm.IRModule({"main": x86.quantize_rows(K, row_format=fmt)}), target=make_target("llvm"))
+    want = activation.quantize(x) if B == 256 else (q, d)
+    got = [tvm.runtime.empty(w.shape, str(w.dtype)) for w in want]
+    fn.mod["main"](tvm.runtime.tensor(x), *got)
+    for g, w in zip(got, want):
+        assert np.array_equal(g.numpy(), w), fmt
+    # why the threshold: a block of amax 1e-36 has d = amax / 127 ~ 7.9e-39, subnormal (kept on the CPU before)
+    _q, d_ftz = _fast_math_rows(x[4:5], B, threshold=False)
+    cpu_d = np.abs(x[4]).reshape(n_blocks, B).max(-1) / np.float32(127)
+    assert (cpu_d > 0).all() and (d_ftz == 0).all()
+
+
 def _int_funcs(ttype, K):
     """llvm PrimFuncs of the integer definitions over quantized rows: mul_mat (symbolic T), mul_mat_id (x shared;
     one row per slot), the grouped mul_mat_id (both x layouts) and `expert_groups`."""
@@ -358,6 +442,89 @@ def test_grouped_kernel_loads_weight_words_under_the_leader_branch(ttype):
     assert _loads_outside_leader_branch(grouped) == 0, ttype
 
 
+def _grouped_int8(ttype, K, layout, dp4a=True):
+    """The integer grouped mul_mat_id over a symbolic T (x shared: "x"; one row per slot: "x3"); `dp4a` False for
+    llvm."""
+    B, W, T = _block(ttype), cuda.GROUP_ROWS, te.var("T", I64)
+    ebufs, ew = _weight(ttype, (XG, N, K), "e")
+    lead = [T] if layout == "x" else [T, tirx.IntImm(I64, USED)]
+    xq = te.placeholder([*lead, tirx.IntImm(I64, K // 4)], "int32", name="xq")
+    xd = te.placeholder([*lead, tirx.IntImm(I64, K // B)], "float32", name="xd")
+    ids = te.placeholder([T, tirx.IntImm(I64, USED)], "int32", name="ids")
+    groups = te.placeholder([T, tirx.IntImm(I64, USED), tirx.IntImm(I64, W + 1)], "int32", name="groups")
+    return te.create_prim_func([xq, xd, ids, groups, *ebufs, int8.mul_mat_id_grouped(ew, xq, xd, ids, groups, dp4a)])
+
+
+@pytest.mark.parametrize("ttype,K", [("Q4_K", 512), ("Q8_0", 352), pytest.param("Q8_0", 1024, marks=pytest.mark.slow),
+                                     pytest.param("Q6_K", 512, marks=pytest.mark.slow)])
+def test_grouped_kernel_loads_member_words_as_int2(ttype, K):
+    """sm_90, the grouped integer mul_mat_id (symbolic T, both x layouts): where K is whole warp steps (a multiple
+    of 256 quants), a lane's 2 activation words of a step are one 64-bit load per member row (the XQ_GROUP stage as
+    a register tile, gemv.py), GROUP_ROWS x K / 256 of them, each directly under its own member test
+    `if (0 <= groups_ptr[e])` with the row taken from that same entry e (a row that is no member loads nothing), and
+    no scalar activation load is left; a K of partial steps keeps the scalar loads (the stage inlined)."""
+    from test_cuda_kernels import _loads_outside_leader_branch
+
+    tgt = make_target("cuda", ["sm_90"])
+    for layout in ("x", "x3"):
+        src = _cuda_source({"grouped": _scheduled(_grouped_int8(ttype, K, layout))[0]}, tgt)
+        body = src[src.index("grouped_kernel(", src.index("grouped_kernel(") + 1):]
+        body = body[:body.index("\n}\n") + 3]
+        lines = body.splitlines()
+        at = [i for i, line in enumerate(lines) if "*(int2*)(xq_ptr + " in line]
+        if K % 256:
+            assert not at and "xq_ptr[" in body, (ttype, K, layout)
+            continue
+        assert len(at) == cuda.GROUP_ROWS * (K // 256) and "xq_ptr[" not in body, (ttype, K, layout, len(at))
+        for i in at:
+            test = re.fullmatch(r"\s*if \(0 <= (groups_ptr\[.*\])\) \{", lines[i - 1])
+            assert test and f"(int64_t){test.group(1)}" in lines[i], (ttype, layout, lines[i - 1], lines[i])
+        assert _loads_outside_leader_branch(body) == 0, (ttype, layout)
+
+
+@pytest.mark.parametrize("ttype", ["Q4_K", "Q8_0"] + [pytest.param(t, marks=pytest.mark.slow)
+                                                      for t in ("Q6_K", "IQ2_XXS", "MXFP4", "IQ1_M")])
+def test_grouped_member_words_stage_changes_no_bit(ttype):
+    """The grouped integer mul_mat_id reads its member rows' activation words through a stage of their own
+    (XQ_GROUP, which the GEMV keeps as its register tile of 64-bit loads). Built for llvm, both x layouts, distinct
+    and repeated experts (pairs that lead no group, windows past T): with the stage, with it inlined, and gathered
+    (expert_gather), it gives the ungrouped mul_mat_id's outputs bit for bit (each sum adds the same terms in the same
+    order; the ungrouped kernel reads xq directly)."""
+    from tvm import s_tir
+
+    from nextn.compiler.lower.cuda.te import XQ_GROUP
+
+    K, T, B = _k(ttype), 6, _block(ttype)
+    Tv = te.var("T", I64)
+    ebufs, ew = _weight(ttype, (XG, N, K), "e")
+    ids = te.placeholder([Tv, tirx.IntImm(I64, USED)], "int32", name="ids")
+    groups = cuda.expert_groups(ids, cuda.expert_leaders(ids))
+    funcs = {}
+    for layout, lead in (("x", [Tv]), ("x3", [Tv, tirx.IntImm(I64, USED)])):
+        xq = te.placeholder([*lead, tirx.IntImm(I64, K // 4)], "int32", name="xq")
+        xd = te.placeholder([*lead, tirx.IntImm(I64, K // B)], "float32", name="xd")
+        y = cuda.expert_gather(int8.mul_mat_id_grouped(ew, xq, xd, ids, groups, dp4a=False), groups)
+        f = te.create_prim_func([xq, xd, ids, *ebufs, y])
+        sch = s_tir.Schedule(f)
+        sch.compute_inline(sch.get_sblock(XQ_GROUP))
+        assert XQ_GROUP in f.script() and XQ_GROUP not in sch.mod["main"].script()
+        funcs[layout], funcs[layout + "_inlined"] = f, sch.mod["main"]
+        funcs[layout + "_ungrouped"] = te.create_prim_func([xq, xd, ids, *ebufs,
+                                                            int8.mul_mat_id(ew, xq, xd, ids, dp4a=False)])
+    lib = tvm.compile(_module(funcs), target="llvm")
+    epacked, ew64 = _data(ttype, (XG, N, K), 3)
+    x = _x(T, K, 8, ew64[0].astype(np.float64))
+    q, d = _quantize(_quantizer(K, B), x, B)
+    q3, d3 = (np.ascontiguousarray(np.repeat(a[:, None], USED, 1)) for a in (q, d))
+    for repeat in (False, True):
+        ids_ = _ids(T, 9, repeat)
+        for layout, (xq_, xd_) in (("x", (q, d)), ("x3", (q3, d3))):
+            a, b, c = (_run(lib, layout + sfx, (T, USED, N), xq_, xd_, ids_, *epacked)
+                       for sfx in ("", "_inlined", "_ungrouped"))
+            assert np.array_equal(a.view(np.uint32), c.view(np.uint32)) and np.abs(a).max() > 0, (layout, repeat)
+            assert np.array_equal(b.view(np.uint32), c.view(np.uint32)), (layout, repeat)
+
+
 def test_signed_codebooks_have_no_zero_byte():
     """int8._signed negates a grid byte g as (g ^ 0xFF) + 1 inside a 32-bit word, which carries into the next byte
     for g = 0: every entry of the signed codebooks (gguf-py's tables, what the `.grid` buffers hold) is in 1 .. 127,
@@ -412,6 +579,33 @@ def test_word_loads_need_a_provably_aligned_offset():
             got = tvm.runtime.empty((3, 16), "uint32")
             tvm.compile(_module({"f": fn}), target="llvm")["f"](tvm.runtime.tensor(data), got)
             assert np.array_equal(got.numpy(), want), size
+
+
+def test_quantizer_sm90_zeroes_tiny_blocks_before_dividing():
+    """The sm_90 quantizer's source tests amax against AMAX_MIN (2^-118, printed 0x1p-118f) before each division,
+    which takes the tested value, never amax itself; its PTX under TVM's nvcc flags (--use_fast_math) is the op
+    sequence `_fast_math_rows` models: abs.ftz, max.ftz, setp.lt.ftz against 0f04800000 (2^-118), div.rn.ftz (d
+    and 127 / amax), mul.ftz, cvt.rni without ftz."""
+    from tvm.support import nvcc
+
+    from nextn.compiler.gpu_build import build_scope
+
+    T = te.var("T", I64)
+    x = te.placeholder([T, tirx.IntImm(I64, 256)], "float32", name="x")
+    f, tgt = _scheduled(te.create_prim_func([x, *int8.quantize_rows(x, 32, cuda=True)]))
+    src = _cuda_source({"quantize": f}, tgt)
+    body = src[src.index("quantize_kernel(", src.index("quantize_kernel(") + 1):]
+    assert float(activation.AMAX_MIN) == float.fromhex("0x1p-118")
+    assert body.count("act_amax_local_ptr[0] < 0x1p-118f") >= 2 and "__fdiv_rn(act_amax" not in body
+    assert body.count("__fdiv_rn(") >= 2
+    with build_scope("cuda", ["sm_90"]), tgt:
+        ptx = nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc").decode()
+    k = ptx[ptx.index(".entry quantize_kernel"):]
+    ops = lambda op: len(re.findall(rf"^\s+{re.escape(op)}\s", k, re.M))   # noqa: E731
+    assert re.search(r"setp\.lt\.ftz\.f32\s+%p\d+, %f\d+, 0f04800000;", k), k
+    assert ops("div.rn.ftz.f32") == 2 and ops("div.rn.f32") == 0 and ops("div.approx.ftz.f32") == 0
+    assert ops("abs.ftz.f32") >= 1 and ops("max.ftz.f32") >= 1 and ops("mul.ftz.f32") == 4
+    assert ops("cvt.rni.f32.f32") == 4
 
 
 def test_rocm_quantizer_divides_correctly_rounded():

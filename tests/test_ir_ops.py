@@ -146,3 +146,25 @@ def test_shape_rules_of_the_ops_the_fixtures_prefill_does_not_use(monkeypatch):
     assert {n.op for n, *_ in seen} == {"softplus", "index_mask_store", "index_mask_load"}
     for n, shape, dtype, n_kv in seen:
         assert resolve_shape(n.shape, {"T": 2, "L": 6, "C": 8}) == shape and str(dtype) == n.dtype, n
+
+
+@pytest.mark.parametrize("row_format,K", [("q8_0", 64), ("q8", 256)])
+def test_int8_mode_takes_per_head_weights(row_format, K):
+    """The interpreter's int8 mode (`quantized_activations`) on a per-head mul_mat (w [H, N, K], rows [T, H, K]:
+    glm-dsa's attn_k_b / attn_v_b): head h's rows are head h's 2-D int8 product (x' = what the quantized rows of
+    that head stand for, nextn.common.quant.activation), which differs from the float product."""
+    from nextn.common.quant import activation
+
+    rng = np.random.default_rng(K)
+    H, N, T = 3, 5, 4
+    w = rng.standard_normal((H, N, K)).astype(np.float32)
+    x = rng.standard_normal((T, H, K)).astype(np.float32)
+    g = Graph("per_head")
+    y = g.mul_mat(g.weight("w", (H, N, K)), g.input("x", (T, H, K)))
+    g.output("y", y)
+    got = interpret.run(g, {"x": x}, {"w": w}, {}, quantized_activations={"w": row_format})["y"]
+    assert got.shape == (T, H, N)
+    for h in range(H):
+        want = activation.round_trip(x[:, h], row_format) @ w[h].astype(np.float64).T
+        assert np.array_equal(got[:, h], want.astype(np.float32)), h
+    assert np.abs(got - np.einsum("thk,hnk->thn", x, w)).max() > 1e-4

@@ -10,7 +10,7 @@ weight whose format has `activation = "q8"` or `"q8_0"`, when an artifact quanti
 
 Each row of x (float32, length K, a multiple of the block) is cut into blocks of 256 (32) values; per block
     amax = max |x_i|,  d = amax / 127,  q_i = round_half_even(x_i * (127 / amax))   (q = 0 where amax = 0)
-in float32 arithmetic, q_i in [-127, 127]; the row then stands for x'_i = d * q_i. The product with a weight w is
+in float32 arithmetic, q_i in [-127, 127], amax taken as 0 where it is below AMAX_MIN (a zero block: d = 0, q = 0); the row then stands for x'_i = d * q_i. The product with a weight w is
 sum_i w_i x'_i, where w_i is the weight's exact dequantized value: the kernels get it exactly from integer
 products (u8 x s8 -> i16 pairs -> i32) and one float32 multiply-add per block, so compiled and numpy results differ
 only by float32 rounding of the per-block sums. This is ggml-cpu's scheme (quantize_row_q8_K, block_q8_K;
@@ -27,6 +27,19 @@ import numpy as np
 BLOCK = 256
 SUM_GROUP = 16
 BLOCKS = {"q8": BLOCK, "q8_0": 32}   # values per scale of each row format
+# Blocks whose amax is below 2^-118 (~3e-36) quantize as zero blocks, on every path (this statement, the x86 kernels
+# compiler/lower/x86/quantize.py, the GPU one compiler/lower/cuda/int8.py). CUDA kernels are compiled with nvcc's
+# --use_fast_math, whose -ftz flushes float32 subnormal inputs and results to zero: from 2^-118 up, amax, d = amax /
+# 127 and 127 / amax are normal and every product x * (127 / amax) that rounds to a nonzero q is too, so flushing
+# changes no q or d (docs/gpu.md "Rounding of the quantizer"); below it, d may be subnormal (flushed to 0 there) and
+# 127 / amax infinite (x * inf: no quant at all). The threshold makes both paths give the zero block instead.
+AMAX_MIN = np.float32(2.0 ** -118)
+
+
+def _amax(xb: np.ndarray) -> np.ndarray:
+    """max |x| over the last axis, 0 where it is below AMAX_MIN (NaN stays NaN)."""
+    a = np.abs(xb).max(-1)
+    return np.where(a < AMAX_MIN, np.float32(0), a).astype(np.float32)
 
 
 def quantize(x: np.ndarray):
@@ -36,7 +49,7 @@ def quantize(x: np.ndarray):
     if k % BLOCK:
         raise ValueError(f"activation rows of length {k}: the q8 row format needs a multiple of {BLOCK}")
     xb = x.reshape(*lead, k // BLOCK, BLOCK)
-    amax = np.abs(xb).max(-1)
+    amax = _amax(xb)
     d = (amax / np.float32(127)).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
@@ -53,7 +66,8 @@ def dequantize(q: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 def quantize_q8_0(x: np.ndarray):
     """The "q8_0" row format: x f32 [..., K] -> (q int8 [..., K], d f32 [..., K/32]); per block of 32 values the
-    rule of `quantize` (d = amax / 127, q = round_half_even(x * (127 / amax)), q = 0 where amax = 0). As ggml's
+    rule of `quantize` (d = amax / 127, q = round_half_even(x * (127 / amax)), q = 0 where amax = 0, amax below
+    AMAX_MIN taken as 0). As ggml's
     quantize_row_q8_0 (ggml-cpu/arch/x86/quants.c: 127 / amax, round to nearest even) with a float32 d where ggml
     stores a float16 one."""
     x = np.ascontiguousarray(x, np.float32)
@@ -61,7 +75,7 @@ def quantize_q8_0(x: np.ndarray):
     if k % 32:
         raise ValueError(f"activation rows of length {k}: the q8_0 row format needs a multiple of 32")
     xb = x.reshape(*lead, k // 32, 32)
-    amax = np.abs(xb).max(-1)
+    amax = _amax(xb)
     d = (amax / np.float32(127)).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)

@@ -200,12 +200,15 @@ def _top_k(x, k):
 
 def _quantized_matmul(row_format, op, w, x, ids=None):
     """mul_mat / mul_mat_id on int8-quantized activation rows of `row_format` (see `run`), in float64, then
-    float32."""
+    float32. A mul_mat of per-head weights w [H, N, K] (glm-dsa's attn_k_b / attn_v_b) takes rows [..., H, K], head
+    h's rows through w[h], as the float path below; each row of K is quantized on its own, as the CPU does."""
     from nextn.common.quant import activation
 
     xq = activation.round_trip(x, row_format)
     w = w.astype(np.float64)
     if op == "mul_mat":
+        if w.ndim == 3:
+            return np.einsum("...bk,bnk->...bn", xq, w).astype(np.float32)
         return (xq @ w.T).astype(np.float32)
     T, k = ids.shape
     xs = xq if xq.ndim == 3 else np.broadcast_to(xq[:, None, :], (T, k, xq.shape[-1]))

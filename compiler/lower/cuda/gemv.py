@@ -39,7 +39,7 @@ from tvm import tirx
 
 from nextn.schedules.loops import static_extent
 
-from .te import DEQUANT, GROUPED, MATMUL, MIN, SCALE, WORD_LOAD, XQ_PAD
+from .te import DEQUANT, GROUPED, MATMUL, MIN, SCALE, WORD_LOAD, XQ_GROUP, XQ_PAD
 
 # Activation rows per pass over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8 activations). 4 covers
 # verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (zeros), and at 8 rows a 4-row
@@ -91,9 +91,10 @@ def schedule(func: tirx.PrimFunc, target):
                if not any(sch.get(b).same_as(sch.get(s)) for s in stages)]
     integer = str(sch.get(deq).writes[0].source.dtype) == "int32"   # int8.py: 4 quants per word
     weight_side = [sch.get(b) for b in (deq, *stages)]
-    # the integer route's activation words padded to whole row tiles (int8.mul_mat, symbolic T): a register tile
-    # below, like the float route's x_pads, when its loads can be vectors
-    xq_pads = _named(sch, blocks[:i_mm], XQ_PAD) if integer else []
+    # the integer route's activation words padded to whole row tiles (int8.mul_mat, symbolic T) or gathered for a
+    # group's member rows (int8.mul_mat_id_grouped): a register tile below, like the float route's x_pads, when its
+    # loads can be vectors
+    xq_pads = _named(sch, blocks[:i_mm], XQ_PAD) + _named(sch, blocks[:i_mm], XQ_GROUP) if integer else []
     keep = weight_side + [sch.get(b) for b in xq_pads]
     # element-wise producers of the activations (SwiGLU, a division): into the reads (chosen before inlining
     # changes the block nodes)
@@ -212,7 +213,7 @@ def schedule(func: tirx.PrimFunc, target):
         v_o, v4 = sch.split(sch.get_loops(xl)[-1], [None, x_vec])
         sch.vectorize(v4)
         sch.unroll(v_o)
-    for xp in x_pads:   # the padded row tile's activations: vector loads under one row predicate each
+    for xp in x_pads:   # the padded (gathered) row tile's activations: vector loads under one row predicate each
         sch.compute_at(xp, ko, preserve_unit_loops=True)
         sch.set_scope(xp, 0, "local")
         *_, xr, xk = sch.get_loops(xp)

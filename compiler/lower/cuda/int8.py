@@ -4,7 +4,8 @@ integer kernels quantize them, and integer dot products over the weight's quants
     quantize_rows  x f32 [..., K] -> xq int32 [..., K/4] (4 int8 quants per word, little-endian), xd f32 [..., K/B]
                    per block of B (`row_block`: 32 for the 32-value block formats and NVFP4, 256 for the K-quants and
                    IQ4_XS, the CPU's row format for the kind): amax = max |x|, d = amax / 127,
-                   q = round_half_even(x * (127 / amax)), q = 0 where amax = 0 (nextn.common.quant.activation
+                   q = round_half_even(x * (127 / amax)), q = 0 where amax = 0 or below AMAX_MIN
+                   (nextn.common.quant.activation
                    `quantize_q8_0` / `quantize`: the CPU's "q8_0" / "q8" rows, bit for bit on equal inputs)
     mul_mat        y[..., n] = sum over words j < K/4 of
                        xd[.., blk(j)] · (s[n, sub(j)] · f32(dot4(w4[n, j], xq[.., j]))
@@ -104,13 +105,19 @@ def _div(a, b, cuda: bool):
 def quantize_rows(x, B: int, cuda: bool = False):
     """(xq int32 [..., K/4], xd float32 [..., K/B]) of float32 rows x [..., K] (module docstring). `cuda`: the
     divisions as `__fdiv_rn` (else plain; llvm's is correctly rounded)."""
+    from nextn.common.quant.activation import AMAX_MIN
+
     *lead, K = x.shape
     i = te.reduce_axis((0, B), name="i")
     amax = te.compute((*lead, K // B), lambda *l: te.max(tirx.abs(x[(*l[:-1], l[-1] * B + i)]), axis=i), name=AMAX)
-    xd = te.compute((*lead, K // B), lambda *l: _div(amax[l], _c(127.0, F32), cuda), name=ACT_D)
+
+    def kept(a):   # an amax below AMAX_MIN as 0: a zero block, as the CPU's (under -ftz too: activation.AMAX_MIN)
+        return tirx.Select(a < _c(float(AMAX_MIN), F32), _c(0.0, F32), a)
+
+    xd = te.compute((*lead, K // B), lambda *l: _div(kept(amax[l]), _c(127.0, F32), cuda), name=ACT_D)
 
     def word(*l):
-        a = amax[(*l[:-1], l[-1] * 4 // B)]
+        a = kept(amax[(*l[:-1], l[-1] * 4 // B)])
         inv = tirx.Select(a > _c(0.0, F32), _div(_c(127.0, F32), a, cuda), _c(0.0, F32))
         w = _c(0)
         for e in range(4):
@@ -476,7 +483,7 @@ def mul_mat_id(w, xq, xd, ids, dp4a: bool = True):
 def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True):
     """`te.mul_mat_id_grouped` on quantized rows: float32 [T, n_used, GROUP_ROWS, N], a leader's products for its
     member rows, 0 elsewhere; a pair that leads no group loads no weight."""
-    from .te import GROUP_ROWS, GROUPED
+    from .te import GROUP_ROWS, GROUPED, XQ_GROUP
 
     T, kk = ids.shape
     W = GROUP_ROWS
@@ -486,12 +493,24 @@ def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True):
     B4 = Kw // xd.shape[-1]
     j = te.reduce_axis((0, Kw), name="k")
 
-    def f(t, s, q, n):
+    def member(t, s, q):   # the activation row of member q of leader (t, s): (row,) or (row, slot), and m >= 0
         m = groups[t, s, q].astype("int64")
         row = te.max(m, _c(0, "int64"))
-        xi = (row // kk,) if len(xq.shape) == 2 else (row // kk, row % kk)
-        v = _term(w.kind, words, scale, low, (t, s, n), xq[(*xi, j)], xd[(*xi, j // B4)], j, dp4a)
-        return te.sum(tirx.if_then_else(m >= 0, v, _c(0.0, F32)), axis=j)
+        return ((row // kk,) if len(xq.shape) == 2 else (row // kk, row % kk)), m >= 0
+
+    def words_of(t, s, q, jj):
+        xi, is_member = member(t, s, q)
+        return tirx.if_then_else(is_member, xq[(*xi, jj)], _c(0))
+
+    # the members' activation words as a stage of their own (0 past the members): the GEMV keeps it as a register
+    # tile, a lane's 2 words of a step as one 64-bit load under the member's test (gemv.py, as XQ_PAD); the sums
+    # read the same words in the same order, whether it is kept or inlined
+    xg = te.compute((T, kk, W, Kw), words_of, name=XQ_GROUP)
+
+    def f(t, s, q, n):
+        xi, is_member = member(t, s, q)
+        v = _term(w.kind, words, scale, low, (t, s, n), xg[t, s, q, j], xd[(*xi, j // B4)], j, dp4a)
+        return te.sum(tirx.if_then_else(is_member, v, _c(0.0, F32)), axis=j)
 
     return te.compute((T, kk, W, w.shape[-2]), f, name=GROUPED)
 

@@ -24,6 +24,9 @@ WORD_LOAD = "nextn.word_load"
 # The integer route's activation words padded to whole GEMV row tiles (int8.mul_mat, a symbolic T): the schedule
 # loads them as a register tile of vectors
 XQ_PAD = "xq_pad"
+# The integer grouped mul_mat_id's member rows' activation words (int8.mul_mat_id_grouped, 0 past the members): the
+# schedule loads them as XQ_PAD's register tile, each row's vectors under its member test
+XQ_GROUP = "xq_group"
 
 
 def _dequant(w, lead, weight_lead, keep=None):

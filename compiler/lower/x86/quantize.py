@@ -7,7 +7,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.tirx.script import builder as T
 
-from nextn.common.quant.activation import IQ4XS_ORDER, Q4K_ORDER
+from nextn.common.quant.activation import AMAX_MIN, IQ4XS_ORDER, Q4K_ORDER
 
 from .vec import const, ramp
 
@@ -17,7 +17,7 @@ _WHERE_Q4K = {int(e): p for p, e in enumerate(Q4K_ORDER)}    # the same for a "q
 
 def _block(x, t, off, B):
     """(d, [int32 x 16 quants]) of the B values of row t from `off`: d = amax / 127, q = round-half-even(x * 127 /
-    amax), q = 0 where amax = 0."""
+    amax), q = 0 where amax = 0; an amax below AMAX_MIN is taken as 0 (the GPU's flushed subnormals: activation.py)."""
     f0 = const(0.0, "float32", 16)
     m = T.decl_buffer((16,), "float32")
     T.buffer_store(m, f0, [ramp(0, 16)])
@@ -25,6 +25,7 @@ def _block(x, t, off, B):
         v = x[t, ramp(off + 16 * g, 16)]
         T.buffer_store(m, tirx.max(m[ramp(0, 16)], tirx.Select(v < f0, -v, v)), [ramp(0, 16)])
     amax = T.Bind(tirx.call_llvm_pure_intrin("float32", "llvm.vector.reduce.fmax", m[ramp(0, 16)]))
+    amax = T.Bind(tirx.Select(amax < const(float(AMAX_MIN), "float32"), const(0.0, "float32"), amax))
     inv = T.Bind(tirx.Select(amax > const(0.0, "float32"), const(127.0, "float32") / amax, const(0.0, "float32")))
     qs = []
     for g in range(B // 16):
