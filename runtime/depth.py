@@ -235,8 +235,8 @@ class AdaptiveDepth:
         --spec-draft-vocab; docs/performance.md, "The reduced-vocabulary draft head at real width"). The measured
         seconds, not the price: `row_s` is one 32-row call's rate at position 0, and what a price misses would stay
         in the slowdown of every later round. The catch-up is then paid: the probe's verdict below no longer charges
-        it (before, it priced the catch-up it had just paid once more). A depth's own slowdown starts from the speculative one, weighted as
-        `prior_rounds` rounds, as an acceptance does."""
+        it (before, it priced the catch-up it had just paid once more). A depth's own slowdown starts from the
+        speculative one, weighted as `prior_rounds` rounds, as an acceptance does."""
         self.elapsed_s += seconds
         if self.mode == "probe":
             self.probe_loss_s += max(seconds - (a + 1) * self.base[0] * self.slow[0], 0.0)

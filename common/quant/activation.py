@@ -10,7 +10,8 @@ weight whose format has `activation = "q8"` or `"q8_0"`, when an artifact quanti
 
 Each row of x (float32, length K, a multiple of the block) is cut into blocks of 256 (32) values; per block
     amax = max |x_i|,  d = amax / 127,  q_i = round_half_even(x_i * (127 / amax))   (q = 0 where amax = 0)
-in float32 arithmetic, q_i in [-127, 127], amax taken as 0 where it is below AMAX_MIN (a zero block: d = 0, q = 0); the row then stands for x'_i = d * q_i. The product with a weight w is
+in float32 arithmetic, q_i in [-127, 127], amax taken as 0 where it is below AMAX_MIN (a zero block: d = 0, q = 0);
+the row then stands for x'_i = d * q_i. The product with a weight w is
 sum_i w_i x'_i, where w_i is the weight's exact dequantized value: the kernels get it exactly from integer
 products (u8 x s8 -> i16 pairs -> i32) and one float32 multiply-add per block, so compiled and numpy results differ
 only by float32 rounding of the per-block sums. This is ggml-cpu's scheme (quantize_row_q8_K, block_q8_K;
