@@ -214,17 +214,22 @@ class Q6K(KQuant):
             return self._chunks64(kern, st, n, s)
         out = []
         for h in range(2):      # halves of 128 weights: ql[64h, 64h + 64), qh[32h, 32h + 32)
-            ql0 = T.Bind(kern.w[n, ramp(s * 210 + 64 * h, 32)])
-            ql1 = T.Bind(kern.w[n, ramp(s * 210 + 64 * h + 32, 32)])
-            qh = T.Bind(kern.w[n, ramp(s * 210 + 128 + 32 * h, 32)])
-            q = [(ql0 & u8(15)) | ((qh & u8(3)) << u8(4)),                   # weights 128h + [0, 32)
-                 (ql1 & u8(15)) | (((qh >> u8(2)) & u8(3)) << u8(4)),       # [32, 64)
-                 (ql0 >> u8(4)) | (((qh >> u8(4)) & u8(3)) << u8(4)),       # [64, 96)
-                 (ql1 >> u8(4)) | ((qh >> u8(6)) << u8(4))]                  # [96, 128)
+            q = self._half32(kern, n, s, h)
             g = 8 * h
             for i in range(4):
                 out.append((T.Bind(q[i]), 128 * h + 32 * i, T.Bind(_scales(st["sc"], [g + 2 * i, g + 2 * i + 1], 32))))
         return out
+
+    def _half32(self, kern, n, s, h):
+        """The quants of weights 128h + [32i, 32i + 32), i = 0..3, as uint8 x 32 (h a Python int or a loop
+        variable): ql[64h, 64h + 64) lo then hi nibbles | qh[32h, 32h + 32) bits (0, 1) .. (6, 7) as bits 4, 5."""
+        ql0 = T.Bind(kern.w[n, ramp(s * 210 + 64 * h, 32)])
+        ql1 = T.Bind(kern.w[n, ramp(s * 210 + 64 * h + 32, 32)])
+        qh = T.Bind(kern.w[n, ramp(s * 210 + 128 + 32 * h, 32)])
+        return [(ql0 & u8(15)) | ((qh & u8(3)) << u8(4)),                   # weights 128h + [0, 32)
+                (ql1 & u8(15)) | (((qh >> u8(2)) & u8(3)) << u8(4)),       # [32, 64)
+                (ql0 >> u8(4)) | (((qh >> u8(4)) & u8(3)) << u8(4)),       # [64, 96)
+                (ql1 >> u8(4)) | ((qh >> u8(6)) << u8(4))]                  # [96, 128)
 
     def _chunks64(self, kern, st, n, s):
         """`chunks` at 64 bytes: per half h, weights 128h + [0, 64) are ql's lo nibbles | qh bits (0, 1) and (2, 3)
@@ -241,6 +246,23 @@ class Q6K(KQuant):
             for i, q in enumerate((q01, q23)):
                 out.append((T.Bind(q), 128 * h + 64 * i, T.Bind(_scales(st["sc"], [g + 4 * i + m for m in range(4)], 64))))
         return out
+
+    # kquant._steps32 (AVX2, several rows): a half of 128 weights per step (4 chunks; 2 chunks per step ran
+    # slower, 0.85-0.92x of unrolled). Unrolled, LLVM spilled the block's 8 decoded and 8 scale vectors and
+    # reloaded them per row (per block 24 stack accesses at 2 rows, 60 at 4); as steps, 2-8 rows ran 1.10-1.24x
+    # faster on a Zen AVX2 VM (bench/x86_rows.py --against, q6k_l3 and lm_head)
+    n_steps = 2
+
+    def step_setup(self, kern, st):
+        """The block's 16 scales in a local buffer, which `step_chunks` indexes by the loop variable."""
+        st["sbuf"] = T.decl_buffer((16,), "int16")
+        T.buffer_store(st["sbuf"], st["sc"], [ramp(0, 16)])
+
+    def step_chunks(self, kern, st, n, s, h):
+        """The four chunks of `chunks` (32 bytes) that step h, a loop variable, takes: half h's (`_half32`)."""
+        q = self._half32(kern, n, s, h)
+        sc8 = T.Bind(st["sbuf"][ramp(8 * h, 8)])
+        return [(T.Bind(q[i]), 128 * h + 32 * i, T.Bind(_scales(sc8, [2 * i, 2 * i + 1], 32))) for i in range(4)]
 
     def xs_term(self, st):
         """The -32 of every quant, -32 sum_g sc_g (sum of the 16 activations of g): an integer with the block sum's
@@ -517,7 +539,7 @@ def pair_lanes(a, b):
 
 def _steps32(kern, fmt, st, n, s, rows):
     """Block s's int32 x 8 sums of several `rows` at 32-byte width (AVX2: 16 vector registers), as a loop over
-    the format's steps (`fmt.step_chunks`: two chunks each) with the rows' sums carried in registers: one step's
+    the format's steps (`fmt.step_chunks`: two or four chunks each) with the rows' sums carried in registers: one step's
     vectors live at a time, each used by every row. Unrolled, LLVM computed one row's block sum after the other
     with the whole block's decoded vectors spilled and reloaded per row (slower at 3-8 rows,
     bench/x86_rows.py --against). Integer sums: the same lanes as `chunks` in any order."""
