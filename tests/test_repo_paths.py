@@ -39,6 +39,7 @@ def test_realwidth_files_defaults(monkeypatch, tmp_path):
     assert rf.path_of("glm45air-4-a0.1") == str(tmp_path / "rw" / "glm45air-4-a0.1.gguf")
     assert rf.recipe("glm45air-4-a0.1") == "synth_realwidth.py glm45air glm45air-4-a0.1.gguf 4 --mtp-mix 0.1"
     assert set(rf.SETS["speed"]) == {"glm45air-1", "glm45air-1-IQ4_XS", "glm45air-1-Q8_0", "glm45air-3", "glm52-1"}
-    assert len(rf.SETS["spec"]) == 5 * 3     # glm45air 1/4/8 and glm52 1/3 MoE layers, ALPHA 0 / 0.1 / 0.2
+    assert len(rf.SETS["spec"]) == 6 * 3     # glm45air 1/4/8 and glm52 1/2/3 MoE layers, ALPHA 0 / 0.1 / 0.2
+    assert rf.recipe("glm52-2-a0.1") == "synth_realwidth.py glm52 glm52-2-a0.1.gguf 2 --mtp-mix 0.1"
     with pytest.raises(SystemExit, match="unknown file 'nope'"):
         rf.make("nope")
