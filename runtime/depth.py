@@ -76,7 +76,6 @@ class AdaptiveDepth:
         self.row_s = costs[2] if len(costs) > 2 else 0.0      # NextN catch-up seconds per gap row
         self.gap_s = 0.0                                       # catch-up owed before the next draft
         self.left = None                                       # tokens the generation may still emit (None: no end)
-        self.seen_spec = False
         self.base = [self.verify_s[k] + k * self.draft_s for k in range(k_max + 1)]
         self.slow = [1.0, 1.0]               # slowdown of plain rounds, of speculative rounds
         self.slow_at = [None] * (k_max + 1)  # slowdown of rounds at depth k (None: none yet; slow[1] stands in)
@@ -84,13 +83,22 @@ class AdaptiveDepth:
         self.elapsed_s = 0.0                 # seconds of every round observed
         self.probe_loss_s = 0.0              # seconds the probes took beyond plain decoding's for their tokens
         self.alpha = [alpha0] * k_max
-        self.seen = [False] * k_max          # whether a round has reached draft position j+1 yet
         self.reached = [0] * k_max           # rounds that reached draft position j+1
         self.prior_rounds = prior_rounds     # the belief a position starts from weighs as much as this many rounds
         self.remeasure, self.remeasure_draft = remeasure, remeasure_draft
         self.beta, self.interval0, self.max_interval = beta, interval, max_interval
         self.interval, self.plain_left, self.mode = interval, 0, "spec"    # mode: spec | plain | probe
         self.events: list[dict] = []
+
+    @property
+    def seen(self) -> list[bool]:
+        """Whether a round has reached draft position j+1 yet."""
+        return [n > 0 for n in self.reached]
+
+    @property
+    def seen_spec(self) -> bool:
+        """Whether a speculative round has been measured."""
+        return any(self.rounds_at[1:])
 
     def believed(self) -> list[float]:
         """alpha as the rates use it: a position no round has reached yet takes the acceptance of the deepest
@@ -248,17 +256,15 @@ class AdaptiveDepth:
             self.slow_at[k] = s + w * (min(seconds / self.base[k], 4 * s) - s)
         s = self.slow[k > 0]
         self.slow[k > 0] = s + 0.1 * (min(seconds / self.base[k], 4 * s) - s)
-        self.seen_spec |= k > 0
         if not self.seen_spec:               # until a speculative round is measured, assume the plain overhead
             self.slow[1] = self.slow[0]
         belief = self.believed()
         for j in range(min(a + 1, k)):       # positions the round reached: 1..a accepted, a+1 rejected
-            if not self.seen[j]:             # a position's first round starts from what was believed of it
+            if not self.reached[j]:          # a position's first round starts from what was believed of it
                 self.alpha[j] = belief[j]
             self.reached[j] += 1
             w = max(self.beta, 1.0 / (self.reached[j] + self.prior_rounds))
             self.alpha[j] += w * (float(j < a) - self.alpha[j])
-            self.seen[j] = True
         if self.mode == "probe":
             r = self.rates()
             best = max(range(1, self.k_max + 1), key=lambda j: r[j])

@@ -397,7 +397,7 @@ def test_speculation_holds_within_2_percent_of_plain():
     (0.972) plain decoding takes over."""
     for alpha, want in ((0.78, 1), (0.75, 0)):
         c = AdaptiveDepth(1, ([1.0, 1.48], 0.32))
-        c.seen_spec, c.seen, c.alpha = True, [True], [alpha]
+        c.rounds_at[1], c.reached, c.alpha = 1, [1], [alpha]    # one speculative round measured
         assert c.choose(5, left=100) == want
 
 
