@@ -5,8 +5,8 @@ integer kernels quantize them, and integer dot products over the weight's quants
                    per block of B (`row_block`: 32 for the 32-value block formats and NVFP4, 256 for the K-quants and
                    IQ4_XS, the CPU's row format for the kind): amax = max |x|, d = amax / 127,
                    q = round_half_even(x * (127 / amax)), q = 0 where amax = 0 or below AMAX_MIN
-                   (nextn.common.quant.activation
-                   `quantize_q8_0` / `quantize`: the CPU's "q8_0" / "q8" rows, bit for bit on equal inputs)
+                   (nextn.common.quant.activation `quantize_q8_0` / `quantize`: the CPU's "q8_0" / "q8" rows, bit
+                   for bit on equal inputs)
     mul_mat        y[..., n] = sum over words j < K/4 of
                        xd[.., blk(j)] · (s[n, sub(j)] · f32(dot4(w4[n, j], xq[.., j]))
                                          - m[n, sub(j)] · f32(dot4(1111, xq[.., j])))
