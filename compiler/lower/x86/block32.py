@@ -43,12 +43,13 @@ def _high_bits(qh, per):
     return tirx.Select((spread & bit) != u8(0, lanes), u8(16, lanes), u8(0, lanes))
 
 
-def _qword_groups(pairs, vnni):
+def _qword_groups(pairs, vnni, width):
     """The four vectors of 64 quants of a group of 8 blocks in activation.IQ4XS_ORDER from `pairs`, four int8 x 64
     (or uint8) in element order, pair i holding block i in bytes 0..31 and block 4 + i in 32..63: vector c holds
     qword c of every block, qword 2i + h of it from block 4h + i. Two permutes of two pairs give the low halves
     of two outputs, one more joins halves. VNNI: q + 128 (u8; the row's xc takes the 128 back off), else (|q| as
-    u8, q < 0)."""
+    u8, q < 0), at 32-byte width (|q| as u8, q): each row's x takes q's sign by one vpsignb (lanes._lane_sums),
+    not a compare here and a conditional negate per row (Q8_0 verify rows 1.0-1.1x faster, docs/performance.md)."""
     u64 = lambda v: tirx.reinterpret("uint64x8", v)   # noqa: E731
     pairs = [T.Bind(u64(p)) for p in pairs]
     # halves[j][c]: qwords (block i, qword c), (block 4 + i, qword c) for i = 2j, 2j + 1: output c's half j
@@ -64,7 +65,8 @@ def _qword_groups(pairs, vnni):
             out.append(T.Bind(tirx.reinterpret("uint8x64", q) ^ u8(128, 64)))
         else:
             qb = T.Bind(q)
-            out.append((T.Bind(tirx.reinterpret("uint8x64", abs_i8(qb, 64))), qb < const(0, "int8", 64)))
+            out.append((T.Bind(tirx.reinterpret("uint8x64", abs_i8(qb, 64))),
+                        qb if width == 32 else qb < const(0, "int8", 64)))
     return out
 
 
@@ -171,7 +173,7 @@ class Q80Int(Block32):
         """The four vectors of 64 quants of blocks b0 .. b0 + 7 in activation.IQ4XS_ORDER (`_qword_groups`): blocks
         i and 4 + i share one 64-byte vector (two 32-byte loads)."""
         return _qword_groups([tirx.vectorcombine("uint8x64", *[kern.w[n, ramp((b0 + i + 4 * h) * 34 + 2, 32)]
-                                                                for h in (0, 1)]) for i in range(4)], vnni)
+                                                                for h in (0, 1)]) for i in range(4)], vnni, kern.width)
 
 
 class Q5Int(Block32):
@@ -198,7 +200,7 @@ class Q5Int(Block32):
         return self._quants(kern, n, [b0 + i for i in range(p)])
 
     def group_quants(self, kern, n, b0, vnni):
-        return _qword_groups([self._quants(kern, n, [b0 + i, b0 + 4 + i]) for i in range(4)], vnni)
+        return _qword_groups([self._quants(kern, n, [b0 + i, b0 + 4 + i]) for i in range(4)], vnni, kern.width)
 
 
 class Q50Int(Q5Int):

@@ -203,8 +203,10 @@ def _lane_sums(kern, qs, xs, t, c_at):
             if kern.vnni:
                 sums[h] = dot_u8s8(sums[h], part(q), x, kern.width, None, True)
             else:
-                aq, neg = q
-                sums[h] = dot_u8s8(sums[h], part(aq), tirx.Select(part(neg), zero - x, x), kern.width)
+                aq, sq = q     # sq: the quants' signs, as a mask (q < 0) or as the signed quants themselves
+                sx = tirx.Select(part(sq), zero - x, x) if str(sq.ty).startswith("bool") else \
+                    sign(x, tirx.reinterpret(f"int8x{kern.width}", part(sq)), kern.width)
+                sums[h] = dot_u8s8(sums[h], part(aq), sx, kern.width)
     return tirx.Cast(f"float32x{LANE_ACC}", concat(sums))
 
 
