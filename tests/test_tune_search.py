@@ -182,7 +182,7 @@ def test_the_log_records_before_after_and_round_trips(fake_log):
 
 def test_a_log_older_than_fit_kb_takes_the_targets_default(fake_log, tmp_path):
     """Knobs.fit_kb came after schema 4 logs were written: a record without it loads, keeps its other knobs and
-    takes the target's L1 (x86.l1d_kb) as the compile default does."""
+    takes the compile default's (from the target's L1, x86.l1d_kb, at its vector width)."""
     from nextn.compiler.target import make_target
     from nextn.compiler.tune.apply import x86_knobs
 
@@ -193,7 +193,8 @@ def test_a_log_older_than_fit_kb_takes_the_targets_default(fake_log, tmp_path):
     tlog.write(old, str(tmp_path / "old"))
     tgt = make_target("llvm")
     got = x86_knobs(str(tmp_path / "old"), tgt)(SPEC)
-    assert got.tile_n == 32 and got.fit_kb == x86.l1d_kb(tgt)
+    want = x86.default_knobs(SPEC, x86.vector_width(tgt), x86.l1d_kb(tgt)).fit_kb
+    assert got.tile_n == 32 and got.fit_kb == want
 
 
 def test_default_kept_records_are_not_applied_and_merge_prefers_kept(fake_log, tmp_path):

@@ -255,7 +255,8 @@ def test_fit_kb_reads_k_whole_or_in_chunks_with_the_same_bits(kind, units):
 
 def test_fit_kb_default_is_the_targets_l1():
     """x86.default_knobs' fit_kb is the target CPU's L1 data cache (x86.l1d_kb, by LLVM CPU name): 48 KB on
-    Sapphire / Emerald Rapids and Zen 5, 32 KB on Zen 4, Skylake-X and a target that names no CPU."""
+    Sapphire / Emerald Rapids and Zen 5, 32 KB on Zen 4, Skylake-X and a target that names no CPU; twice that at
+    32-byte width (AVX2)."""
     def cpu(mcpu):
         return tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
 
@@ -265,6 +266,7 @@ def test_fit_kb_default_is_the_targets_l1():
     spec = x86.KernelSpec("matmul", "q8_0", 4096, 10944, None)
     assert x86.default_knobs(spec, 64, x86.l1d_kb(cpu("emeraldrapids"))).fit_kb == 48
     assert x86.default_knobs(spec, 64).fit_kb == 32
+    assert x86.default_knobs(spec, 32).fit_kb == 64 and x86.default_knobs(spec, 32, 48).fit_kb == 96
 
 
 LANE_KINDS = sorted(k for k in x86.INT_KINDS if x86.format_of(k).path.multi_row)   # IQ4_XS, the K-quants, Q8_0, ..

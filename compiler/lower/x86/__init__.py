@@ -188,9 +188,12 @@ def default_knobs(spec: KernelSpec, width: int, l1d: int = 32) -> Knobs:
     decode kernels keep theirs).
     prefetch_level: Knobs' 2 (into L2, kernel.prefetch) for all, the routed down experts (one short activation row
     per slot) too.
-    fit_kb: `l1d`, the target's L1 data cache in KB (`l1d_kb`; why: tiles.py).
+    fit_kb: `l1d`, the target's L1 data cache in KB (`l1d_kb`; why: tiles.py), twice that at 32-byte width: on
+    AVX2 a row costs compute, and 2-3 verify rows of a long K (Q8_0 4096 x 10944, 35 KB of activations) ran
+    1.4-1.5x faster read whole from L2 than in chunks (Zen 3, docs/performance.md; 8-row prefill groups chunk
+    either way).
     width: the target's `width`, at most the path's `max_width` (the codebook formats: 32, codebook.py)."""
     path = format_of(spec.kind, spec.exact).path
     width = min(width, path.max_width)
     two = (spec.op == "matmul_id" or path.w_rows_dense == 2) and spec.rows is None and width == 64 and path.multi_row
-    return Knobs(width=width, w_rows=2 if two else 1, fit_kb=l1d)
+    return Knobs(width=width, w_rows=2 if two else 1, fit_kb=2 * l1d if width == 32 else l1d)
