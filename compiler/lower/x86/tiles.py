@@ -92,11 +92,11 @@ def _greedy(v: int, sizes: list[int]) -> list[int]:
     return out
 
 
-# A row group whose int8 activations fit kern.fit_bytes (Knobs.fit_kb: the L1 data cache, twice it on AVX2:
-# x86.default_knobs) reads K whole; a larger
-# one goes through K in chunks of X_CHUNK_BYTES: chunks that filled all of a 32 KB L1 left no room for the weight
-# lines streaming past and the tile's accumulators (16 KB chunks beat 32 KB ones, bench/x86_rows.py), while rows
-# that fit the L1 lose to chunking (bench/verify_rows.py on a 48 KB L1; both measured in docs/performance.md).
+# A row group whose int8 activations fit kern.fit_bytes (Knobs.fit_kb: the L1 data cache, twice it on AVX2,
+# x86.default_knobs) reads K whole; a larger one goes through K in chunks of X_CHUNK_BYTES: chunks that filled all
+# of a 32 KB L1 left no room for the weight lines streaming past and the tile's accumulators (16 KB chunks beat
+# 32 KB ones, bench/x86_rows.py), while rows that fit the L1 lose to chunking (bench/verify_rows.py on a 48 KB L1;
+# both measured in docs/performance.md), and on AVX2 so do 2-3 verify rows that fit twice the L1.
 X_CHUNK_BYTES = 16 << 10
 
 
