@@ -219,33 +219,51 @@ class DeviceCheck:
 
     def s_decode_graphs(self, main) -> dict:
         """Greedy decode from cell BUCKET_PROMPT for BUCKET_STEPS steps with the no-graph artifact, then with the
-        graph one (one-row `decode` replayed as CUDA graphs, L rounded up to 256-cell buckets), bit for bit."""
+        graph one (one-row `decode` replayed as CUDA graphs, L rounded up to 256-cell buckets), bit for bit; then
+        the few-row steps the graph artifact also replays (one graph per row count): a verify of k+1 rows and a
+        draft step 0 with a gap of k rows (mtp_draft, its last row's head) for each k+1 in SPEC_VERIFY_ROWS, on
+        the greedy tokens, at the cells after the decode steps."""
         graph = self.seq
         ng = self.check_of("nograph") if any(c.get("role") == "nograph" for c in self.plan["checks"]) else main
         nograph = self.open_model(ng, self.a.ctx).load().new_sequence()
         long = next(p for p in json.load(open(os.path.join(self.path(main["reference"]), "reference.json")))["prompts"]
                     if len(p["prompt_ids"]) >= BUCKET_PROMPT)
         ids = np.asarray(long["prompt_ids"][:BUCKET_PROMPT], np.int32)
-        runs = []
+        runs, few = [], []
         for seq in (nograph, graph):
             _h, _last, tok = seq.prefill(ids, 0)
-            rows = []
+            rows, toks, hs = [], [tok], []
             for i in range(BUCKET_STEPS):
                 h, lg, am = seq.verify([tok], BUCKET_PROMPT + i)
                 rows.append((np.array(h), lg.numpy().copy(), int(am[0])))
                 tok = int(am[0])
+                toks.append(tok)
+                hs.append(np.array(h))
             runs.append(rows)
+            steps, p = [], BUCKET_PROMPT + BUCKET_STEPS
+            for k1 in SPEC_VERIFY_ROWS:   # the few-row entries (graphs per row count on the graph artifact)
+                h, lg, am = seq.verify(toks[-k1:], p)
+                steps.append((f"verify {k1} rows", np.array(h), lg.numpy().copy(), np.array(am)))
+                if seq.model.has_mtp:
+                    h, lg, am = seq.mtp_draft(toks[-k1:], np.concatenate(hs[-k1:]), p, out_ids=[k1 - 1])
+                    steps.append((f"mtp_draft {k1} rows", np.array(h), lg.numpy().copy(), np.array(am)))
+            few.append(steps)
         del nograph
         L = [graph.n_kv(BUCKET_PROMPT + i + 1) for i in range(BUCKET_STEPS)]
         diff = [i for i, (a, b) in enumerate(zip(*runs))
                 if a[2] != b[2] or a[0].tobytes() != b[0].tobytes() or a[1].tobytes() != b[1].tobytes()]
+        few_diff = [a[0] for a, b in zip(*few) if any(x.tobytes() != y.tobytes() for x, y in zip(a[1:], b[1:]))]
         res = {"graph_artifact": main["artifact"], "nograph_artifact": ng["artifact"], "steps": BUCKET_STEPS,
-               "L": sorted(set(L)), "ids": [r[2] for r in runs[1]], "bit_exact": not diff}
+               "L": sorted(set(L)), "ids": [r[2] for r in runs[1]], "few_row_steps": [s[0] for s in few[1]],
+               "bit_exact": not diff and not few_diff}
         if diff:
             i = diff[0]
             raise AssertionError(f"decode with CUDA graphs differs from decode without at step {i} (cell "
                                  f"{BUCKET_PROMPT + i}, L {L[i]}): ids {runs[0][i][2]} vs {runs[1][i][2]}, logits "
                                  f"rel_err {rel_err(runs[1][i][1], runs[0][i][1]):.2e}")
+        if few_diff:
+            raise AssertionError(f"with CUDA graphs, {', '.join(few_diff)} at cell {BUCKET_PROMPT + BUCKET_STEPS} "
+                                 f"differ from the same calls without")
         return res
 
     def s_entry_timings(self, main) -> dict:

@@ -21,7 +21,7 @@ from nextn.common.manifest import MANIFEST, MAX_DRAFT, SCHEMA, library_entry
 from nextn.common.versions import nextn_version
 
 from . import reproducible
-from .graphs import SPLIT_L, STATIC, build_graphs, weight_kinds
+from .graphs import FEW_ROWS, SPLIT_L, STATIC, build_graphs, max_rows, weight_kinds
 from .loader.model_files import ModelFiles
 from .target import GPU_TARGETS, TARGETS, make_target, required_cpu_flags
 
@@ -90,6 +90,7 @@ class Built:
     tuning_info: dict | None
     tgt: object
     kernels: dict | None = None   # GPU builds: the manifest's `gpu_kernels.kernels` (kernel_report.kernel_summary)
+    graph_bytes: int = 0          # CUDA graphs: the storage their captured regions allocate once (the largest build)
 
 
 def plan(model: str, options: CompileOptions, draft: str | None = None, dump_ir: str | None = None,
@@ -134,7 +135,7 @@ def plan(model: str, options: CompileOptions, draft: str | None = None, dump_ir:
                        gpu_int8=gpu_int8, int8_weights=int8_weights)
     graph_entries = []
     if o.target == "cuda" and o.cuda_graph:
-        mod, graph_entries = capture_graphs.mark(mod, mf.config.n_ctx_train, STATIC)
+        mod, graph_entries = capture_graphs.mark(mod, mf.config.n_ctx_train, STATIC, FEW_ROWS, max_rows(MAX_DRAFT))
     return Plan(o, mf, with_mtp, kv_types, graphs, kinds, arch_list, lib_arches, x86, mod, graph_entries, gpu_int8,
                 int8_weights)
 
@@ -149,10 +150,10 @@ def build(p: Plan, out: str, dump_ir: str | None = None, log=print) -> Built:
     from .gpu_build import build_scope
     from .lower import capture_graphs, cuda
     from .kernel_report import kernel_summary
-    from .lower.pipeline import GPU_KINDS, last_kernel_report, make_pipeline
+    from .lower.pipeline import GPU_KINDS, last_graph_storage, last_kernel_report, make_pipeline
     from .tune.apply import schedule_with_log
 
-    target, libs, tuning_info, tgt, kernels = p.options.target, [], None, None, None
+    target, libs, tuning_info, tgt, kernels, graph_bytes = p.options.target, [], None, None, None, 0
     for la in p.lib_arches:
         tgt = make_target(target, la or None)
         log(f"compiling {len(p.graphs)} entry points ({', '.join(p.graphs)}) for {target}"
@@ -168,10 +169,11 @@ def build(p: Plan, out: str, dump_ir: str | None = None, log=print) -> Built:
         _write_schedule_report(target, dump_ir)
         if target in GPU_KINDS:   # the same schedules for every arch group
             kernels = kernel_summary(last_kernel_report())
+        graph_bytes = max(graph_bytes, last_graph_storage())
         lib_name = f"model_{target}.so" if target != "rocm" else f"model_{target}_{la[0]}.so"
         ex.export_library(os.path.join(out, lib_name))
         libs.append(library_entry(os.path.join(out, lib_name), la))
-    return Built(libs, tuning_info, tgt, kernels)
+    return Built(libs, tuning_info, tgt, kernels, graph_bytes)
 
 
 def manifest(p: Plan, built: Built, model_files: list[dict]) -> dict:
@@ -222,9 +224,12 @@ def manifest(p: Plan, built: Built, model_files: list[dict]) -> dict:
         # the hand-written x86 matmul kernels (compiler/lower/x86): vector width, activation quantization
         "x86_kernels": None if p.x86 is None else {"vector_bytes": p.x86.width, "kernels": len(p.x86.specs),
                                                    "activation_quant": "q8" if p.x86.quantize_activations else None},
-        # one-row steps replayed as CUDA graphs: their inputs must stay put, L is rounded up to kv_bucket
+        # steps replayed as CUDA graphs: their inputs must stay put, L is rounded up to kv_bucket; the few-row ones
+        # (verify, a draft step 0 with its gap) take at most max_rows rows; static_bytes: the device memory their
+        # captured regions allocate once (planned for max_rows rows and max_ctx cells)
         "cuda_graph": {"entries": p.graph_entries, "kv_bucket": capture_graphs.KV_BUCKET,
-                       "max_ctx": c.n_ctx_train} if p.graph_entries else None,
+                       "max_ctx": c.n_ctx_train, "max_rows": max_rows(MAX_DRAFT),
+                       "static_bytes": built.graph_bytes} if p.graph_entries else None,
         "libraries": built.libraries,
         # GPU artifacts only (CPU manifests keep their fields): the GPU matmuls (compiler/lower/cuda) take int8
         # activation rows ("q8": the integer route, `dot` "cuda" for __dp4a) or float ones (None: --exact-matmul);

@@ -40,6 +40,20 @@ for _e in DRAFTING:
     if _e in STATIC:
         STATIC[_e + VOCAB_SUFFIX] = STATIC[_e]
 SPLIT_L = SPLIT_L | {e + VOCAB_SUFFIX for e in DRAFTING}
+# Entries of a few rows that CUDA graphs replay too (compiler/lower/capture_graphs.py), one graph per row count: a
+# verify of k + 1 rows and a draft step 0 that carries the NextN gap (k <= MAX_DRAFT accepted + id_last rows;
+# runtime/speculative.py `Drafter.fuse_rows`). Their row symbols, bounded by `max_rows`. Launched a kernel at a
+# time, every round pays each launch's host cost (a verify: ~35 launches per layer at GLM-4.5-Air widths).
+FEW_ROWS = {"verify": ("T",), "mtp_draft": ("T", "R")}
+FEW_ROWS.update({e + VOCAB_SUFFIX: FEW_ROWS[e] for e in DRAFTING if e in FEW_ROWS})
+
+
+def max_rows(max_draft: int) -> int:
+    """The most rows a `FEW_ROWS` call takes: a draft of `max_draft` tokens verified with id_last, or a draft step 0
+    with its gap (at most max_draft accepted tokens + id_last)."""
+    return max_draft + 1
+
+
 # Entries of several rows whose head runs on the `out_ids` rows only (`select_head_rows`); their one-row `STATIC`
 # forms (`draft`, `mtp_draft_shared`) have a single row to give and take no `out_ids`.
 SELECT_ROWS = frozenset({"mtp_draft", "mtp_draft" + VOCAB_SUFFIX})

@@ -13,7 +13,8 @@ What is counted (`Need`):
   `kv_cache.caches` says which type each cache holds; the bytes under another type come from
   `nextn.common.kv_types` (what a smaller KV type would take).
 - workspace: the intermediates of the largest step, a prefill chunk (`LoadedModel.prefill_chunk` rows,
-  `workspace_bytes`): an estimate, not a measurement.
+  `workspace_bytes`): an estimate, not a measurement; on a GPU plus the storage the artifact's CUDA graphs allocate
+  once (the manifest's `cuda_graph.static_bytes`, the compiler's plan).
 
 Available (`available`): CPU: MemAvailable from /proc/meminfo, lowered to the cgroup's room (memory.max -
 memory.current) inside a container; GPU: the device's free memory as TVM's runtime reports it (cudaMemGetInfo).
@@ -112,7 +113,8 @@ def need(model, n_ctx: int, weights: bool = True) -> Need:
         w = copied_bytes(model.files, model._plan)
         mapped, ws = model.weight_bytes - w, workspace_bytes(model.hparams, model.prefill_chunk)
     else:
-        w, mapped, ws = model.weight_bytes, 0, workspace_bytes(model.hparams, model.prefill_chunk)
+        w, mapped = model.weight_bytes, 0
+        ws = workspace_bytes(model.hparams, model.prefill_chunk) + model.graph_bytes
     return Need(w, mapped, kv_bytes(model, n_ctx), ws, n_ctx)
 
 

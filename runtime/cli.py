@@ -44,7 +44,8 @@ def cli():
 @click.option("--tuning-log", default=None, help="Tuning log (LOG_DIR or FILE.json) from `nextn tune`: tuned kernels "
                                                  "use its schedules, the others the default ones.")
 @click.option("--cuda-graph/--no-cuda-graph", default=True, show_default=True,
-              help="CUDA: replay the one-row decode and draft steps as CUDA graphs (one per 256-cell KV bucket).")
+              help="CUDA: replay the decode, verify and draft steps as CUDA graphs (one per row count and "
+                   "256-cell KV bucket).")
 @click.option("--exact-matmul", is_flag=True,
               help="CPU: float activations in every matmul. By default K-quant, IQ4_XS, Q8_0, IQ4_NL and MXFP4 "
                    "matmuls quantize each activation row to 8 bits (as llama.cpp's CPU backend does), which is "

@@ -96,6 +96,9 @@ class LoadedModel:
         # (the extra cells are masked: attention reads cells <= pos). Both also work, and are tested, on the CPU.
         self.kv_bucket = int(cg.get("kv_bucket", 1))
         self.static_inputs = set(cg.get("entries", []))
+        # the most rows a captured few-row entry (verify, a draft step 0 with its gap) was planned for; None: no bound
+        self.graph_max_rows = int(cg["max_rows"]) if "max_rows" in cg else None
+        self.graph_bytes = int(cg.get("static_bytes", 0))   # device memory the captured steps allocate once
         self.load_info: dict[str, dict] = {}   # per load step: seconds (device-synchronized), bytes where it moves any
         self.log = log
         self.n_sequences = 0                   # made by new_sequence

@@ -98,6 +98,10 @@ class Sequence:
             raise NextnError(f"context is full: {pos0 + T} tokens do not fit in the context of {self.n_ctx} (-c)")
         if T == 1 and ONE_ROW.get(name) in m.fn:
             name = ONE_ROW[name]
+        if name in m.static_inputs and m.graph_max_rows is not None and T > m.graph_max_rows:
+            raise NextnError(f"{name}: {T} rows, more than the {m.graph_max_rows} this artifact's CUDA graphs were "
+                             f"planned for (a draft of at most {m.graph_max_rows - 1} tokens); recompile with "
+                             f"--no-cuda-graph")
         named = {"tokens": np.asarray(tokens, np.int32), "pos": np.arange(pos0, pos0 + T, dtype=np.int32), **extra}
         if "rs_plane" in m.inputs_of[name]:
             if pos0 not in (0, self.rs_pos):

@@ -153,3 +153,21 @@ def test_a_smaller_kv_type_that_fits(compiled, monkeypatch):
     with pytest.raises(NextnError) as e:
         rt.load(art, ctx_size=4096)
     assert "-ctk" not in str(e.value)
+
+
+def test_gpu_workspace_counts_the_cuda_graph_storage(art, monkeypatch):
+    """On a GPU every weight is in device memory, and the storage the artifact's CUDA graphs allocate once (the
+    manifest's cuda_graph.static_bytes) comes on top of a prefill chunk's workspace."""
+    from types import SimpleNamespace
+
+    from nextn.runtime import budget
+    from nextn.runtime.budget import workspace_bytes
+
+    hp = _hp(art)["hparams"]
+    monkeypatch.setattr(budget, "kv_bytes", lambda model, n_ctx: 1000 * n_ctx)
+    gpu = SimpleNamespace(device=SimpleNamespace(kind="cuda"), weight_bytes=12345, hparams=hp, prefill_chunk=64,
+                          graph_bytes=987654)
+    n = budget.need(gpu, 256)
+    assert (n.weights, n.weights_mapped, n.kv) == (12345, 0, 256000)
+    assert n.workspace == workspace_bytes(hp, 64) + 987654
+    assert budget.need(gpu, 256, weights=False).workspace == 0   # another sequence: its KV only

@@ -147,6 +147,8 @@ def test_device_check_cpu_mode_in_a_runtime_only_interpreter(bundle, tmp_path):
     assert {"code-short trunk_logits", "code-short trunk_hidden", "code-short mtp_logits"} <= set(checks)
     st = {s["stage"]: s.get("result", {}) for s in res["stages"]}
     assert st["decode_graphs"]["bit_exact"] and st["decode_graphs"]["steps"] == device_check.BUCKET_STEPS
+    assert st["decode_graphs"]["few_row_steps"] == [f"{e} {k1} rows" for k1 in device_check.SPEC_VERIFY_ROWS
+                                                    for e in ("verify", "mtp_draft")]
     assert st["weights"]["bytes"] > 0 and st["kv"]["bytes"] > 0
     assert st["prefill"]["matches_reference"] and st["prefill"]["rel_err"] < device_refs.LOGIT_TOL
     assert [x["config"] for x in res["speed"]["rows"]] == ["off", "n_max=1", "n_max=2", "n_max=3", "auto"]

@@ -120,6 +120,19 @@ def captures(dump: str, fn: str) -> tuple[int, list[str]]:
         k for k in re.findall(r"cls\.(\w+)", body) if "cuda_graph" not in k]
 
 
+def graph_storage(dump: str) -> int:
+    """Bytes of the storages the lowered VM code (--dump-ir DIR/4_lower.py) allocates in its `cuda_graph_alloc`
+    function(s): read from the printed code, not from the compiler's own count."""
+    import re
+
+    s = open(f"{dump}/4_lower.py").read()
+    total = 0
+    for m in re.finditer(r"\n    def cuda_graph_alloc\w*\(", s):
+        body = s[m.start():s.find("\n    @", m.start() + 1)]
+        total += sum(int(x) for x in re.findall(r"alloc_storage\(R\.shape\(\[(\d+)\]\)", body))
+    return total
+
+
 def _without_quantizers(kernels: list[str]) -> list[str]:
     """`kernels` without the integer route's activation quantizers (quantize_q8*: compiler/lower/cuda/int8.py)."""
     return [k for k in kernels if not k.startswith("quantize_q8")]
@@ -138,18 +151,24 @@ def workspaces(dump: str) -> list[str]:
 
 
 def test_cuda_graph_one_region_per_step(cuda_art):
-    """decode / draft replay as one captured CUDA graph each; only the output tail (final norm, lm head, argmax),
-    which writes the step's returned tensors, launches outside. verify / prefill stay uncaptured."""
+    """decode / draft, and the few-row verify / mtp_draft (one graph per row count, planned for max_draft + 1
+    rows), replay as one captured CUDA graph each; only the output tail (final norm, lm head, argmax), which writes
+    the step's returned tensors, launches outside. prefill and mtp_rows (any number of rows) stay uncaptured."""
+    from nextn.common.manifest import MAX_DRAFT
     from nextn.compiler.loader.model_files import ModelFiles
 
     d, _rep, dump = cuda_art
-    assert _manifest(d)["cuda_graph"] == {"entries": ["decode", "draft"], "kv_bucket": 256,
-                                          "max_ctx": ModelFiles(MODEL).config.n_ctx_train}
-    for fn in ("decode", "draft"):
+    assert _manifest(d)["cuda_graph"] == {"entries": ["decode", "draft", "mtp_draft", "verify"], "kv_bucket": 256,
+                                          "max_ctx": ModelFiles(MODEL).config.n_ctx_train, "max_rows": MAX_DRAFT + 1,
+                                          "static_bytes": graph_storage(dump)}
+    assert graph_storage(dump) > 0
+    # the few-row ones also compute their symbolic shapes on the host (a VM shape function) first; mtp_draft's head
+    # takes its `out_ids` rows (get_rows) and quantizes them in a second, small graph
+    for fn, regions, tail in (("decode", 1, 3), ("draft", 1, 3), ("verify", 1, 3), ("mtp_draft", 2, 4)):
         n, outside = captures(dump, fn)
-        tail = _without_quantizers(outside)   # the head's integer route quantizes its input row first
-        assert n == 1 and len(tail) == 3 and tail[1].startswith("mul_mat") and len(outside) <= 4, (fn, outside)
-    for fn in ("verify", "prefill"):
+        launched = [k for k in _without_quantizers(outside) if not k.startswith("shape_func")]
+        assert n == regions and len(launched) == tail and "mul_mat" in launched[-2] and len(outside) <= 5, (fn, outside)
+    for fn in ("prefill", "mtp_rows"):
         assert captures(dump, fn)[0] == 0
     # the GPU form: flash attention keeps its tiles in shared memory and registers, top-k is split into kernels
     # with Relax-planned scratch, so no kernel allocates device memory inside a captured graph
@@ -168,10 +187,15 @@ def test_glm_dsa_cuda_artifact_and_graphs(tmp_path):
     out, dump = str(tmp_path / "art"), str(tmp_path / "ir")
     compile_model(str(dsa), out, CompileOptions(target="cuda", arches=["sm_90"]), log=lambda *_: None, dump_ir=dump)
     assert check_artifact(out)["model_cuda.so"]["expected"] == ["sm_90"]
-    assert _manifest(out)["cuda_graph"]["entries"] == ["decode", "draft", "mtp_draft_shared"]
+    assert _manifest(out)["cuda_graph"]["entries"] == ["decode", "draft", "mtp_draft", "mtp_draft_shared", "verify"]
     for fn, regions in (("decode", 1), ("mtp_draft_shared", 1), ("draft", 2)):   # draft: + the index store
         n, outside = captures(dump, fn)
         assert n == regions and len(_without_quantizers(outside)) == 3 and len(outside) <= 4, (fn, n, outside)
+    # the few-row entries too: mtp_draft as draft (+ the index store) plus its out_ids rows' quantizer (see above)
+    for fn, regions, tail in (("verify", 1, 3), ("mtp_draft", 3, 4)):
+        n, outside = captures(dump, fn)
+        launched = [k for k in _without_quantizers(outside) if not k.startswith("shape_func")]
+        assert n == regions and len(launched) == tail and "mul_mat" in launched[-2] and len(outside) <= 5, (fn, outside)
     assert workspaces(dump) == []
     rep = json.load(open(f"{dump}/schedule_report.json"))
     # attention (MLA, split over L in the one-row steps) and the index score are hand-written GPU kernels, and
@@ -248,8 +272,9 @@ def test_cli_bad_arch_and_device(cuda_art, capsys):
 def test_glm5next_cuda_rocm_artifacts_and_graphs(tmp_path):
     """GLM-5.3-Flash builds for CUDA sm_80/sm_90/sm_120 (one fatbin) and ROCm gfx942. Its hand-written kernels (KDA
     conv and delta rule, Sinkhorn, k-pooling) come thread-bound; no kernel allocates scratch; each one-row step
-    (decode, draft, mtp_draft_shared) is captured whole, its recurrent-state planes included (outside: the output
-    tail, the draft's index store, and host shape functions such as L // kpool)."""
+    (decode, draft, mtp_draft_shared) and each few-row one (verify, mtp_draft) is captured whole, its
+    recurrent-state planes included (outside: the output tail, the draft's index store, and host shape functions
+    such as L // kpool)."""
     from nextn.compiler.check_device_code import check_artifact
     from nextn.compiler.compile import compile_model
     from nextn.common.compile_options import CompileOptions
@@ -258,11 +283,13 @@ def test_glm5next_cuda_rocm_artifacts_and_graphs(tmp_path):
     out, dump = str(tmp_path / "cuda"), str(tmp_path / "ir")
     compile_model(str(g5n), out, CompileOptions(target="cuda"), log=lambda *_: None, dump_ir=dump)
     assert check_artifact(out)["model_cuda.so"]["cuda_sass"] == sorted(CUDA_ARCHES)
-    assert _manifest(out)["cuda_graph"]["entries"] == ["decode", "draft", "mtp_draft_shared"]
-    for fn, regions in (("decode", 1), ("mtp_draft_shared", 1), ("draft", 2)):
+    assert _manifest(out)["cuda_graph"]["entries"] == ["decode", "draft", "mtp_draft", "mtp_draft_shared", "verify"]
+    # the few-row verify / mtp_draft too (mtp_draft: + its out_ids rows' quantizer, as glm-dsa's)
+    for fn, regions, tail in (("decode", 1, 3), ("mtp_draft_shared", 1, 3), ("draft", 2, 3), ("verify", 1, 3),
+                              ("mtp_draft", 3, 4)):
         n, outside = captures(dump, fn)
         kernels = _without_quantizers([k for k in outside if not k.startswith("shape_func")])
-        assert n == regions and len(kernels) == 3, (fn, n, outside)
+        assert n == regions and len(kernels) == tail, (fn, n, outside)
     assert workspaces(dump) == []
     rep = json.load(open(f"{dump}/schedule_report.json"))
     hand = {k: v for k, v in rep.items() if k.startswith(("ssm_conv", "gated_delta_net", "dsv4_hc_comb", "kpool_store"))}

@@ -32,13 +32,35 @@ def test_kv_bucket_and_fixed_inputs_are_bit_exact(arch, compiled):
     prompts = [p for p in reference(path.parent)["prompts"] if len(p["prompt_ids"]) < 400][:3]
     want = _run(m, prompts)
     e = m.sequence
-    e.model.kv_bucket, e.model.static_inputs = 64, {"decode", "draft", "mtp_draft_shared"}
+    # a CUDA artifact's graph entries (compiler/lower/capture_graphs.py): the one-row and the few-row steps
+    e.model.kv_bucket = 64
+    e.model.static_inputs = {"decode", "draft", "mtp_draft_shared", "verify", "mtp_draft"}
+    e.model.graph_max_rows = e.model.max_draft + 1
     assert e.n_kv(1) == 64 and e.n_kv(64) == 64 and e.n_kv(65) == 128 and e.n_kv(500) == 512   # capped at n_ctx
     got = _run(m, prompts)
-    assert len(e._inbuf) >= 2                      # the one-row steps did go through fixed buffers
+    fixed = {(k[0], k[1][0]) for k in e._inbuf}    # (entry, rows): one set of fixed buffers per row count
+    assert {("decode", 1), ("draft", 1)} <= fixed  # the one-row steps did go through fixed buffers,
+    assert len({T for name, T in fixed if name == "verify" and T > 1}) >= 2   # and verifies of several row counts
+    assert any(name == "mtp_draft" for name, _ in fixed)
     for (a_plain, a_spec, a_acc, a_dr, a_lg), (b_plain, b_spec, b_acc, b_dr, b_lg) in zip(want, got):
         assert b_plain == a_plain and b_spec == a_spec and (b_acc, b_dr) == (a_acc, a_dr)
         assert np.array_equal(b_lg, a_lg)
+
+
+def test_graph_entries_refuse_more_rows_than_planned(compiled):
+    """A CUDA artifact plans its captured few-row entries for at most `max_rows` rows: more is one clear error,
+    before anything runs (the CPU stands in for the GPU: the bound is the runtime's)."""
+    from nextn.common.errors import NextnError
+
+    m = rt.load(compiled("glm4moe-q8", CASES["glm4moe"]), ctx_size=512)
+    e = m.sequence
+    e.model.static_inputs, e.model.graph_max_rows = {"decode", "verify"}, 3
+    ids = reference(CASES["glm4moe"].parent)["prompts"][0]["prompt_ids"][:8]
+    e.verify(ids[:3], 0)                           # at the bound: runs
+    with pytest.raises(NextnError, match=r"^verify: 4 rows, more than the 3 this artifact's CUDA graphs .*"
+                                         r"--no-cuda-graph$"):
+        e.verify(ids[:4], 0)
+    assert e.prefill(np.asarray(ids, np.int32), 0)[2] >= 0   # prefill (never captured) takes any number of rows
 
 
 @pytest.mark.e2e

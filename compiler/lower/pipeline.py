@@ -103,6 +103,32 @@ class VerifyDeviceModule:
         return mod
 
 
+_GRAPH_STORAGE: dict = {}   # the last pipeline's CUDA graph storage bytes (`last_graph_storage`)
+
+
+def last_graph_storage() -> int:
+    """Bytes of device memory the CUDA graphs of the last module this process lowered allocate once, at the first
+    capture (0 without graphs): the manifest's `cuda_graph.static_bytes`, which the runtime's memory budget counts."""
+    return int(_GRAPH_STORAGE.get("bytes", 0))
+
+
+def graph_storage_bytes(mod) -> int:
+    """The sum of the constant-size storages in `mod`'s `cuda_graph_alloc` functions: what RewriteCUDAGraph plans
+    once for every captured region (the regions of different entry points share it; sizes at their bounds: rows,
+    L and C at `tir_var_upper_bound`)."""
+    sizes = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and getattr(e.op, "name", "") in ("relax.vm.alloc_storage",
+                                                                        "relax.memory.alloc_storage"):
+            sizes.append(int(e.args[0].values[0]))
+
+    for gv, f in mod.functions.items():
+        if isinstance(f, relax.Function) and gv.name_hint.startswith("cuda_graph_alloc"):
+            relax.analysis.post_order_visit(f, visit)
+    return sum(sizes)
+
+
 def make_pipeline(target, schedule_pass, dump_dir: str | None = None, cuda_graph: bool = False):
     @tvm.transform.module_pass(opt_level=0, name="nextn_pipeline")
     def _pipeline(mod, _ctx):
@@ -115,6 +141,8 @@ def make_pipeline(target, schedule_pass, dump_dir: str | None = None, cuda_graph
                         f.write(mod.script())
                 if name == "schedule" and target.kind.name in GPU_KINDS:
                     _kernel_report(mod, dump_dir)
+                if name == "lower":
+                    _GRAPH_STORAGE["bytes"] = graph_storage_bytes(mod) if cuda_graph else 0
         return mod
 
     return _pipeline
