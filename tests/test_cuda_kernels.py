@@ -346,3 +346,39 @@ def _loads_outside_leader_branch(src: str) -> int:
         if not stack and line.startswith("}"):
             break
     return outside
+
+
+@pytest.mark.parametrize("V", [151552, 8192, 768])
+def test_two_pass_argmax_is_the_first_index_of_the_maximum(V):
+    """The GPU forms' argmax (to_relax.SPLIT_OPS: per-chunk argmax, then the first chunk with the largest maximum)
+    gives the one-pass argmax's index (te_ops.argmax, the CPU's), built for llvm, and where a row has a finite
+    maximum np.argmax's, the first of equal maxima: ties within a chunk, across chunks (the later chunk's copy at a
+    lower offset), at the last column, a row of one value, a NaN before the maximum; a row of -inf has no
+    candidate in either (-1)."""
+    from nextn.compiler.lower import te_ops
+
+    ch = te_ops.argmax_chunk(V)
+    assert V % ch == 0 and V // ch >= 2
+    R = 7
+    x = te.placeholder((R, V), "float32", name="x")
+    part = te_ops.argmax(te.compute((R, V // ch, ch), lambda r, c, j: x[r, c * ch + j], name="xc"))
+    funcs = {"two": te.create_prim_func([x, te_ops.argmax_of_chunks(x, part, ch)]),
+             "one": te.create_prim_func([x, te_ops.argmax(x)])}
+    lib = tvm.compile(_module(funcs), target="llvm")
+    rng = np.random.default_rng(V)
+    a = rng.standard_normal((R, V)).astype(np.float32)
+    a[0, [(V // ch - 1) * ch + 5, ch + 7, ch + 9]] = 50.0   # across chunks: chunk 1 wins, its first copy
+    a[1, [2 * ch - 1, 2 * ch, 5]] = 60.0               # a chunk boundary and the first chunk
+    a[2, V - 1] = 70.0                                 # the last column
+    a[3] = 1.5                                         # all equal: index 0
+    a[4] = -np.inf                                     # all -inf: index 0
+    a[5, [V // 2 + 1, V // 2 + 3]] = 80.0              # a tie inside one chunk
+    a[6, 0], a[6, ch + 1] = np.nan, 90.0               # NaN is never the maximum
+    got = {}
+    for name in funcs:
+        got[name] = tvm.runtime.tensor(np.zeros(R, np.int32))
+        lib[name](tvm.runtime.tensor(a), got[name])
+    two, one = got["two"].numpy().tolist(), got["one"].numpy().tolist()
+    assert two == one
+    want = np.argmax(np.nan_to_num(a, nan=-np.inf), axis=-1).tolist()
+    assert two[:4] + two[5:] == want[:4] + want[5:] and two[4] == -1

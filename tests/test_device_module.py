@@ -189,3 +189,43 @@ def test_every_fixture_builds_for_cuda_without_host_compute(compiled, rel):
     rep = check_artifact(art)["model_cuda.so"]
     assert rep["cuda_sass"] == ["sm_90"]
     assert rep["host_compute"] == ([] if shutil.which("objdump") else "not checked (no objdump)")
+
+
+def test_topk_rank_accumulates_in_a_register():
+    """MoE top-k's rank (te_ops.topk_rank: each of 128 experts compared with all the others), which the reduction
+    rules decline: SerialReduction maps it as Fallback does (a thread per output, serial over the others) but
+    keeps the count in a register and stores it once; Fallback's kernel reads and writes the output in global
+    memory in every step of the loop (CUDA source of sm_90 builds of both)."""
+    import re
+
+    import tvm
+    from tvm import te
+    from tvm.s_tir import dlight as dl
+
+    from nextn.compiler.lower import te_ops
+    from nextn.schedules.gpu import schedule_func
+
+    x = te.placeholder((te.var("T", "int64"), 128), "float32", name="x")
+    f = te.create_prim_func([x, te_ops.topk_rank(x)])
+    tgt = _cuda()
+    out, rule = schedule_func(f, tgt, "topk_rank")
+    assert rule == "SerialReduction"
+
+    def stores_in_loop(func):
+        with tgt:
+            src = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "k")}), target=tgt) \
+                .mod.imports[0].inspect_source()
+        body = src[src.index("__global__"):]
+        i = body.index("{", body.index("for ("))   # the reduction loop's body, to its matching brace
+        depth, j = 0, i
+        for j, ch in enumerate(body[i:], i):
+            depth += {"{": 1, "}": -1}.get(ch, 0)
+            if depth == 0:
+                break
+        return len(re.findall(r"topk_rank_ptr\[[^\]]*\] = ", body[i:j])), body
+
+    n_serial, body = stores_in_loop(out)
+    n_fallback, _ = stores_in_loop(dl.gpu.Fallback().apply(f, tgt, False).mod["main"]
+                                   .with_attr("tirx.is_scheduled", True))
+    assert n_fallback == 1 and n_serial == 0, body   # the register form stores after the loop only
+    assert len(re.findall(r"topk_rank_ptr\[[^\]]*\] = ", body)) == 1

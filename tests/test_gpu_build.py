@@ -96,7 +96,7 @@ def test_every_primfunc_is_gpu_scheduled_and_gemvs_are_not_fallback(cuda_art):
     rep = cuda_art[1]
     assert len(rep) > 20
     assert set(rep.values()) <= {"cuda:gemv", "cuda:quantize", "LowBatchGEMV", "Matmul", "GEMV", "Reduction",
-                                 "GeneralReduction", "Fallback", "pre-scheduled"}
+                                 "GeneralReduction", "SerialReduction", "Fallback", "pre-scheduled"}
     # the integer route (compiler/lower/cuda/int8.py): every activation quantizer takes its own rule
     quantizers = {k for k in rep if k.startswith("quantize_q8")}
     assert quantizers and {k for k, v in rep.items() if v == "cuda:quantize"} == quantizers
@@ -163,11 +163,12 @@ def test_cuda_graph_one_region_per_step(cuda_art):
                                           "static_bytes": graph_storage(dump)}
     assert graph_storage(dump) > 0
     # the few-row ones also compute their symbolic shapes on the host (a VM shape function) first; mtp_draft's head
-    # takes its `out_ids` rows (get_rows) and quantizes them in a second, small graph
-    for fn, regions, tail in (("decode", 1, 3), ("draft", 1, 3), ("verify", 1, 3), ("mtp_draft", 2, 4)):
+    # takes its `out_ids` rows (get_rows) and quantizes them in a second, small graph; argmax is two kernels
+    for fn, regions, tail in (("decode", 1, 4), ("draft", 1, 4), ("verify", 1, 4), ("mtp_draft", 2, 5)):
         n, outside = captures(dump, fn)
         launched = [k for k in _without_quantizers(outside) if not k.startswith("shape_func")]
-        assert n == regions and len(launched) == tail and "mul_mat" in launched[-2] and len(outside) <= 5, (fn, outside)
+        assert n == regions and len(launched) == tail and len(outside) <= 6, (fn, outside)
+        assert "mul_mat" in launched[-3] and launched[-2].startswith("argmax_chunks"), (fn, launched)
     for fn in ("prefill", "mtp_rows"):
         assert captures(dump, fn)[0] == 0
     # the GPU form: flash attention keeps its tiles in shared memory and registers, top-k is split into kernels
@@ -190,12 +191,12 @@ def test_glm_dsa_cuda_artifact_and_graphs(tmp_path):
     assert _manifest(out)["cuda_graph"]["entries"] == ["decode", "draft", "mtp_draft", "mtp_draft_shared", "verify"]
     for fn, regions in (("decode", 1), ("mtp_draft_shared", 1), ("draft", 2)):   # draft: + the index store
         n, outside = captures(dump, fn)
-        assert n == regions and len(_without_quantizers(outside)) == 3 and len(outside) <= 4, (fn, n, outside)
+        assert n == regions and len(_without_quantizers(outside)) == 4 and len(outside) <= 5, (fn, n, outside)
     # the few-row entries too: mtp_draft as draft (+ the index store) plus its out_ids rows' quantizer (see above)
-    for fn, regions, tail in (("verify", 1, 3), ("mtp_draft", 3, 4)):
+    for fn, regions, tail in (("verify", 1, 4), ("mtp_draft", 3, 5)):
         n, outside = captures(dump, fn)
         launched = [k for k in _without_quantizers(outside) if not k.startswith("shape_func")]
-        assert n == regions and len(launched) == tail and "mul_mat" in launched[-2] and len(outside) <= 5, (fn, outside)
+        assert n == regions and len(launched) == tail and "mul_mat" in launched[-3] and len(outside) <= 6, (fn, outside)
     assert workspaces(dump) == []
     rep = json.load(open(f"{dump}/schedule_report.json"))
     # attention (MLA, split over L in the one-row steps) and the index score are hand-written GPU kernels, and
@@ -285,8 +286,8 @@ def test_glm5next_cuda_rocm_artifacts_and_graphs(tmp_path):
     assert check_artifact(out)["model_cuda.so"]["cuda_sass"] == sorted(CUDA_ARCHES)
     assert _manifest(out)["cuda_graph"]["entries"] == ["decode", "draft", "mtp_draft", "mtp_draft_shared", "verify"]
     # the few-row verify / mtp_draft too (mtp_draft: + its out_ids rows' quantizer, as glm-dsa's)
-    for fn, regions, tail in (("decode", 1, 3), ("mtp_draft_shared", 1, 3), ("draft", 2, 3), ("verify", 1, 3),
-                              ("mtp_draft", 3, 4)):
+    for fn, regions, tail in (("decode", 1, 4), ("mtp_draft_shared", 1, 4), ("draft", 2, 4), ("verify", 1, 4),
+                              ("mtp_draft", 3, 5)):
         n, outside = captures(dump, fn)
         kernels = _without_quantizers([k for k in outside if not k.startswith("shape_func")])
         assert n == regions and len(kernels) == tail, (fn, n, outside)

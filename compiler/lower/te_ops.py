@@ -241,6 +241,30 @@ def argmax(x):
     return topi.argmax(x, axis=-1)   # int32, first index of the maximum
 
 
+ARGMAX_CHUNKS = (1024, 512, 256)   # columns per chunk of the two-pass argmax (GPU forms: to_relax.SPLIT_OPS)
+
+
+def argmax_chunk(V: int) -> int | None:
+    """The chunk of a two-pass argmax over rows of V columns: the largest of ARGMAX_CHUNKS that divides V into at
+    least two chunks; None: one pass."""
+    return next((c for c in ARGMAX_CHUNKS if V % c == 0 and V // c >= 2), None)
+
+
+def argmax_of_chunks(x, part, ch: int):
+    """The second pass of argmax over x [R, C·ch]: `part` [R, C] int32 holds the first index of the maximum within
+    each chunk of ch columns (`argmax` of x viewed as [R, C, ch]); the result [R] int32 is the first chunk whose
+    maximum is the largest, at its index. That is the first index of the maximum of the whole row, as the one-pass
+    `argmax` (ties: the lower index; an earlier chunk holds only lower indices). A chunk without a candidate
+    (-1: every value -inf or NaN, which topi's argmax never picks) counts as -inf, and a row without one is -1, as
+    in one pass; no index outside the row is read."""
+    R, C = part.shape
+    best = topi.argmax(te.compute((R, C), lambda r, c: tirx.if_then_else(
+        part[r, c] >= 0, x[r, c * ch + tirx.max(part[r, c], 0)], tirx.const(float("-inf"), x.dtype)),
+        name="chunk_max"), axis=-1)
+    return te.compute((R,), lambda r: tirx.if_then_else(
+        best[r] >= 0, best[r] * ch + part[r, tirx.max(best[r], 0)], -1), name="argmax_index")
+
+
 def norm(x, eps):
     """ggml_norm: (x - mean) / sqrt(var + eps) over the last axis (two passes, as the reference)."""
     n = x.shape[-1]

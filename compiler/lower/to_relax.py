@@ -144,11 +144,22 @@ def _flatten(args):
 # as separate kernels with the scratch as a Relax tensor, planned statically (a kernel-internal buffer would be a
 # workspace allocated at each call, inside a CUDA graph capture too). Attention and the index score need no such
 # split: their kernels (attention/) keep everything in registers / shared memory.
-SPLIT_OPS = ("argsort_top_k",)
+# argmax over a vocabulary row: one thread block per row is the natural GPU schedule and the slowest (the H200's
+# first run: 43 µs for 151552 logits, ../shared/evidence/h200-2026-12-04/5-*), so GPU forms take it in two
+# passes (`te_ops.argmax_chunked`).
+SPLIT_OPS = ("argsort_top_k", "argmax")
 
 
 def _emit_split(bb, n, args, sym):
     """`n` (op in SPLIT_OPS) as separate kernels."""
+    if n.op == "argmax":
+        R, V = n.inputs[0].shape
+        ch = te_ops.argmax_chunk(int(V))
+        if ch is None:
+            return _te(bb, n, args)
+        xc = bb.emit(relax.op.reshape(args[0], [dim_expr(R, sym), int(V) // ch, ch]))   # a view: no copy
+        part = bb.emit_te(te_ops.argmax, xc, primfunc_name_hint="argmax_chunks")        # [R, C] int32
+        return bb.emit_te(lambda x, p: te_ops.argmax_of_chunks(x, p, ch), args[0], part, primfunc_name_hint="argmax")
     rank = bb.emit_te(te_ops.topk_rank, args[0], primfunc_name_hint="topk_rank")
     return bb.emit_te(lambda r: te_ops.topk_select(r, n.attrs["k"]), rank, primfunc_name_hint="argsort_top_k")
 
