@@ -49,7 +49,7 @@ def serial_reduction(func: tirx.PrimFunc, target):
     """A reduction the reduction rules declined (MoE top-k's rank and select: every output compares its expert with
     all the others), as Fallback maps it, one thread per output with its reduction serial in the thread, but the
     accumulator in a register, stored once: Fallback's loop reads and writes the output in global memory at every
-    step (`fused_add3_topk_rank`, 128 experts: 13-19 µs per MoE layer on the H200, evidence 5-*). Single-block
+    step (`fused_add3_topk_rank`, 128 experts: 13-19 µs per MoE layer on the H200, docs/gpu.md). Single-block
     functions with spatial then reduction loops only (after inlining the element-wise producers); None otherwise."""
     from tvm import s_tir
     from tvm.s_tir.dlight.analysis import normalize_prim_func

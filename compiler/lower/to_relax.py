@@ -144,9 +144,9 @@ def _flatten(args):
 # as separate kernels with the scratch as a Relax tensor, planned statically (a kernel-internal buffer would be a
 # workspace allocated at each call, inside a CUDA graph capture too). Attention and the index score need no such
 # split: their kernels (attention/) keep everything in registers / shared memory.
-# argmax over a vocabulary row: one thread block per row is the natural GPU schedule and the slowest (the H200's
-# first run: 43 µs for 151552 logits, ../shared/evidence/h200-2026-12-04/5-*), so GPU forms take it in two
-# passes (`te_ops.argmax_chunked`).
+# argmax over a vocabulary row: one thread block per row is the natural GPU schedule and the slowest (43 µs for
+# 151552 logits in the first H200 run's per-kernel table, docs/gpu.md), so GPU forms take it in two passes
+# (`te_ops.argmax_of_chunks`).
 SPLIT_OPS = ("argsort_top_k", "argmax")
 
 
