@@ -7,7 +7,7 @@ n_v columns as V. A row with no cell left gets 0 (ggml's flash_attn_ext: S == 0 
 
 Arithmetic, identical in every kernel of a target and for every row count (the property that keeps speculation
 on ≡ off byte for byte: a row's result depends on its own position and the cells only, never on T, L or on which
-form ran it). Cells are cut at absolute positions into chunks of CHUNK cells and tiles of TILE cells (GPU_TILE on
+form ran it). Cells are cut at absolute positions into chunks of CHUNK cells and tiles of TILE cells (`gpu_tile` on
 GPUs, whose kernels are thus not bit-equal to the CPU's, only to each other). Per
 (row, head) and chunk: for each tile, scores s_j = (q·k_j, summed over d in order) * scale (+ mask), then one
 online-softmax step (mt = max(m, max_j s_j); alpha = exp(m - mt); p_j = exp(s_j - mt); l = l alpha + sum_j p_j;
@@ -414,8 +414,19 @@ def cpu_merge_kernel(a: AttnShape):
 
 # -- GPU kernels -------------------------------------------------------------------------------------------------
 GPU_THREADS = 128
-GPU_TILE = 8           # cells per tile (shared-memory K / V tiles of TILE x D float32)
+# Cells per tile (shared-memory K / V tiles of TILE x D float32): a task walks its cells tile after tile, each a few
+# barrier-separated phases whose latency, not bandwidth, bounds a decode step (the first H200 run: 28 µs per layer at
+# a 64-token context with tiles of 8, docs/gpu.md), so the largest of GPU_TILES whose K and V tiles fit
+# GPU_TILE_BYTES: 32 cells at D = 128, 16 for MLA's 576-column latent rows (V is their first columns: no V tile).
+GPU_TILES = (32, 16, 8)
+GPU_TILE_BYTES = 40 << 10   # of the 48 KB of shared memory a block may declare statically
 GPU_MAX_LANES = 8
+
+
+def gpu_tile(a: "AttnShape") -> int:
+    """Cells per tile of `a`'s GPU kernels (every form of a shape the same: decode, verify and prefill rows agree)."""
+    row_bytes = 4 * (a.Dk + (0 if a.v_from_k else a.Dv))
+    return next((t for t in GPU_TILES if t * row_bytes <= GPU_TILE_BYTES), GPU_TILES[-1])
 
 
 def _binders(emulate: bool):
@@ -440,7 +451,7 @@ def gpu_kernel(a: AttnShape, split: bool, emulate: bool = False):
     H, Hkv, Dk, Dv = a.H, a.Hkv, a.Dk, a.Dv
     G = gpu_lanes(a)
     g, NG = a.group, a.group // G
-    TL, CH, NTH = GPU_TILE, CHUNK, GPU_THREADS
+    TL, CH, NTH = gpu_tile(a), CHUNK, GPU_THREADS
     _kdt, kw, _vdt, vw = _storage(a)
     scale, has_mask, v_from_k = float(a.scale), a.mask, a.v_from_k
     k_type, v_type = a.k_type, a.v_type
@@ -450,6 +461,7 @@ def gpu_kernel(a: AttnShape, split: bool, emulate: bool = False):
     NKS, NVS = TL * Dk, TL * VW
     NPV = G * Dv
     EPT = (NPV + NTH - 1) // NTH   # P·V outputs per thread
+    AR = NTH if emulate else 1     # rows of the accumulator buffer (see `accr`)
 
     @T.macro
     def body(q, k, v, pos, mask, o, ml, L, t, c):
@@ -476,7 +488,10 @@ def gpu_kernel(a: AttnShape, split: bool, emulate: bool = False):
                 gal = T.alloc_buffer((G,), F32, scope=shared)    # rescale factors of the last step
                 gbe = T.alloc_buffer((G,), F32, scope=shared)
                 sl = T.alloc_buffer((4,), F32, scope="local")
-                accr = T.alloc_buffer((NTH, EPT), F32, scope="local")  # thread tx's P·V accumulators
+                # thread tx's P·V accumulators: its own registers on a GPU (row 0), a row per thread when the threads
+                # run one after another (emulate): a [NTH, EPT] local buffer indexed by threadIdx was a per-thread
+                # array of NTH x EPT floats in local memory
+                accr = T.alloc_buffer((AR, EPT), F32, scope="local")
                 tmp = T.alloc_buffer((1,), F32, scope="local")
                 rest = vtask // ((L + CH - 1) // CH) if split else vtask
                 row = rest // (Hkv * NG)
@@ -495,7 +510,7 @@ def gpu_kernel(a: AttnShape, split: bool, emulate: bool = False):
                                 T.min(vtask % ((L + CH - 1) // CH) + 1, (n + CH - 1) // CH) if split else (n + CH - 1) // CH):
                     for tx in thr(NTH):
                         for e in range((NPV + NTH - 1) // NTH):
-                            accr[tx, e] = T.float32(0)
+                            accr[tx % AR, e] = T.float32(0)
                         if tx < G:
                             gmc[tx] = T.float32(NEG_INF)
                             glc[tx] = T.float32(0)
@@ -544,18 +559,18 @@ def gpu_kernel(a: AttnShape, split: bool, emulate: bool = False):
                         for tx in thr(NTH):
                             for e in range((NPV + NTH - 1) // NTH):
                                 if e * NTH + tx < NPV:
-                                    tmp[0] = accr[tx, e] * gal[(e * NTH + tx) // Dv]
+                                    tmp[0] = accr[tx % AR, e] * gal[(e * NTH + tx) // Dv]
                                     for j in range(TL):
                                         if v_from_k:
                                             tmp[0] = tmp[0] + pr[j, (e * NTH + tx) // Dv] * kt[j, (e * NTH + tx) % Dv]
                                         else:
                                             tmp[0] = tmp[0] + pr[j, (e * NTH + tx) // Dv] * vt[j, (e * NTH + tx) % Dv]
-                                    accr[tx, e] = tmp[0]
+                                    accr[tx % AR, e] = tmp[0]
                     if split:
                         for tx in thr(NTH):
                             for e in range((NPV + NTH - 1) // NTH):
                                 if e * NTH + tx < NPV:
-                                    o[row, h0 + (e * NTH + tx) // Dv, ch, (e * NTH + tx) % Dv] = accr[tx, e]
+                                    o[row, h0 + (e * NTH + tx) // Dv, ch, (e * NTH + tx) % Dv] = accr[tx % AR, e]
                             if tx < G:
                                 ml[row, h0 + tx, ch, 0] = gmc[tx]
                                 ml[row, h0 + tx, ch, 1] = glc[tx]
@@ -574,7 +589,7 @@ def gpu_kernel(a: AttnShape, split: bool, emulate: bool = False):
                                 if e * NTH + tx < NPV:
                                     o[row, h0 + (e * NTH + tx) // Dv, (e * NTH + tx) % Dv] = \
                                         o[row, h0 + (e * NTH + tx) // Dv, (e * NTH + tx) % Dv] * gal[(e * NTH + tx) // Dv] + \
-                                        accr[tx, e] * gbe[(e * NTH + tx) // Dv]
+                                        accr[tx % AR, e] * gbe[(e * NTH + tx) // Dv]
                 if not split:
                     for tx in thr(NTH):
                         for e in range((NPV + NTH - 1) // NTH):
