@@ -232,14 +232,13 @@ class DeviceCheck:
         runs, few = [], []
         for seq in (nograph, graph):
             _h, _last, tok = seq.prefill(ids, 0)
-            rows, toks, hs = [], [tok], []
+            rows, first = [], tok
             for i in range(BUCKET_STEPS):
                 h, lg, am = seq.verify([tok], BUCKET_PROMPT + i)
                 rows.append((np.array(h), lg.numpy().copy(), int(am[0])))
                 tok = int(am[0])
-                toks.append(tok)
-                hs.append(np.array(h))
             runs.append(rows)
+            toks, hs = [first] + [r[2] for r in rows], [r[0] for r in rows]   # the greedy chain and its hidden rows
             steps, p = [], BUCKET_PROMPT + BUCKET_STEPS
             for k1 in SPEC_VERIFY_ROWS:   # the few-row entries (graphs per row count on the graph artifact)
                 h, lg, am = seq.verify(toks[-k1:], p)
