@@ -91,6 +91,7 @@ class Built:
     tgt: object
     kernels: dict | None = None   # GPU builds: the manifest's `gpu_kernels.kernels` (kernel_report.kernel_summary)
     graph_bytes: int = 0          # CUDA graphs: the storage their captured regions allocate once (the largest build)
+    graph_launches: dict | None = None   # CUDA graphs: kernels per captured entry point (pipeline.graph_launches)
 
 
 def plan(model: str, options: CompileOptions, draft: str | None = None, dump_ir: str | None = None,
@@ -150,10 +151,11 @@ def build(p: Plan, out: str, dump_ir: str | None = None, log=print) -> Built:
     from .gpu_build import build_scope
     from .lower import capture_graphs, cuda
     from .kernel_report import kernel_summary
-    from .lower.pipeline import GPU_KINDS, last_graph_storage, last_kernel_report, make_pipeline
+    from .lower.pipeline import GPU_KINDS, last_graph_launches, last_graph_storage, last_kernel_report, make_pipeline
     from .tune.apply import schedule_with_log
 
     target, libs, tuning_info, tgt, kernels, graph_bytes = p.options.target, [], None, None, None, 0
+    launches = None
     for la in p.lib_arches:
         tgt = make_target(target, la or None)
         log(f"compiling {len(p.graphs)} entry points ({', '.join(p.graphs)}) for {target}"
@@ -170,10 +172,11 @@ def build(p: Plan, out: str, dump_ir: str | None = None, log=print) -> Built:
         if target in GPU_KINDS:   # the same schedules for every arch group
             kernels = kernel_summary(last_kernel_report())
         graph_bytes = max(graph_bytes, last_graph_storage())
+        launches = last_graph_launches()   # the same module for every arch group
         lib_name = f"model_{target}.so" if target != "rocm" else f"model_{target}_{la[0]}.so"
         ex.export_library(os.path.join(out, lib_name))
         libs.append(library_entry(os.path.join(out, lib_name), la))
-    return Built(libs, tuning_info, tgt, kernels, graph_bytes)
+    return Built(libs, tuning_info, tgt, kernels, graph_bytes, launches)
 
 
 def manifest(p: Plan, built: Built, model_files: list[dict]) -> dict:
@@ -226,10 +229,12 @@ def manifest(p: Plan, built: Built, model_files: list[dict]) -> dict:
                                                    "activation_quant": "q8" if p.x86.quantize_activations else None},
         # steps replayed as CUDA graphs: their inputs must stay put, L is rounded up to kv_bucket; the few-row ones
         # (verify, a draft step 0 with its gap) take at most max_rows rows; static_bytes: the device memory their
-        # captured regions allocate once (planned for max_rows rows and max_ctx cells)
+        # captured regions allocate once (planned for max_rows rows and max_ctx cells); launches: the kernels each
+        # entry's graph replays (a launch costs ~2-3 us on an H200 whatever it computes: docs/gpu.md)
         "cuda_graph": {"entries": p.graph_entries, "kv_bucket": capture_graphs.KV_BUCKET,
                        "max_ctx": c.n_ctx_train, "max_rows": max_rows(MAX_DRAFT),
-                       "static_bytes": built.graph_bytes} if p.graph_entries else None,
+                       "static_bytes": built.graph_bytes, "launches": built.graph_launches or {}}
+        if p.graph_entries else None,
         "libraries": built.libraries,
         # GPU artifacts only (CPU manifests keep their fields): the GPU matmuls (compiler/lower/cuda) take int8
         # activation rows ("q8": the integer route, `dot` "cuda" for __dp4a) or float ones (None: --exact-matmul);

@@ -100,9 +100,10 @@ def test_every_primfunc_is_gpu_scheduled_and_gemvs_are_not_fallback(cuda_art):
     # the integer route (compiler/lower/cuda/int8.py): every activation quantizer takes its own rule
     quantizers = {k for k in rep if k.startswith("quantize_q8")}
     assert quantizers and {k for k, v in rep.items() if v == "cuda:quantize"} == quantizers
-    # the hand-written GPU kernels (KV store, flash attention) and nothing else come pre-scheduled
+    # the hand-written GPU kernels (KV store, flash attention, MoE top-k) and nothing else come pre-scheduled
     assert {k for k, v in rep.items() if v == "pre-scheduled"} == {k for k in rep if k.startswith(("set_rows_",
-                                                                                                  "flash_attn"))}
+                                                                                                  "flash_attn",
+                                                                                                  "topk_ids_"))}
     gemvs = {k: v for k, v in rep.items() if "mul_mat" in k}
     assert gemvs and all(v == "cuda:gemv" for v in gemvs.values()), gemvs   # compiler/lower/cuda
 
@@ -118,6 +119,22 @@ def captures(dump: str, fn: str) -> tuple[int, list[str]]:
     body = s[i:j if j > 0 else None]
     return body.count("vm.builtin.cuda_graph.run_or_capture"), [
         k for k in re.findall(r"cls\.(\w+)", body) if "cuda_graph" not in k]
+
+
+def graph_kernels(dump: str) -> dict:
+    """{entry: kernels its CUDA graph capture function(s) call} in the lowered VM code (--dump-ir DIR/4_lower.py),
+    counted from the printed code (TIR functions, not the host's shape functions), not from the compiler's count."""
+    import re
+
+    s = open(f"{dump}/4_lower.py").read()
+    prims = set(re.findall(r"@T\.prim_func[^\n]*\n    def (\w+)\(", s))
+    out = {}
+    for m in re.finditer(r"\n    def (\w+?)_cuda_graph_capture\w*\(", s):
+        j = s.find("\n    @", m.start() + 1)
+        calls = [c for c in re.findall(r"cls\.(\w+)", s[m.start():j if j > 0 else None])
+                 if c in prims and not c.startswith("shape_func")]
+        out[m.group(1)] = out.get(m.group(1), 0) + len(calls)
+    return out
 
 
 def graph_storage(dump: str) -> int:
@@ -160,8 +177,12 @@ def test_cuda_graph_one_region_per_step(cuda_art):
     d, _rep, dump = cuda_art
     assert _manifest(d)["cuda_graph"] == {"entries": ["decode", "draft", "mtp_draft", "verify"], "kv_bucket": 256,
                                           "max_ctx": ModelFiles(MODEL).config.n_ctx_train, "max_rows": MAX_DRAFT + 1,
-                                          "static_bytes": graph_storage(dump)}
+                                          "static_bytes": graph_storage(dump), "launches": graph_kernels(dump)}
     assert graph_storage(dump) > 0
+    # tiny glm4moe: 1 dense + 3 MoE layers, the NextN block (draft) on its own; a verify's MoE layers add the
+    # experts' grouping kernels
+    launches = _manifest(d)["cuda_graph"]["launches"]
+    assert 60 < launches["decode"] < launches["verify"] and 20 < launches["draft"] < launches["mtp_draft"], launches
     # the few-row ones also compute their symbolic shapes on the host (a VM shape function) first; mtp_draft's head
     # takes its `out_ids` rows (get_rows) and quantizes them in a second, small graph; argmax is two kernels
     for fn, regions, tail in (("decode", 1, 4), ("draft", 1, 4), ("verify", 1, 4), ("mtp_draft", 2, 5)):

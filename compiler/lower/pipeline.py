@@ -112,6 +112,35 @@ def last_graph_storage() -> int:
     return int(_GRAPH_STORAGE.get("bytes", 0))
 
 
+def last_graph_launches() -> dict:
+    """Kernels each captured entry point's CUDA graph replays, in the last module this process lowered ({} without
+    graphs): the manifest's `cuda_graph.launches`."""
+    return dict(_GRAPH_STORAGE.get("launches", {}))
+
+
+def graph_launches(mod) -> dict:
+    """{entry: kernels its `ENTRY_cuda_graph_capture*` functions launch} of the lowered `mod` (RewriteCUDAGraph's
+    captured regions; an entry with two regions, the draft step 0 and its quantized head rows, sums them). Each small
+    kernel of a graph still costs ~2-3 us on an H200 (docs/gpu.md), so the count is half of a step's cost model."""
+    out: dict[str, int] = {}
+
+    for gv, f in mod.functions.items():
+        name = gv.name_hint
+        if not isinstance(f, relax.Function) or "_cuda_graph_capture" not in name:
+            continue
+        calls = []
+
+        def visit(e, calls=calls):
+            if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.GlobalVar) \
+                    and isinstance(mod[e.op], tvm.tirx.PrimFunc) and not e.op.name_hint.startswith("shape_func"):
+                calls.append(e.op.name_hint)
+
+        relax.analysis.post_order_visit(f, visit)
+        entry = name[:name.index("_cuda_graph_capture")]
+        out[entry] = out.get(entry, 0) + len(calls)
+    return out
+
+
 def graph_storage_bytes(mod) -> int:
     """The sum of the constant-size storages in `mod`'s `cuda_graph_alloc` functions: what RewriteCUDAGraph plans
     once for every captured region (the regions of different entry points share it; sizes at their bounds: rows,
@@ -143,6 +172,7 @@ def make_pipeline(target, schedule_pass, dump_dir: str | None = None, cuda_graph
                     _kernel_report(mod, dump_dir)
                 if name == "lower":
                     _GRAPH_STORAGE["bytes"] = graph_storage_bytes(mod) if cuda_graph else 0
+                    _GRAPH_STORAGE["launches"] = graph_launches(mod) if cuda_graph else {}
         return mod
 
     return _pipeline

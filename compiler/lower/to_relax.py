@@ -16,13 +16,14 @@ ops here; the module checks at import that every op of the table has one.
 """
 from __future__ import annotations
 
+import numpy as np
 from tvm import relax, te, tirx
 
 from nextn.common.manifest import split_dim
 from nextn.compiler.ir import Graph, rope
 from nextn.compiler.ir.ops import check_impls
 
-from . import attention, cuda, indexer, mhc, recurrent, te_ops   # noqa: F401 (the families register their ops)
+from . import attention, cuda, indexer, mhc, recurrent, te_ops, topk   # noqa: F401 (the families register their ops)
 from .registry import LOWER, WHERE, Cx, lower
 
 
@@ -110,7 +111,7 @@ def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str],
                     env[n.id] = x86.emit(bb, n, env, sym)
                     continue
                 args = [env[i.id] for i in n.inputs]
-                env[n.id] = _emit(bb, n, args, sym, kernels, split_l)
+                env[n.id] = _emit(bb, n, args, sym, kernels, split_l, env)
             outs = [env[o.id] for o in graph.outputs.values()]
             gv = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(gv)
@@ -140,18 +141,19 @@ def _flatten(args):
     return flat, rebuild
 
 
-# Ops whose single-PrimFunc form keeps a scratch tensor inside the kernel (top-k's ranks): GPU forms get them
-# as separate kernels with the scratch as a Relax tensor, planned statically (a kernel-internal buffer would be a
-# workspace allocated at each call, inside a CUDA graph capture too). Attention and the index score need no such
-# split: their kernels (attention/) keep everything in registers / shared memory.
+# Ops whose TE form keeps a scratch tensor inside the kernel (top-k's ranks), which would be a workspace allocated at
+# each call, inside a CUDA graph capture too: GPU forms emit them otherwise. argsort_top_k as one hand-written kernel
+# whose ranks stay in registers (lower/topk.py; past topk.MAX_EXPERTS as rank + select with the ranks a Relax
+# tensor). Attention and the index score need no such care: their kernels (attention/) keep everything in
+# registers / shared memory.
 # argmax over a vocabulary row: one thread block per row is the natural GPU schedule and the slowest (43 µs for
 # 151552 logits in the first H200 run's per-kernel table, docs/gpu.md), so GPU forms take it in two passes
 # (`te_ops.argmax_of_chunks`).
 SPLIT_OPS = ("argsort_top_k", "argmax")
 
 
-def _emit_split(bb, n, args, sym):
-    """`n` (op in SPLIT_OPS) as separate kernels."""
+def _emit_split(bb, n, args, sym, kernels, env):
+    """`n` (op in SPLIT_OPS) as separate kernels; argsort_top_k as one kernel of its own (lower/topk.py)."""
     if n.op == "argmax":
         R, V = n.inputs[0].shape
         ch = te_ops.argmax_chunk(int(V))
@@ -160,13 +162,55 @@ def _emit_split(bb, n, args, sym):
         xc = bb.emit(relax.op.reshape(args[0], [dim_expr(R, sym), int(V) // ch, ch]))   # a view: no copy
         part = bb.emit_te(te_ops.argmax, xc, primfunc_name_hint="argmax_chunks")        # [R, C] int32
         return bb.emit_te(lambda x, p: te_ops.argmax_of_chunks(x, p, ch), args[0], part, primfunc_name_hint="argmax")
-    rank = bb.emit_te(te_ops.topk_rank, args[0], primfunc_name_hint="topk_rank")
-    return bb.emit_te(lambda r: te_ops.topk_select(r, n.attrs["k"]), rank, primfunc_name_hint="argsort_top_k")
+    X, k = int(n.inputs[0].shape[-1]), n.attrs["k"]
+    if X > topk.MAX_EXPERTS:
+        rank = bb.emit_te(te_ops.topk_rank, args[0], primfunc_name_hint="topk_rank")
+        return bb.emit_te(lambda r: te_ops.topk_select(r, k), rank, primfunc_name_hint="argsort_top_k")
+    # the router's selection bias (glm_base.moe: probs + exp_probs_b) read by the kernel itself: the add's own
+    # binding is then unused and dropped (it was fused into the rank kernel before)
+    x, bias, src, folded = args[0], None, n.inputs[0], False
+    if src.op == "add" and src.inputs[1].op == "weight" and tuple(src.inputs[1].shape) == (X,) \
+            and tuple(src.inputs[0].shape[-1:]) == (X,) and isinstance(env.get(src.inputs[1].id), tuple) \
+            and env[src.inputs[1].id][0] == "f32":
+        x, bias, folded = env[src.inputs[0].id], env[src.inputs[1].id][1][0], True
+    if bias is None:   # x + 0.0 compares as x
+        bias = relax.const(np.zeros(X, np.float32))
+    gv = kernels.get(f"topk_ids_{X}_{k}", lambda: topk.topk_ids_kernel(X, k, gpu=not kernels.emulate))
+    T = dim_expr(n.inputs[0].shape[0], sym)
+    out = bb.emit(relax.call_tir(gv, relax.Tuple([x, bias]), [relax.TensorType([T, k], "int32"),
+                                                               relax.TensorType([T, k, 1], "float32"),
+                                                               relax.TensorType([T, 1], "float32")]))
+    ids, w, wsum = (bb.emit(relax.TupleGetItem(out, i)) for i in range(3))
+    if folded:   # the kernel read the unbiased values: its weights are get_rows'
+        kernels.memo[("topk_w", src.inputs[0].id, n.id)] = (w, wsum)
+    return ids
 
 
-def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool = False):
+def _routing_weights(n, kernels):
+    """The topk kernel's outputs that stand for `n` (lower/topk.py: GPU forms), or None: get_rows of the unbiased
+    router values, reshaped to [T, X, 1], at the selected ids -> its w; sum_rows of that w reshaped to [T, k] -> its
+    wsum (then the get_rows and sum_rows kernels are not emitted)."""
+    if n.op == "get_rows":
+        table, ids = n.inputs
+        if table.op == "reshape" and len(table.shape) == 3 and int(table.shape[-1]) == 1:
+            hit = kernels.memo.get(("topk_w", table.inputs[0].id, ids.id))
+            if hit is not None:
+                kernels.memo[("topk_sum", n.id)] = hit[1]
+                return hit[0]
+    elif n.op == "sum_rows":
+        src = n.inputs[0]
+        if src.op == "reshape" and len(src.shape) == 2:
+            return kernels.memo.get(("topk_sum", src.inputs[0].id))
+    return None
+
+
+def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool = False, env=None):
     if kernels.gpu and n.op in SPLIT_OPS:
-        return _emit_split(bb, n, args, sym)
+        return _emit_split(bb, n, args, sym, kernels, env or {})
+    if kernels.gpu and n.op in ("get_rows", "sum_rows"):
+        hit = _routing_weights(n, kernels)
+        if hit is not None:
+            return hit
     return LOWER[n.op](bb, n, args, Cx(sym, kernels, split_l))
 
 
@@ -217,8 +261,23 @@ def _(bb, n, args, cx):
     if B is not None:
         dp4a = cx.kernels.gpu_int8 == "cuda"
         f = cuda.int8.mul_mat if n.op == "mul_mat" else cuda.int8.mul_mat_id
-        return _te(bb, n, args, fn=lambda *a: f(*a, dp4a=dp4a))
-    return _te(bb, n, args, fn=cuda.TE_OPS.get(n.op) if gpu else None)
+        y = _te(bb, n, args, fn=lambda *a: f(*a, dp4a=dp4a))
+    else:
+        y = _te(bb, n, args, fn=cuda.TE_OPS.get(n.op) if gpu else None)
+    if gpu and n.op == "mul_mat_id" and len(n.inputs[1].shape) == 2:
+        _tail_fusable(bb, y)
+    return y
+
+
+def _tail_fusable(bb, y) -> None:
+    """Mark the PrimFunc of `y` (a one-row GPU mul_mat_id of per-token rows x [T, K]: the routed gate and up) as
+    kOutEWiseFusable, so that FuseOps puts its element-wise consumer (SwiGLU) into the GEMV's per-warp tail
+    (cuda/gemv.py), as it does for the dense matmuls. TVM's AnnotateTIROpPattern calls the indirect expert read
+    opaque, and the SwiGLU would be a kernel of its own per MoE layer and step (a launch: ~2-3 us on an H200, issue
+    33's per-kernel table, against ~40 us of weight bytes per MoE layer at GLM-4.5-Air widths). Not the down
+    projection (rows [T, n_used, K]): its consumers sum over the slots, which a warp of one slot cannot."""
+    gv = bb.lookup_binding(y).args[0]
+    bb.update_func(gv, bb.get()[gv].with_attr("op_pattern", 4))
 
 
 def _quantized_rows(bb, x, B: int, kernels) -> list:
