@@ -314,7 +314,7 @@ def build(out: str, host: str = "h200", device: str = "cuda", arches=("sm_90",),
         reuse = out.rstrip("/") + ".prev"
         shutil.rmtree(reuse, ignore_errors=True)
         os.replace(out, reuse)
-    if reuse:
+    if reuse and os.path.isdir(os.path.join(reuse, "art")):   # without art/: recompile, keep the expectations
         for name in os.listdir(os.path.join(reuse, "art")):
             prebuilt.setdefault(re.sub(f"-{target}$", "", name), os.path.join(reuse, "art", name))
     if os.path.exists(out):
