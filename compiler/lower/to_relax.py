@@ -168,13 +168,13 @@ def _emit_split(bb, n, args, sym, kernels, env):
         return bb.emit_te(lambda r: te_ops.topk_select(r, k), rank, primfunc_name_hint="argsort_top_k")
     # the router's selection bias (glm_base.moe: probs + exp_probs_b) read by the kernel itself: the add's own
     # binding is then unused and dropped (it was fused into the rank kernel before)
-    x, bias, src, folded = args[0], None, n.inputs[0], False
-    if src.op == "add" and src.inputs[1].op == "weight" and tuple(src.inputs[1].shape) == (X,) \
-            and tuple(src.inputs[0].shape[-1:]) == (X,) and isinstance(env.get(src.inputs[1].id), tuple) \
-            and env[src.inputs[1].id][0] == "f32":
-        x, bias, folded = env[src.inputs[0].id], env[src.inputs[1].id][1][0], True
-    if bias is None:   # x + 0.0 compares as x
-        bias = relax.const(np.zeros(X, np.float32))
+    src = n.inputs[0]
+    folded = src.op == "add" and src.inputs[1].op == "weight" and tuple(src.inputs[1].shape) == (X,) \
+        and tuple(src.inputs[0].shape[-1:]) == (X,) and isinstance(env.get(src.inputs[1].id), tuple) \
+        and env[src.inputs[1].id][0] == "f32"
+    # unfolded: a zero bias (x + 0.0 compares as x)
+    x, bias = (env[src.inputs[0].id], env[src.inputs[1].id][1][0]) if folded else \
+        (args[0], relax.const(np.zeros(X, np.float32)))
     gv = kernels.get(f"topk_ids_{X}_{k}", lambda: topk.topk_ids_kernel(X, k, gpu=not kernels.emulate))
     T = dim_expr(n.inputs[0].shape[0], sym)
     out = bb.emit(relax.call_tir(gv, relax.Tuple([x, bias]), [relax.TensorType([T, k], "int32"),
@@ -204,9 +204,9 @@ def _routing_weights(n, kernels):
     return None
 
 
-def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool = False, env=None):
+def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool, env: dict):
     if kernels.gpu and n.op in SPLIT_OPS:
-        return _emit_split(bb, n, args, sym, kernels, env or {})
+        return _emit_split(bb, n, args, sym, kernels, env)
     if kernels.gpu and n.op in ("get_rows", "sum_rows"):
         hit = _routing_weights(n, kernels)
         if hit is not None:
