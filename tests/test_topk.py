@@ -103,6 +103,7 @@ def test_glm4moe_decode_graph_routes_in_one_kernel(tmp_path):
     assert len(routers) == 3, kernels   # the fixture's three MoE layers
     for i in routers:   # the routing in one kernel, then the experts' GEMVs
         assert re.fullmatch(r"topk_ids_8_2", kernels[i + 1]), kernels[i:i + 3]
-        assert kernels[i + 2].startswith("quantize_q8"), kernels[i:i + 4]
+        # the experts' GEMV reads the int8 rows the post-attention norm's kernel made (test_norm_q8.py)
+        assert re.fullmatch(r"mul_mat_id\d*", kernels[i + 2]), kernels[i:i + 4]
     assert not [name for name in kernels if re.search(r"topk_rank|argsort|sum_rows|^swiglu", name)], kernels
     assert len([name for name in kernels if re.fullmatch(r"fused_mul_mat_id\d*_swiglu\d*", name)]) == 3, kernels

@@ -24,6 +24,7 @@ from nextn.compiler.ir import Graph, rope
 from nextn.compiler.ir.ops import check_impls
 
 from . import attention, cuda, indexer, mhc, recurrent, te_ops, topk   # noqa: F401 (the families register their ops)
+from .cuda import norm_q8
 from .registry import LOWER, WHERE, Cx, lower
 
 
@@ -101,6 +102,11 @@ def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str],
         w = n.inputs[0] if n.inputs else None
         return x86 is not None and w is not None and w.op == "weight" and x86.handles(n, weight_kinds[w.name])
 
+    uses = {}   # node id -> the live nodes that read it
+    for n in graph.live_nodes():
+        for i in n.inputs:
+            uses.setdefault(i.id, []).append(n)
+
     with bb.function(graph.name, params):
         with bb.dataflow():
             unpack(bb)
@@ -111,7 +117,7 @@ def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str],
                     env[n.id] = x86.emit(bb, n, env, sym)
                     continue
                 args = [env[i.id] for i in n.inputs]
-                env[n.id] = _emit(bb, n, args, sym, kernels, split_l, env)
+                env[n.id] = _emit(bb, n, args, sym, kernels, split_l, env, uses)
             outs = [env[o.id] for o in graph.outputs.values()]
             gv = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(gv)
@@ -182,7 +188,7 @@ def _emit_split(bb, n, args, sym, kernels, env):
                                                                relax.TensorType([T, 1], "float32")]))
     ids, w, wsum = (bb.emit(relax.TupleGetItem(out, i)) for i in range(3))
     if folded:   # the kernel read the unbiased values: its weights are get_rows'
-        kernels.memo[("topk_w", src.inputs[0].id, n.id)] = (w, wsum)
+        kernels.memo[("topk_w", src.inputs[0], n)] = (w, wsum)
     return ids
 
 
@@ -193,18 +199,87 @@ def _routing_weights(n, kernels):
     if n.op == "get_rows":
         table, ids = n.inputs
         if table.op == "reshape" and len(table.shape) == 3 and int(table.shape[-1]) == 1:
-            hit = kernels.memo.get(("topk_w", table.inputs[0].id, ids.id))
+            hit = kernels.memo.get(("topk_w", table.inputs[0], ids))
             if hit is not None:
-                kernels.memo[("topk_sum", n.id)] = hit[1]
+                kernels.memo[("topk_sum", n)] = hit[1]
                 return hit[0]
     elif n.op == "sum_rows":
         src = n.inputs[0]
         if src.op == "reshape" and len(src.shape) == 2:
-            return kernels.memo.get(("topk_sum", src.inputs[0].id))
+            return kernels.memo.get(("topk_sum", src.inputs[0]))
     return None
 
 
-def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool, env: dict):
+def _norm_q8(bb, n, sym, kernels, env, uses):
+    """`n` = mul(rms_norm(x), w) [T, K] (a norm and its weight) as one kernel with the int8 rows of its result
+    (lower/cuda/norm_q8.py), when integer-route matmuls read it (GPU form, `gpu_int8`); their quantizer then finds the
+    rows in `kernels.memo` (`_quantized_rows`) and the separate rms_norm binding is dead code. Rows in blocks of the
+    B most of those matmuls take (K-quants 256, the 32-value formats 32); a matmul of the other B quantizes y itself.
+    None where the pattern does not hold."""
+    norm, wt = n.inputs
+    if norm.op != "rms_norm" or wt.op != "weight" or len(n.shape) != 2 or tuple(norm.shape) != tuple(n.shape) \
+            or tuple(wt.shape) != tuple(n.shape[-1:]):
+        return None
+    wv = env.get(wt.id)
+    if not (isinstance(wv, tuple) and wv[0] == "f32"):
+        return None
+    K = int(n.shape[-1])
+    blocks = sorted(B for c in uses.get(n.id, ()) if c.op in ("mul_mat", "mul_mat_id") and c.inputs[1] is n
+                    and c.inputs[0].op == "weight" and isinstance(env.get(c.inputs[0].id), tuple)
+                    for B in [cuda.int8.route(env[c.inputs[0].id][0], K, True)] if B is not None)
+    if not blocks:
+        return None
+    B = max(blocks, key=blocks.count)
+    if not norm_q8.fits(K, B):
+        return None
+    eps = float(norm.attrs["eps"])
+    gv = kernels.get(f"rms_norm_q8_{K}_{B}_{int(np.float32(eps).view(np.uint32)):08x}",
+                     lambda: norm_q8.rms_norm_q8_kernel(K, B, eps, kernels.gpu_int8 == "cuda", gpu=True))
+    T = dim_expr(n.shape[0], sym)
+    out = bb.emit(relax.call_tir(gv, relax.Tuple([env[norm.inputs[0].id], wv[1][0]]),
+                                 [relax.TensorType([T, K], "float32"), relax.TensorType([T, K // 4], "int32"),
+                                  relax.TensorType([T, K // B], "float32")]))
+    y, xq, xd = (bb.emit(relax.TupleGetItem(out, i)) for i in range(3))
+    kernels.memo[("int8", y, B)] = [xq, xd]
+    return y
+
+
+def _set_rows_pair(bb, n, kernels, env, uses):
+    """`n` (set_rows) and another set_rows at the same positions into a cache of the same type and shape (a layer's K
+    and V: glm4moe's graph stores them one after the other) as one kernel (kv_access.store_kernel pair=True; GPU
+    forms: a launch fewer per layer and step); the other's result waits in `kernels.memo` for its own turn. Only
+    when the other's rows are already computed and its cache is read by nothing else, so emitting its store here
+    moves no read of that cache. None otherwise."""
+    cache, rows, pos = n.inputs
+    kv, shape = attention.kv_type_of(cache), tuple(rows.shape)
+    for m in uses.get(pos.id, ()):
+        if m is n or m.op != "set_rows" or m.inputs[2] is not pos or m.id in env or m.inputs[1].id not in env \
+                or m.inputs[0].id not in env or attention.kv_type_of(m.inputs[0]) != kv \
+                or tuple(m.inputs[1].shape) != shape or uses.get(m.inputs[0].id) != [m]:
+            continue
+        _t, H, D = shape
+        gv = kernels.get(f"set_rows_pair_{kv}_h{H}_d{D}",
+                         lambda: attention.kv_access.store_kernel(kv, int(H), int(D), gpu=not kernels.emulate,
+                                                                  pair=True))
+        a, b = env[cache.id], env[m.inputs[0].id]
+        out = bb.emit(relax.op.call_tir_inplace(gv, relax.Tuple([a, b, env[rows.id], env[m.inputs[1].id],
+                                                                 env[pos.id]]), [0, 1], [a.ty, b.ty]))
+        kernels.memo[("kv_pair", m)] = bb.emit(relax.TupleGetItem(out, 1))
+        return bb.emit(relax.TupleGetItem(out, 0))
+    return None
+
+
+def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool, env: dict, uses: dict):
+    if kernels.gpu and not kernels.emulate and kernels.gpu_int8 and n.op == "mul":
+        hit = _norm_q8(bb, n, sym, kernels, env, uses)
+        if hit is not None:
+            return hit
+    if kernels.gpu and n.op == "set_rows":
+        hit = kernels.memo.pop(("kv_pair", n), None)
+        if hit is None:
+            hit = _set_rows_pair(bb, n, kernels, env, uses)
+        if hit is not None:
+            return hit
     if kernels.gpu and n.op in SPLIT_OPS:
         return _emit_split(bb, n, args, sym, kernels, env)
     if kernels.gpu and n.op in ("get_rows", "sum_rows"):

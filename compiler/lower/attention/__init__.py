@@ -51,7 +51,10 @@ class Kernels:
     def __init__(self, bb: relax.BlockBuilder, form: str):
         assert form in FORMS, form
         self.bb, self.form, self._gv = bb, form, {}
-        self.memo = {}   # what several ops of a function share, by input (to_relax: routed-expert groups by ids)
+        # what several ops of a function share, keyed by Relax vars or IR Node objects, never by node ids (ids restart
+        # in every graph of the module): to_relax's routed-expert groups by ids, int8 rows, the routing weights, the
+        # K / V store pairs
+        self.memo = {}
         self.gpu, self.emulate = form != "cpu", form == "gpu-emulated"
 
     def get(self, name: str, make):

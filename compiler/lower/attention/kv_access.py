@@ -45,12 +45,15 @@ def element(buf, kv_type: str, c, h, d):
     return tirx.Cast(F32, buf[c, h, d])
 
 
-def store_kernel(kv_type: str, H: int, D: int, gpu: bool = False):
+def store_kernel(kv_type: str, H: int, D: int, gpu: bool = False, pair: bool = False):
     """ggml set_rows into a cache [C, H, D] of `kv_type`: cache[pos[t], h, :] = rows[t, h, :] rounded to the type
     (in place).
     f16 / bf16: round to nearest even (ggml's GGML_FP32_TO_FP16 / _BF16). q8_0: ggml's quantize_row_q8_0_ref
     (ggml-quants.c) per block of 32: amax = max |x|, d = amax / 127, id = d ? 1/d : 0, qs = roundf(x * id) (half
-    away from zero), d stored as f16. `gpu`: one thread block per row, one thread per value / block."""
+    away from zero), d stored as f16. `gpu`: one thread block per row, one thread per value / block.
+    `pair`: two caches of the same type and shape at the same positions in one kernel, (cache, cache2, rows, rows2,
+    pos), each thread storing its value / block of both (a layer's K and V: one launch where there were two; the
+    same stores, so the same bits)."""
     kt = KV_TYPES[kv_type]
     sdt = kt.storage_dtype
     W = kt.storage_shape((D,))[0]
@@ -63,6 +66,10 @@ def store_kernel(kv_type: str, H: int, D: int, gpu: bool = False):
     attrs = {"tirx.noalias": True, "tirx.is_scheduled": True}
 
     if kv_type != "q8_0":
+        @T.macro
+        def put(cache, rows, pos, vr, vk):
+            cache[T.Cast("int64", pos[vr // H]), vr % H, vk] = T.Cast(sdt, rows[vr // H, vr % H, vk])
+
         @T.prim_func(private=True, s_tir=True)
         def set_rows(var_cache: T.handle, var_rows: T.handle, var_pos: T.handle):
             T.func_attr(attrs)
@@ -74,8 +81,25 @@ def store_kernel(kv_type: str, H: int, D: int, gpu: bool = False):
                 for k in inner(D):
                     with T.sblock("set_rows"):
                         vr, vk = T.axis.remap("SS", [r, k])
-                        cache[T.Cast("int64", pos[vr // H]), vr % H, vk] = T.Cast(sdt, rows[vr // H, vr % H, vk])
-        return set_rows
+                        put(cache, rows, pos, vr, vk)
+
+        @T.prim_func(private=True, s_tir=True)
+        def set_rows_pair(var_cache: T.handle, var_cache2: T.handle, var_rows: T.handle, var_rows2: T.handle,
+                          var_pos: T.handle):
+            T.func_attr(attrs)
+            c, c2, t = T.int64(), T.int64(), T.int64()
+            cache = T.match_buffer(var_cache, (c, H, D), sdt)
+            cache2 = T.match_buffer(var_cache2, (c2, H, D), sdt)
+            rows = T.match_buffer(var_rows, (t, H, D), F32)
+            rows2 = T.match_buffer(var_rows2, (t, H, D), F32)
+            pos = T.match_buffer(var_pos, (t,), "int32")
+            for r in outer(t * H):
+                for k in inner(D):
+                    with T.sblock("set_rows_pair"):
+                        vr, vk = T.axis.remap("SS", [r, k])
+                        put(cache, rows, pos, vr, vk)
+                        put(cache2, rows2, pos, vr, vk)
+        return set_rows_pair if pair else set_rows
 
     def rnd(x):
         """roundf: half away from zero, exact (x - trunc(x) is exact in float32)."""
@@ -83,6 +107,24 @@ def store_kernel(kv_type: str, H: int, D: int, gpu: bool = False):
         half = tirx.abs(x - tr) >= tirx.const(0.5, F32)
         return tr + tirx.if_then_else(half, tirx.if_then_else(x < tirx.const(0.0, F32), tirx.const(-1.0, F32),
                                                               tirx.const(1.0, F32)), tirx.const(0.0, F32))
+
+    @T.macro
+    def put_q8(cache, rows, pos, vr, vb, st):   # st: local [2], amax then id
+        ti = vr // H
+        hi = vr % H
+        cell = T.Cast("int64", pos[ti])
+        st[0] = T.float32(0)
+        for e in range(QK8_0):
+            st[0] = T.max(st[0], T.fabs(rows[ti, hi, vb * QK8_0 + e]))
+        st[1] = T.if_then_else(st[0] / T.float32(127) == T.float32(0), T.float32(0),
+                               T.float32(1) / (st[0] / T.float32(127)))
+        cache[cell, hi, vb * 34] = T.Cast("uint8", T.bitwise_and(
+            T.reinterpret("uint16", T.Cast("float16", st[0] / T.float32(127))), T.uint16(255)))
+        cache[cell, hi, vb * 34 + 1] = T.Cast("uint8", T.shift_right(
+            T.reinterpret("uint16", T.Cast("float16", st[0] / T.float32(127))), T.uint16(8)))
+        for e in range(QK8_0):
+            cache[cell, hi, vb * 34 + 2 + e] = T.reinterpret(
+                "uint8", T.Cast("int8", rnd(rows[ti, hi, vb * QK8_0 + e] * st[1])))
 
     @T.prim_func(private=True, s_tir=True)
     def set_rows_q8_0(var_cache: T.handle, var_rows: T.handle, var_pos: T.handle):
@@ -97,20 +139,28 @@ def store_kernel(kv_type: str, H: int, D: int, gpu: bool = False):
                     vr, vb = T.axis.remap("SS", [r, b])
                     T.reads(rows[vr // H, vr % H, vb * QK8_0:vb * QK8_0 + QK8_0], pos[vr // H])
                     T.writes(cache[T.Cast("int64", pos[vr // H]), vr % H, vb * 34:vb * 34 + 34])
-                    st = T.alloc_buffer((2,), F32, scope="local")   # amax, then id
-                    ti = vr // H
-                    hi = vr % H
-                    cell = T.Cast("int64", pos[ti])
-                    st[0] = T.float32(0)
-                    for e in range(QK8_0):
-                        st[0] = T.max(st[0], T.fabs(rows[ti, hi, vb * QK8_0 + e]))
-                    st[1] = T.if_then_else(st[0] / T.float32(127) == T.float32(0), T.float32(0),
-                                           T.float32(1) / (st[0] / T.float32(127)))
-                    cache[cell, hi, vb * 34] = T.Cast("uint8", T.bitwise_and(
-                        T.reinterpret("uint16", T.Cast("float16", st[0] / T.float32(127))), T.uint16(255)))
-                    cache[cell, hi, vb * 34 + 1] = T.Cast("uint8", T.shift_right(
-                        T.reinterpret("uint16", T.Cast("float16", st[0] / T.float32(127))), T.uint16(8)))
-                    for e in range(QK8_0):
-                        cache[cell, hi, vb * 34 + 2 + e] = T.reinterpret(
-                            "uint8", T.Cast("int8", rnd(rows[ti, hi, vb * QK8_0 + e] * st[1])))
-    return set_rows_q8_0
+                    st = T.alloc_buffer((2,), F32, scope="local")
+                    put_q8(cache, rows, pos, vr, vb, st)
+
+    @T.prim_func(private=True, s_tir=True)
+    def set_rows_q8_0_pair(var_cache: T.handle, var_cache2: T.handle, var_rows: T.handle, var_rows2: T.handle,
+                           var_pos: T.handle):
+        T.func_attr(attrs)
+        c, c2, t = T.int64(), T.int64(), T.int64()
+        cache = T.match_buffer(var_cache, (c, H, W), "uint8")
+        cache2 = T.match_buffer(var_cache2, (c2, H, W), "uint8")
+        rows = T.match_buffer(var_rows, (t, H, D), F32)
+        rows2 = T.match_buffer(var_rows2, (t, H, D), F32)
+        pos = T.match_buffer(var_pos, (t,), "int32")
+        for r in outer(t * H):
+            for b in inner(D // QK8_0):
+                with T.sblock("set_rows_q8_0_pair"):
+                    vr, vb = T.axis.remap("SS", [r, b])
+                    T.reads(rows[vr // H, vr % H, vb * QK8_0:vb * QK8_0 + QK8_0],
+                            rows2[vr // H, vr % H, vb * QK8_0:vb * QK8_0 + QK8_0], pos[vr // H])
+                    T.writes(cache[T.Cast("int64", pos[vr // H]), vr % H, vb * 34:vb * 34 + 34],
+                             cache2[T.Cast("int64", pos[vr // H]), vr % H, vb * 34:vb * 34 + 34])
+                    st = T.alloc_buffer((2,), F32, scope="local")
+                    put_q8(cache, rows, pos, vr, vb, st)
+                    put_q8(cache2, rows2, pos, vr, vb, st)
+    return set_rows_q8_0_pair if pair else set_rows_q8_0

@@ -1,0 +1,83 @@
+"""The KV store kernels (compiler/lower/attention/kv_access.py `store_kernel`): a layer's K and V in one kernel.
+
+- The pair kernel (pair=True), built for llvm, stores into both caches exactly what the one-cache kernel stores into
+  each (every KV type: f32, f16, bf16, q8_0), and touches no other cell.
+- A CUDA build of tiny glm4moe: every layer of the decode graph stores K and V with one kernel (no set_rows kernel
+  of one cache left), and the "gpu-emulated" build of it, which takes the same pairs, gives the fixture's greedy
+  reference (test_kv_bucket.py's split-form tests run every arch through it).
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+
+from nextn.common.kv_types import KV_TYPES
+from nextn.compiler.lower.attention import kv_access
+
+H, D, C = 2, 64, 9
+
+
+def _build(kv, pair):
+    f = kv_access.store_kernel(kv, H, D, gpu=False, pair=pair).with_attr("global_symbol", "f")
+    return tvm.compile(tvm.IRModule({"f": f}), target="llvm")["f"]
+
+
+def _cache(kv, rng):
+    t = KV_TYPES[kv]
+    shape = (C, H, t.storage_shape((D,))[0])
+    dt = np.dtype(t.storage_dtype) if t.storage_dtype != "bfloat16" else np.dtype(np.uint16)
+    return rng.integers(0, 255, size=int(np.prod(shape)) * dt.itemsize, dtype=np.uint8).view(dt).reshape(shape)
+
+
+def _tensor(a, dtype):
+    out = tvm.runtime.empty(a.shape, dtype)
+    out.copyfrom(a) if dtype != "bfloat16" else out.copyfrom(a.view(np.uint16))
+    return out
+
+
+@pytest.mark.e2e   # builds kernels (llvm)
+@pytest.mark.parametrize("kv", ["f32", "f16", "bf16", "q8_0"])
+def test_pair_stores_what_two_single_stores_store(kv):
+    rng = np.random.default_rng(len(kv))
+    sdt = KV_TYPES[kv].storage_dtype
+    rows = [rng.standard_normal((3, H, D)).astype(np.float32) for _ in range(2)]
+    rows[1][1, 0, :32] = 0.0   # a zero block (q8_0: d = 0)
+    pos = np.array([4, 0, 7], np.int32)
+    caches = [_cache(kv, rng) for _ in range(2)]
+    single, pair = _build(kv, False), _build(kv, True)
+    want = []
+    for c, r in zip(caches, rows):
+        t = _tensor(c, sdt)
+        single(t, tvm.runtime.tensor(r), tvm.runtime.tensor(pos))
+        want.append(t.numpy())
+    a, b = _tensor(caches[0], sdt), _tensor(caches[1], sdt)
+    pair(a, b, tvm.runtime.tensor(rows[0]), tvm.runtime.tensor(rows[1]), tvm.runtime.tensor(pos))
+    for got, w, before in zip((a.numpy(), b.numpy()), want, caches):
+        assert got.tobytes() == w.tobytes()
+        kept = np.setdiff1d(np.arange(C), pos)
+        assert got[kept].tobytes() == np.asarray(before)[kept].tobytes()   # the other cells untouched
+
+
+def _captured(dump: str, fn: str) -> list[str]:
+    s = open(f"{dump}/4_lower.py").read()
+    i = re.search(rf"\n    def {fn}_cuda_graph_capture\(", s).start()
+    j = s.find("\n    @", i + 1)
+    return [k for k in re.findall(r"cls\.(\w+)", s[i:j if j > 0 else None]) if k != "shape_func"]
+
+
+@pytest.mark.e2e
+def test_glm4moe_decode_graph_stores_k_and_v_in_one_kernel(tmp_path):
+    from conftest import G4
+
+    from nextn.common.compile_options import CompileOptions
+    from nextn.compiler.compile import compile_model
+
+    dump = str(tmp_path / "ir")
+    compile_model(str(G4 / "tiny-glm4moe-Q8_0.gguf"), str(tmp_path / "art"),
+                  CompileOptions(target="cuda", arches=["sm_90"]), log=lambda *_: None, dump_ir=dump)
+    kernels = _captured(dump, "decode")
+    stores = [k for k in kernels if k.startswith("set_rows")]
+    assert len(stores) == 4 and all(k.startswith("set_rows_pair_f16") for k in stores), kernels   # 4 layers
