@@ -121,51 +121,67 @@ def concat(a, b, axis):
     return topi.concatenate([a, b], axis=axis)
 
 
+def rope_cos_sin(p, i, n_rot, freq_base, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0,
+                 beta_slow=1.0, n_ctx_orig=0):
+    """(cos, sin) float32 of rope pair i at position p (integer PrimExprs), computed in float64 (compiler/ir/rope.py:
+    ggml's rope_yarn, YaRN ramp included). One definition for `rope_ext` and the GPU forms' fused kernel
+    (lower/cuda/rope_pair.py), so that both compute the same bits."""
+    log_base = math.log(freq_base)
+    mscale = rope.magnitude(freq_scale, ext_factor, attn_factor)
+    f64 = i.astype("float64")
+    inv = te.exp(tirx.const(-2.0 * log_base / n_rot, "float64") * f64)
+    if ext_factor != 0.0:   # YaRN ramp between interpolated (freq_scale) and extrapolated frequencies
+        low, high = rope.corr_dims(n_rot, n_ctx_orig, freq_base, beta_fast, beta_slow)
+        y = (f64 - tirx.const(low, "float64")) / tirx.const(max(0.001, high - low), "float64")
+        y = tirx.max(tirx.const(0.0, "float64"), tirx.min(tirx.const(1.0, "float64"), y))
+        mix = tirx.const(ext_factor, "float64") * (tirx.const(1.0, "float64") - y)
+        inv = inv * (tirx.const(freq_scale, "float64") * (tirx.const(1.0, "float64") - mix) + mix)
+    elif freq_scale != 1.0:
+        inv = inv * tirx.const(freq_scale, "float64")
+    a = p.astype("float64") * inv
+    c, s = te.cos(a), te.sin(a)
+    if mscale != 1.0:
+        c, s = c * tirx.const(mscale, "float64"), s * tirx.const(mscale, "float64")
+    return c.astype(F32), s.astype(F32)
+
+
+def rope_pair_index(d, n_rot, mode):
+    """The pair whose (cos, sin) element d of a head takes (0 for the dims past n_rot, which rope keeps)."""
+    if mode == "neox":
+        half = n_rot // 2
+        return tirx.if_then_else(d < half, d, tirx.if_then_else(d < n_rot, d - half, 0))
+    return tirx.if_then_else(d < n_rot, d // 2, 0)
+
+
+def rope_element(get, d, c, s, n_rot, mode):
+    """Element d of one head after rope: `get(e)` the head's value at dim e, (c, s) the (cos, sin) of pair
+    rope_pair_index(d). NEOX pairs (i, i + n_rot/2), NORM adjacent pairs (2i, 2i+1); dims past n_rot kept."""
+    if mode == "neox":
+        half = n_rot // 2
+        lo = get(d) * c - get(d + half) * s
+        hi = get(d - half) * s + get(d) * c
+        return tirx.if_then_else(d < half, lo, tirx.if_then_else(d < n_rot, hi, get(d)))
+    even = get(d) * c - get(d + 1) * s
+    odd = get(d - 1) * s + get(d) * c
+    return tirx.if_then_else(d < n_rot, tirx.if_then_else(d % 2 == 0, even, odd), get(d))
+
+
 def rope_ext(x, pos, n_rot, mode, freq_base, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0,
              beta_slow=1.0, n_ctx_orig=0):
     half = n_rot // 2
-    log_base = math.log(freq_base)
-    mscale = rope.magnitude(freq_scale, ext_factor, attn_factor)
-    if ext_factor != 0.0:
-        low, high = rope.corr_dims(n_rot, n_ctx_orig, freq_base, beta_fast, beta_slow)
-
-    def angle(t, i):
-        f64 = i.astype("float64")
-        inv = te.exp(tirx.const(-2.0 * log_base / n_rot, "float64") * f64)
-        if ext_factor != 0.0:   # YaRN ramp between interpolated (freq_scale) and extrapolated frequencies
-            y = (f64 - tirx.const(low, "float64")) / tirx.const(max(0.001, high - low), "float64")
-            y = tirx.max(tirx.const(0.0, "float64"), tirx.min(tirx.const(1.0, "float64"), y))
-            mix = tirx.const(ext_factor, "float64") * (tirx.const(1.0, "float64") - y)
-            inv = inv * (tirx.const(freq_scale, "float64") * (tirx.const(1.0, "float64") - mix) + mix)
-        elif freq_scale != 1.0:
-            inv = inv * tirx.const(freq_scale, "float64")
-        return pos[t].astype("float64") * inv
-
-    def cos_sin(a):
-        c, s = te.cos(a), te.sin(a)
-        if mscale != 1.0:
-            c, s = c * tirx.const(mscale, "float64"), s * tirx.const(mscale, "float64")
-        return c.astype(F32), s.astype(F32)
-
+    par = dict(freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor, beta_fast=beta_fast,
+               beta_slow=beta_slow, n_ctx_orig=n_ctx_orig)
     # cos and sin once per (row, pair) in their own stage: computed per element they cost three float64
     # transcendentals for each of the T * heads * n_rot values (the same values, so the same bits).
-    cos_t = te.compute((x.shape[0], half), lambda t, i: cos_sin(angle(t, i))[0], name="rope_cos")
-    sin_t = te.compute((x.shape[0], half), lambda t, i: cos_sin(angle(t, i))[1], name="rope_sin")
+    cos_t = te.compute((x.shape[0], half), lambda t, i: rope_cos_sin(pos[t], i, n_rot, freq_base, **par)[0],
+                       name="rope_cos")
+    sin_t = te.compute((x.shape[0], half), lambda t, i: rope_cos_sin(pos[t], i, n_rot, freq_base, **par)[1],
+                       name="rope_sin")
 
-    if mode == "neox":
-        def f(t, h, d):
-            j = tirx.if_then_else(d < half, d, tirx.if_then_else(d < n_rot, d - half, 0))   # in the table
-            c, s = cos_t[t, j], sin_t[t, j]
-            lo = x[t, h, d] * c - x[t, h, d + half] * s
-            hi = x[t, h, d - half] * s + x[t, h, d] * c
-            return tirx.if_then_else(d < half, lo, tirx.if_then_else(d < n_rot, hi, x[t, h, d]))
-    else:  # "norm": adjacent pairs (2i, 2i+1)
-        def f(t, h, d):
-            j = tirx.if_then_else(d < n_rot, d // 2, 0)
-            c, s = cos_t[t, j], sin_t[t, j]
-            even = x[t, h, d] * c - x[t, h, d + 1] * s
-            odd = x[t, h, d - 1] * s + x[t, h, d] * c
-            return tirx.if_then_else(d < n_rot, tirx.if_then_else(d % 2 == 0, even, odd), x[t, h, d])
+    def f(t, h, d):
+        j = rope_pair_index(d, n_rot, mode)
+        return rope_element(lambda e: x[t, h, e], d, cos_t[t, j], sin_t[t, j], n_rot, mode)
+
     return te.compute(x.shape, f, name="rope_ext")
 
 

@@ -16,6 +16,8 @@ ops here; the module checks at import that every op of the table has one.
 """
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 from tvm import relax, te, tirx
 
@@ -23,7 +25,7 @@ from nextn.common.manifest import split_dim
 from nextn.compiler.ir import Graph, rope
 from nextn.compiler.ir.ops import check_impls
 
-from . import attention, cuda, indexer, mhc, recurrent, te_ops, topk   # noqa: F401 (the families register their ops)
+from . import attention, cuda, indexer, mhc, recurrent, rope_pair, te_ops, topk   # noqa: F401 (the families register their ops)
 from .cuda import norm_q8
 from .registry import LOWER, WHERE, Cx, lower
 
@@ -269,9 +271,62 @@ def _set_rows_pair(bb, n, kernels, env, uses):
     return None
 
 
+def _rope_source(r, env):
+    """(x, norm weight node, eps) of rope node r's input: mul(rms_norm(x), w) with w a float [D] weight (a per-head
+    norm), or (its input, None, None)."""
+    x = r.inputs[0]
+    D = x.shape[-1]
+    if x.op == "mul" and x.inputs[0].op == "rms_norm" and x.inputs[1].op == "weight" \
+            and tuple(x.inputs[1].shape) == (D,) and tuple(x.inputs[0].shape) == tuple(x.shape) \
+            and isinstance(env.get(x.inputs[1].id), tuple) and env[x.inputs[1].id][0] == "f32":
+        return x.inputs[0].inputs[0], x.inputs[1], float(x.inputs[0].attrs["eps"])
+    return x, None, None
+
+
+def _rope_pair(bb, n, sym, kernels, env, uses):
+    """`n` (rope_ext of [T, Hq, D]) and another rope_ext of the same attributes at the same positions (a layer's q
+    and k), with their per-head norms where both have them, as one kernel (lower/rope_pair.py; GPU forms: four
+    launches become one); the other's result waits in `kernels.memo` for its own turn, and the norms' separate
+    bindings are dead code. Only when the other's input is already computed. None otherwise."""
+    pos = n.inputs[1]
+    if len(n.shape) != 3:
+        return None
+    xa, wa, eps = _rope_source(n, env)
+    for m in uses.get(pos.id, ()):
+        if m is n or m.op != "rope_ext" or m.inputs[1] is not pos or m.id in env or len(m.shape) != 3 \
+                or m.attrs != n.attrs or m.shape[-1] != n.shape[-1]:
+            continue
+        xb, wb, eps_b = _rope_source(m, env)
+        if xb.id not in env or eps_b != eps:
+            continue
+        (_t, Hq, D), Hk = n.shape, m.shape[1]
+        if rope_pair.threads(int(D)) > rope_pair.MAX_THREADS:
+            return None
+        at = n.attrs
+        rp = {"n_rot": at["n_rot"], "mode": at["mode"], **{k: at[k] for k in rope.PARAMS}}
+        key = "_".join(f"{k}{rp[k]}" for k in sorted(rp)) + f"_{eps}"
+        tag = f"{zlib.crc32(key.encode()):08x}"
+        gv = kernels.get(f"rope_pair_{Hq}_{Hk}_d{D}_{tag}",
+                         lambda: rope_pair.rope_pair_kernel(int(Hq), int(Hk), int(D), rp, eps, gpu=not kernels.emulate))
+        ws = [] if wa is None else [env[wa.id][1][0], env[wb.id][1][0]]
+        a, b = env[xa.id], env[xb.id]
+        out = bb.emit(relax.call_tir(gv, relax.Tuple([a, b, *ws, env[pos.id]]),
+                                     [relax.TensorType([dim_expr(d, sym) for d in n.shape], "float32"),
+                                      relax.TensorType([dim_expr(d, sym) for d in m.shape], "float32")]))
+        kernels.memo[("rope_pair", m)] = bb.emit(relax.TupleGetItem(out, 1))
+        return bb.emit(relax.TupleGetItem(out, 0))
+    return None
+
+
 def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool, env: dict, uses: dict):
     if kernels.gpu and not kernels.emulate and kernels.gpu_int8 and n.op == "mul":
         hit = _norm_q8(bb, n, sym, kernels, env, uses)
+        if hit is not None:
+            return hit
+    if kernels.gpu and n.op == "rope_ext":
+        hit = kernels.memo.pop(("rope_pair", n), None)
+        if hit is None:
+            hit = _rope_pair(bb, n, sym, kernels, env, uses)
         if hit is not None:
             return hit
     if kernels.gpu and n.op == "set_rows":
