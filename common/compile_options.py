@@ -81,7 +81,8 @@ class CompileOptions:
       IQ4_XS / Q8_0 / IQ4_NL / MXFP4 matmuls take int8-quantized activation rows, as ggml-cpu does
       (compiler/lower/x86, nextn.common.quant.activation).
     - `split_kernels`: the GPU form of the kernels (lower/attention/; to_relax.SPLIT_OPS as separate kernels);
-      None: on GPU targets only (tests set it on llvm to check the GPU form's arithmetic with serial threads).
+      None: on GPU targets only (tests set it on llvm to check the GPU form's arithmetic with serial threads: its
+      integer-route matmuls too, lower/cuda/int8.py, unless exact_matmul; then no x86 kernel takes a matmul).
     - `cuda_graph` [--cuda-graph/--no-cuda-graph] (cuda): the one-row steps replay as CUDA graphs
       (lower/capture_graphs.py).
     - `tuning_log` [--tuning-log]: LOG_DIR or FILE.json of `nextn tune`: tuned kernels take its schedules and

@@ -127,10 +127,13 @@ def plan(model: str, options: CompileOptions, draft: str | None = None, dump_ir:
     # One library per (target, arch group): CUDA puts every arch in one fatbin; ROCm builds one code object per arch.
     lib_arches = [arch_list] if o.target == "cuda" else [[a] for a in arch_list] if o.target == "rocm" else [[]]
     tgt = make_target(o.target, lib_arches[0] or None)
-    x86 = for_target(tgt, quantize_activations=not o.exact_matmul, knobs_for=x86_knobs(o.tuning_log, tgt, log))
-    # the GPU matmuls' integer route (lower/cuda/int8.py) unless --exact-matmul: __dp4a where the arch has it
+    # the GPU matmuls' integer route (lower/cuda/int8.py) unless --exact-matmul: __dp4a where the arch has it; the
+    # "gpu-emulated" form takes it too (its definitions with int32 arithmetic on llvm), so that the tests run the
+    # GPU form's quantized matmuls whole-model on a CPU, and then no x86 kernel takes a matmul
     from .lower.cuda.int8 import has_dot4
-    gpu_int8 = None if o.exact_matmul or o.kernel_form != "gpu" else "cuda" if has_dot4(tgt) else "plain"
+    gpu_int8 = None if o.exact_matmul or o.kernel_form == "cpu" else "cuda" if has_dot4(tgt) else "plain"
+    x86 = None if gpu_int8 and o.kernel_form == "gpu-emulated" else \
+        for_target(tgt, quantize_activations=not o.exact_matmul, knobs_for=x86_knobs(o.tuning_log, tgt, log))
     int8_weights = {}
     mod = build_module(list(graphs.values()), kinds, STATIC, form=o.kernel_form, split_l=SPLIT_L, x86=x86,
                        gpu_int8=gpu_int8, int8_weights=int8_weights)

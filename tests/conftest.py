@@ -190,6 +190,7 @@ SLOW_E2E = {
     "test_kv_bucket.py::test_kv_bucket_and_fixed_inputs_are_bit_exact[glm-dsa]": "glm-dsa Q8_0",
     "test_kv_bucket.py::test_kv_bucket_and_fixed_inputs_are_bit_exact[glm5next]": "glm5next Q8_0",
     "test_kv_bucket.py::test_split_kernels_form": "each arch's Q8_0 with the GPU kernel form",
+    "test_kv_bucket.py::test_split_kernels_integer_route": "each arch's Q8_0 with the GPU kernel form, int8 rows",
     "test_kv_types.py": "each arch's BF16 at each KV cache type; the CLI test through entry.compiled_artifact",
     "test_layouts.py::test_trunk_only_runs_without_speculation": "glm4moe's trunk-only Q8_0",
     "test_layouts.py::test_trunk_only_refuses_draft_mtp_cli": "glm4moe's trunk-only Q8_0",

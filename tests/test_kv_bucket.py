@@ -2,7 +2,9 @@
 after each row's position are read and masked) and inputs written into fixed buffers change no bit of the
 output, speculation, the glm-dsa / glm5next index sharing and the glm5next pools and recurrent planes included; the NextN DSA selection is stored by position; and
 the GPU form of attention / index score / top-k (separate kernels, softmax normalised before P·V) computes the
-same model: compiled for llvm, it matches the interpreter and the fixtures' greedy references."""
+same model: compiled for llvm, it matches the interpreter and the fixtures' greedy references; its integer route
+(int8 activation rows, lower/cuda/int8.py, the default of a GPU artifact) passes the device check's own int8
+comparison against the default CPU artifact."""
 import numpy as np
 import pytest
 
@@ -110,3 +112,36 @@ def test_split_kernels_form(arch, compiled):
     assert plain.ids == p["greedy_ids"]
     spec = m.generate(p["prompt_ids"], p["n_predict"], spec_type="draft-mtp", n_max=2, ignore_eos=True)
     assert spec.ids == plain.ids and spec.stats.accepted == p["spec"]["2"]["accepted"]
+
+
+@pytest.mark.parametrize("arch", sorted(CASES))
+def test_split_kernels_integer_route(arch, compiled, tmp_path):
+    """The GPU form with its integer route (the default GPU artifact's matmuls: activation rows quantized once per
+    matmul as the CPU quantizes them, int32 word sums; the norm + quantizer kernel, the grouped experts of verify),
+    built for llvm, held to the default CPU artifact (x86 int8 kernels) exactly as the device check holds a CUDA
+    artifact (bench/device_refs.py: `record_expectations`, `compare` at INT8_TOL, near-ties told from differences by
+    the expectation's top-2 margins): last logits, greedy ids, spec == off at n_max 1..3, acceptance counts."""
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import device_refs
+
+    path = CASES[arch]
+    emu = rt.load(compiled(f"{arch}-split", path, split_kernels=True), ctx_size=4096)
+    man = emu.loaded.artifact.manifest
+    assert man["kernel_form"] == "gpu-emulated" and man["x86_kernels"] is None   # no x86 kernel takes a matmul
+    cpu = rt.load(compiled(f"{arch}-q8", path), ctx_size=4096)
+    kinds = ["code-short", "docs-heading", "one-token"]
+    device_refs.record_expectations(cpu, str(path.parent), str(tmp_path / "expect"), kinds=kinds)
+    want = device_refs.expect_want(str(tmp_path / "expect"), None)
+    checks = device_refs.compare(device_refs.model_outputs(emu, want, rows=False), want, exact_acceptance=True,
+                                 tol=device_refs.INT8_TOL)
+    # per prompt: logits, ids, spec == off and counts at n_max 1..3 (+ the shared NextN index run of glm-dsa / glm5next)
+    assert len(checks) >= len(kinds) * 8 and all(c["ok"] for c in checks), [c for c in checks if not c["ok"]]
+    # spec == off never a near-tie: the same artifact's verify and decode rows
+    assert all(not c.get("undecided") for c in checks if "spec n_max" in c["check"])
+    # the int8 rows are another computation than float activations: not the --exact-matmul run's logits
+    logits = [float(c["detail"].split()[1].rstrip(",")) for c in checks if c["check"].endswith("last logits")]
+    assert max(logits) > 10 * device_refs.GPU_TOL, logits

@@ -236,7 +236,8 @@ def _norm_q8(bb, n, sym, kernels, env, uses):
         return None
     eps = float(norm.attrs["eps"])
     gv = kernels.get(f"rms_norm_q8_{K}_{B}_{int(np.float32(eps).view(np.uint32)):08x}",
-                     lambda: norm_q8.rms_norm_q8_kernel(K, B, eps, kernels.gpu_int8 == "cuda", gpu=True))
+                     lambda: norm_q8.rms_norm_q8_kernel(K, B, eps, kernels.gpu_int8 == "cuda",
+                                                        gpu=not kernels.emulate))
     T = dim_expr(n.shape[0], sym)
     out = bb.emit(relax.call_tir(gv, relax.Tuple([env[norm.inputs[0].id], wv[1][0]]),
                                  [relax.TensorType([T, K], "float32"), relax.TensorType([T, K // 4], "int32"),
@@ -319,7 +320,7 @@ def _rope_pair(bb, n, sym, kernels, env, uses):
 
 
 def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool, env: dict, uses: dict):
-    if kernels.gpu and not kernels.emulate and kernels.gpu_int8 and n.op == "mul":
+    if kernels.gpu and kernels.gpu_int8 and n.op == "mul":
         hit = _norm_q8(bb, n, sym, kernels, env, uses)
         if hit is not None:
             return hit
@@ -379,14 +380,16 @@ def _(bb, n, args, cx):
 def _(bb, n, args, cx):
     gpu = cx.kernels.gpu and not cx.kernels.emulate   # CUDA / ROCm: dequantization as a stage (lower/cuda/gemv.py)
     w = args[0]
-    B = cuda.int8.route(w[0], int(w[2][-1]), cx.kernels.gpu_int8 is not None) if gpu and isinstance(w, tuple) else None
+    # the integer route: GPU forms unless --exact-matmul, the "gpu-emulated" one too (its definitions on llvm)
+    B = cuda.int8.route(w[0], int(w[2][-1]), True) if cx.kernels.gpu and cx.kernels.gpu_int8 is not None \
+        and isinstance(w, tuple) else None
     if B is not None and n.op == "mul_mat" and len(w[2]) == 3 and (len(n.inputs[1].shape) != 3 or
                                                                    n.inputs[1].shape[1] != w[2][0]):
         B = None   # per-head weights on other row shapes: float, as the CPU's x86.emit handles()
     if B is not None:   # the integer route (lower/cuda/int8.py): the rows quantized once, shared by gate and up
         cx.kernels.int8_weights[n.inputs[0].name] = "q8_0" if B == 32 else "q8"
         args = [w, *_quantized_rows(bb, args[1], B, cx.kernels), *args[2:]]
-    if gpu and n.op == "mul_mat_id" and not _static_one(dim_expr(n.inputs[2].shape[0], cx.sym)):
+    if (gpu or B is not None) and n.op == "mul_mat_id" and not _static_one(dim_expr(n.inputs[2].shape[0], cx.sym)):
         return _mul_mat_id_grouped(bb, n, args, cx, B is not None)
     if B is not None:
         dp4a = cx.kernels.gpu_int8 == "cuda"
