@@ -293,6 +293,43 @@ def test_definition_grouped_mul_mat_id_against_float64(grouped, T, repeat):
 
 
 @pytest.mark.parametrize("T", [1, 4, 9])
+def test_gather_sum_and_gather_swiglu_are_the_gather_then_the_graph_ops(T):
+    """The verify / prefill MoE tails in one kernel each (gpu_forms `_slot_sum`, `_gather_swiglu`):
+    `expert_gather_sum` equals the gathered rows times their routing weights summed in slot order in float32 numpy
+    ((p0 + p1) + p2) + p3, the graph's views and adds), and swiglu of two gathers equals te_ops.swiglu of the gathered
+    rows, bit for bit (4 of 8 experts per row, windows of GROUP_ROWS rows cut at T)."""
+    from nextn.compiler.lower import te_ops
+
+    kk, X, W, NN = 4, 8, cuda.GROUP_ROWS, 24
+    Tv = te.var("T", I64)
+    y = te.placeholder([Tv, tirx.IntImm(I64, kk), tirx.IntImm(I64, W), tirx.IntImm(I64, NN)], "float32", name="y")
+    y2 = te.placeholder(y.shape, "float32", name="y2")
+    g = te.placeholder([Tv, tirx.IntImm(I64, kk), tirx.IntImm(I64, W + 1)], "int32", name="g")
+    w = te.placeholder([Tv, tirx.IntImm(I64, kk), tirx.IntImm(I64, 1)], "float32", name="w")
+    ga = te.placeholder([Tv, tirx.IntImm(I64, kk), tirx.IntImm(I64, NN)], "float32", name="ga")
+    gb = te.placeholder(ga.shape, "float32", name="gb")
+    lib = tvm.compile(_module({
+        "gather": te.create_prim_func([y, g, cuda.expert_gather(y, g)]),
+        "sum": te.create_prim_func([y, g, w, cuda.expert_gather_sum(y, g, w)]),
+        "fused": te.create_prim_func([y, y2, g, te_ops.swiglu(cuda.expert_gather(y, g), cuda.expert_gather(y2, g))]),
+        "swiglu": te.create_prim_func([ga, gb, te_ops.swiglu(ga, gb)])}), target="llvm")
+    rng = np.random.default_rng(T)
+    ids = np.stack([rng.permutation(X)[:kk] for _ in range(T)]).astype(np.int32)
+    groups = _groups64(ids).astype(np.int32)
+    ys = [rng.standard_normal((T, kk, W, NN)).astype(np.float32) for _ in range(2)]
+    wt = rng.uniform(0.05, 0.5, (T, kk, 1)).astype(np.float32)
+    rows = _run(lib, "gather", (T, kk, NN), ys[0], groups)
+    want = rows[:, 0] * wt[:, 0]
+    for j in range(1, kk):
+        want = want + rows[:, j] * wt[:, j]
+    assert want.dtype == np.float32
+    assert _run(lib, "sum", (T, NN), ys[0], groups, wt).tobytes() == want.tobytes()
+    rows2 = _run(lib, "gather", (T, kk, NN), ys[1], groups)
+    assert _run(lib, "fused", (T, kk, NN), ys[0], ys[1], groups).tobytes() == \
+        _run(lib, "swiglu", (T, kk, NN), rows, rows2).tobytes()
+
+
+@pytest.mark.parametrize("T", [1, 4, 9])
 def test_grouped_weight_reads_per_expert(T):
     """How often a verify reads each expert: the grouped kernel loads weight bytes only in the blocks of group
     leaders (`expert_groups` on llvm against the naive count: one leader per distinct expert and 4-row window;
@@ -350,7 +387,7 @@ def _loads_outside_leader_branch(src: str) -> int:
 
 @pytest.mark.parametrize("V", [151552, 8192, 768])
 def test_two_pass_argmax_is_the_first_index_of_the_maximum(V):
-    """The GPU forms' argmax (to_relax.SPLIT_OPS: per-chunk argmax, then the first chunk with the largest maximum)
+    """The GPU forms' argmax (gpu_forms.SPLIT_OPS: per-chunk argmax, then the first chunk with the largest maximum)
     gives the one-pass argmax's index (te_ops.argmax, the CPU's), built for llvm, and where a row has a finite
     maximum np.argmax's, the first of equal maxima: ties within a chunk, across chunks (the later chunk's copy at a
     lower offset), at the last column, a row of one value, a NaN before the maximum; a row of -inf has no

@@ -2,9 +2,8 @@
 
 - The pair kernel (pair=True), built for llvm, stores into both caches exactly what the one-cache kernel stores into
   each (every KV type: f32, f16, bf16, q8_0), and touches no other cell.
-- A CUDA build of tiny glm4moe: every layer of the decode graph stores K and V with one kernel (no set_rows kernel
-  of one cache left), and the "gpu-emulated" build of it, which takes the same pairs, gives the fixture's greedy
-  reference (test_kv_bucket.py's split-form tests run every arch through it).
+- Its place in the model's CUDA graphs: tests/test_gpu_launches.py; the "gpu-emulated" build takes the same pairs,
+  so test_kv_bucket.py's split-form tests run every arch through it.
 """
 from __future__ import annotations
 
@@ -59,25 +58,3 @@ def test_pair_stores_what_two_single_stores_store(kv):
         assert got.tobytes() == w.tobytes()
         kept = np.setdiff1d(np.arange(C), pos)
         assert got[kept].tobytes() == np.asarray(before)[kept].tobytes()   # the other cells untouched
-
-
-def _captured(dump: str, fn: str) -> list[str]:
-    s = open(f"{dump}/4_lower.py").read()
-    i = re.search(rf"\n    def {fn}_cuda_graph_capture\(", s).start()
-    j = s.find("\n    @", i + 1)
-    return [k for k in re.findall(r"cls\.(\w+)", s[i:j if j > 0 else None]) if k != "shape_func"]
-
-
-@pytest.mark.e2e
-def test_glm4moe_decode_graph_stores_k_and_v_in_one_kernel(tmp_path):
-    from conftest import G4
-
-    from nextn.common.compile_options import CompileOptions
-    from nextn.compiler.compile import compile_model
-
-    dump = str(tmp_path / "ir")
-    compile_model(str(G4 / "tiny-glm4moe-Q8_0.gguf"), str(tmp_path / "art"),
-                  CompileOptions(target="cuda", arches=["sm_90"]), log=lambda *_: None, dump_ir=dump)
-    kernels = _captured(dump, "decode")
-    stores = [k for k in kernels if k.startswith("set_rows")]
-    assert len(stores) == 4 and all(k.startswith("set_rows_pair_f16") for k in stores), kernels   # 4 layers

@@ -7,9 +7,7 @@ integer route had two (the norm with its weight, then quantize_q8).
   included, at the fixtures' width and at GLM-4.5-Air's / GLM-5.2's (4096, 6144), T = 1, 3.
 - The CUDA build (sm_90, nvcc): one kernel, a block of norm_q8.THREADS threads per row, the quantizer's divisions
   correctly rounded (`__fdiv_rn`: --use_fast_math's `/` would move q across rounding boundaries).
-- A CUDA build of tiny glm4moe: in the decode graph every norm that feeds integer-route matmuls is this kernel
-  (attention and post-attention norms of the four layers, the output norm), no quantize_q8 follows a norm, and the
-  matmuls read the kernel's int8 rows.
+- Its place in the model's CUDA graphs: tests/test_gpu_launches.py.
 """
 from __future__ import annotations
 
@@ -86,39 +84,3 @@ def test_cuda_kernel_one_block_per_row_divisions_rounded():
     assert src.count("__fdiv_rn") == 2   # d = amax / 127 and 127 / amax
     # the tree's steps, the word maxima, the segments, the blocks: each phase after a barrier
     assert src.count("__syncthreads()") >= 5, src
-
-
-def _captured(dump: str, fn: str) -> str:
-    s = open(f"{dump}/4_lower.py").read()
-    i = re.search(rf"\n    def {fn}_cuda_graph_capture\(", s).start()
-    j = s.find("\n    @", i + 1)
-    return s[i:j if j > 0 else None]
-
-
-@pytest.mark.e2e
-def test_glm4moe_decode_graph_norms_quantize_in_one_kernel(tmp_path):
-    from conftest import G4
-
-    from nextn.common.compile_options import CompileOptions
-    from nextn.compiler.compile import compile_model
-
-    dump = str(tmp_path / "ir")
-    compile_model(str(G4 / "tiny-glm4moe-Q8_0.gguf"), str(tmp_path / "art"),
-                  CompileOptions(target="cuda", arches=["sm_90"]), log=lambda *_: None, dump_ir=dump)
-    body = _captured(dump, "decode")
-    kernels = [k for k in re.findall(r"cls\.(\w+)", body) if k != "shape_func"]
-    norms = [i for i, k in enumerate(kernels) if k.startswith("rms_norm_q8")]
-    # 4 layers x (attention norm, post-attention norm); the output norm feeds the head outside the graph
-    assert len(norms) == 8, kernels
-    assert not [k for k in kernels if re.fullmatch(r"fused_rms_norm\d*_mul\d*", k)
-                and kernels[kernels.index(k) + 1].startswith("quantize_q8")], kernels
-    for i in norms:   # the next kernel is a matmul (q, the router or the routed / dense FFN), not a quantizer
-        assert re.match(r"(fused_)?mul_mat", kernels[i + 1]), kernels[i:i + 3]
-    # the kernel's int8 rows (outputs 1 and 2 of its call) are what the following matmul reads
-    call = re.search(r"cls\.rms_norm_q8\w*, R\.tuple\(([^)]*)\), out_sinfo=", body) or \
-        re.search(r"cls\.rms_norm_q8\w*\(([^)]*)\)", body)
-    assert call is not None, body[:2000]
-    outs = [a.strip() for a in call.group(1).split(",")][-3:]
-    after = body[call.end():]
-    nxt = re.search(r"cls\.(fused_)?mul_mat\w*\(([^)]*)\)", after)
-    assert nxt is not None and outs[1] in nxt.group(2) and outs[2] in nxt.group(2), (outs, nxt and nxt.group(0))

@@ -6,9 +6,7 @@ probabilities, where there were two (rank, then select) and the bias add.
   included, at the widths of the fixtures and of GLM-4.5-Air / GLM-5.2 (128, 160, 256 experts).
 - The CUDA build (sm_90, nvcc): one kernel, a block per row and a thread per expert, a barrier between the slots'
   zeros and the indices.
-- A CUDA build of tiny glm4moe: the router's matmul is followed directly by this kernel in the decode graph (no
-  bias-add kernel, no rank / select pair, no get_rows / sum_rows of the routing weights) and the routed SwiGLU is in
-  the gate's GEMV (no SwiGLU kernel).
+- Its place in the model's CUDA graphs: tests/test_gpu_launches.py.
 """
 from __future__ import annotations
 
@@ -78,32 +76,3 @@ def test_cuda_kernel_one_block_per_row_with_a_barrier():
         src = tvm.compile(tvm.IRModule({"topk_ids": f}), target=tgt).mod.imports[0].inspect_source()
     assert len(set(re.findall(r"__global__ .*? (\w+)\(", src))) == 1   # one kernel (declared, then defined)
     assert src.count("__syncthreads()") == 2   # the slots' zeros, then the weights, written before they are read
-
-
-def _captured(dump: str, fn: str) -> list[str]:
-    """The kernels of Relax function `fn`'s CUDA graph capture (--dump-ir DIR/4_lower.py), in launch order."""
-    s = open(f"{dump}/4_lower.py").read()
-    i = re.search(rf"\n    def {fn}_cuda_graph_capture\(", s).start()
-    j = s.find("\n    @", i + 1)
-    return [k for k in re.findall(r"cls\.(\w+)", s[i:j if j > 0 else None]) if k != "shape_func"]
-
-
-@pytest.mark.e2e
-def test_glm4moe_decode_graph_routes_in_one_kernel(tmp_path):
-    from conftest import G4
-
-    from nextn.common.compile_options import CompileOptions
-    from nextn.compiler.compile import compile_model
-
-    dump = str(tmp_path / "ir")
-    compile_model(str(G4 / "tiny-glm4moe-Q8_0.gguf"), str(tmp_path / "art"),
-                  CompileOptions(target="cuda", arches=["sm_90"]), log=lambda *_: None, dump_ir=dump)
-    kernels = _captured(dump, "decode")
-    routers = [i for i, name in enumerate(kernels) if re.fullmatch(r"fused_mul_mat\d*_sigmoid\d*", name)]
-    assert len(routers) == 3, kernels   # the fixture's three MoE layers
-    for i in routers:   # the routing in one kernel, then the experts' GEMVs
-        assert re.fullmatch(r"topk_ids_8_2", kernels[i + 1]), kernels[i:i + 3]
-        # the experts' GEMV reads the int8 rows the post-attention norm's kernel made (test_norm_q8.py)
-        assert re.fullmatch(r"mul_mat_id\d*", kernels[i + 2]), kernels[i:i + 4]
-    assert not [name for name in kernels if re.search(r"topk_rank|argsort|sum_rows|^swiglu", name)], kernels
-    assert len([name for name in kernels if re.fullmatch(r"fused_mul_mat_id\d*_swiglu\d*", name)]) == 3, kernels

@@ -4,6 +4,9 @@ to_relax.py for the ops that go through TE). to_relax.py imports every family an
 covered (`ops.check_impls`)."""
 from __future__ import annotations
 
+from tvm import tirx
+
+from nextn.common.manifest import split_dim
 from nextn.compiler.ir.ops import registry
 
 WHERE = "Relax lowering (compiler/lower/registry.py)"
@@ -26,3 +29,11 @@ def float_buffers(args: list) -> list:
     out = [a[1][0] if isinstance(a, tuple) and a[0] == "f32" else a for a in args]
     assert all(not isinstance(a, tuple) for a in out), "a quantized weight given to a hand-written kernel"
     return out
+
+
+def dim_expr(d, sym):
+    """An IR dimension (the grammar: nextn.common.manifest) as a TIR expression: an int, a symbol, or "X//k"."""
+    if isinstance(d, int):
+        return d
+    base, k = split_dim(d)
+    return sym[base] if k == 1 else tirx.floordiv(sym[base], k)

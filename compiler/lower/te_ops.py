@@ -257,7 +257,7 @@ def argmax(x):
     return topi.argmax(x, axis=-1)   # int32, first index of the maximum
 
 
-ARGMAX_CHUNKS = (1024, 512, 256)   # columns per chunk of the two-pass argmax (GPU forms: to_relax.SPLIT_OPS)
+ARGMAX_CHUNKS = (1024, 512, 256)   # columns per chunk of the two-pass argmax (GPU forms: gpu_forms.SPLIT_OPS)
 
 
 def argmax_chunk(V: int) -> int | None:

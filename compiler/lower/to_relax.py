@@ -8,7 +8,7 @@ runtime builds the two tuples at load (an ffi Array each) and every call passes 
 one per buffer (a 46-layer GLM has ~800 weight buffers); the VM unpacks them in C++. States are updated in place
 with `call_tir_inplace`; outputs are returned as a tuple in graph output order. The KV store, attention, the DSA
 indexer, mHC and the KDA ops are hand-written kernels (attention/, indexer/, mhc/, recurrent/); the rest goes through
-TE.
+TE. The GPU forms first try their own kernels for some ops and patterns (gpu_forms.py).
 
 Each IR op (compiler/ir/ops.py) has one lowering, registered with `@lower(op)` as fn(bb, node, args, cx)
 (registry.py; `Cx`: the symbols, kernels and attention form of the call): the families' ops by their folders, the TE
@@ -16,26 +16,13 @@ ops here; the module checks at import that every op of the table has one.
 """
 from __future__ import annotations
 
-import zlib
-
-import numpy as np
 from tvm import relax, te, tirx
 
-from nextn.common.manifest import split_dim
 from nextn.compiler.ir import Graph, rope
 from nextn.compiler.ir.ops import check_impls
 
-from . import attention, cuda, indexer, mhc, recurrent, rope_pair, te_ops, topk   # noqa: F401 (the families register their ops)
-from .cuda import norm_q8
-from .registry import LOWER, WHERE, Cx, lower
-
-
-def dim_expr(d, sym):
-    """An IR dimension (the grammar: nextn.common.manifest) as a TIR expression: an int, a symbol, or "X//k"."""
-    if isinstance(d, int):
-        return d
-    base, k = split_dim(d)
-    return sym[base] if k == 1 else tirx.floordiv(sym[base], k)
+from . import attention, cuda, gpu_forms, indexer, mhc, recurrent, te_ops   # noqa: F401 (the families register their ops)
+from .registry import LOWER, WHERE, Cx, dim_expr, lower
 
 
 def weight_buffers(kind: str, shape) -> list[tuple[str, str, tuple]]:
@@ -149,197 +136,9 @@ def _flatten(args):
     return flat, rebuild
 
 
-# Ops whose TE form keeps a scratch tensor inside the kernel (top-k's ranks), which would be a workspace allocated at
-# each call, inside a CUDA graph capture too: GPU forms emit them otherwise. argsort_top_k as one hand-written kernel
-# whose ranks stay in registers (lower/topk.py; past topk.MAX_EXPERTS as rank + select with the ranks a Relax
-# tensor). Attention and the index score need no such care: their kernels (attention/) keep everything in
-# registers / shared memory.
-# argmax over a vocabulary row: one thread block per row is the natural GPU schedule and the slowest (43 µs for
-# 151552 logits in the first H200 run's per-kernel table, docs/gpu.md), so GPU forms take it in two passes
-# (`te_ops.argmax_of_chunks`).
-SPLIT_OPS = ("argsort_top_k", "argmax")
-
-
-def _emit_split(bb, n, args, sym, kernels, env):
-    """`n` (op in SPLIT_OPS) as separate kernels; argsort_top_k as one kernel of its own (lower/topk.py)."""
-    if n.op == "argmax":
-        R, V = n.inputs[0].shape
-        ch = te_ops.argmax_chunk(int(V))
-        if ch is None:
-            return _te(bb, n, args)
-        xc = bb.emit(relax.op.reshape(args[0], [dim_expr(R, sym), int(V) // ch, ch]))   # a view: no copy
-        part = bb.emit_te(te_ops.argmax, xc, primfunc_name_hint="argmax_chunks")        # [R, C] int32
-        return bb.emit_te(lambda x, p: te_ops.argmax_of_chunks(x, p, ch), args[0], part, primfunc_name_hint="argmax")
-    X, k = int(n.inputs[0].shape[-1]), n.attrs["k"]
-    if X > topk.MAX_EXPERTS:
-        rank = bb.emit_te(te_ops.topk_rank, args[0], primfunc_name_hint="topk_rank")
-        return bb.emit_te(lambda r: te_ops.topk_select(r, k), rank, primfunc_name_hint="argsort_top_k")
-    # the router's selection bias (glm_base.moe: probs + exp_probs_b) read by the kernel itself: the add's own
-    # binding is then unused and dropped (it was fused into the rank kernel before)
-    src = n.inputs[0]
-    folded = src.op == "add" and src.inputs[1].op == "weight" and tuple(src.inputs[1].shape) == (X,) \
-        and tuple(src.inputs[0].shape[-1:]) == (X,) and isinstance(env.get(src.inputs[1].id), tuple) \
-        and env[src.inputs[1].id][0] == "f32"
-    # unfolded: a zero bias (x + 0.0 compares as x)
-    x, bias = (env[src.inputs[0].id], env[src.inputs[1].id][1][0]) if folded else \
-        (args[0], relax.const(np.zeros(X, np.float32)))
-    gv = kernels.get(f"topk_ids_{X}_{k}", lambda: topk.topk_ids_kernel(X, k, gpu=not kernels.emulate))
-    T = dim_expr(n.inputs[0].shape[0], sym)
-    out = bb.emit(relax.call_tir(gv, relax.Tuple([x, bias]), [relax.TensorType([T, k], "int32"),
-                                                               relax.TensorType([T, k, 1], "float32"),
-                                                               relax.TensorType([T, 1], "float32")]))
-    ids, w, wsum = (bb.emit(relax.TupleGetItem(out, i)) for i in range(3))
-    if folded:   # the kernel read the unbiased values: its weights are get_rows'
-        kernels.memo[("topk_w", src.inputs[0], n)] = (w, wsum)
-    return ids
-
-
-def _routing_weights(n, kernels):
-    """The topk kernel's outputs that stand for `n` (lower/topk.py: GPU forms), or None: get_rows of the unbiased
-    router values, reshaped to [T, X, 1], at the selected ids -> its w; sum_rows of that w reshaped to [T, k] -> its
-    wsum (then the get_rows and sum_rows kernels are not emitted)."""
-    if n.op == "get_rows":
-        table, ids = n.inputs
-        if table.op == "reshape" and len(table.shape) == 3 and int(table.shape[-1]) == 1:
-            hit = kernels.memo.get(("topk_w", table.inputs[0], ids))
-            if hit is not None:
-                kernels.memo[("topk_sum", n)] = hit[1]
-                return hit[0]
-    elif n.op == "sum_rows":
-        src = n.inputs[0]
-        if src.op == "reshape" and len(src.shape) == 2:
-            return kernels.memo.get(("topk_sum", src.inputs[0]))
-    return None
-
-
-def _norm_q8(bb, n, sym, kernels, env, uses):
-    """`n` = mul(rms_norm(x), w) [T, K] (a norm and its weight) as one kernel with the int8 rows of its result
-    (lower/cuda/norm_q8.py), when integer-route matmuls read it (GPU form, `gpu_int8`); their quantizer then finds the
-    rows in `kernels.memo` (`_quantized_rows`) and the separate rms_norm binding is dead code. Rows in blocks of the
-    B most of those matmuls take (K-quants 256, the 32-value formats 32); a matmul of the other B quantizes y itself.
-    None where the pattern does not hold."""
-    norm, wt = n.inputs
-    if norm.op != "rms_norm" or wt.op != "weight" or len(n.shape) != 2 or tuple(norm.shape) != tuple(n.shape) \
-            or tuple(wt.shape) != tuple(n.shape[-1:]):
-        return None
-    wv = env.get(wt.id)
-    if not (isinstance(wv, tuple) and wv[0] == "f32"):
-        return None
-    K = int(n.shape[-1])
-    blocks = sorted(B for c in uses.get(n.id, ()) if c.op in ("mul_mat", "mul_mat_id") and c.inputs[1] is n
-                    and c.inputs[0].op == "weight" and isinstance(env.get(c.inputs[0].id), tuple)
-                    for B in [cuda.int8.route(env[c.inputs[0].id][0], K, True)] if B is not None)
-    if not blocks:
-        return None
-    B = max(blocks, key=blocks.count)
-    if not norm_q8.fits(K, B):
-        return None
-    eps = float(norm.attrs["eps"])
-    gv = kernels.get(f"rms_norm_q8_{K}_{B}_{int(np.float32(eps).view(np.uint32)):08x}",
-                     lambda: norm_q8.rms_norm_q8_kernel(K, B, eps, kernels.gpu_int8 == "cuda",
-                                                        gpu=not kernels.emulate))
-    T = dim_expr(n.shape[0], sym)
-    out = bb.emit(relax.call_tir(gv, relax.Tuple([env[norm.inputs[0].id], wv[1][0]]),
-                                 [relax.TensorType([T, K], "float32"), relax.TensorType([T, K // 4], "int32"),
-                                  relax.TensorType([T, K // B], "float32")]))
-    y, xq, xd = (bb.emit(relax.TupleGetItem(out, i)) for i in range(3))
-    kernels.memo[("int8", y, B)] = [xq, xd]
-    return y
-
-
-def _set_rows_pair(bb, n, kernels, env, uses):
-    """`n` (set_rows) and another set_rows at the same positions into a cache of the same type and shape (a layer's K
-    and V: glm4moe's graph stores them one after the other) as one kernel (kv_access.store_kernel pair=True; GPU
-    forms: a launch fewer per layer and step); the other's result waits in `kernels.memo` for its own turn. Only
-    when the other's rows are already computed and its cache is read by nothing else, so emitting its store here
-    moves no read of that cache. None otherwise."""
-    cache, rows, pos = n.inputs
-    kv, shape = attention.kv_type_of(cache), tuple(rows.shape)
-    for m in uses.get(pos.id, ()):
-        if m is n or m.op != "set_rows" or m.inputs[2] is not pos or m.id in env or m.inputs[1].id not in env \
-                or m.inputs[0].id not in env or attention.kv_type_of(m.inputs[0]) != kv \
-                or tuple(m.inputs[1].shape) != shape or uses.get(m.inputs[0].id) != [m]:
-            continue
-        _t, H, D = shape
-        gv = kernels.get(f"set_rows_pair_{kv}_h{H}_d{D}",
-                         lambda: attention.kv_access.store_kernel(kv, int(H), int(D), gpu=not kernels.emulate,
-                                                                  pair=True))
-        a, b = env[cache.id], env[m.inputs[0].id]
-        out = bb.emit(relax.op.call_tir_inplace(gv, relax.Tuple([a, b, env[rows.id], env[m.inputs[1].id],
-                                                                 env[pos.id]]), [0, 1], [a.ty, b.ty]))
-        kernels.memo[("kv_pair", m)] = bb.emit(relax.TupleGetItem(out, 1))
-        return bb.emit(relax.TupleGetItem(out, 0))
-    return None
-
-
-def _rope_source(r, env):
-    """(x, norm weight node, eps) of rope node r's input: mul(rms_norm(x), w) with w a float [D] weight (a per-head
-    norm), or (its input, None, None)."""
-    x = r.inputs[0]
-    D = x.shape[-1]
-    if x.op == "mul" and x.inputs[0].op == "rms_norm" and x.inputs[1].op == "weight" \
-            and tuple(x.inputs[1].shape) == (D,) and tuple(x.inputs[0].shape) == tuple(x.shape) \
-            and isinstance(env.get(x.inputs[1].id), tuple) and env[x.inputs[1].id][0] == "f32":
-        return x.inputs[0].inputs[0], x.inputs[1], float(x.inputs[0].attrs["eps"])
-    return x, None, None
-
-
-def _rope_pair(bb, n, sym, kernels, env, uses):
-    """`n` (rope_ext of [T, Hq, D]) and another rope_ext of the same attributes at the same positions (a layer's q
-    and k), with their per-head norms where both have them, as one kernel (lower/rope_pair.py; GPU forms: four
-    launches become one); the other's result waits in `kernels.memo` for its own turn, and the norms' separate
-    bindings are dead code. Only when the other's input is already computed. None otherwise."""
-    pos = n.inputs[1]
-    if len(n.shape) != 3:
-        return None
-    xa, wa, eps = _rope_source(n, env)
-    for m in uses.get(pos.id, ()):
-        if m is n or m.op != "rope_ext" or m.inputs[1] is not pos or m.id in env or len(m.shape) != 3 \
-                or m.attrs != n.attrs or m.shape[-1] != n.shape[-1]:
-            continue
-        xb, wb, eps_b = _rope_source(m, env)
-        if xb.id not in env or eps_b != eps:
-            continue
-        (_t, Hq, D), Hk = n.shape, m.shape[1]
-        if rope_pair.threads(int(D)) > rope_pair.MAX_THREADS:
-            return None
-        at = n.attrs
-        rp = {"n_rot": at["n_rot"], "mode": at["mode"], **{k: at[k] for k in rope.PARAMS}}
-        key = "_".join(f"{k}{rp[k]}" for k in sorted(rp)) + f"_{eps}"
-        tag = f"{zlib.crc32(key.encode()):08x}"
-        gv = kernels.get(f"rope_pair_{Hq}_{Hk}_d{D}_{tag}",
-                         lambda: rope_pair.rope_pair_kernel(int(Hq), int(Hk), int(D), rp, eps, gpu=not kernels.emulate))
-        ws = [] if wa is None else [env[wa.id][1][0], env[wb.id][1][0]]
-        a, b = env[xa.id], env[xb.id]
-        out = bb.emit(relax.call_tir(gv, relax.Tuple([a, b, *ws, env[pos.id]]),
-                                     [relax.TensorType([dim_expr(d, sym) for d in n.shape], "float32"),
-                                      relax.TensorType([dim_expr(d, sym) for d in m.shape], "float32")]))
-        kernels.memo[("rope_pair", m)] = bb.emit(relax.TupleGetItem(out, 1))
-        return bb.emit(relax.TupleGetItem(out, 0))
-    return None
-
-
 def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool, env: dict, uses: dict):
-    if kernels.gpu and kernels.gpu_int8 and n.op == "mul":
-        hit = _norm_q8(bb, n, sym, kernels, env, uses)
-        if hit is not None:
-            return hit
-    if kernels.gpu and n.op == "rope_ext":
-        hit = kernels.memo.pop(("rope_pair", n), None)
-        if hit is None:
-            hit = _rope_pair(bb, n, sym, kernels, env, uses)
-        if hit is not None:
-            return hit
-    if kernels.gpu and n.op == "set_rows":
-        hit = kernels.memo.pop(("kv_pair", n), None)
-        if hit is None:
-            hit = _set_rows_pair(bb, n, kernels, env, uses)
-        if hit is not None:
-            return hit
-    if kernels.gpu and n.op in SPLIT_OPS:
-        return _emit_split(bb, n, args, sym, kernels, env)
-    if kernels.gpu and n.op in ("get_rows", "sum_rows"):
-        hit = _routing_weights(n, kernels)
+    if kernels.gpu:   # the GPU forms' own kernels for some ops and patterns (gpu_forms.py)
+        hit = gpu_forms.emit(bb, n, args, sym, kernels, env, uses)
         if hit is not None:
             return hit
     return LOWER[n.op](bb, n, args, Cx(sym, kernels, split_l))
@@ -388,7 +187,7 @@ def _(bb, n, args, cx):
         B = None   # per-head weights on other row shapes: float, as the CPU's x86.emit handles()
     if B is not None:   # the integer route (lower/cuda/int8.py): the rows quantized once, shared by gate and up
         cx.kernels.int8_weights[n.inputs[0].name] = "q8_0" if B == 32 else "q8"
-        args = [w, *_quantized_rows(bb, args[1], B, cx.kernels), *args[2:]]
+        args = [w, *gpu_forms.quantized_rows(bb, args[1], B, cx.kernels), *args[2:]]
     if (gpu or B is not None) and n.op == "mul_mat_id" and not _static_one(dim_expr(n.inputs[2].shape[0], cx.sym)):
         return _mul_mat_id_grouped(bb, n, args, cx, B is not None)
     if B is not None:
@@ -411,16 +210,6 @@ def _tail_fusable(bb, y) -> None:
     projection (rows [T, n_used, K]): its consumers sum over the slots, which a warp of one slot cannot."""
     gv = bb.lookup_binding(y).args[0]
     bb.update_func(gv, bb.get()[gv].with_attr("op_pattern", 4))
-
-
-def _quantized_rows(bb, x, B: int, kernels) -> list:
-    """[xq, xd]: the int8 activation rows of x in blocks of B (cuda.int8.quantize_rows), once per x and B."""
-    key = ("int8", x, B)
-    if key not in kernels.memo:
-        cuda_ = kernels.gpu_int8 == "cuda"
-        q = bb.emit_te(lambda t: list(cuda.int8.quantize_rows(t, B, cuda_)), x, primfunc_name_hint="quantize_q8")
-        kernels.memo[key] = [bb.emit(relax.TupleGetItem(q, 0)), bb.emit(relax.TupleGetItem(q, 1))]
-    return kernels.memo[key]
 
 
 def _static_one(dim) -> bool:
@@ -504,7 +293,7 @@ def build_module(graphs: list[Graph], weight_kinds: dict[str, str], static: dict
                  form: str = "cpu", split_l=(), x86=None, gpu_int8: str | None = None,
                  int8_weights: dict | None = None):
     """An IRModule with one Relax function per graph (entry point); `static[graph.name]` fixes symbols.
-    `form` (attention.FORMS): "cpu", "gpu" (GPU targets: also SPLIT_OPS as separate kernels), or "gpu-emulated"
+    `form` (attention.FORMS): "cpu", "gpu" (GPU targets: also gpu_forms: SPLIT_OPS as separate kernels, the fused patterns), or "gpu-emulated"
     (the GPU form built for llvm, to test its arithmetic). `split_l`: names of the entry points whose attention
     is split over L (graphs.SPLIT_L). `x86`: see `to_relax`. `gpu_int8` (the "gpu" form): the integer route of
     the GPU matmuls (lower/cuda/int8.py) with "cuda" (`__dp4a`, `__fdiv_rn`) or "plain" int32 arithmetic; None:

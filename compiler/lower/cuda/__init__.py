@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from . import int8
 from .gemv import schedule
-from .te import (GROUP_ROWS, TE_OPS, expert_gather, expert_groups, expert_leaders, mul_mat, mul_mat_id,
-                 mul_mat_id_grouped)
+from .te import (GROUP_ROWS, TE_OPS, expert_gather, expert_gather_sum, expert_groups, expert_leaders, mul_mat,
+                 mul_mat_id, mul_mat_id_grouped)
 
 # The GPU schedule rules of these kernels, for schedules.gpu.ScheduleGPU (tried before dlight's)
 RULES = (("cuda:gemv", schedule), ("cuda:quantize", int8.schedule_quantize))
 
-__all__ = ["GROUP_ROWS", "RULES", "int8", "TE_OPS", "expert_gather", "expert_groups", "expert_leaders", "mul_mat",
-           "mul_mat_id", "mul_mat_id_grouped", "schedule"]
+__all__ = ["GROUP_ROWS", "RULES", "int8", "TE_OPS", "expert_gather", "expert_gather_sum", "expert_groups",
+           "expert_leaders", "mul_mat", "mul_mat_id", "mul_mat_id_grouped", "schedule"]

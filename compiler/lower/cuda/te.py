@@ -158,4 +158,22 @@ def expert_gather(y, groups):
     return te.compute((T, kk, N), lambda t, j, n: y[lead(t, j) // kk, lead(t, j) % kk, t % W, n], name=GATHER)
 
 
+def expert_gather_sum(y, groups, w):
+    """float32 [T, N]: the routed experts' output of a MoE layer from `mul_mat_id_grouped`'s down projection y, each
+    slot's row (`expert_gather`) times its routing weight w [T, n_used, 1], summed in slot order as the graph sums
+    them (compiler/models/glm_base/graph.py `moe`: ((y0 w0 + y1 w1) + y2 w2) + ...; ggml's views and adds, one
+    kernel instead of a gather, a product and n_used slot copies)."""
+    T, kk, W, N = y.shape
+    lead = lambda t, j: groups[t, j, GROUP_ROWS].astype("int64")   # noqa: E731
+
+    def f(t, n):
+        acc = None
+        for j in range(int(kk)):
+            p = y[lead(t, j) // kk, lead(t, j) % kk, t % W, n] * w[t, j, 0]
+            acc = p if acc is None else acc + p
+        return acc
+
+    return te.compute((T, N), f, name=GATHER + "_sum")
+
+
 TE_OPS = {"mul_mat": mul_mat, "mul_mat_id": mul_mat_id}

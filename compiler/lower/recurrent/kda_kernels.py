@@ -9,7 +9,7 @@ column S[h, :, j] per GPU thread in registers; the chunked form (prefill on the 
 chunk: per chunk the strictly lower system (I + A) delta = beta (v - K~ S) by forward substitution, then the outputs
 and the state in matrix form (the WY / UT transform of DeltaNet, Yang et al. 2024). GPU targets run the recurrence
 for every row count (one column per thread keeps the GPU busy; a head per thread would not).
-No kernel allocates memory beyond registers / thread-local arrays of static size (CUDA graphs, to_relax.SPLIT_OPS).
+No kernel allocates memory beyond registers / thread-local arrays of static size (CUDA graphs, gpu_forms.SPLIT_OPS).
 CPU and GPU forms in one PrimFunc (nextn.compiler.lower: GPU_THREADS).
 """
 from __future__ import annotations
