@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tvm
 
-from nextn.common.kv_types import KV_TYPES
+from nextn.common.kv_types import KV_TYPES, numpy_dtype
 from nextn.compiler.lower.attention import kv_access
 
 H, D, C = 2, 64, 9
@@ -27,21 +27,14 @@ def _build(kv, pair):
 def _cache(kv, rng):
     t = KV_TYPES[kv]
     shape = (C, H, t.storage_shape((D,))[0])
-    dt = np.dtype(t.storage_dtype) if t.storage_dtype != "bfloat16" else np.dtype(np.uint16)
+    dt = numpy_dtype(t.storage_dtype)
     return rng.integers(0, 255, size=int(np.prod(shape)) * dt.itemsize, dtype=np.uint8).view(dt).reshape(shape)
-
-
-def _tensor(a, dtype):
-    out = tvm.runtime.empty(a.shape, dtype)
-    out.copyfrom(a) if dtype != "bfloat16" else out.copyfrom(a.view(np.uint16))
-    return out
 
 
 @pytest.mark.e2e   # builds kernels (llvm)
 @pytest.mark.parametrize("kv", ["f32", "f16", "bf16", "q8_0"])
 def test_pair_stores_what_two_single_stores_store(kv):
     rng = np.random.default_rng(len(kv))
-    sdt = KV_TYPES[kv].storage_dtype
     rows = [rng.standard_normal((3, H, D)).astype(np.float32) for _ in range(2)]
     rows[1][1, 0, :32] = 0.0   # a zero block (q8_0: d = 0)
     pos = np.array([4, 0, 7], np.int32)
@@ -49,10 +42,10 @@ def test_pair_stores_what_two_single_stores_store(kv):
     single, pair = _build(kv, False), _build(kv, True)
     want = []
     for c, r in zip(caches, rows):
-        t = _tensor(c, sdt)
+        t = tvm.runtime.tensor(c)
         single(t, tvm.runtime.tensor(r), tvm.runtime.tensor(pos))
         want.append(t.numpy())
-    a, b = _tensor(caches[0], sdt), _tensor(caches[1], sdt)
+    a, b = tvm.runtime.tensor(caches[0]), tvm.runtime.tensor(caches[1])
     pair(a, b, tvm.runtime.tensor(rows[0]), tvm.runtime.tensor(rows[1]), tvm.runtime.tensor(pos))
     for got, w, before in zip((a.numpy(), b.numpy()), want, caches):
         assert got.tobytes() == w.tobytes()
