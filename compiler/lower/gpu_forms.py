@@ -127,13 +127,11 @@ def _norm_q8(bb, n, sym, kernels, env, uses):
     rows in `kernels.memo` (`quantized_rows`) and the separate rms_norm binding is dead code. Rows in blocks of the
     B most of those matmuls take (K-quants 256, the 32-value formats 32); a matmul of the other B quantizes y itself.
     None where the pattern does not hold."""
-    norm, wt = n.inputs
-    if norm.op != "rms_norm" or wt.op != "weight" or len(n.shape) != 2 or tuple(norm.shape) != tuple(n.shape) \
-            or tuple(wt.shape) != tuple(n.shape[-1:]):
+    hit = _weighted_norm(n, env) if len(n.shape) == 2 else None
+    if hit is None:
         return None
-    wv = env.get(wt.id)
-    if not (isinstance(wv, tuple) and wv[0] == "f32"):
-        return None
+    x, wt, eps = hit
+    wv = env[wt.id]
     K = int(n.shape[-1])
     blocks = sorted(B for c in uses.get(n.id, ()) if c.op in ("mul_mat", "mul_mat_id") and c.inputs[1] is n
                     and c.inputs[0].op == "weight" and isinstance(env.get(c.inputs[0].id), tuple)
@@ -143,12 +141,11 @@ def _norm_q8(bb, n, sym, kernels, env, uses):
     B = max(blocks, key=blocks.count)
     if not norm_q8.fits(K, B):
         return None
-    eps = float(norm.attrs["eps"])
     gv = kernels.get(f"rms_norm_q8_{K}_{B}_{int(np.float32(eps).view(np.uint32)):08x}",
                      lambda: norm_q8.rms_norm_q8_kernel(K, B, eps, kernels.gpu_int8 == "cuda",
                                                         gpu=not kernels.emulate))
     T = dim_expr(n.shape[0], sym)
-    out = bb.emit(relax.call_tir(gv, relax.Tuple([env[norm.inputs[0].id], wv[1][0]]),
+    out = bb.emit(relax.call_tir(gv, relax.Tuple([env[x.id], wv[1][0]]),
                                  [relax.TensorType([T, K], "float32"), relax.TensorType([T, K // 4], "int32"),
                                   relax.TensorType([T, K // B], "float32")]))
     y, xq, xd = (bb.emit(relax.TupleGetItem(out, i)) for i in range(3))
@@ -181,16 +178,25 @@ def _set_rows_pair(bb, n, kernels, env, uses):
     return None
 
 
+def _weighted_norm(m, env):
+    """(x, w node, eps) when IR node m = mul(rms_norm(x), w), w a float weight over the last dimension (a norm and
+    its weight: a layer's, or q's / k's per head), else None."""
+    if m.op != "mul":
+        return None
+    norm, wt = m.inputs
+    if norm.op != "rms_norm" or wt.op != "weight" or tuple(norm.shape) != tuple(m.shape) \
+            or tuple(wt.shape) != tuple(m.shape[-1:]):
+        return None
+    wv = env.get(wt.id)
+    if not (isinstance(wv, tuple) and wv[0] == "f32"):
+        return None
+    return norm.inputs[0], wt, float(norm.attrs["eps"])
+
+
 def _rope_source(r, env):
-    """(x, norm weight node, eps) of rope node r's input: mul(rms_norm(x), w) with w a float [D] weight (a per-head
-    norm), or (its input, None, None)."""
-    x = r.inputs[0]
-    D = x.shape[-1]
-    if x.op == "mul" and x.inputs[0].op == "rms_norm" and x.inputs[1].op == "weight" \
-            and tuple(x.inputs[1].shape) == (D,) and tuple(x.inputs[0].shape) == tuple(x.shape) \
-            and isinstance(env.get(x.inputs[1].id), tuple) and env[x.inputs[1].id][0] == "f32":
-        return x.inputs[0].inputs[0], x.inputs[1], float(x.inputs[0].attrs["eps"])
-    return x, None, None
+    """(x, norm weight node, eps) of rope node r's input: mul(rms_norm(x), w) (`_weighted_norm`: a per-head norm), or
+    (its input, None, None)."""
+    return _weighted_norm(r.inputs[0], env) or (r.inputs[0], None, None)
 
 
 def _rope_pair(bb, n, sym, kernels, env, uses):
