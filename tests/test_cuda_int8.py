@@ -52,7 +52,7 @@ def _kind(ttype):
 
 
 def _k(ttype):
-    """Not whole warp steps of 256 quants: 11 blocks of 32 for the 32-value formats, 5 of 64 for NVFP4, 3
+    """Not whole warp steps of 512 quants: 11 blocks of 32 for the 32-value formats, 5 of 64 for NVFP4, 3
     super-blocks for the 256-value ones."""
     return {32: 11 * 32, 64: 5 * 64}.get(by_ggml_type(ttype).block, 3 * 256)
 
@@ -314,6 +314,11 @@ def _scheduled(func):
     return sch.mod["main"].with_attr("tirx.is_scheduled", True), tgt
 
 
+# a weight word of an even block as two 16-bit loads (word_loads.py), printed by TVM's CUDA codegen
+_WORD_OF_PAIRS = (r"\(\(uint\)\(\(ushort\*\)w_ptr\)\[[^;]*\]\) \| "
+                  r"\(\(\(uint\)\(\(ushort\*\)w_ptr\)\[[^;]*<< \(uint\)16\)")
+
+
 def _cuda_funcs(ttype, K, rows):
     B = _block(ttype)
     T = te.var("T", I64) if rows is None else tirx.IntImm(I64, rows)
@@ -329,12 +334,14 @@ def _cuda_funcs(ttype, K, rows):
 def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
     """sm_90: the quantizer (a warp per activation block: ceil(T·K/B / 4) blocks of 4 warps, a shuffle max,
     __fdiv_rn) and the GEMV (ceil(N / 4) blocks of 4 warps, ceil(T / 4) row tiles) build; the GEMV's source calls
-    __dp4a, loads the weight words of the aligned formats as 32-bit words and the activation words as 64-bit pairs
+    __dp4a, loads the weight words of the aligned formats as 32-bit words and the activation words as 128-bit quads
     (whole warp steps only), and holds as many weight loads for a symbolic T as for one row (the weight read once per
     row tile)."""
     from nextn.schedules.gpu import _lowering_problem
 
     K = 512 if by_ggml_type(ttype).block == 256 else _k(ttype)
+    G = int8.group_words(_kind(ttype))
+    xload = "*(int4*)(xq_ptr + " if G == 4 else "*(int2*)(xq_ptr + "
     srcs = {}
     for rows in (None, 1):
         fs = {}
@@ -361,18 +368,23 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
         # of the grid read alone
         assert ("*(uint*)(w_ptr + " in gemv_src) == (ttype in ALIGNED), ttype
         if ttype not in CODEBOOK:   # (theirs read 16-bit fields of even blocks too)
-            assert ("*(uchar2*)(w_ptr + " in gemv_src) == (ttype in PAIRS), ttype
+            assert bool(re.search(_WORD_OF_PAIRS, gemv_src)) == (ttype in PAIRS), ttype
+        # a block's float16 factors (d, dmin) at even offsets as one 16-bit load each, never two bytes put together
+        # (MXFP4's and NVFP4's scales are bytes)
+        if by_ggml_type(ttype).type_size % 2 == 0 and ttype not in ("MXFP4", "NVFP4"):
+            assert "((ushort)w_ptr" not in gemv_src and re.search(r"\(ushort\*\)w_ptr(_\d)?\)\[", gemv_src), ttype
         grid_words = len(re.findall(r"\*\(u?int\*\)\(w_grid_ptr \+ ", gemv_src))
         assert (grid_words > 0) == (ttype in CODEBOOK) and "w_grid_ptr[" not in gemv_src, (ttype, grid_words)
-        # the activation words: a lane's 2 words of a step as one 64-bit load per row (a predicated register tile
-        # for a symbolic T) where K is whole warp steps (256 quants), else scalar loads
-        whole = K % 256 == 0
-        assert ("*(int2*)(xq_ptr + " in gemv_src) == whole and ("xq_ptr[" in gemv_src) != whole, (ttype, K)
+        # the activation words: a lane's 4 words of a step (IQ1_M: 2) as one 128-bit (64-bit) load per row (a
+        # predicated register tile for a symbolic T) where K is whole warp steps (512 quants; 256), else scalar loads
+        whole = K % (gemv.LANES * 4 * G) == 0
+        assert (xload in gemv_src) == whole and ("xq_ptr[" in gemv_src) != whole, (ttype, K)
     # a symbolic T: each row's vector load of the padded tile only under that row's `t < T` (no read past T)
     lines = srcs[None][srcs[None].index("mul_mat_kernel("):].splitlines()
-    at = [i for i, line in enumerate(lines) if "*(int2*)(xq_ptr + " in line]
+    at = [i for i, line in enumerate(lines) if xload in line]
     assert all(re.search(r"if \(.* < T\) \{$", lines[i - 1]) for i in at), ttype
-    w_loads = [len(re.findall(r"\bw_ptr\[|\(w_ptr \+ ", s[s.index("mul_mat_kernel("):])) for s in srcs.values()]
+    w_loads = [len(re.findall(r"\bw_ptr\[|\(w_ptr \+ |\(\(ushort\*\)w_ptr\)\[", s[s.index("mul_mat_kernel("):]))
+               for s in srcs.values()]
     assert w_loads[0] == w_loads[1] > 0, w_loads
 
 
@@ -382,7 +394,8 @@ def test_word_loads_read_the_same_words(ttype):
     aligned formats (Q4_1, NVFP4, IQ4_XS, Q2_K, Q4_K: one field, 4-byte-aligned offsets in blocks of a multiple of
     4 bytes), and of each grid word of the codebook formats (IQ2_XXS ... IQ1_M: 4 bytes at byte 0 or 4 of an entry
     of 4 or 8; IQ1's int8 table included), into one 4-byte vector load, and those of blocks of an even size (Q8_0,
-    Q4_0, Q5_0, IQ4_NL, Q3_K, Q6_K) into two 2-byte loads, in mul_mat, mul_mat_id (x shared; one row per slot) and
+    Q4_0, Q5_0, IQ4_NL, Q3_K, Q6_K) into two 2-byte loads (a uint16 view of the buffer), in mul_mat, mul_mat_id (x
+    shared; one row per slot) and
     the grouped mul_mat_id (both layouts; repeated experts, so some pairs lead no group and load nothing); the
     rewritten definitions built for llvm give
     the same outputs bit for bit. The rewrite only fires where the analyzer proves the offset's alignment (below)."""
@@ -390,7 +403,8 @@ def test_word_loads_read_the_same_words(ttype):
     funcs = _int_funcs(ttype, K)
     words = {n: word_loads.word_loads(f) for n, f in funcs.items()}
     for name in ("mul_mat", "mul_mat_id", "mul_mat_id3", "grouped", "grouped3"):
-        assert "T.Ramp(" in words[name].script() and "T.Ramp(" not in funcs[name].script(), name
+        wide = "T.Ramp(" if ttype in ALIGNED + CODEBOOK else "_u16"   # 4-byte vectors; 16-bit views
+        assert wide in words[name].script() and wide not in funcs[name].script(), name
     plain, vec = (tvm.compile(_module(fs), target="llvm") for fs in (funcs, words))
     B, T = _block(ttype), 5
     (packed, w), (epacked, _ew) = _data(ttype, (N, K), 1), _data(ttype, (X, N, K), 2)
@@ -409,7 +423,7 @@ def test_word_loads_read_the_same_words(ttype):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)) and np.abs(a).max() > 0, name
 
 
-_E_LOADS = {"bytes": r"\be_ptr\[", "u16 pairs": r"\*\(uchar2\*\)\(e_ptr \+ ", "u32 words": r"\*\(uint\*\)\(e_ptr \+ "}
+_E_LOADS = {"bytes": r"\be_ptr\[", "u16 pairs": r"\(\(ushort\*\)e_ptr\)\[", "u32 words": r"\*\(uint\*\)\(e_ptr \+ "}
 
 
 @pytest.mark.parametrize("ttype", ["Q4_K"] + [pytest.param(t, marks=pytest.mark.slow) for t in ("Q8_0", "IQ2_XXS")])
@@ -457,10 +471,10 @@ def _grouped_int8(ttype, K, layout, dp4a=True):
 
 @pytest.mark.parametrize("ttype,K", [("Q4_K", 512), ("Q8_0", 352), pytest.param("Q8_0", 1024, marks=pytest.mark.slow),
                                      pytest.param("Q6_K", 512, marks=pytest.mark.slow)])
-def test_grouped_kernel_loads_member_words_as_int2(ttype, K):
+def test_grouped_kernel_loads_member_words_as_int4(ttype, K):
     """sm_90, the grouped integer mul_mat_id (symbolic T, both x layouts): where K is whole warp steps (a multiple
-    of 256 quants), a lane's 2 activation words of a step are one 64-bit load per member row (the XQ_GROUP stage as
-    a register tile, gemv.py), GROUP_ROWS x K / 256 of them, each directly under its own member test
+    of 512 quants), a lane's 4 activation words of a step are one 128-bit load per member row (the XQ_GROUP stage
+    as a register tile, gemv.py), GROUP_ROWS x K / 512 of them, each directly under its own member test
     `if (0 <= groups_ptr[e])` with the row taken from that same entry e (a row that is no member loads nothing), and
     no scalar activation load is left; a K of partial steps keeps the scalar loads (the stage inlined)."""
     from test_cuda_kernels import _loads_outside_leader_branch
@@ -471,11 +485,11 @@ def test_grouped_kernel_loads_member_words_as_int2(ttype, K):
         body = src[src.index("grouped_kernel(", src.index("grouped_kernel(") + 1):]
         body = body[:body.index("\n}\n") + 3]
         lines = body.splitlines()
-        at = [i for i, line in enumerate(lines) if "*(int2*)(xq_ptr + " in line]
-        if K % 256:
+        at = [i for i, line in enumerate(lines) if "*(int4*)(xq_ptr + " in line]
+        if K % 512:
             assert not at and "xq_ptr[" in body, (ttype, K, layout)
             continue
-        assert len(at) == cuda.GROUP_ROWS * (K // 256) and "xq_ptr[" not in body, (ttype, K, layout, len(at))
+        assert len(at) == cuda.GROUP_ROWS * (K // 512) and "xq_ptr[" not in body, (ttype, K, layout, len(at))
         for i in at:
             test = re.fullmatch(r"\s*if \(0 <= (groups_ptr\[.*\])\) \{", lines[i - 1])
             assert test and f"(int64_t){test.group(1)}" in lines[i], (ttype, layout, lines[i - 1], lines[i])
@@ -486,7 +500,7 @@ def test_grouped_kernel_loads_member_words_as_int2(ttype, K):
                                                       for t in ("Q6_K", "IQ2_XXS", "MXFP4", "IQ1_M")])
 def test_grouped_member_words_stage_changes_no_bit(ttype):
     """The grouped integer mul_mat_id reads its member rows' activation words through a stage of their own
-    (XQ_GROUP, which the GEMV keeps as its register tile of 64-bit loads). Built for llvm, both x layouts, distinct
+    (XQ_GROUP, which the GEMV keeps as its register tile of 128-bit loads). Built for llvm, both x layouts, distinct
     and repeated experts (pairs that lead no group, windows past T): with the stage, with it inlined, and gathered
     (expert_gather), it gives the ungrouped mul_mat_id's outputs bit for bit (each sum adds the same terms in the same
     order; the ungrouped kernel reads xq directly)."""
@@ -559,19 +573,19 @@ def test_signed_word_negates_bytes_by_bit():
 
 def test_word_loads_need_a_provably_aligned_offset():
     """The same Block.u32 read, annotated WORD_LOAD: at byte 4 + 4i of 36-byte blocks it becomes one 4-byte vector
-    load, at byte 2 + 4i of 34-byte blocks (Q8_0's qs) two 2-byte loads, at byte 1 + 4i of 17-byte blocks (MXFP4's)
-    it stays 4 byte loads; all read the little-endian words numpy reads."""
+    load, at byte 2 + 4i of 34-byte blocks (Q8_0's qs) two 2-byte loads of a uint16 view, at byte 1 + 4i of 17-byte
+    blocks (MXFP4's) it stays 4 byte loads; all read the little-endian words numpy reads."""
     from nextn.compiler.lower.cuda.te import WORD_LOAD
     from nextn.compiler.quant.te import Block
 
-    for size, at, ramps in ((34, 2, 2), (36, 4, 1), (17, 1, 0)):
+    for size, at, ramps, halves in ((34, 2, 0, 2), (36, 4, 1, 0), (17, 1, 0, 0)):
         raw = te.placeholder([tirx.IntImm(I64, 3), tirx.IntImm(I64, 4 * size)], "uint8", name="raw")
         # word j: block j // 4, bytes at + 4 (j % 4) .. + 3 of it
         y = te.compute((3, 16), lambda n, j: Block(raw, (n, j * 8), 32, size).u32(at + (j * 8) % 32 // 2),
                        name="y", attrs={WORD_LOAD: 1})
         f = te.create_prim_func([raw, y])
         g = word_loads.word_loads(f)
-        assert g.script().count("T.Ramp(") == ramps, size
+        assert g.script().count("T.Ramp(") == ramps and g.script().count("raw_u16[") == halves, size
         data = np.random.default_rng(size).integers(0, 256, (3, 4 * size), dtype=np.uint8)
         offs = np.array([j // 4 * size + at + 4 * (j % 4) for j in range(16)])
         want = np.stack([data[:, o:o + 4].copy().view("<u4")[:, 0] for o in offs], 1)

@@ -57,8 +57,11 @@ def scale_min(b, j):
     """6-bit (scale, min) of sub-block j from the 12 bytes at offset 4 (ggml get_scale_min_k4), as float32."""
     a, m, c = b.u8(4 + j % 4), b.u8(8 + j % 4), b.u8(12 + j % 4)   # q[j%4], q[4 + j%4], q[8 + j%4]
     u = lambda v: const(v, "uint8")   # noqa: E731
-    sc = tirx.Select(j < 4, a & u(63), (c & u(15)) | ((a >> u(6)) << u(4)))
-    mn = tirx.Select(j < 4, m & u(63), (c >> u(4)) | ((m >> u(6)) << u(4)))
+    # the two layouts chosen by a byte mask, not a Select: with a j that varies across GPU lanes, TVM's CUDA code
+    # for a Select of loads is a branch per lane group (divergent) that loads a and c again in each arm
+    low = u(255) * (j < 4).astype("uint8")   # 0xFF for j < 4, else 0
+    sc = ((a & u(63)) & low) | (((c & u(15)) | ((a >> u(6)) << u(4))) & ~low)
+    mn = ((m & u(63)) & low) | (((c >> u(4)) | ((m >> u(6)) << u(4))) & ~low)
     return f32(sc), f32(mn)
 
 

@@ -25,10 +25,11 @@ K is a multiple of 32 x VEC), or 8 consecutive elements of one block (Q8_0's qs 
 one sub-block), read as bytes. Reference for the structure: llama.cpp ggml-cuda mmvq.cu (a warp per row, up to 8
 activation columns per pass).
 
-The integer route (int8.py) takes the same schedule: its DEQUANT stage is int32 words of 4 quants, so k counts
-words, VEC is 2 (8 quants of one sub-block per lane and step), the weight's float factors (SCALE, MIN) are read by
-the reduction and computed once per step, and a symbolic T comes padded to whole tiles by the definition (XQ_PAD:
-kept as the register tile, so that a lane's 2 activation words per row and step are one 64-bit load).
+The integer route (int8.py) takes the same schedule: its DEQUANT stage is int32 words of 4 quants and its
+reduction runs over groups of 4 words (int8.group_words), so k counts groups, one per lane and step (16 quants of
+one sub-block, summed by chained dp4a), the weight's float factors (SCALE, MIN) are read by the reduction and
+computed once per step, and a symbolic T comes padded to whole tiles by the definition (XQ_PAD:
+kept as the register tile, so that a lane's activation words per row and step are one 128-bit load).
 """
 from __future__ import annotations
 
@@ -150,14 +151,15 @@ def schedule(func: tirx.PrimFunc, target):
     tail = tail[-1:]
     dtypes = {str(r.source.dtype) for r in sch.get(deq).reads} - {"int32"}
     vec, exact_steps = _vec(dtypes.pop() if len(dtypes) == 1 else "uint8", K)
-    if integer:   # K counts words: 2 per lane and step (8 quants of one sub-block), 64 per warp step
-        vec = 2 if K % 2 == 0 else 1
-        exact_steps = K % (LANES * vec) == 0
+    x_words = x_vec = vec   # activation elements a lane reads per step; per vector load
+    if integer:   # K counts word groups (int8.group_words: 16 quants of one sub-block): one per lane and step
+        vec, x_words = 1, int(deq_buf.shape[-1]) // K
+        exact_steps = K % LANES == 0
         x_pads = xq_pads
-    # activation elements per vector load: a float4 of float rows; on the integer route the lane's vec words of
-    # a step (2: one 64-bit load, 8-byte aligned: a row is K/4 words and K a multiple of 256 for whole steps)
-    x_vec = vec if integer else 4
-    if not (exact_steps and vec % x_vec == 0 and x_vec > 1 and len(x_pads) == 1):
+    # a float4 of float rows; on the integer route the lane's 4 words of a step (one 128-bit load, 16-byte aligned:
+    # a row is K/4 words and K a multiple of 512 for whole steps), 2 for IQ1_M's groups
+    x_vec = 4 if x_words % 4 == 0 else 2
+    if not (exact_steps and x_words % x_vec == 0 and len(x_pads) == 1):
         for b in x_pads:   # read in place, each load predicated
             sch.compute_inline(b)
         x_pads = []
@@ -189,7 +191,7 @@ def schedule(func: tirx.PrimFunc, target):
     sch.compute_at(deq, ko, preserve_unit_loops=True)
     sch.set_scope(deq, 0, "local")
     sch.unroll(sch.get_loops(deq)[-1])
-    for st in stages:   # a lane's 8 elements lie in one sub-block: its factor once per step, not per element
+    for st in stages:   # a lane's elements of a step lie in one sub-block: its factor once per step, not per element
         sch.compute_at(st, ko, preserve_unit_loops=True)
         sch.set_scope(st, 0, "local")
     reads = [r.source for r in sch.get(deq).reads]
@@ -206,8 +208,7 @@ def schedule(func: tirx.PrimFunc, target):
     acts = [i for i, r in enumerate(sch.get(rf).reads) if not any(r.source.same_as(b) for b in (
         sch.get(rf).writes[0].source, sch.get(deq).writes[0].source))
         and (not integer or str(r.source.dtype) == "int32")]
-    if exact_steps and rows_static and len(acts) == 1 and vec % x_vec == 0 and x_vec > 1 \
-            and not _named(sch, [mm], GROUPED):
+    if exact_steps and rows_static and len(acts) == 1 and x_words % x_vec == 0 and not _named(sch, [mm], GROUPED):
         xl = sch.cache_read(rf, acts[0], "local")
         sch.compute_at(xl, ko, preserve_unit_loops=True)
         v_o, v4 = sch.split(sch.get_loops(xl)[-1], [None, x_vec])

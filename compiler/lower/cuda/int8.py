@@ -7,9 +7,9 @@ integer kernels quantize them, and integer dot products over the weight's quants
                    q = round_half_even(x * (127 / amax)), q = 0 where amax = 0 or below AMAX_MIN
                    (nextn.common.quant.activation `quantize_q8_0` / `quantize`: the CPU's "q8_0" / "q8" rows, bit
                    for bit on equal inputs)
-    mul_mat        y[..., n] = sum over words j < K/4 of
-                       xd[.., blk(j)] · (s[n, sub(j)] · f32(dot4(w4[n, j], xq[.., j]))
-                                         - m[n, sub(j)] · f32(dot4(1111, xq[.., j])))
+    mul_mat        y[..., n] = sum over word groups g < K/(4G) (G = `group_words`: 4, 16 quants; IQ1_M 2) of
+                       xd[.., blk(g)] · (s[n, sub(g)] · f32(sum_{j in g} dot4(w4[n, j], xq[.., j]))
+                                         - m[n, sub(g)] · f32(sum_{j in g} dot4(1111, xq[.., j])))
 
 w4 (the DEQUANT stage, int32 [..., N, K/4]) packs 4 consecutive signed quants of the weight (`FORMATS`: Q8_0 qs;
 Q4_0 / Q5_0 q - 8 / q - 16; Q4_1 / Q5_1 q; IQ4_NL / IQ4_XS kvalues[q]; MXFP4 / NVFP4 the doubled e2m1 values
@@ -20,9 +20,10 @@ d·sc and dmin·m; Q6_K d·sc) are the weight's float factors, so that the weigh
 format's element expression (nextn.compiler.quant) computes it. Each word
 product is exact in int32, so a kernel computes sum_k w_k x'_k (x' = d · q, what the CPU multiplies) and differs
 from the CPU's integer kernels (compiler/lower/x86, ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_q4_K_q8_K ...) only by
-float32 rounding: the CPU sums whole blocks in int32 and scales once per block; here every word is scaled (the
-scheduled kernel gives each lane 2 words of one sub-block per step). IQ2_XXS ... IQ3_S: 4 signed bytes of one grid
-entry, the scale per sub-block; IQ1_S / IQ1_M: the int8 grid values, scale dl and min -(dl · delta).
+float32 rounding: the CPU sums whole blocks in int32 and scales once per block; here each group of G words of one
+sub-block (the scheduled kernel gives each lane one group per step) is summed in int32 and scaled once.
+IQ2_XXS ... IQ3_S: 4 signed bytes of one grid entry, the scale per sub-block; IQ1_S / IQ1_M: the int8 grid values,
+scale dl and min -(dl · delta).
 
 `dot4(a, b)` = the sum of the 4 signed byte products of int32 words a and b: `__dp4a(a, b, 0)` (a pure extern
 call) where the target has it (`has_dot4`: CUDA sm_61+), else the same int32 result from shifts and multiplies
@@ -48,11 +49,11 @@ def _c(v, dtype=I32):
     return tirx.const(v, dtype)
 
 
-def dot4(a, b, dp4a: bool = True):
-    """The dot product of the 4 signed bytes of int32 words a and b: CUDA `__dp4a(a, b, 0)`, or (not `dp4a`) the
-    same int32 sum of sign-extended byte products."""
+def dot4(a, b, dp4a: bool = True, acc=None):
+    """The dot product of the 4 signed bytes of int32 words a and b, plus int32 `acc` (None: 0): CUDA
+    `__dp4a(a, b, acc)`, or (not `dp4a`) the same int32 sum of sign-extended byte products."""
     if dp4a:
-        return tirx.call_pure_extern(I32, DOT4, a, b, _c(0))
+        return tirx.call_pure_extern(I32, DOT4, a, b, _c(0) if acc is None else acc)
 
     def byte(v, e):   # sign-extended byte e of an int32 word
         return (((v >> _c(8 * e)) & _c(255)) ^ _c(128)) - _c(128)
@@ -60,7 +61,7 @@ def dot4(a, b, dp4a: bool = True):
     total = byte(a, 0) * byte(b, 0)
     for e in range(1, 4):
         total = total + byte(a, e) * byte(b, e)
-    return total
+    return total if acc is None else acc + total
 
 
 def has_dot4(target) -> bool:
@@ -158,6 +159,8 @@ def _lut(v, table):
     table's bytes as two int64 constants (entries 0..7, 8..15), one chosen by bit 3, the byte by bits 0..2 (no
     table in memory)."""
     halves = [int(np.array(table[h * 8:h * 8 + 8], np.int8).view("<i8")[0]) for h in (0, 1)]
+    # (v is not bound once here: with byte loads in it (MXFP4's odd blocks) TVM 0.27's CUDA lowering then fails,
+    # "variable cse_v used before definition")
     out = _uc(0)
     for i in range(4):
         n = (v >> _uc(8 * i)) & _uc(15)
@@ -200,11 +203,9 @@ def _q45k_word(kind):
 def _q6k_word(b):   # 6-bit offset-binary quants, turned into signed bytes q - 32
     e = b.e
     h, r = e // 128, e % 128
-    lo = (_u32(b, h * 64 + r % 64) >> (r // 64 * 4).astype(I32)) & _c(0x0F0F0F0F)
-    hi = (_u32(b, 128 + h * 32 + r % 32) >> (r // 32 * 2).astype(I32)) & _c(0x03030303)
-    t = (lo | (hi << _c(4))) ^ _c(0x20202020)
-    sign = t & _c(0x20202020)   # bit 5 of each byte into bits 6 and 7: the sign extension of q - 32
-    return t | (sign << _c(1)) | (sign << _c(2))
+    lo = (b.u32(h * 64 + r % 64) >> tirx.Cast("uint32", r // 64 * 4)) & _uc(0x0F0F0F0F)
+    hi = (b.u32(128 + h * 32 + r % 32) >> tirx.Cast("uint32", r // 32 * 2)) & _uc(0x03030303)
+    return tirx.reinterpret(I32, _minus(lo | (hi << _uc(4)), 32))
 
 
 def _legacy(has_min, has_high):
@@ -407,24 +408,42 @@ def _stages(w, lead, weight_lead, keep=None):
     zero = _c(0.0, F32)
     per_block = layout.block // f.sub
 
-    def factor(fn, name):
+    def factor(fn, name):   # its float16 fields (a block's d, dmin) as 16-bit loads where even (word_loads.py)
         return te.compute(shape, lambda *i: kept(i, fn(blk(i[:-1], i[-1] * f.sub), i[-1] % per_block), zero),
-                          name=name)
+                          name=name, attrs={WORD_LOAD: 1})
 
     return words, factor(f.scale, SCALE), factor(f.low, MIN) if f.low is not None else None
 
 
 _ONES = 0x01010101
+# Words per reduction step: 16 quants, in one sub-block (IQ1_M's sub-blocks of 8: 2 words) and one activation block
+# (B >= 32). Their products are summed in int32 (each dp4a adds the last one's sum, as llama.cpp's vec_dot_*_q8_1
+# do) and scaled once: a GPU lane does 2 float conversions and 3 float operations per 16 quants where it did 2 and 3
+# per 4, and its step reads the 4 activation words as one 128-bit load.
+GROUP = 4
 
 
-def _term(kind, words, scale, low, wi, xq, xd, j, dp4a):
-    """The float32 term of word j: xd · (s · f32(dot4(w, xq)) - m · f32(dot4(1111, xq))); `wi` indexes the
-    weight stages without the word, xq / xd are the activation's word and its block scale."""
-    sub = FORMATS[kind].sub // 4
-    s = scale[(*wi, j // sub)] * dot4(words[(*wi, j)], xq, dp4a).astype(F32)
+def group_words(kind: str) -> int:
+    """Words per reduction step of `kind`'s integer matmuls: GROUP, or fewer where a sub-block is smaller."""
+    return min(GROUP, FORMATS[kind].sub // 4)
+
+
+def _group_term(kind, words, scale, low, wi, xw, xdw, g, dp4a):
+    """The float32 term of word group g (words Gg .. Gg + G - 1, G = `group_words`):
+    xd · (s · f32(Σ dot4(w, xq)) - m · f32(Σ dot4(1111, xq))); `wi` indexes the weight stages without the word, `xw(j)` / `xdw(j)` are the activation's word j and the
+    block scale of word j."""
+    sub, G = FORMATS[kind].sub // 4, group_words(kind)
+    j0 = g * G
+    iw = ix = None
+    for v in range(G):
+        x = xw(j0 + v)
+        iw = dot4(words[(*wi, j0 + v)], x, dp4a, iw)
+        if low is not None:
+            ix = dot4(_c(_ONES), x, dp4a, ix)
+    s = scale[(*wi, j0 // sub)] * iw.astype(F32)
     if low is not None:
-        s = s - low[(*wi, j // sub)] * dot4(_c(_ONES), xq, dp4a).astype(F32)
-    return xd * s
+        s = s - low[(*wi, j0 // sub)] * ix.astype(F32)
+    return xdw(j0) * s
 
 
 def mul_mat(w, xq, xd, dp4a: bool = True):
@@ -449,12 +468,13 @@ def mul_mat(w, xq, xd, dp4a: bool = True):
                         name=XQ_PAD)
         xd = te.compute((Tp, *xd.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xd[(t, *r)], _c(0.0, F32)),
                         name="xd_pad")
-    j = te.reduce_axis((0, Kw), name="k")
+    j = te.reduce_axis((0, Kw // group_words(w.kind)), name="k")
 
     def f(*i):
         wi = (i[-2], i[-1]) if heads else (i[-1],)
         xi = i[:-1]
-        return te.sum(_term(w.kind, words, scale, low, wi, xq[(*xi, j)], xd[(*xi, j // B4)], j, dp4a), axis=j)
+        return te.sum(_group_term(w.kind, words, scale, low, wi, lambda jj: xq[(*xi, jj)],
+                                  lambda jj: xd[(*xi, jj // B4)], j, dp4a), axis=j)
 
     y = te.compute((*xq.shape[:-1], w.shape[-2]), f, name=MATMUL)
     if padded:
@@ -471,11 +491,12 @@ def mul_mat_id(w, xq, xd, ids, dp4a: bool = True):
     words, scale, low = _stages(w, (T, kk), lambda t, s: (ids[t, s].astype("int64"),))
     Kw = words.shape[-1]
     B4 = Kw // xd.shape[-1]
-    j = te.reduce_axis((0, Kw), name="k")
+    j = te.reduce_axis((0, Kw // group_words(w.kind)), name="k")
 
     def f(t, s, n):
         xi = (t,) if len(xq.shape) == 2 else (t, s)
-        return te.sum(_term(w.kind, words, scale, low, (t, s, n), xq[(*xi, j)], xd[(*xi, j // B4)], j, dp4a), axis=j)
+        return te.sum(_group_term(w.kind, words, scale, low, (t, s, n), lambda jj: xq[(*xi, jj)],
+                                  lambda jj: xd[(*xi, jj // B4)], j, dp4a), axis=j)
 
     return te.compute((T, kk, w.shape[-2]), f, name=MATMUL)
 
@@ -491,7 +512,7 @@ def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True):
                                 keep=lambda t, s: groups[t, s, t % W] >= 0)
     Kw = words.shape[-1]
     B4 = Kw // xd.shape[-1]
-    j = te.reduce_axis((0, Kw), name="k")
+    j = te.reduce_axis((0, Kw // group_words(w.kind)), name="k")
 
     def member(t, s, q):   # the activation row of member q of leader (t, s): (row,) or (row, slot), and m >= 0
         m = groups[t, s, q].astype("int64")
@@ -509,7 +530,8 @@ def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True):
 
     def f(t, s, q, n):
         xi, is_member = member(t, s, q)
-        v = _term(w.kind, words, scale, low, (t, s, n), xg[t, s, q, j], xd[(*xi, j // B4)], j, dp4a)
+        v = _group_term(w.kind, words, scale, low, (t, s, n), lambda jj: xg[t, s, q, jj],
+                        lambda jj: xd[(*xi, jj // B4)], j, dp4a)
         return te.sum(tirx.if_then_else(is_member, v, _c(0.0, F32)), axis=j)
 
     return te.compute((T, kk, W, w.shape[-2]), f, name=GROUPED)
