@@ -159,8 +159,8 @@ def _lut(v, table):
     table's bytes as two int64 constants (entries 0..7, 8..15), one chosen by bit 3, the byte by bits 0..2 (no
     table in memory)."""
     halves = [int(np.array(table[h * 8:h * 8 + 8], np.int8).view("<i8")[0]) for h in (0, 1)]
-    # (v is not bound once here: with byte loads in it (MXFP4's odd blocks) TVM 0.27's CUDA lowering then fails,
-    # "variable cse_v used before definition")
+    # v is used once per byte. Bound once by a TIR Let, TVM 0.27's CUDA lowering fails where v holds byte loads
+    # (MXFP4's odd blocks): "variable cse_v.. has been used before definition"
     out = _uc(0)
     for i in range(4):
         n = (v >> _uc(8 * i)) & _uc(15)
@@ -430,8 +430,8 @@ def group_words(kind: str) -> int:
 
 def _group_term(kind, words, scale, low, wi, xw, xdw, g, dp4a):
     """The float32 term of word group g (words Gg .. Gg + G - 1, G = `group_words`):
-    xd · (s · f32(Σ dot4(w, xq)) - m · f32(Σ dot4(1111, xq))); `wi` indexes the weight stages without the word, `xw(j)` / `xdw(j)` are the activation's word j and the
-    block scale of word j."""
+    xd · (s · f32(Σ dot4(w, xq)) - m · f32(Σ dot4(1111, xq))), the sums in int32 over the group's words; `wi`
+    indexes the weight stages without the word, `xw(j)` / `xdw(j)` are the activation's word j and its block scale."""
     sub, G = FORMATS[kind].sub // 4, group_words(kind)
     j0 = g * G
     iw = ix = None
