@@ -151,7 +151,7 @@ def schedule(func: tirx.PrimFunc, target):
     tail = tail[-1:]
     dtypes = {str(r.source.dtype) for r in sch.get(deq).reads} - {"int32"}
     vec, exact_steps = _vec(dtypes.pop() if len(dtypes) == 1 else "uint8", K)
-    x_words = x_vec = vec   # activation elements a lane reads per step; per vector load
+    x_words = vec   # activation elements a lane reads per step
     if integer:   # K counts word groups (int8.group_words: 16 quants of one sub-block): one per lane and step
         vec, x_words = 1, int(deq_buf.shape[-1]) // K
         exact_steps = K % LANES == 0
