@@ -5,7 +5,8 @@ random_raw); the routed gate + up experts give each row 8 distinct experts of 12
 
     TVM_NUM_THREADS=1 python bench/x86_rows.py [--rows 1,2,3,4,8] [--cases lm_head,ffn_up,...] [--repeat 5]
                                                [--tile N] [--group R] [--w-rows W] [--prefetch-level L]
-                                               [--prefetch-kb KB] [--width 32 --no-vnni] [--mcpu CPU] [--against REV]
+                                               [--prefetch-kb KB] [--fit-kb KB] [--width 32 --no-vnni] [--mcpu CPU]
+                                               [--against REV | --against-fit-kb KB]
 
 Knobs: each implementation's default for the kernel (`default_knobs`, as compile picks them), then the flags.
 
@@ -106,14 +107,23 @@ def main():
     ap.add_argument("--no-vnni", action="store_true", help="the kernels of a CPU without VNNI")
     ap.add_argument("--mcpu", help="build for this LLVM CPU instead of the host (e.g. znver2: AVX2 only, what "
                                    "an AVX2 machine's compile emits; it must run on this one)")
+    ap.add_argument("--fit-kb", type=int, default=None, help="Knobs.fit_kb")
     ap.add_argument("--against", metavar="REV", help="also time git revision REV's kernels, interleaved")
+    ap.add_argument("--against-fit-kb", type=int, metavar="KB",
+                    help="also time this tree's kernels with Knobs.fit_kb = KB, interleaved (printed as the REV)")
     a = ap.parse_args()
-    impls = [x86_at(a.against), x86] if a.against else [x86]
+    if a.against and a.against_fit_kb:
+        ap.error("--against and --against-fit-kb are exclusive")
+    # (module, knobs over the flags'): the one compared against first, this tree's with the flags' knobs last
+    impls = ([(x86_at(a.against), {})] if a.against else
+             [(x86, {"fit_kb": a.against_fit_kb})] if a.against_fit_kb else []) + [(x86, {})]
+    if a.against_fit_kb:
+        a.against = f"fit_kb {a.against_fit_kb}"
     tgt = tvm.target.Target({"kind": "llvm", "mcpu": a.mcpu}) if a.mcpu else make_target("llvm")
     width = min(x86.vector_width(tgt), a.width or 64)
     vnni = x86.has_vnni(tgt, width) and not a.no_vnni
     kw = {k: v for k, v in (("tile_n", a.tile), ("row_group", a.group), ("w_rows", a.w_rows),
-                            ("prefetch_level", a.prefetch_level)) if v}
+                            ("prefetch_level", a.prefetch_level), ("fit_kb", a.fit_kb)) if v}
     if a.prefetch_kb is not None:
         kw["prefetch_kb"] = a.prefetch_kb
     rng = np.random.default_rng(0)
@@ -122,11 +132,11 @@ def main():
         ttype, op, N, K, X = CASES[name]
         fmt = by_ggml_type(ttype)
         fns = []
-        for m in impls:     # each implementation's default knobs for the kernel (as compile picks), then the flags
+        for m, over in impls:   # each implementation's default knobs for the kernel (as compile picks), then the flags
             spec = m.KernelSpec(op if op == "matmul" else "matmul_id", fmt.kind, N, K, None, X, 8 if X else 0,
                                 op != "matmul_id_slots", 2 if op == "matmul_id" else 1)
             l1d = (m.l1d_kb(tgt),) if hasattr(m, "l1d_kb") else ()   # an older tree's takes no L1 size
-            knobs = dataclasses.replace(m.default_knobs(spec, width, *l1d), **kw)
+            knobs = dataclasses.replace(m.default_knobs(spec, width, *l1d), **{**kw, **over})
             vnni = x86.has_vnni(tgt, knobs.width) and not a.no_vnni    # a format's default may be narrower
             if op == "matmul":
                 f = m.matmul(fmt.kind, N, K, None, knobs, vnni=vnni)
