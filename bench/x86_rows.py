@@ -110,15 +110,14 @@ def main():
     ap.add_argument("--fit-kb", type=int, default=None, help="Knobs.fit_kb")
     ap.add_argument("--against", metavar="REV", help="also time git revision REV's kernels, interleaved")
     ap.add_argument("--against-fit-kb", type=int, metavar="KB",
-                    help="also time this tree's kernels with Knobs.fit_kb = KB, interleaved (printed as the REV)")
+                    help="also time this tree's kernels with Knobs.fit_kb = KB, interleaved")
     a = ap.parse_args()
     if a.against and a.against_fit_kb:
         ap.error("--against and --against-fit-kb are exclusive")
     # (module, knobs over the flags'): the one compared against first, this tree's with the flags' knobs last
     impls = ([(x86_at(a.against), {})] if a.against else
              [(x86, {"fit_kb": a.against_fit_kb})] if a.against_fit_kb else []) + [(x86, {})]
-    if a.against_fit_kb:
-        a.against = f"fit_kb {a.against_fit_kb}"
+    label = a.against or (f"fit_kb {a.against_fit_kb}" if a.against_fit_kb else None)   # the first one's name
     tgt = tvm.target.Target({"kind": "llvm", "mcpu": a.mcpu}) if a.mcpu else make_target("llvm")
     width = min(x86.vector_width(tgt), a.width or 64)
     vnni = x86.has_vnni(tgt, width) and not a.no_vnni
@@ -175,9 +174,9 @@ def main():
                     best[j] = min(best[j], (time.perf_counter() - t0) / copies)
             times.append(best)
         shape = f"{N}x{K}" + (f" X{X}" if X else "")
-        if a.against:
+        if label:
             print(f"{name:12s} {ttype:5s} {shape:16s} " + "  ".join(
-                f"R{R}: {a.against} {t[0] * 1e3:7.3f} / this {t[1] * 1e3:7.3f} ms ({t[0] / t[1]:.2f}x)"
+                f"R{R}: {label} {t[0] * 1e3:7.3f} / this {t[1] * 1e3:7.3f} ms ({t[0] / t[1]:.2f}x)"
                 for R, t in zip(rows, times)), flush=True)
             continue
         print(f"{name:12s} {ttype:5s} {shape:16s} " + "  ".join(
