@@ -108,16 +108,18 @@ def main():
     ap.add_argument("--mcpu", help="build for this LLVM CPU instead of the host (e.g. znver2: AVX2 only, what "
                                    "an AVX2 machine's compile emits; it must run on this one)")
     ap.add_argument("--fit-kb", type=int, default=None, help="Knobs.fit_kb")
-    ap.add_argument("--against", metavar="REV", help="also time git revision REV's kernels, interleaved")
-    ap.add_argument("--against-fit-kb", type=int, metavar="KB",
-                    help="also time this tree's kernels with Knobs.fit_kb = KB, interleaved")
+    versus = ap.add_mutually_exclusive_group()
+    versus.add_argument("--against", metavar="REV", help="also time git revision REV's kernels, interleaved")
+    versus.add_argument("--against-fit-kb", type=int, metavar="KB",
+                        help="also time this tree's kernels with Knobs.fit_kb = KB, interleaved")
     a = ap.parse_args()
-    if a.against and a.against_fit_kb:
-        ap.error("--against and --against-fit-kb are exclusive")
-    # (module, knobs over the flags'): the one compared against first, this tree's with the flags' knobs last
-    impls = ([(x86_at(a.against), {})] if a.against else
-             [(x86, {"fit_kb": a.against_fit_kb})] if a.against_fit_kb else []) + [(x86, {})]
-    label = a.against or (f"fit_kb {a.against_fit_kb}" if a.against_fit_kb else None)   # the first one's name
+    # (module, knobs over the flags'): the one compared against (named `label`) first, this tree's with the flags'
+    # knobs last
+    label, impls = None, [(x86, {})]
+    if a.against:
+        label, impls = a.against, [(x86_at(a.against), {})] + impls
+    elif a.against_fit_kb:
+        label, impls = f"fit_kb {a.against_fit_kb}", [(x86, {"fit_kb": a.against_fit_kb})] + impls
     tgt = tvm.target.Target({"kind": "llvm", "mcpu": a.mcpu}) if a.mcpu else make_target("llvm")
     width = min(x86.vector_width(tgt), a.width or 64)
     vnni = x86.has_vnni(tgt, width) and not a.no_vnni
