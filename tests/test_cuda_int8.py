@@ -45,6 +45,10 @@ ALIGNED = [t for t in INT if int8.FORMATS[by_ggml_type(t).kind].aligned]   # wei
 CODEBOOK = [t for t in INT if int8.FORMATS[by_ggml_type(t).kind].tables]   # grid words as 32-bit loads
 # weight words as two 16-bit loads: blocks of an even size, words at even offsets (Q8_0 34 B, Q4_0 18, Q6_K 210 ...)
 PAIRS = [t for t in INT if t not in ALIGNED + CODEBOOK and by_ggml_type(t).type_size % 2 == 0]
+# blocks of a multiple of 16 bytes (144, 176) whose quant (and Q5_K's high-bit) words of each group of 16 quants are
+# 16 consecutive bytes at a 16-byte-aligned offset: a group's words as one 128-bit load
+GROUPS16 = ["Q4_K", "Q5_K"]
+_W_GROUP = "*(uint4*)(((uint*)w_ptr) + "
 
 
 def _kind(ttype):
@@ -363,17 +367,18 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
         quant_src = src[src.index("quantize_kernel("):]
         assert "__dp4a(" in gemv_src and "__fdiv_rn(" in quant_src and "__shfl_down_sync(" in quant_src
         assert "(float)" in gemv_src   # the word sums scaled in float
-        # the aligned formats' weight words as 32-bit loads (word_loads.word_loads), the others' as bytes; the
-        # codebook formats' grid words as 32-bit loads of the table buffer (global memory, read-only cache), no byte
-        # of the grid read alone
-        assert ("*(uint*)(w_ptr + " in gemv_src) == (ttype in ALIGNED), ttype
+        # the aligned formats' weight words as 32-bit loads (word_loads.word_loads), Q4_K's and Q5_K's a group's 4
+        # as one 128-bit load and no word alone, the others' as bytes; the codebook formats' grid words as 32-bit
+        # loads of the table buffer (global memory, read-only cache), no byte of the grid read alone
+        assert ("((uint*)w_ptr)[" in gemv_src) == (ttype in ALIGNED and ttype not in GROUPS16), ttype
+        assert (_W_GROUP in gemv_src) == (ttype in GROUPS16), ttype
         if ttype not in CODEBOOK:   # (theirs read 16-bit fields of even blocks too)
             assert bool(re.search(_WORD_OF_PAIRS, gemv_src)) == (ttype in PAIRS), ttype
         # a block's float16 factors (d, dmin) at even offsets as one 16-bit load each, never two bytes put together
         # (MXFP4's and NVFP4's scales are bytes)
         if by_ggml_type(ttype).type_size % 2 == 0 and ttype not in ("MXFP4", "NVFP4"):
             assert "((ushort)w_ptr" not in gemv_src and re.search(r"\(ushort\*\)w_ptr(_\d)?\)\[", gemv_src), ttype
-        grid_words = len(re.findall(r"\*\(u?int\*\)\(w_grid_ptr \+ ", gemv_src))
+        grid_words = len(re.findall(r"\(\(uint\*\)w_grid_ptr\)\[", gemv_src))
         assert (grid_words > 0) == (ttype in CODEBOOK) and "w_grid_ptr[" not in gemv_src, (ttype, grid_words)
         # the activation words: a lane's 4 words of a step (IQ1_M: 2) as one 128-bit (64-bit) load per row (a
         # predicated register tile for a symbolic T) where K is whole warp steps (512 quants; 256), else scalar loads
@@ -383,7 +388,7 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
     lines = srcs[None][srcs[None].index("mul_mat_kernel("):].splitlines()
     at = [i for i, line in enumerate(lines) if xload in line]
     assert all(re.search(r"if \(.* < T\) \{$", lines[i - 1]) for i in at), ttype
-    w_loads = [len(re.findall(r"\bw_ptr\[|\(w_ptr \+ |\(\(ushort\*\)w_ptr\)\[", s[s.index("mul_mat_kernel("):]))
+    w_loads = [len(re.findall(r"\bw_ptr\[|\(\(u(?:short|int)\*\)w_ptr\)[\[ ]", s[s.index("mul_mat_kernel("):]))
                for s in srcs.values()]
     assert w_loads[0] == w_loads[1] > 0, w_loads
 
@@ -393,7 +398,7 @@ def test_word_loads_read_the_same_words(ttype):
     """`word_loads.word_loads` (what the GEMV schedule applies first) turns the 4 byte loads of each weight word of
     aligned formats (Q4_1, NVFP4, IQ4_XS, Q2_K, Q4_K: one field, 4-byte-aligned offsets in blocks of a multiple of
     4 bytes), and of each grid word of the codebook formats (IQ2_XXS ... IQ1_M: 4 bytes at byte 0 or 4 of an entry
-    of 4 or 8; IQ1's int8 table included), into one 4-byte vector load, and those of blocks of an even size (Q8_0,
+    of 4 or 8; IQ1's int8 table included), into one load of a uint32 view, and those of blocks of an even size (Q8_0,
     Q4_0, Q5_0, IQ4_NL, Q3_K, Q6_K) into two 2-byte loads (a uint16 view of the buffer), in mul_mat, mul_mat_id (x
     shared; one row per slot) and
     the grouped mul_mat_id (both layouts; repeated experts, so some pairs lead no group and load nothing); the
@@ -403,7 +408,7 @@ def test_word_loads_read_the_same_words(ttype):
     funcs = _int_funcs(ttype, K)
     words = {n: word_loads.word_loads(f) for n, f in funcs.items()}
     for name in ("mul_mat", "mul_mat_id", "mul_mat_id3", "grouped", "grouped3"):
-        wide = "T.Ramp(" if ttype in ALIGNED + CODEBOOK else "_u16"   # 4-byte vectors; 16-bit views
+        wide = "_u32[" if ttype in ALIGNED + CODEBOOK else "_u16["   # 32-bit views; 16-bit views
         assert wide in words[name].script() and wide not in funcs[name].script(), name
     plain, vec = (tvm.compile(_module(fs), target="llvm") for fs in (funcs, words))
     B, T = _block(ttype), 5
@@ -423,7 +428,8 @@ def test_word_loads_read_the_same_words(ttype):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)) and np.abs(a).max() > 0, name
 
 
-_E_LOADS = {"bytes": r"\be_ptr\[", "u16 pairs": r"\(\(ushort\*\)e_ptr\)\[", "u32 words": r"\*\(uint\*\)\(e_ptr \+ "}
+_E_LOADS = {"bytes": r"\be_ptr\[", "u16 pairs": r"\(\(ushort\*\)e_ptr\)\[", "u32 words": r"\(\(uint\*\)e_ptr\)\[",
+            "u128 groups": r"\*\(uint4\*\)\(\(\(uint\*\)e_ptr\) \+ "}
 
 
 @pytest.mark.parametrize("ttype", ["Q4_K"] + [pytest.param(t, marks=pytest.mark.slow) for t in ("Q8_0", "IQ2_XXS")])
@@ -452,7 +458,7 @@ def test_grouped_kernel_loads_weight_words_under_the_leader_branch(ttype):
     ungrouped = ungrouped[:ungrouped.index("\n}\n") + 3]
     counts = [{k: len(re.findall(r, body)) for k, r in _E_LOADS.items()} for body in (grouped, ungrouped)]
     assert counts[0] == counts[1], (ttype, counts)
-    assert counts[0]["u16 pairs"] + counts[0]["u32 words"] > 0, (ttype, counts)
+    assert counts[0]["u16 pairs"] + counts[0]["u32 words"] + counts[0]["u128 groups"] > 0, (ttype, counts)
     assert _loads_outside_leader_branch(grouped) == 0, ttype
 
 
@@ -572,20 +578,20 @@ def test_signed_word_negates_bytes_by_bit():
 
 
 def test_word_loads_need_a_provably_aligned_offset():
-    """The same Block.u32 read, annotated WORD_LOAD: at byte 4 + 4i of 36-byte blocks it becomes one 4-byte vector
-    load, at byte 2 + 4i of 34-byte blocks (Q8_0's qs) two 2-byte loads of a uint16 view, at byte 1 + 4i of 17-byte
+    """The same Block.u32 read, annotated WORD_LOAD: at byte 4 + 4i of 36-byte blocks it becomes one load of a
+    uint32 view, at byte 2 + 4i of 34-byte blocks (Q8_0's qs) two 2-byte loads of a uint16 view, at byte 1 + 4i of 17-byte
     blocks (MXFP4's) it stays 4 byte loads; all read the little-endian words numpy reads."""
     from nextn.compiler.lower.cuda.te import WORD_LOAD
     from nextn.compiler.quant.te import Block
 
-    for size, at, ramps, halves in ((34, 2, 0, 2), (36, 4, 1, 0), (17, 1, 0, 0)):
+    for size, at, words, halves in ((34, 2, 0, 2), (36, 4, 1, 0), (17, 1, 0, 0)):
         raw = te.placeholder([tirx.IntImm(I64, 3), tirx.IntImm(I64, 4 * size)], "uint8", name="raw")
         # word j: block j // 4, bytes at + 4 (j % 4) .. + 3 of it
         y = te.compute((3, 16), lambda n, j: Block(raw, (n, j * 8), 32, size).u32(at + (j * 8) % 32 // 2),
                        name="y", attrs={WORD_LOAD: 1})
         f = te.create_prim_func([raw, y])
         g = word_loads.word_loads(f)
-        assert g.script().count("T.Ramp(") == ramps and g.script().count("raw_u16[") == halves, size
+        assert g.script().count("raw_u32[") == words and g.script().count("raw_u16[") == halves, size
         data = np.random.default_rng(size).integers(0, 256, (3, 4 * size), dtype=np.uint8)
         offs = np.array([j // 4 * size + at + 4 * (j % 4) for j in range(16)])
         want = np.stack([data[:, o:o + 4].copy().view("<u4")[:, 0] for o in offs], 1)
@@ -593,6 +599,29 @@ def test_word_loads_need_a_provably_aligned_offset():
             got = tvm.runtime.empty((3, 16), "uint32")
             tvm.compile(_module({"f": fn}), target="llvm")["f"](tvm.runtime.tensor(data), got)
             assert np.array_equal(got.numpy(), want), size
+
+
+def test_word_vec_needs_16_byte_aligned_groups():
+    """word_loads marks a WORD_LOAD block of int32 words WORD_VEC (a group's 4 words one 128-bit load in the GEMV)
+    only where words 4g .. 4g + 3 are 16 consecutive bytes at a 16-byte-aligned offset: blocks of 144 bytes with the
+    words at byte 16 (Q4_K's qs) and of 32 at byte 0 yes; at byte 20, or in blocks of 36 bytes, no. The marked
+    definitions built for llvm read numpy's words."""
+    from nextn.compiler.lower.cuda.te import WORD_LOAD, WORD_VEC
+    from nextn.compiler.quant.te import Block
+
+    for size, at, vec in ((144, 16, True), (32, 0, True), (144, 20, False), (36, 0, False)):
+        raw = te.placeholder([tirx.IntImm(I64, 3), tirx.IntImm(I64, 4 * size)], "uint8", name="raw")
+        # word w: block w // 4, bytes at + 4 (w % 4) .. + 3 of it
+        y = te.compute((3, 16), lambda n, w: tirx.reinterpret("int32", Block(raw, (n, w * 4), 16, size).u32(
+            at + (w * 4) % 16)), name="y", attrs={WORD_LOAD: 1})
+        g = word_loads.word_loads(te.create_prim_func([raw, y]))
+        assert (WORD_VEC in g.script()) == vec and "raw_u32[" in g.script(), (size, at)
+        data = np.random.default_rng(size + at).integers(0, 256, (3, 4 * size), dtype=np.uint8)
+        offs = np.array([w // 4 * size + at + 4 * (w % 4) for w in range(16)])
+        want = np.stack([data[:, o:o + 4].copy().view("<i4")[:, 0] for o in offs], 1)
+        got = tvm.runtime.empty((3, 16), "int32")
+        tvm.compile(_module({"f": g}), target="llvm")["f"](tvm.runtime.tensor(data), got)
+        assert np.array_equal(got.numpy(), want), (size, at)
 
 
 def test_quantizer_sm90_zeroes_tiny_blocks_before_dividing():

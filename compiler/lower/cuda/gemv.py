@@ -40,7 +40,7 @@ from tvm import tirx
 
 from nextn.schedules.loops import static_extent
 
-from .te import DEQUANT, GROUPED, MATMUL, MIN, SCALE, WORD_LOAD, XQ_GROUP, XQ_PAD
+from .te import DEQUANT, GROUPED, MATMUL, MIN, SCALE, WORD_LOAD, WORD_VEC, XQ_GROUP, XQ_PAD
 
 # Activation rows per pass over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8 activations). 4 covers
 # verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (zeros), and at 8 rows a 4-row
@@ -190,7 +190,12 @@ def schedule(func: tirx.PrimFunc, target):
     ko_o, ko = sch.split(ko, [None, UNROLL if not exact_steps else next(u for u in (UNROLL, 2, 1) if steps % u == 0)])
     sch.compute_at(deq, ko, preserve_unit_loops=True)
     sch.set_scope(deq, 0, "local")
-    sch.unroll(sch.get_loops(deq)[-1])
+    words = sch.get_loops(deq)[-1]
+    # a group's 4 words one 16-byte-aligned field (word_loads.py proved it): one 128-bit load
+    if WORD_VEC in sch.get(deq).annotations and static_extent(sch.get(words).extent) == 4:
+        sch.vectorize(words)
+    else:
+        sch.unroll(words)
     for st in stages:   # a lane's elements of a step lie in one sub-block: its factor once per step, not per element
         sch.compute_at(st, ko, preserve_unit_loops=True)
         sch.set_scope(st, 0, "local")

@@ -21,6 +21,9 @@ DEQUANT, MATMUL, SCALE, MIN = "dequant", "gemv", "wscale", "wmin"
 # A DEQUANT block annotation (int8.py): each 4 bytes the block reads of the weight are one field at a 4-byte-aligned
 # address, so the GEMV (gemv.py) may load them as 32-bit words
 WORD_LOAD = "nextn.word_load"
+# What word_loads.py adds to a DEQUANT block whose 4 words of each group are one 16-byte-aligned field: the GEMV
+# (gemv.py) loads the group as one 128-bit vector
+WORD_VEC = "nextn.word_vec"
 # The integer route's activation words padded to whole GEMV row tiles (int8.mul_mat, a symbolic T): the schedule
 # loads them as a register tile of vectors
 XQ_PAD = "xq_pad"
