@@ -375,8 +375,12 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
         if ttype not in CODEBOOK:   # (theirs read 16-bit fields of even blocks too)
             assert bool(re.search(_WORD_OF_PAIRS, gemv_src)) == (ttype in PAIRS), ttype
         # a block's float16 factors (d, dmin) at even offsets as one 16-bit load each, never two bytes put together
-        # (MXFP4's and NVFP4's scales are bytes)
-        if by_ggml_type(ttype).type_size % 2 == 0 and ttype not in ("MXFP4", "NVFP4"):
+        # (MXFP4's and NVFP4's scales are bytes); Q4_K's and Q5_K's with their scale bytes: the block's first 16
+        # bytes as one 128-bit load into registers, and no weight byte or 16-bit field read alone
+        if ttype in GROUPS16:
+            assert "*(uint4*)(whead_local_ptr + 0) = " + _W_GROUP in gemv_src, ttype
+            assert not re.search(r"\bw_ptr\[|\(ushort\*\)w_ptr", gemv_src), ttype
+        elif by_ggml_type(ttype).type_size % 2 == 0 and ttype not in ("MXFP4", "NVFP4"):
             assert "((ushort)w_ptr" not in gemv_src and re.search(r"\(ushort\*\)w_ptr(_\d)?\)\[", gemv_src), ttype
         grid_words = len(re.findall(r"\(\(uint\*\)w_grid_ptr\)\[", gemv_src))
         assert (grid_words > 0) == (ttype in CODEBOOK) and "w_grid_ptr[" not in gemv_src, (ttype, grid_words)

@@ -40,7 +40,7 @@ from tvm import tirx
 
 from nextn.schedules.loops import static_extent
 
-from .te import DEQUANT, GROUPED, MATMUL, MIN, SCALE, WORD_LOAD, WORD_VEC, XQ_GROUP, XQ_PAD
+from .te import DEQUANT, GROUPED, HEAD, MATMUL, MIN, SCALE, WORD_VEC, XQ_GROUP, XQ_PAD
 
 # Activation rows per pass over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8 activations). 4 covers
 # verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (zeros), and at 8 rows a 4-row
@@ -69,6 +69,16 @@ def _index(sch, blocks, blk) -> int:
     return next(i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(blk)))
 
 
+def _words(sch, blk):
+    """The innermost loop of `blk`'s words (after compute_at): one 128-bit load where word_loads.py proved each 4 of
+    them one 16-byte-aligned field (WORD_VEC), else unrolled."""
+    words = sch.get_loops(blk)[-1]
+    if WORD_VEC in sch.get(blk).annotations and static_extent(sch.get(words).extent) == 4:
+        sch.vectorize(words)
+    else:
+        sch.unroll(words)
+
+
 def schedule(func: tirx.PrimFunc, target):
     """The GEMV schedule of a (fused) PrimFunc holding one `te.py` matmul, or None when `func` is not one."""
     from tvm import s_tir
@@ -91,7 +101,8 @@ def schedule(func: tirx.PrimFunc, target):
     stages += [b for b in _named(sch, blocks, SCALE) + _named(sch, blocks, MIN)
                if not any(sch.get(b).same_as(sch.get(s)) for s in stages)]
     integer = str(sch.get(deq).writes[0].source.dtype) == "int32"   # int8.py: 4 quants per word
-    weight_side = [sch.get(b) for b in (deq, *stages)]
+    heads = _named(sch, blocks, HEAD)   # the factors' block heads (int8.py, Q4_K / Q5_K)
+    weight_side = [sch.get(b) for b in (deq, *stages, *heads)]
     # the integer route's activation words padded to whole row tiles (int8.mul_mat, symbolic T) or gathered for a
     # group's member rows (int8.mul_mat_id_grouped): a register tile below, like the float route's x_pads, when its
     # loads can be vectors
@@ -190,15 +201,14 @@ def schedule(func: tirx.PrimFunc, target):
     ko_o, ko = sch.split(ko, [None, UNROLL if not exact_steps else next(u for u in (UNROLL, 2, 1) if steps % u == 0)])
     sch.compute_at(deq, ko, preserve_unit_loops=True)
     sch.set_scope(deq, 0, "local")
-    words = sch.get_loops(deq)[-1]
-    # a group's 4 words one 16-byte-aligned field (word_loads.py proved it): one 128-bit load
-    if WORD_VEC in sch.get(deq).annotations and static_extent(sch.get(words).extent) == 4:
-        sch.vectorize(words)
-    else:
-        sch.unroll(words)
+    _words(sch, deq)
     for st in stages:   # a lane's elements of a step lie in one sub-block: its factor once per step, not per element
         sch.compute_at(st, ko, preserve_unit_loops=True)
         sch.set_scope(st, 0, "local")
+    for hd in heads:    # the head of the factors' block, once per step
+        sch.compute_at(hd, ko, preserve_unit_loops=True)
+        sch.set_scope(hd, 0, "local")
+        _words(sch, hd)
     reads = [r.source for r in sch.get(deq).reads]
     wide = [i for i, b in enumerate(reads) if str(b.dtype) in ("float32", "float16", "uint16") and len(b.shape) >= 2]
     # a float weight: the lane's 16 bytes as one 128-bit load, then widened (not through a gathered expert index:

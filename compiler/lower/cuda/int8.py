@@ -187,6 +187,36 @@ class Fmt(NamedTuple):
     aligned: bool = False
     # `word(b, tensors)`: the word reads the format's table buffers too (the codebook formats' `.grid` / `.signs`)
     tables: bool = False
+    # the factors read only the first HEAD_BYTES of blocks whose size is a multiple of them (Q4_K's, Q5_K's d, dmin
+    # and 12 scale bytes): they read them from a stage of their own (te.HEAD, 4 words per block), which the GEMV
+    # loads as one 128-bit vector, not 2 16-bit and 3 byte loads per sub-block
+    head: bool = False
+
+
+HEAD_BYTES = 16
+
+
+class _Head:
+    """Block's u8 / u16 / f16 reads at byte offsets below HEAD_BYTES, from the block's head words (te.HEAD: uint32
+    [..., blocks, 4], little-endian) instead of the weight's bytes."""
+
+    def __init__(self, head, pre, kb):
+        self.head, self.pre, self.kb = head, tuple(pre), kb
+
+    def _bits(self, off, dtype):   # the value at byte `off` and up, in a `dtype`
+        word = self.head[(*self.pre, self.kb, off // 4)]
+        return (word >> tirx.Cast("uint32", off % 4 * 8)).astype(dtype)
+
+    def u8(self, off):
+        return self._bits(off, "uint8")
+
+    def u16(self, off):   # at an even offset: within one word
+        return self._bits(off, "uint16")
+
+    def f16(self, off):
+        from nextn.compiler.quant.te import f32
+
+        return f32(tirx.reinterpret("float16", self.u16(off)))
 
 
 def _q45k_word(kind):
@@ -369,9 +399,9 @@ def _formats():
                     lambda b, i: k_quants.q2k_factors(b, i)[1], aligned=True),
         "q3_k": Fmt(16, q3k_word, k_quants.q3k_factor),
         "q4_k": Fmt(32, _q45k_word("q4_k"), lambda b, i: k_quants.q45k_factors(b, i)[0],
-                    lambda b, i: k_quants.q45k_factors(b, i)[1], aligned=True),
+                    lambda b, i: k_quants.q45k_factors(b, i)[1], aligned=True, head=True),
         "q5_k": Fmt(32, _q45k_word("q5_k"), lambda b, i: k_quants.q45k_factors(b, i)[0],
-                    lambda b, i: k_quants.q45k_factors(b, i)[1], aligned=True),
+                    lambda b, i: k_quants.q45k_factors(b, i)[1], aligned=True, head=True),
         "q6_k": Fmt(16, _q6k_word, k_quants.q6k_factor),
         **_codebook(),
     }
@@ -386,7 +416,7 @@ def _stages(w, lead, weight_lead, keep=None):
 
     from nextn.common.quant import FORMATS as LAYOUTS
 
-    from .te import DEQUANT, MIN, SCALE, WORD_LOAD
+    from .te import DEQUANT, HEAD, MIN, SCALE, WORD_LOAD
 
     *_, N, K = w.shape
     f, layout = FORMATS[w.kind], LAYOUTS[w.kind]
@@ -407,10 +437,20 @@ def _stages(w, lead, weight_lead, keep=None):
     shape = (*lead, N, K // f.sub)
     zero = _c(0.0, F32)
     per_block = layout.block // f.sub
+    if f.head:
+        assert layout.type_size % HEAD_BYTES == 0, w.kind
+        head = te.compute((*lead, N, K // layout.block, HEAD_BYTES // 4),
+                          lambda *i: kept(i, blk(i[:-2], i[-2] * layout.block).u32(i[-1] * 4), _uc(0)), name=HEAD,
+                          attrs={WORD_LOAD: 1})
+
+    def at(i):   # the reads of the block of sub-block i[-1] of row i[:-1]
+        if f.head:
+            return _Head(head, i[:-1], i[-1] // per_block)
+        return blk(i[:-1], i[-1] * f.sub)
 
     def factor(fn, name):   # its float16 fields (a block's d, dmin) as 16-bit loads where even (word_loads.py)
-        return te.compute(shape, lambda *i: kept(i, fn(blk(i[:-1], i[-1] * f.sub), i[-1] % per_block), zero),
-                          name=name, attrs={WORD_LOAD: 1})
+        return te.compute(shape, lambda *i: kept(i, fn(at(i), i[-1] % per_block), zero), name=name,
+                          attrs={WORD_LOAD: 1})
 
     return words, factor(f.scale, SCALE), factor(f.low, MIN) if f.low is not None else None
 

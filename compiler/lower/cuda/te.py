@@ -18,6 +18,9 @@ from .. import te_ops
 from ..te_ops import _elem
 
 DEQUANT, MATMUL, SCALE, MIN = "dequant", "gemv", "wscale", "wmin"
+# The integer route's block heads (int8.py, Q4_K / Q5_K: the first 16 bytes of each block as 4 words), read by SCALE
+# and MIN
+HEAD = "whead"
 # A DEQUANT block annotation (int8.py): each 4 bytes the block reads of the weight are one field at a 4-byte-aligned
 # address, so the GEMV (gemv.py) may load them as 32-bit words
 WORD_LOAD = "nextn.word_load"

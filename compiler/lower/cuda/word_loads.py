@@ -82,7 +82,7 @@ def _as_word(e, analyzer, views):
 
 
 def _groups_of_4(blk, views) -> bool:
-    """Whether every weight load of DEQUANT block `blk` (int32 words, the last iter var the word index w) reads a
+    """Whether every weight load of DEQUANT or HEAD block `blk` (32-bit words, the last iter var the word index w) reads a
     uint32 view (`views`), words 4g .. 4g + 3 of each group g at 4 consecutive elements from an element index that
     is a multiple of 4 in rows of a multiple of 4 words: then the group's words are one 16-byte-aligned 128-bit
     load (device allocations are 256-byte aligned)."""
@@ -92,7 +92,8 @@ def _groups_of_4(blk, views) -> bool:
     from tvm.sym import Analyzer
 
     w = blk.iter_vars[-1]
-    if str(blk.writes[0].source.dtype) != "int32" or static(w.dom.extent) is None or static(w.dom.extent) % 4:
+    if str(blk.writes[0].source.dtype) not in ("int32", "uint32") or static(w.dom.extent) is None \
+            or static(w.dom.extent) % 4:
         return False
     loads = []
     tvm_ffi.structural_walk(blk.body, (TensorLoad, loads.append), order="post")
