@@ -334,18 +334,30 @@ def _cuda_funcs(ttype, K, rows):
             "mul_mat": te.create_prim_func([xq, xd, *bufs, int8.mul_mat(w, xq, xd)])}
 
 
-@pytest.mark.parametrize("ttype", INT)
-def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
+def test_group_words_take_whole_sub_blocks_in_whole_warp_steps():
+    """int8.group_words: a lane's step takes a sub-block of 32 quants (8 words) where K is whole warp steps of 8
+    words per lane (K = 4096: GLM-4.5-Air's n_embd) or not of 4 either (K = 352, 1408: predicated steps either way);
+    4 words where only steps of 4 are whole (K = 1536: GLM-4.6's n_ff_exp; 512); never more than a sub-block (Q6_K,
+    Q2_K, NVFP4: 16 quants; IQ1_M: 8)."""
+    for K, G in ((4096, 8), (1024, 8), (352, 8), (1408, 8), (1536, 4), (512, 4)):
+        assert int8.group_words("q8_0", K) == G and int8.group_words("q4_k", K) == G, K
+    for kind, G in (("q6_k", 4), ("q2_k", 4), ("nvfp4", 4), ("iq1_m", 2)):
+        assert int8.group_words(kind, 4096) == G, kind
+
+
+@pytest.mark.parametrize("ttype,K", [(t, K) for t in INT for K in (
+    (512, 1024) if by_ggml_type(t).block == 256 else (_k(t),))])
+def test_int8_kernels_build_for_sm90_with_dp4a(ttype, K):
     """sm_90: the quantizer (a warp per activation block: ceil(T·K/B / 4) blocks of 4 warps, a shuffle max,
     __fdiv_rn) and the GEMV (ceil(N / 4) blocks of 4 warps, ceil(T / 4) row tiles) build; the GEMV's source calls
     __dp4a, loads the weight words of the aligned formats as 32-bit words and the activation words as 128-bit quads
     (whole warp steps only), and holds as many weight loads for a symbolic T as for one row (the weight read once per
-    row tile)."""
+    row tile). The K-quants at K = 512 (whole warp steps of 4 words per lane, not of 8) and 1024 (of 8), the others
+    at K = `_k` (partial steps)."""
     from nextn.schedules.gpu import _lowering_problem
 
-    K = 512 if by_ggml_type(ttype).block == 256 else _k(ttype)
-    G = int8.group_words(_kind(ttype))
-    xload = "*(int4*)(xq_ptr + " if G == 4 else "*(int2*)(xq_ptr + "
+    G = int8.group_words(_kind(ttype), K)
+    xload = "*(int4*)(xq_ptr + " if G % 4 == 0 else "*(int2*)(xq_ptr + "
     srcs = {}
     for rows in (None, 1):
         fs = {}
@@ -384,8 +396,9 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype):
             assert "((ushort)w_ptr" not in gemv_src and re.search(r"\(ushort\*\)w_ptr(_\d)?\)\[", gemv_src), ttype
         grid_words = len(re.findall(r"\(\(uint\*\)w_grid_ptr\)\[", gemv_src))
         assert (grid_words > 0) == (ttype in CODEBOOK) and "w_grid_ptr[" not in gemv_src, (ttype, grid_words)
-        # the activation words: a lane's 4 words of a step (IQ1_M: 2) as one 128-bit (64-bit) load per row (a
-        # predicated register tile for a symbolic T) where K is whole warp steps (512 quants; 256), else scalar loads
+        # the activation words: a lane's 8 or 4 words of a step (IQ1_M: 2) as 128-bit (64-bit) loads per row (a
+        # predicated register tile for a symbolic T) where K is whole warp steps (1024 or 512 quants; 256), else
+        # scalar loads
         whole = K % (gemv.LANES * 4 * G) == 0
         assert (xload in gemv_src) == whole and ("xq_ptr[" in gemv_src) != whole, (ttype, K)
     # a symbolic T: each row's vector load of the padded tile only under that row's `t < T` (no read past T)
@@ -583,8 +596,8 @@ def test_signed_word_negates_bytes_by_bit():
 
 def test_word_loads_need_a_provably_aligned_offset():
     """The same Block.u32 read, annotated WORD_LOAD: at byte 4 + 4i of 36-byte blocks it becomes one load of a
-    uint32 view, at byte 2 + 4i of 34-byte blocks (Q8_0's qs) two 2-byte loads of a uint16 view, at byte 1 + 4i of 17-byte
-    blocks (MXFP4's) it stays 4 byte loads; all read the little-endian words numpy reads."""
+    uint32 view, at byte 2 + 4i of 34-byte blocks (Q8_0's qs) two 2-byte loads of a uint16 view, at byte 1 + 4i of
+    17-byte blocks (MXFP4's) it stays 4 byte loads; all read the little-endian words numpy reads."""
     from nextn.compiler.lower.cuda.te import WORD_LOAD
     from nextn.compiler.quant.te import Block
 

@@ -26,10 +26,11 @@ one sub-block), read as bytes. Reference for the structure: llama.cpp ggml-cuda 
 activation columns per pass).
 
 The integer route (int8.py) takes the same schedule: its DEQUANT stage is int32 words of 4 quants and its
-reduction runs over groups of 4 words (int8.group_words), so k counts groups, one per lane and step (16 quants of
-one sub-block, summed by chained dp4a), the weight's float factors (SCALE, MIN) are read by the reduction and
-computed once per step, and a symbolic T comes padded to whole tiles by the definition (XQ_PAD:
-kept as the register tile, so that a lane's activation words per row and step are one 128-bit load).
+reduction runs over groups of G words (int8.group_words: 8, or 4, 2 for smaller sub-blocks), so k counts groups,
+one per lane and step (32 quants of one sub-block, summed by chained dp4a), the weight's float factors (SCALE,
+MIN) are read by the reduction and computed once per step, and a symbolic T comes padded to whole tiles by the
+definition (XQ_PAD: kept as the register tile, so that a lane's activation words per row and step are 128-bit
+loads).
 """
 from __future__ import annotations
 
@@ -70,10 +71,13 @@ def _index(sch, blocks, blk) -> int:
 
 
 def _words(sch, blk):
-    """The innermost loop of `blk`'s words (after compute_at): one 128-bit load where word_loads.py proved each 4 of
-    them one 16-byte-aligned field (WORD_VEC), else unrolled."""
+    """The innermost loop of `blk`'s words (after compute_at): one 128-bit load per 4 where word_loads.py proved
+    each 4 of them one 16-byte-aligned field (WORD_VEC), else unrolled."""
     words = sch.get_loops(blk)[-1]
-    if WORD_VEC in sch.get(blk).annotations and static_extent(sch.get(words).extent) == 4:
+    n = static_extent(sch.get(words).extent)
+    if WORD_VEC in sch.get(blk).annotations and n is not None and n % 4 == 0:
+        quads, words = sch.split(words, [None, 4])
+        sch.unroll(quads)
         sch.vectorize(words)
     else:
         sch.unroll(words)
@@ -163,7 +167,7 @@ def schedule(func: tirx.PrimFunc, target):
     dtypes = {str(r.source.dtype) for r in sch.get(deq).reads} - {"int32"}
     vec, exact_steps = _vec(dtypes.pop() if len(dtypes) == 1 else "uint8", K)
     x_words = vec   # activation elements a lane reads per step
-    if integer:   # K counts word groups (int8.group_words: 16 quants of one sub-block): one per lane and step
+    if integer:   # K counts word groups (int8.group_words: up to 32 quants of one sub-block): one per lane and step
         vec, x_words = 1, int(deq_buf.shape[-1]) // K
         exact_steps = K % LANES == 0
         x_pads = xq_pads

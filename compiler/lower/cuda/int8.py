@@ -7,7 +7,8 @@ integer kernels quantize them, and integer dot products over the weight's quants
                    q = round_half_even(x * (127 / amax)), q = 0 where amax = 0 or below AMAX_MIN
                    (nextn.common.quant.activation `quantize_q8_0` / `quantize`: the CPU's "q8_0" / "q8" rows, bit
                    for bit on equal inputs)
-    mul_mat        y[..., n] = sum over word groups g < K/(4G) (G = `group_words`: 4, 16 quants; IQ1_M 2) of
+    mul_mat        y[..., n] = sum over word groups g < K/(4G) (G = `group_words`: 8 words, 32 quants, or the
+                   sub-block's 4 (16 quants), IQ1_M's 2) of
                        xd[.., blk(g)] · (s[n, sub(g)] · f32(sum_{j in g} dot4(w4[n, j], xq[.., j]))
                                          - m[n, sub(g)] · f32(sum_{j in g} dot4(1111, xq[.., j])))
 
@@ -456,23 +457,31 @@ def _stages(w, lead, weight_lead, keep=None):
 
 
 _ONES = 0x01010101
-# Words per reduction step: 16 quants, in one sub-block (IQ1_M's sub-blocks of 8: 2 words) and one activation block
-# (B >= 32). Their products are summed in int32 (each dp4a adds the last one's sum, as llama.cpp's vec_dot_*_q8_1
-# do) and scaled once: a GPU lane does 2 float conversions and 3 float operations per 16 quants where it did 2 and 3
-# per 4, and its step reads the 4 activation words as one 128-bit load.
-GROUP = 4
+# Words per reduction step: a sub-block of up to 32 quants (8 words; 4 for the sub-blocks of 16 of Q2_K, Q3_K,
+# Q6_K, NVFP4; 2 for IQ1_M's of 8), in one activation block (B >= 32). Their products are summed in int32 (each dp4a
+# adds the last one's sum, as llama.cpp's vec_dot_*_q8_1 do) and scaled once, and a GPU lane's step reads the
+# sub-block's factors once (Q4_K: the block head, 6-bit scale and min) and its activation words as 128-bit loads:
+# per 32 quants 0.65x the instructions of steps of 16 quants (Q4_K, sm_90 PTX; 0.65-0.9x for the other formats).
+GROUP = 8
 
 
-def group_words(kind: str) -> int:
-    """Words per reduction step of `kind`'s integer matmuls: GROUP, or fewer where a sub-block is smaller."""
-    return min(GROUP, FORMATS[kind].sub // 4)
+def group_words(kind: str, K: int) -> int:
+    """Words per reduction step of `kind`'s integer matmuls over rows of K quants: GROUP, or the sub-block's words
+    where fewer; GROUP / 2 where K is whole GEMV warp steps of GROUP / 2 words per lane but not of GROUP (GLM-4.6's
+    1536), whose activation loads are then vectors and unpredicated (gemv.py)."""
+    from .gemv import LANES
+
+    g = min(GROUP, FORMATS[kind].sub // 4)
+    if g == GROUP and K % (LANES * 4 * g) and K % (LANES * 2 * g) == 0:
+        g //= 2
+    return g
 
 
 def _group_term(kind, words, scale, low, wi, xw, xdw, g, dp4a):
     """The float32 term of word group g (words Gg .. Gg + G - 1, G = `group_words`):
     xd · (s · f32(Σ dot4(w, xq)) - m · f32(Σ dot4(1111, xq))), the sums in int32 over the group's words; `wi`
     indexes the weight stages without the word, `xw(j)` / `xdw(j)` are the activation's word j and its block scale."""
-    sub, G = FORMATS[kind].sub // 4, group_words(kind)
+    sub, G = FORMATS[kind].sub // 4, group_words(kind, int(words.shape[-1]) * 4)
     j0 = g * G
     iw = ix = None
     for v in range(G):
@@ -508,7 +517,7 @@ def mul_mat(w, xq, xd, dp4a: bool = True):
                         name=XQ_PAD)
         xd = te.compute((Tp, *xd.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xd[(t, *r)], _c(0.0, F32)),
                         name="xd_pad")
-    j = te.reduce_axis((0, Kw // group_words(w.kind)), name="k")
+    j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
 
     def f(*i):
         wi = (i[-2], i[-1]) if heads else (i[-1],)
@@ -531,7 +540,7 @@ def mul_mat_id(w, xq, xd, ids, dp4a: bool = True):
     words, scale, low = _stages(w, (T, kk), lambda t, s: (ids[t, s].astype("int64"),))
     Kw = words.shape[-1]
     B4 = Kw // xd.shape[-1]
-    j = te.reduce_axis((0, Kw // group_words(w.kind)), name="k")
+    j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
 
     def f(t, s, n):
         xi = (t,) if len(xq.shape) == 2 else (t, s)
@@ -552,7 +561,7 @@ def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True):
                                 keep=lambda t, s: groups[t, s, t % W] >= 0)
     Kw = words.shape[-1]
     B4 = Kw // xd.shape[-1]
-    j = te.reduce_axis((0, Kw // group_words(w.kind)), name="k")
+    j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
 
     def member(t, s, q):   # the activation row of member q of leader (t, s): (row,) or (row, slot), and m >= 0
         m = groups[t, s, q].astype("int64")

@@ -82,9 +82,9 @@ def _as_word(e, analyzer, views):
 
 
 def _groups_of_4(blk, views) -> bool:
-    """Whether every weight load of DEQUANT or HEAD block `blk` (32-bit words, the last iter var the word index w) reads a
-    uint32 view (`views`), words 4g .. 4g + 3 of each group g at 4 consecutive elements from an element index that
-    is a multiple of 4 in rows of a multiple of 4 words: then the group's words are one 16-byte-aligned 128-bit
+    """Whether every weight load of DEQUANT or HEAD block `blk` (32-bit words, the last iter var the word index w)
+    reads a uint32 view (`views`), words 4g .. 4g + 3 of each group g at 4 consecutive elements from an element index
+    that is a multiple of 4 in rows of a multiple of 4 words: then the group's words are one 16-byte-aligned 128-bit
     load (device allocations are 256-byte aligned)."""
     import tvm_ffi
     from tvm.ir import Range
