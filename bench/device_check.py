@@ -300,7 +300,8 @@ class DeviceCheck:
 
     def s_int8_kernels(self, _main) -> dict:
         """The integer-route GPU kernels alone (bench/int8_cases.py): per format and row count, the activation rows
-        quantized on the device equal the CPU's bit for bit, and the GEMV's product the x86 kernel's within
+        quantized on the device (and their sums of 16 quants) equal the CPU's bit for bit, and the GEMV's product the
+        x86 kernel's within
         GPU_TOL (the same float rows in, so only the float32 summation order differs)."""
         import tvm
 
@@ -314,13 +315,14 @@ class DeviceCheck:
         for t in spec["types"]:
             w = [tvm.runtime.tensor(data[f"{t}/w{i}"], dev) for i in range(8) if f"{t}/w{i}" in data.files]
             for T in spec["rows"]:
-                x, want_q, want_d, want_y = (data[f"{t}/{T}/{f}"] for f in ("x", "xq", "xd", "y"))
+                x, want_q, want_d, want_s, want_y = (data[f"{t}/{T}/{f}"] for f in ("x", "xq", "xd", "xs", "y"))
                 xq = tvm.runtime.empty(want_q.shape, "int32", dev)
                 xd = tvm.runtime.empty(want_d.shape, "float32", dev)
+                xs = tvm.runtime.empty(want_s.shape, "int32", dev)
                 y = tvm.runtime.empty(want_y.shape, "float32", dev)
-                lib[f"quantize_{t}"](tvm.runtime.tensor(x, dev), xq, xd)
-                lib[f"mul_mat_{t}"](xq, xd, *w, y)
-                rows_same = bool(np.array_equal(xq.numpy(), want_q) and
+                lib[f"quantize_{t}"](tvm.runtime.tensor(x, dev), xq, xd, xs)
+                lib[f"mul_mat_{t}"](xq, xd, xs, *w, y)
+                rows_same = bool(np.array_equal(xq.numpy(), want_q) and np.array_equal(xs.numpy(), want_s) and
                                  np.array_equal(xd.numpy().view(np.uint32), want_d.view(np.uint32)))
                 e = rel_err(y.numpy(), want_y)
                 res[f"{t} T={T}"] = {"rows_bit_exact": rows_same, "rel_err": e}

@@ -1,7 +1,8 @@
 """The `int8 kernels` device-check stage's inputs, built here (bench/bundle.py): the GPU integer-route kernels alone
-(compiler/lower/cuda/int8.py: `quantize_rows` and the dynamic-T `mul_mat` GEMV, scheduled as a model build
-schedules them) for every format on the route (`TYPES`) in one library, and per format random weights, activation
-rows and what the CPU computes from them: the int8 rows of `nextn.common.quant.activation` and the x86 kernel's product
+(compiler/lower/cuda/int8.py: `quantize_rows` with its sums of 16 quants and the dynamic-T `mul_mat` GEMV that
+reads them, scheduled as a model build schedules them) for every format on the route (`TYPES`) in one library, and per format random weights, activation
+rows and what the CPU computes from them: the int8 rows of `nextn.common.quant.activation` (and numpy's sums of
+each 16 of their quants) and the x86 kernel's product
 (compiler/lower/x86, the default llvm artifact's matmul). On the device the kernels get the same float rows, so no
 upstream rounding can move a quantization step: the rows must come out bit for bit and the products within
 device_refs.GPU_TOL (float32 summation order only; tests/test_cuda_int8.py holds the definitions to the same on
@@ -70,8 +71,9 @@ def _functions(ttype: str, target, dp4a: bool, cuda: bool) -> dict:
     x = te.placeholder([T, i64(k)], "float32", name="x")
     xq = te.placeholder([T, i64(k // 4)], "int32", name="xq")
     xd = te.placeholder([T, i64(k // B)], "float32", name="xd")
-    funcs = {f"quantize_{ttype}": te.create_prim_func([x, *int8.quantize_rows(x, B, cuda)]),
-             f"mul_mat_{ttype}": te.create_prim_func([xq, xd, *bufs, int8.mul_mat(w, xq, xd, dp4a)])}
+    xs = te.placeholder([T, i64(k // int8.SUM_QUANTS)], "int32", name="xs")
+    funcs = {f"quantize_{ttype}": te.create_prim_func([x, *int8.quantize_rows(x, B, cuda, sums=True)]),
+             f"mul_mat_{ttype}": te.create_prim_func([xq, xd, xs, *bufs, int8.mul_mat(w, xq, xd, dp4a, xs=xs)])}
     if target.kind.name != "cuda":
         return funcs
     out = {}
@@ -120,8 +122,9 @@ def build(out_dir: str, target_name: str, arches=None, seed: int = 0, types=TYPE
             y = tvm.runtime.tensor(np.zeros((T, N), np.float32))
             kern(tvm.runtime.tensor(raw), *[tvm.runtime.tensor(np.ascontiguousarray(a))
                                             for a in x86.activation_rows(kind, x)], y)
+            xs = q.reshape(T, -1, int8.SUM_QUANTS).astype(np.int32).sum(-1, dtype=np.int32)
             data |= {f"{t}/{T}/x": x, f"{t}/{T}/xq": np.ascontiguousarray(q).view(np.int32), f"{t}/{T}/xd": d,
-                     f"{t}/{T}/y": y.numpy()}
+                     f"{t}/{T}/xs": xs, f"{t}/{T}/y": y.numpy()}
     np.savez_compressed(os.path.join(out_dir, "cases.npz"), **data)
     return {"library": "int8_kernels.so", "cases": "cases.npz", "types": list(types), "rows": list(ROWS), "N": N,
             "K": dict(K)}

@@ -275,6 +275,66 @@ def test_int8_grouped_mul_mat_id_against_float64(definition, T, repeat):
     _check_id(lib, qlib, ("grouped", "grouped3"), ids, gpacked, gw, 60 + T, ttype)
 
 
+def _sum_funcs(ttype, K):
+    """llvm PrimFuncs: the quantizer with sums, and mul_mat (symbolic T), mul_mat_id and the gathered grouped
+    mul_mat_id (both x layouts each) with and without them ("_s")."""
+    B, T = _block(ttype), te.var("T", I64)
+    bufs, w = _weight(ttype, (N, K), "w")
+    ebufs, ew = _weight(ttype, (XG, N, K), "e")
+    x = te.placeholder([T, tirx.IntImm(I64, K)], "float32", name="x")
+    ids = te.placeholder([T, tirx.IntImm(I64, USED)], "int32", name="ids")
+    groups = cuda.expert_groups(ids, cuda.expert_leaders(ids))
+    out = {"quantize": te.create_prim_func([x, *int8.quantize_rows(x, B, sums=True)])}
+    for layout, lead in (("", [T]), ("3", [T, tirx.IntImm(I64, USED)])):
+        q = te.placeholder([*lead, tirx.IntImm(I64, K // 4)], "int32", name="xq")
+        d = te.placeholder([*lead, tirx.IntImm(I64, K // B)], "float32", name="xd")
+        xs = te.placeholder([*lead, tirx.IntImm(I64, K // int8.SUM_QUANTS)], "int32", name="xs")
+        for sfx, kw in (("", {}), ("_s", {"xs": xs})):
+            if not layout:
+                out["mul_mat" + sfx] = te.create_prim_func([q, d, xs, *bufs, int8.mul_mat(w, q, d, False, **kw)])
+            out[f"mul_mat_id{layout}{sfx}"] = te.create_prim_func(
+                [q, d, xs, ids, *ebufs, int8.mul_mat_id(ew, q, d, ids, False, **kw)])
+            y = cuda.expert_gather(int8.mul_mat_id_grouped(ew, q, d, ids, groups, False, **kw), groups)
+            out[f"grouped{layout}{sfx}"] = te.create_prim_func([q, d, xs, ids, *ebufs, y])
+    return out
+
+
+@pytest.mark.parametrize("ttype", ["Q4_K", "Q4_1", "Q8_0"] + [pytest.param(t, marks=pytest.mark.slow)
+                                                              for t in ("Q5_K", "Q2_K", "IQ1_S", "IQ1_M")])
+def test_int8_sums_change_no_bit(ttype):
+    """`quantize_rows(sums=True)` writes each 16 quants' sum (numpy's sums of the CPU's quants, and of its own
+    words' bytes), and the matmuls that take it (the min term's Σ dot4(1111, xq) read as those sums: Q4_K, Q5_K,
+    Q4_1, Q2_K, IQ1_S; IQ1_M's groups of 2 words and Q8_0 without a min term keep their sums) give the outputs of the
+    ones without it bit for bit, built for llvm: mul_mat over a symbolic T, mul_mat_id and the grouped mul_mat_id
+    (both x layouts, repeated experts)."""
+    K, T, B = _k(ttype), 6, _block(ttype)
+    funcs = _sum_funcs(ttype, K)
+    reads = ttype not in ("IQ1_M", "Q8_0")   # a min term, in groups of whole sums
+    for name, f in funcs.items():
+        assert ("xs[" in f.script()) == (name.endswith("_s") and reads), (ttype, name)
+    lib = tvm.compile(_module(funcs), target="llvm")
+    _packed, w = _data(ttype, (N, K), 1)
+    epacked, ew = _data(ttype, (XG, N, K), 2)
+    x = _x(T, K, 3, w.astype(np.float64))
+    xq, xd, xs = (tvm.runtime.empty(sh, dt) for sh, dt in (((T, K // 4), "int32"), ((T, K // B), "float32"),
+                                                            ((T, K // 16), "int32")))
+    lib["quantize"](tvm.runtime.tensor(x), xq, xd, xs)
+    q, d, xs = xq.numpy(), xd.numpy(), xs.numpy()
+    cq, cd = _cpu_rows(x, B)
+    assert np.array_equal(q.view(np.int8).reshape(T, K), cq.reshape(T, K)) and np.array_equal(d, cd)
+    want = cq.reshape(T, K // 16, 16).astype(np.int64).sum(-1)
+    assert np.array_equal(xs, want) and np.abs(xs).max() > 16, ttype
+    q3, d3, s3 = (np.ascontiguousarray(np.repeat(a[:, None], USED, 1)) for a in (q, d, xs))
+    (packed, _w), ids = _data(ttype, (N, K), 1), _ids(T, 9, True)
+    for name, shape, args in (("mul_mat", (T, N), (q, d, xs, *packed)),
+                              ("mul_mat_id", (T, USED, N), (q, d, xs, ids, *epacked)),
+                              ("mul_mat_id3", (T, USED, N), (q3, d3, s3, ids, *epacked)),
+                              ("grouped", (T, USED, N), (q, d, xs, ids, *epacked)),
+                              ("grouped3", (T, USED, N), (q3, d3, s3, ids, *epacked))):
+        a, b = _run(lib, name, shape, *args), _run(lib, name + "_s", shape, *args)
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)) and np.abs(a).max() > 0, (ttype, name)
+
+
 @pytest.mark.parametrize("ttype", INT)
 def test_int8_definition_equals_the_x86_kernel(ttype):
     """The CUDA definition and the CPU's x86 integer kernel (what the default llvm artifact runs) on the same bytes
@@ -330,8 +390,9 @@ def _cuda_funcs(ttype, K, rows):
     x = te.placeholder([T, tirx.IntImm(I64, K)], "float32", name="x")
     xq = te.placeholder([T, tirx.IntImm(I64, K // 4)], "int32", name="xq")
     xd = te.placeholder([T, tirx.IntImm(I64, K // B)], "float32", name="xd")
-    return {"quantize": te.create_prim_func([x, *int8.quantize_rows(x, B, cuda=True)]),
-            "mul_mat": te.create_prim_func([xq, xd, *bufs, int8.mul_mat(w, xq, xd)])}
+    xs = te.placeholder([T, tirx.IntImm(I64, K // 16)], "int32", name="xs")
+    return {"quantize": te.create_prim_func([x, *int8.quantize_rows(x, B, cuda=True, sums=True)]),
+            "mul_mat": te.create_prim_func([xq, xd, xs, *bufs, int8.mul_mat(w, xq, xd, xs=xs)])}
 
 
 def test_group_words_take_whole_sub_blocks_in_whole_warp_steps():
@@ -352,8 +413,9 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype, K):
     __fdiv_rn) and the GEMV (ceil(N / 4) blocks of 4 warps, ceil(T / 4) row tiles) build; the GEMV's source calls
     __dp4a, loads the weight words of the aligned formats as 32-bit words and the activation words as 128-bit quads
     (whole warp steps only), and holds as many weight loads for a symbolic T as for one row (the weight read once per
-    row tile). The K-quants at K = 512 (whole warp steps of 4 words per lane, not of 8) and 1024 (of 8), the others
-    at K = `_k` (partial steps)."""
+    row tile); the quantizer also stores each 16 quants' sum and the formats with a min term read it. The K-quants
+    at K = 512 (whole warp steps of 4 words per lane, not of 8) and 1024 (of 8), the others at K = `_k` (partial
+    steps)."""
     from nextn.schedules.gpu import _lowering_problem
 
     G = int8.group_words(_kind(ttype), K)
@@ -374,10 +436,19 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype, K):
         for T in (1, 3, 9):
             assert extent_at(ln["grid"][1], T) == (1 if rows == 1 else math.ceil(T / gemv.TILE_ROWS)), ln
         srcs[rows] = _cuda_source(fs, tgt)
-    for src in srcs.values():
+    for rows, src in srcs.items():
         gemv_src = src[src.index("mul_mat_kernel("):]
         quant_src = src[src.index("quantize_kernel("):]
         assert "__dp4a(" in gemv_src and "__fdiv_rn(" in quant_src and "__shfl_down_sync(" in quant_src
+        # the quantizer stores the sums of 16 quants; the min term reads them (2 per step of 8 words, a 64-bit
+        # load where the rows are a padded tile of whole steps) and no dp4a with 0x01010101 is left, except for
+        # IQ1_M's steps of 2 words
+        assert "act_s_ptr[" in quant_src
+        low = int8.FORMATS[_kind(ttype)].low is not None
+        assert ("xs_ptr" in gemv_src) == (low and G % 4 == 0), ttype
+        assert ("__dp4a(16843009" in gemv_src) == (low and G % 4 != 0), ttype
+        if low and G == 8 and rows is None:
+            assert ("*(int2*)(xs_ptr + " in gemv_src) == (K % (gemv.LANES * 4 * G) == 0), ttype
         assert "(float)" in gemv_src   # the word sums scaled in float
         # the aligned formats' weight words as 32-bit loads (word_loads.word_loads), Q4_K's and Q5_K's a group's 4
         # as one 128-bit load and no word alone, the others' as bytes; the codebook formats' grid words as 32-bit
@@ -499,7 +570,8 @@ def test_grouped_kernel_loads_member_words_as_int4(ttype, K):
     of 512 quants), a lane's 4 activation words of a step are one 128-bit load per member row (the XQ_GROUP stage
     as a register tile, gemv.py), GROUP_ROWS x K / 512 of them, each directly under its own member test
     `if (0 <= groups_ptr[e])` with the row taken from that same entry e (a row that is no member loads nothing), and
-    no scalar activation load is left; a K of partial steps keeps the scalar loads (the stage inlined)."""
+    no scalar activation load is left; a K of partial steps keeps the scalar loads (the stage inlined); the group
+    entries (member rows, leader test) come from one register copy per thread."""
     from test_cuda_kernels import _loads_outside_leader_branch
 
     tgt = make_target("cuda", ["sm_90"])
@@ -514,9 +586,11 @@ def test_grouped_kernel_loads_member_words_as_int4(ttype, K):
             continue
         assert len(at) == cuda.GROUP_ROWS * (K // 512) and "xq_ptr[" not in body, (ttype, K, layout, len(at))
         for i in at:
-            test = re.fullmatch(r"\s*if \(0 <= (groups_ptr\[.*\])\) \{", lines[i - 1])
+            test = re.fullmatch(r"\s*if \(0 <= (groups_(?:local_)?ptr\[.*\])\) \{", lines[i - 1])
             assert test and f"(int64_t){test.group(1)}" in lines[i], (ttype, layout, lines[i - 1], lines[i])
         assert _loads_outside_leader_branch(body) == 0, (ttype, layout)
+        # the group entries read once per thread into registers (gemv._group_entries_once), not once per step
+        assert body.count("groups_ptr[") == 1 and "groups_local_ptr[" in body, (ttype, layout)
 
 
 @pytest.mark.parametrize("ttype", ["Q4_K", "Q8_0"] + [pytest.param(t, marks=pytest.mark.slow)

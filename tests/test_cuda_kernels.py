@@ -367,17 +367,21 @@ def test_grouped_weight_reads_per_expert(T):
     assert _loads_outside_leader_branch(body) == 0 and "e_ptr[" in body
 
 
+# a weight load: a byte `e_ptr[`, a vector `(e_ptr + `, or through word_loads.py's uint16 / uint32 views
+_E_LOAD = r"\be_ptr\[|\(e_ptr \+ |\(\(u(?:short|int)\*\)e_ptr\)[\[ ]"
+
+
 def _loads_outside_leader_branch(src: str) -> int:
-    """Weight loads (`e_ptr[`, and the vector loads `(e_ptr + ` of word_loads.py) of a CUDA kernel body that no
-    enclosing `if (0 <= groups_ptr[...])` scope guards (scopes followed by their braces, line by line: TVM's codegen
-    opens and closes one per line)."""
+    """Weight loads (`_E_LOAD`) of a CUDA kernel body that no enclosing `if (0 <= groups[...])` scope guards (the
+    group entries read from `groups_ptr` or their register copy `groups_local_ptr`, gemv._group_entries_once; scopes
+    followed by their braces, line by line: TVM's codegen opens and closes one per line)."""
     stack, outside = [], 0
     for line in src.splitlines():
-        if re.search(r"\be_ptr\[|\(e_ptr \+ ", line) and not any(stack):
+        if re.search(_E_LOAD, line) and not any(stack):
             outside += 1
         for m in re.finditer(r"[{}]", line):
             if m.group() == "{":
-                stack.append(bool(re.search(r"if \(0 <= groups_ptr\[", line[:m.start()])))
+                stack.append(bool(re.search(r"if \(0 <= groups_(?:local_)?ptr\[", line[:m.start()])))
             elif stack:
                 stack.pop()
         if not stack and line.startswith("}"):

@@ -527,8 +527,9 @@ def test_predictable_realwidth_stage_reports_floor_fractions_and_speculation(bun
                                    pytest.param("all", id="every-format", marks=pytest.mark.slow)])
 def test_int8_kernels_stage_checks_the_integer_kernels_alone(bundle, tmp_path, types):
     """The `int8 kernels` stage (bench/int8_cases.py; here the llvm build of the same definitions): per integer-route
-    format and row count the rows quantized by the kernel equal the CPU's bit for bit and the product the x86
-    kernel's within GPU_TOL; a case whose expected product is off by 1e-3 fails the stage. The fast tier takes one
+    format and row count the rows quantized by the kernel (and their sums of 16 quants) equal the CPU's bit for bit
+    and the product the x86 kernel's within GPU_TOL; a case whose expected product is off by 1e-3, or one of whose
+    sums is off by one, fails the stage. The fast tier takes one
     format per kernel family (block32 Q8_0, K-quant Q4_K, table IQ4_XS, codebook IQ2_XXS), the slow one all."""
     import int8_cases
 
@@ -555,3 +556,12 @@ def test_int8_kernels_stage_checks_the_integer_kernels_alone(bundle, tmp_path, t
     d2 = with_plan(b, tmp_path, lambda p: p.update(int8_kernels=dict(spec, dir=str(bad))), name="bad")
     r = run_bundle(d2, "device-check", "--device", "cpu", "--only", "int8 kernels", "--out", str(tmp_path / "o2"))
     assert r.returncode != 0 and "Q4_K T=4" in r.stdout, r.stdout[-3000:]
+    # and with one expected sum of 16 quants off by one: red too
+    z = dict(np.load(art / "cases.npz"))
+    z["Q8_0/9/xs"][3, 1] += 1
+    bad = tmp_path / "int8bad_sum"
+    shutil.copytree(art, bad)
+    np.savez_compressed(bad / "cases.npz", **z)
+    d3 = with_plan(b, tmp_path, lambda p: p.update(int8_kernels=dict(spec, dir=str(bad))), name="bad_sum")
+    r = run_bundle(d3, "device-check", "--device", "cpu", "--only", "int8 kernels", "--out", str(tmp_path / "o3"))
+    assert r.returncode != 0 and "Q8_0 T=9" in r.stdout and "DIFFER" in r.stdout, r.stdout[-3000:]

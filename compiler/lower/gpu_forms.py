@@ -147,9 +147,9 @@ def _norm_q8(bb, n, sym, kernels, env, uses):
     T = dim_expr(n.shape[0], sym)
     out = bb.emit(relax.call_tir(gv, relax.Tuple([env[x.id], wv[1][0]]),
                                  [relax.TensorType([T, K], "float32"), relax.TensorType([T, K // 4], "int32"),
-                                  relax.TensorType([T, K // B], "float32")]))
-    y, xq, xd = (bb.emit(relax.TupleGetItem(out, i)) for i in range(3))
-    kernels.memo[("int8", y, B)] = [xq, xd]
+                                  relax.TensorType([T, K // B], "float32"), relax.TensorType([T, K // 16], "int32")]))
+    y, *rows = (bb.emit(relax.TupleGetItem(out, i)) for i in range(4))
+    kernels.memo[("int8", y, B)] = rows
     return y
 
 
@@ -324,10 +324,12 @@ def _gather_swiglu(bb, n, sym, kernels, env, uses):
 
 
 def quantized_rows(bb, x, B: int, kernels) -> list:
-    """[xq, xd]: the int8 activation rows of x in blocks of B (cuda.int8.quantize_rows), once per x and B."""
+    """[xq, xd, xs]: the int8 activation rows of x in blocks of B and their sums of 16 quants
+    (cuda.int8.quantize_rows, sums=True), once per x and B."""
     key = ("int8", x, B)
     if key not in kernels.memo:
         cuda_ = kernels.gpu_int8 == "cuda"
-        q = bb.emit_te(lambda t: list(cuda.int8.quantize_rows(t, B, cuda_)), x, primfunc_name_hint="quantize_q8")
-        kernels.memo[key] = [bb.emit(relax.TupleGetItem(q, 0)), bb.emit(relax.TupleGetItem(q, 1))]
+        q = bb.emit_te(lambda t: list(cuda.int8.quantize_rows(t, B, cuda_, sums=True)), x,
+                       primfunc_name_hint="quantize_q8")
+        kernels.memo[key] = [bb.emit(relax.TupleGetItem(q, i)) for i in range(3)]
     return kernels.memo[key]

@@ -190,10 +190,10 @@ def _(bb, n, args, cx):
         args = [w, *gpu_forms.quantized_rows(bb, args[1], B, cx.kernels), *args[2:]]
     if (gpu or B is not None) and n.op == "mul_mat_id" and not _static_one(dim_expr(n.inputs[2].shape[0], cx.sym)):
         return _mul_mat_id_grouped(bb, n, args, cx, B is not None)
-    if B is not None:
+    if B is not None:   # args: w, xq, xd, xs(, ids)
         dp4a = cx.kernels.gpu_int8 == "cuda"
         f = cuda.int8.mul_mat if n.op == "mul_mat" else cuda.int8.mul_mat_id
-        y = _te(bb, n, args, fn=lambda *a: f(*a, dp4a=dp4a))
+        y = _te(bb, n, args, fn=lambda w, xq, xd, xs, *ids: f(w, xq, xd, *ids, dp4a=dp4a, xs=xs))
     else:
         y = _te(bb, n, args, fn=cuda.TE_OPS.get(n.op) if gpu else None)
     if gpu and n.op == "mul_mat_id" and len(n.inputs[1].shape) == 2:
@@ -223,14 +223,15 @@ def _mul_mat_id_grouped(bb, n, args, cx, quantized: bool = False):
     fuses the element-wise tail after it (SwiGLU, the routing weights) but not the reduction before it (that would
     leave the products in a workspace allocated at each call: SPLIT_OPS). The one-row decode and draft steps keep
     `cuda.mul_mat_id` (one block per slot: nothing to group)."""
-    w, *x, ids = args   # x: the float rows, or (quantized) xq, xd
+    w, *x, ids = args   # x: the float rows, or (quantized) xq, xd, xs
     groups = cx.kernels.memo.get(ids)
     if groups is None:
         leaders = bb.emit_te(cuda.expert_leaders, ids, primfunc_name_hint="expert_leaders")
         groups = bb.emit_te(cuda.expert_groups, ids, leaders, primfunc_name_hint="expert_groups")
         cx.kernels.memo[ids] = groups
     dp4a = cx.kernels.gpu_int8 == "cuda"
-    fn = (lambda *a: cuda.int8.mul_mat_id_grouped(*a, dp4a=dp4a)) if quantized else cuda.mul_mat_id_grouped
+    fn = (lambda w, xq, xd, xs, ids, groups: cuda.int8.mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a=dp4a, xs=xs)) \
+        if quantized else cuda.mul_mat_id_grouped
     y = _te(bb, n, [w, *x, ids, groups], fn=fn)
     T = dim_expr(n.inputs[2].shape[0], cx.sym)
     kk, N, W = int(n.inputs[2].shape[1]), int(n.shape[-1]), cuda.GROUP_ROWS

@@ -41,7 +41,7 @@ from tvm import tirx
 
 from nextn.schedules.loops import static_extent
 
-from .te import DEQUANT, GROUPED, HEAD, MATMUL, MIN, SCALE, WORD_VEC, XQ_GROUP, XQ_PAD
+from .te import DEQUANT, GROUPED, HEAD, MATMUL, MIN, SCALE, WORD_VEC, XQ_GROUP, XQ_PAD, XS_GROUP, XS_PAD
 
 # Activation rows per pass over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8 activations). 4 covers
 # verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (zeros), and at 8 rows a 4-row
@@ -83,6 +83,33 @@ def _words(sch, blk):
         sch.unroll(words)
 
 
+def _group_entries_once(sch, kx) -> None:
+    """The grouped mul_mat_id's group entries (te.expert_groups: int32 [T, n_used, GROUP_ROWS + 1], its members'
+    rows and the leader test), which every step's loads index (weight, activation words, their sums, scales), read
+    into registers once per thread at `kx` (the lane) instead of once per step: a cached copy for all its readers."""
+    from tvm.s_tir import SBlock
+
+    from .te import GROUP_ROWS
+
+    names = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, (SBlock, lambda b: names.append(b.name_hint)), order="post")
+    blocks = [sch.get_sblock(n) for n in names if n != "root"]
+    readers, buf = [], None
+    for b in blocks:
+        for r in sch.get(b).reads:
+            src = r.source
+            if str(src.dtype) == "int32" and len(src.shape) == 3 and static_extent(src.shape[-1]) == GROUP_ROWS + 1 \
+                    and (buf is None or src.same_as(buf)):
+                buf = src
+                readers.append(b)
+                break
+    if not readers:
+        return
+    i = next(k for k, r in enumerate(sch.get(readers[0]).reads) if r.source.same_as(buf))
+    cached = sch.cache_read(readers[0], i, "local", consumer_blocks=readers)
+    sch.compute_at(cached, kx, preserve_unit_loops=True)
+
+
 def schedule(func: tirx.PrimFunc, target):
     """The GEMV schedule of a (fused) PrimFunc holding one `te.py` matmul, or None when `func` is not one."""
     from tvm import s_tir
@@ -111,7 +138,9 @@ def schedule(func: tirx.PrimFunc, target):
     # group's member rows (int8.mul_mat_id_grouped): a register tile below, like the float route's x_pads, when its
     # loads can be vectors
     xq_pads = _named(sch, blocks[:i_mm], XQ_PAD) + _named(sch, blocks[:i_mm], XQ_GROUP) if integer else []
-    keep = weight_side + [sch.get(b) for b in xq_pads]
+    # and their sums of 16 quants (int8.quantize_rows(sums=True)), padded or gathered alike
+    xs_pads = _named(sch, blocks[:i_mm], XS_PAD) + _named(sch, blocks[:i_mm], XS_GROUP) if integer else []
+    keep = weight_side + [sch.get(b) for b in xq_pads + xs_pads]
     # element-wise producers of the activations (SwiGLU, a division): into the reads (chosen before inlining
     # changes the block nodes)
     for b in [b for b in blocks[:i_mm] if not any(sch.get(b).same_as(w) for w in keep)]:
@@ -175,9 +204,9 @@ def schedule(func: tirx.PrimFunc, target):
     # a row is K/4 words and K a multiple of 512 for whole steps), 2 for IQ1_M's groups
     x_vec = 4 if x_words % 4 == 0 else 2
     if not (exact_steps and x_words % x_vec == 0 and len(x_pads) == 1):
-        for b in x_pads:   # read in place, each load predicated
+        for b in x_pads + xs_pads:   # read in place, each load predicated
             sch.compute_inline(b)
-        x_pads = []
+        x_pads = xs_pads = []
 
     no, ny = sch.split(loops[-2], [None, WARPS])
     ko, kx, kv = sch.split(loops[-1], [None, LANES, vec])
@@ -224,23 +253,29 @@ def schedule(func: tirx.PrimFunc, target):
     # the activations of a static row count (the decode and draft steps; the routed experts' (row, slot) pairs) as
     # vector loads too (float4; the integer route: its int32 words, not the block scales xd or the weight's factors;
     # not the grouped kernel's rows, read through the group index: no bounded region); a padded row tile below
+    # (the integer route: its words, [..., K/4] like the weight's, not their sums of 16 quants)
     acts = [i for i, r in enumerate(sch.get(rf).reads) if not any(r.source.same_as(b) for b in (
         sch.get(rf).writes[0].source, sch.get(deq).writes[0].source))
-        and (not integer or str(r.source.dtype) == "int32")]
+        and (not integer or (str(r.source.dtype) == "int32" and int(r.source.shape[-1]) == int(deq_buf.shape[-1])))]
     if exact_steps and rows_static and len(acts) == 1 and x_words % x_vec == 0 and not _named(sch, [mm], GROUPED):
         xl = sch.cache_read(rf, acts[0], "local")
         sch.compute_at(xl, ko, preserve_unit_loops=True)
         v_o, v4 = sch.split(sch.get_loops(xl)[-1], [None, x_vec])
         sch.vectorize(v4)
         sch.unroll(v_o)
-    for xp in x_pads:   # the padded (gathered) row tile's activations: vector loads under one row predicate each
+    # the padded (gathered) row tile's activations: vector loads under one row predicate each; their sums (a lane's
+    # x_words / 4 of a step) as pairs where even
+    for xp, width in [(b, x_vec) for b in x_pads] + [(b, 2 if x_words % 8 == 0 else 1) for b in xs_pads]:
         sch.compute_at(xp, ko, preserve_unit_loops=True)
         sch.set_scope(xp, 0, "local")
         *_, xr, xk = sch.get_loops(xp)
-        v_o, v4 = sch.split(xk, [None, x_vec])
-        sch.vectorize(v4)
+        v_o, v4 = sch.split(xk, [None, width])
+        if width > 1:
+            sch.vectorize(v4)
         sch.unroll(v_o)
         sch.unroll(xr)
+    if _named(sch, [mm], GROUPED):
+        _group_entries_once(sch, kx)
     sch.decompose_reduction(rf, ko_o)
     sch.unroll(ko)
     sch.unroll(kv)

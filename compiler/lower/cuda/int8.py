@@ -42,7 +42,10 @@ from tvm import te, tirx
 from nextn.compiler.quant import k_quants
 
 F32, I32 = "float32", "int32"
-AMAX, ACT_D, ACT_Q = "act_amax", "act_d", "act_q"
+AMAX, ACT_D, ACT_Q, ACT_S = "act_amax", "act_d", "act_q", "act_s"
+# Quants per activation sum (`quantize_rows(sums=True)`): a group of 4 words, the smallest group_words that sums
+# them (a sub-block of 16)
+SUM_QUANTS = 16
 DOT4 = "__dp4a"
 
 
@@ -104,9 +107,11 @@ def _div(a, b, cuda: bool):
     return tirx.call_pure_extern(F32, "__fdiv_rn", a, b) if cuda else a / b
 
 
-def quantize_rows(x, B: int, cuda: bool = False):
-    """(xq int32 [..., K/4], xd float32 [..., K/B]) of float32 rows x [..., K] (module docstring). `cuda`: the
-    divisions as `__fdiv_rn` (else plain; llvm's is correctly rounded)."""
+def quantize_rows(x, B: int, cuda: bool = False, sums: bool = False):
+    """(xq int32 [..., K/4], xd float32 [..., K/B]) of float32 rows x [..., K] (module docstring), and with `sums`
+    xs int32 [..., K/16]: each 16 quants' sum (what sum dot4(0x01010101, xq) over their 4 words gives; the GEMV's
+    min term reads it once per row instead, as llama.cpp's q8_1 blocks carry theirs). `cuda`: the divisions as
+    `__fdiv_rn` (else plain; llvm's is correctly rounded)."""
     from nextn.common.quant.activation import AMAX_MIN
 
     *lead, K = x.shape
@@ -118,16 +123,30 @@ def quantize_rows(x, B: int, cuda: bool = False):
 
     xd = te.compute((*lead, K // B), lambda *l: _div(kept(amax[l]), _c(127.0, F32), cuda), name=ACT_D)
 
+    def inv(l, k):   # 127 / amax of the block of element k of row l
+        a = kept(amax[(*l, k // B)])
+        return tirx.Select(a > _c(0.0, F32), _div(_c(127.0, F32), a, cuda), _c(0.0, F32))
+
+    def quant(l, k, scale):   # the int32 quant of element k of row l (-127 .. 127)
+        return tirx.nearbyint(x[(*l, k)] * scale).astype(I32)
+
     def word(*l):
-        a = kept(amax[(*l[:-1], l[-1] * 4 // B)])
-        inv = tirx.Select(a > _c(0.0, F32), _div(_c(127.0, F32), a, cuda), _c(0.0, F32))
-        w = _c(0)
+        scale, w = inv(l[:-1], l[-1] * 4), _c(0)
         for e in range(4):
-            q = tirx.nearbyint(x[(*l[:-1], l[-1] * 4 + e)] * inv).astype(I32)
-            w = w | ((q & _c(255)) << _c(8 * e))
+            w = w | ((quant(l[:-1], l[-1] * 4 + e, scale) & _c(255)) << _c(8 * e))
         return w
 
-    return te.compute((*lead, K // 4), word, name=ACT_Q), xd
+    xq = te.compute((*lead, K // 4), word, name=ACT_Q)
+    if not sums:
+        return xq, xd
+
+    def total(*l):
+        scale, v = inv(l[:-1], l[-1] * SUM_QUANTS), _c(0)
+        for e in range(SUM_QUANTS):
+            v = v + quant(l[:-1], l[-1] * SUM_QUANTS + e, scale)
+        return v
+
+    return xq, xd, te.compute((*lead, K // SUM_QUANTS), total, name=ACT_S)
 
 
 def _u32(b, off):
@@ -477,29 +496,37 @@ def group_words(kind: str, K: int) -> int:
     return g
 
 
-def _group_term(kind, words, scale, low, wi, xw, xdw, g, dp4a):
+def _group_term(kind, words, scale, low, wi, xw, xdw, g, dp4a, xsw=None):
     """The float32 term of word group g (words Gg .. Gg + G - 1, G = `group_words`):
     xd · (s · f32(Σ dot4(w, xq)) - m · f32(Σ dot4(1111, xq))), the sums in int32 over the group's words; `wi`
-    indexes the weight stages without the word, `xw(j)` / `xdw(j)` are the activation's word j and its block scale."""
+    indexes the weight stages without the word, `xw(j)` / `xdw(j)` are the activation's word j and its block scale;
+    `xsw(i)`, where given, the activation's sum i of 16 quants (`quantize_rows(sums=True)`): Σ dot4(1111, xq) as
+    the sum of the group's G / 4 of them (the same int32), for G a multiple of 4."""
     sub, G = FORMATS[kind].sub // 4, group_words(kind, int(words.shape[-1]) * 4)
     j0 = g * G
+    per = SUM_QUANTS // 4
+    sums = low is not None and xsw is not None and G % per == 0
     iw = ix = None
     for v in range(G):
         x = xw(j0 + v)
         iw = dot4(words[(*wi, j0 + v)], x, dp4a, iw)
-        if low is not None:
+        if low is not None and not sums:
             ix = dot4(_c(_ONES), x, dp4a, ix)
+    if sums:
+        for h in range(G // per):
+            ix = xsw(g * (G // per) + h) if ix is None else ix + xsw(g * (G // per) + h)
     s = scale[(*wi, j0 // sub)] * iw.astype(F32)
     if low is not None:
         s = s - low[(*wi, j0 // sub)] * ix.astype(F32)
     return xdw(j0) * s
 
 
-def mul_mat(w, xq, xd, dp4a: bool = True):
+def mul_mat(w, xq, xd, dp4a: bool = True, xs=None):
     """ggml_mul_mat of quantized weight w [N, K] (or [H, N, K] per head with rows [T, H, K]) with quantized
-    activation rows (`quantize_rows`: xq [T, ..., K/4], xd [T, ..., K/B]): float32 [T, ..., N]. A symbolic T is
-    padded to whole GEMV row tiles in the definition (rows past T read 0; the padded sums are copied out), which
-    the schedule's `pad_einsum` does for the float route (it takes einsums only)."""
+    activation rows (`quantize_rows`: xq [T, ..., K/4], xd [T, ..., K/B], and xs [T, ..., K/16] or None: the
+    min term from the quants' sums, else from dot4(1111, xq)): float32 [T, ..., N]. A symbolic T is padded to whole
+    GEMV row tiles in the definition (rows past T read 0; the padded sums are copied out), which the schedule's
+    `pad_einsum` does for the float route (it takes einsums only)."""
     from .te import MATMUL
 
     words, scale, low = _stages(w, tuple(w.shape[:-2]), lambda *b: b)
@@ -510,20 +537,24 @@ def mul_mat(w, xq, xd, dp4a: bool = True):
     padded = not isinstance(T, tirx.IntImm)
     if padded:
         from .gemv import TILE_ROWS
-        from .te import XQ_PAD
+        from .te import XQ_PAD, XS_PAD
 
         Tp = (T + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
         xq = te.compute((Tp, *xq.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xq[(t, *r)], _c(0)),
                         name=XQ_PAD)
         xd = te.compute((Tp, *xd.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xd[(t, *r)], _c(0.0, F32)),
                         name="xd_pad")
+        if xs is not None:   # a register tile of the GEMV too (gemv.py)
+            xs = te.compute((Tp, *xs.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xs[(t, *r)], _c(0)),
+                            name=XS_PAD)
     j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
 
     def f(*i):
         wi = (i[-2], i[-1]) if heads else (i[-1],)
         xi = i[:-1]
         return te.sum(_group_term(w.kind, words, scale, low, wi, lambda jj: xq[(*xi, jj)],
-                                  lambda jj: xd[(*xi, jj // B4)], j, dp4a), axis=j)
+                                  lambda jj: xd[(*xi, jj // B4)], j, dp4a,
+                                  None if xs is None else lambda h: xs[(*xi, h)]), axis=j)
 
     y = te.compute((*xq.shape[:-1], w.shape[-2]), f, name=MATMUL)
     if padded:
@@ -531,9 +562,9 @@ def mul_mat(w, xq, xd, dp4a: bool = True):
     return y
 
 
-def mul_mat_id(w, xq, xd, ids, dp4a: bool = True):
-    """ggml_mul_mat_id of quantized experts w [X, N, K] with quantized rows xq / xd ([T, ...] or [T, n_used, ...],
-    `quantize_rows`): float32 [T, n_used, N]."""
+def mul_mat_id(w, xq, xd, ids, dp4a: bool = True, xs=None):
+    """ggml_mul_mat_id of quantized experts w [X, N, K] with quantized rows xq / xd (/ xs) ([T, ...] or
+    [T, n_used, ...], `quantize_rows`; xs as in `mul_mat`): float32 [T, n_used, N]."""
     from .te import MATMUL
 
     T, kk = ids.shape
@@ -545,15 +576,16 @@ def mul_mat_id(w, xq, xd, ids, dp4a: bool = True):
     def f(t, s, n):
         xi = (t,) if len(xq.shape) == 2 else (t, s)
         return te.sum(_group_term(w.kind, words, scale, low, (t, s, n), lambda jj: xq[(*xi, jj)],
-                                  lambda jj: xd[(*xi, jj // B4)], j, dp4a), axis=j)
+                                  lambda jj: xd[(*xi, jj // B4)], j, dp4a,
+                                  None if xs is None else lambda h: xs[(*xi, h)]), axis=j)
 
     return te.compute((T, kk, w.shape[-2]), f, name=MATMUL)
 
 
-def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True):
-    """`te.mul_mat_id_grouped` on quantized rows: float32 [T, n_used, GROUP_ROWS, N], a leader's products for its
-    member rows, 0 elsewhere; a pair that leads no group loads no weight."""
-    from .te import GROUP_ROWS, GROUPED, XQ_GROUP
+def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True, xs=None):
+    """`te.mul_mat_id_grouped` on quantized rows (xs as in `mul_mat`): float32 [T, n_used, GROUP_ROWS, N], a
+    leader's products for its member rows, 0 elsewhere; a pair that leads no group loads no weight."""
+    from .te import GROUP_ROWS, GROUPED, XQ_GROUP, XS_GROUP
 
     T, kk = ids.shape
     W = GROUP_ROWS
@@ -573,14 +605,21 @@ def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True):
         return tirx.if_then_else(is_member, xq[(*xi, jj)], _c(0))
 
     # the members' activation words as a stage of their own (0 past the members): the GEMV keeps it as a register
-    # tile, a lane's 2 words of a step as one 64-bit load under the member's test (gemv.py, as XQ_PAD); the sums
-    # read the same words in the same order, whether it is kept or inlined
+    # tile, a lane's words of a step as 128-bit loads under the member's test (gemv.py, as XQ_PAD); the sums
+    # read the same words in the same order, whether it is kept or inlined. Their sums of 16 quants alike (XS_GROUP).
     xg = te.compute((T, kk, W, Kw), words_of, name=XQ_GROUP)
+    if xs is not None:
+        def sums_of(t, s, q, h):
+            xi, is_member = member(t, s, q)
+            return tirx.if_then_else(is_member, xs[(*xi, h)], _c(0))
+
+        xsg = te.compute((T, kk, W, xs.shape[-1]), sums_of, name=XS_GROUP)
 
     def f(t, s, q, n):
         xi, is_member = member(t, s, q)
         v = _group_term(w.kind, words, scale, low, (t, s, n), lambda jj: xg[t, s, q, jj],
-                        lambda jj: xd[(*xi, jj // B4)], j, dp4a)
+                        lambda jj: xd[(*xi, jj // B4)], j, dp4a,
+                        None if xs is None else lambda h: xsg[t, s, q, h])
         return te.sum(tirx.if_then_else(is_member, v, _c(0.0, F32)), axis=j)
 
     return te.compute((T, kk, W, w.shape[-2]), f, name=GROUPED)
@@ -592,8 +631,8 @@ QUANT_WARPS = 4   # activation blocks per thread block of the quantizer (one war
 def schedule_quantize(func: tirx.PrimFunc, target):
     """The GPU schedule of a (fused) `quantize_rows` PrimFunc, or None when `func` is not one: a warp per activation
     block, its lanes' |x| maxima reduced by warp shuffles (max is exact in any order, so amax is the CPU's), then
-    lane 0 stores d and the lanes the block's B / 4 words; element-wise producers of x (SwiGLU, a division) are
-    computed in place of its reads."""
+    lane 0 stores d and the lanes the block's B / 4 words (and B / 16 sums); element-wise producers of x (SwiGLU, a
+    division) are computed in place of its reads."""
     import re
 
     from tvm import s_tir
@@ -609,11 +648,12 @@ def schedule_quantize(func: tirx.PrimFunc, target):
         hits = [b for b, n in zip(blocks, names) if re.fullmatch(rf"{name}(_\d+)?", n)]
         return hits[0] if len(hits) == 1 else None
 
-    amax, xd, xq = one(AMAX), one(ACT_D), one(ACT_Q)
+    amax, xd, xq, xs = one(AMAX), one(ACT_D), one(ACT_Q), one(ACT_S)
     if amax is None or xd is None or xq is None:
         return None
     i_amax = next(i for i, b in enumerate(blocks) if sch.get(b).same_as(sch.get(amax)))
-    if len(blocks) != i_amax + 3:   # element-wise producers, then the three stages and nothing after them
+    # element-wise producers, then the three stages (four with the sums) and nothing after them
+    if len(blocks) != i_amax + (3 if xs is None else 4):
         return None
     for b in blocks[:i_amax]:
         sch.compute_inline(b)
@@ -625,9 +665,11 @@ def schedule_quantize(func: tirx.PrimFunc, target):
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")   # a cross-lane reduction: TVM lowers it to warp shuffles, the result in every lane
     sch.set_scope(amax, 0, "local")
-    for b in (xd, xq):
+    outs = (xd, xq) if xs is None else (xd, xq, xs)
+    for b in outs:
         sch.reverse_compute_at(b, ty, preserve_unit_loops=True)
-    *_, wj = sch.get_loops(xq)
-    _wo, wx = sch.split(wj, [None, 32])
-    sch.bind(wx, "threadIdx.x")
+    for b in outs[1:]:   # the block's words, and its sums of 16 quants: over the lanes
+        *_, wj = sch.get_loops(b)
+        _wo, wx = sch.split(wj, [None, 32])
+        sch.bind(wx, "threadIdx.x")
     return sch

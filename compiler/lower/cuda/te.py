@@ -33,6 +33,8 @@ XQ_PAD = "xq_pad"
 # The integer grouped mul_mat_id's member rows' activation words (int8.mul_mat_id_grouped, 0 past the members): the
 # schedule loads them as XQ_PAD's register tile, each row's vectors under its member test
 XQ_GROUP = "xq_group"
+# Their sums of 16 quants (int8.quantize_rows(sums=True)), padded and gathered alike: register tiles of the GEMV
+XS_PAD, XS_GROUP = "xs_pad", "xs_group"
 
 
 def _dequant(w, lead, weight_lead, keep=None):
