@@ -15,9 +15,8 @@ whatever it computes (issue 33's per-kernel table, docs/gpu.md); here one block 
        values it stored itself.
 
 xq, xd, xs are `int8.quantize_rows(y, sums=True)` bit for bit (the same expressions on the same y); y is the float
-output, for
-consumers off the integer route (the MoE router's float GEMV). The "gpu-emulated" form runs the same loops with
-serial threads on llvm (tests/test_norm_q8.py).
+output, for consumers off the integer route (the MoE router's float GEMV). The "gpu-emulated" form runs the same
+loops with serial threads on llvm (tests/test_norm_q8.py).
 """
 from __future__ import annotations
 
@@ -40,8 +39,8 @@ def fits(K: int, B: int) -> bool:
 def rms_norm_q8_kernel(K: int, B: int, eps: float, cuda: bool, gpu: bool):
     """PrimFunc (x f32 [T, K], w f32 [K] -> y f32 [T, K], xq int32 [T, K/4], xd f32 [T, K/B], xs int32 [T, K/16]):
     y = rms_norm(x, eps) * w, (xq, xd, xs) = int8.quantize_rows(y, B, cuda, sums=True). `cuda`: the quantizer's
-    divisions as `__fdiv_rn` (int8._div);
-    `gpu`: a block of THREADS threads per row, else the same loops serially (the "gpu-emulated" form)."""
+    divisions as `__fdiv_rn` (int8._div); `gpu`: a block of THREADS threads per row, else the same loops serially
+    (the "gpu-emulated" form)."""
     assert fits(K, B), (K, B)
     from nextn.common.quant.activation import AMAX_MIN
 
