@@ -304,17 +304,17 @@ def _sum_funcs(ttype, K):
 def test_int8_sums_change_no_bit(ttype):
     """`quantize_rows(sums=True)` writes each 16 quants' sum (numpy's sums of the CPU's quants, and of its own
     words' bytes), and the matmuls that take it (the min term's Σ dot4(1111, xq) read as those sums: Q4_K, Q5_K,
-    Q4_1, Q2_K, IQ1_S; IQ1_M's groups of 2 words and Q8_0 without a min term keep their sums) give the outputs of the
-    ones without it bit for bit, built for llvm: mul_mat over a symbolic T, mul_mat_id and the grouped mul_mat_id
-    (both x layouts, repeated experts)."""
+    Q4_1, Q2_K, IQ1_S; neither IQ1_M, whose groups of 2 words keep the dp4a, nor Q8_0, which has no min term, reads
+    them) give the outputs of the ones without it bit for bit, built for llvm: mul_mat over a symbolic T, mul_mat_id
+    and the grouped mul_mat_id (both x layouts, repeated experts)."""
     K, T, B = _k(ttype), 6, _block(ttype)
     funcs = _sum_funcs(ttype, K)
     reads = ttype not in ("IQ1_M", "Q8_0")   # a min term, in groups of whole sums
     for name, f in funcs.items():
         assert ("xs[" in f.script()) == (name.endswith("_s") and reads), (ttype, name)
     lib = tvm.compile(_module(funcs), target="llvm")
-    _packed, w = _data(ttype, (N, K), 1)
-    epacked, ew = _data(ttype, (XG, N, K), 2)
+    packed, w = _data(ttype, (N, K), 1)
+    epacked, _ew = _data(ttype, (XG, N, K), 2)
     x = _x(T, K, 3, w.astype(np.float64))
     xq, xd, xs = (tvm.runtime.empty(sh, dt) for sh, dt in (((T, K // 4), "int32"), ((T, K // B), "float32"),
                                                             ((T, K // 16), "int32")))
@@ -325,7 +325,7 @@ def test_int8_sums_change_no_bit(ttype):
     want = cq.reshape(T, K // 16, 16).astype(np.int64).sum(-1)
     assert np.array_equal(xs, want) and np.abs(xs).max() > 16, ttype
     q3, d3, s3 = (np.ascontiguousarray(np.repeat(a[:, None], USED, 1)) for a in (q, d, xs))
-    (packed, _w), ids = _data(ttype, (N, K), 1), _ids(T, 9, True)
+    ids = _ids(T, 9, True)
     for name, shape, args in (("mul_mat", (T, N), (q, d, xs, *packed)),
                               ("mul_mat_id", (T, USED, N), (q, d, xs, ids, *epacked)),
                               ("mul_mat_id3", (T, USED, N), (q3, d3, s3, ids, *epacked)),
