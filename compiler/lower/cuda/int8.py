@@ -40,6 +40,7 @@ import numpy as np
 from tvm import te, tirx
 
 from nextn.compiler.quant import k_quants
+from nextn.compiler.quant.te import Block
 
 F32, I32 = "float32", "int32"
 AMAX, ACT_D, ACT_Q, ACT_S = "act_amax", "act_d", "act_q", "act_s"
@@ -216,11 +217,11 @@ class Fmt(NamedTuple):
 HEAD_BYTES = 16
 
 
-class _Head:
-    """Block's u8 / u16 / f16 reads at byte offsets below HEAD_BYTES, from the block's head words (te.HEAD: uint32
-    [..., blocks, 4], little-endian) instead of the weight's bytes."""
+class _Head(Block):
+    """A Block whose reads at byte offsets below HEAD_BYTES come from the block's head words (te.HEAD: uint32
+    [..., blocks, 4], little-endian) instead of the weight's bytes; i8 / u32 / f16 as Block builds them."""
 
-    def __init__(self, head, pre, kb):
+    def __init__(self, head, pre, kb):   # (no Block.__init__: no raw bytes, no element)
         self.head, self.pre, self.kb = head, tuple(pre), kb
 
     def _bits(self, off, dtype):   # the value at byte `off` and up, in a `dtype`
@@ -232,11 +233,6 @@ class _Head:
 
     def u16(self, off):   # at an even offset: within one word
         return self._bits(off, "uint16")
-
-    def f16(self, off):
-        from nextn.compiler.quant.te import f32
-
-        return f32(tirx.reinterpret("float16", self.u16(off)))
 
 
 def _q45k_word(kind):
@@ -432,8 +428,6 @@ FORMATS = _formats()
 
 def _stages(w, lead, weight_lead, keep=None):
     """(DEQUANT words int32 [*lead, N, K/4], SCALE f32 [*lead, N, K/sub], MIN or None) of quantized weight w."""
-    from nextn.compiler.quant.te import Block
-
     from nextn.common.quant import FORMATS as LAYOUTS
 
     from .te import DEQUANT, HEAD, MIN, SCALE, WORD_LOAD

@@ -92,24 +92,29 @@ def _groups_of_4(blk, views) -> bool:
     from tvm.sym import Analyzer
 
     w = blk.iter_vars[-1]
-    if str(blk.writes[0].source.dtype) not in ("int32", "uint32") or static(w.dom.extent) is None \
-            or static(w.dom.extent) % 4:
+    n = static(w.dom.extent)
+    if str(blk.writes[0].source.dtype) not in ("int32", "uint32") or n is None or n % 4:
         return False
+    weight = [b for (src, _dt), v in views.items() for b in (src, v)]
+    words = [v for (_src, dt), v in views.items() if dt == "uint32"]
     loads = []
     tvm_ffi.structural_walk(blk.body, (TensorLoad, loads.append), order="post")
-    words = [v for (_s, dt), v in views.items() if dt == "uint32"]
-    loads = [ld for ld in loads if any(ld.source.same_as(b) for (src, _dt), v in views.items() for b in (src, v))]
-    if not loads or any(not any(ld.source.same_as(v) for v in words) or int(ld.source.shape[-1]) % 4
-                        for ld in loads):
+    loads = [ld for ld in loads if any(ld.source.same_as(b) for b in weight)]
+    if not loads or not all(any(ld.source.same_as(v) for v in words) and int(ld.source.shape[-1]) % 4 == 0
+                            for ld in loads):
         return False
     g, j = tirx.Var("g", str(w.var.ty)), tirx.Var("j", str(w.var.ty))
     analyzer = Analyzer()
-    analyzer.bind(g, Range(0, static(w.dom.extent) // 4))
+    analyzer.bind(g, Range(0, n // 4))
     analyzer.bind(j, Range(0, 4))
+
+    def at(e, word):   # index e at word index `word`
+        return tvm_ffi.structural_map(e, (tirx.Var, lambda v: word if v.same_as(w.var) else v))
+
     for ld in loads:
-        at = tvm_ffi.structural_map(ld.indices[-1], (tirx.Var, lambda v: g * 4 + j if v.same_as(w.var) else v))
-        first = tvm_ffi.structural_map(ld.indices[-1], (tirx.Var, lambda v: g * 4 if v.same_as(w.var) else v))
-        if not (analyzer.can_prove_equal(at - first, j) and analyzer.can_prove_equal(tirx.floormod(first, 4), 0)):
+        first = at(ld.indices[-1], g * 4)
+        if not (analyzer.can_prove_equal(at(ld.indices[-1], g * 4 + j) - first, j)
+                and analyzer.can_prove_equal(tirx.floormod(first, 4), 0)):
             return False
     return True
 
@@ -117,9 +122,9 @@ def _groups_of_4(blk, views) -> bool:
 def word_loads(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`func` with the weight words of its WORD_LOAD blocks (DEQUANT, and the factors' SCALE / MIN) read as loads of
     a uint32 view (CUDA: one 32-bit load, `((uint*)w)[i]`) or a uint16 view (`((ushort*)w)[i]`), declared in the
-    block, instead of bytes OR-ed together: the same value, at the alignment the analyzer proves; a DEQUANT block
-    whose groups of 4 words are 16-byte-aligned fields (`_groups_of_4`) also marked WORD_VEC. Other blocks, and
-    every other expression, unchanged."""
+    block, instead of bytes OR-ed together: the same value, at the alignment the analyzer proves; a DEQUANT or HEAD
+    block whose groups of 4 words are 16-byte-aligned fields (`_groups_of_4`) also marked WORD_VEC. Other blocks,
+    and every other expression, unchanged."""
     import tvm_ffi
     from tvm.s_tir import SBlock
     from tvm.sym import Analyzer
