@@ -160,14 +160,15 @@ def _(bb, n, args, cx):
                       primfunc_name_hint="kpool_expand")
 
 
-def _te(bb, n, args, extra=(), prim=(), fn=None):
+def _te(bb, n, args, extra=(), prim=(), fn=None, attrs=None):
     """`n` as its te_ops function of the same name (or `fn`): fn(*inputs, *prim, *extra); quantized weights as
-    QWeights. Symbolic sizes (`prim`) go through emit_te's args so that the PrimFunc gets them as parameters."""
+    QWeights. Symbolic sizes (`prim`) go through emit_te's args so that the PrimFunc gets them as parameters;
+    `attrs`: the PrimFunc's attributes (given at its creation, so that equal functions are still one)."""
     flat, rebuild = _flatten(args)
     fn = fn or getattr(te_ops, n.op)
     nf = len(flat)
     return bb.emit_te(lambda *tes: fn(*rebuild(list(tes[:nf])), *tes[nf:], *extra), *flat, *prim,
-                      primfunc_name_hint=n.op)
+                      primfunc_name_hint=n.op, **({"primfunc_attrs": attrs} if attrs else {}))
 
 
 @lower("get_rows", "mul", "add", "div", "sigmoid", "swiglu", "sum_rows", "argmax", "silu", "softplus")
@@ -190,26 +191,21 @@ def _(bb, n, args, cx):
         args = [w, *gpu_forms.quantized_rows(bb, args[1], B, cx.kernels), *args[2:]]
     if (gpu or B is not None) and n.op == "mul_mat_id" and not _static_one(dim_expr(n.inputs[2].shape[0], cx.sym)):
         return _mul_mat_id_grouped(bb, n, args, cx, B is not None)
+    # kOutEWiseFusable, so that FuseOps puts the element-wise consumers (SwiGLU, bias and residual adds) into the
+    # GEMV's per-warp tail (cuda/gemv.py). TVM's AnnotateTIROpPattern calls opaque: a one-row GPU mul_mat_id of
+    # per-token rows x [T, K] (the routed gate and up: the indirect expert read), and a GPU mul_mat of a symbolic row
+    # count (its rows padded to whole tiles by a clamped read, cuda/te.py `padded_rows`). Unfused, each tail would be
+    # a kernel of its own per layer and step (a launch: ~2-3 us on an H200, issue 33's per-kernel table, against ~40
+    # us of weight bytes per MoE layer at GLM-4.5-Air widths). Not the routed down projection (rows [T, n_used, K]):
+    # its consumers sum over the slots, which a warp of one slot cannot.
+    fusable = gpu and n.op == "mul_mat_id" and len(n.inputs[1].shape) == 2 or (gpu or B is not None) and \
+        n.op == "mul_mat" and not isinstance(dim_expr(n.inputs[1].shape[0], cx.sym), int | tirx.IntImm)
+    attrs = {"op_pattern": 4} if fusable else None
     if B is not None:   # args: w, xq, xd, xs(, ids)
         dp4a = cx.kernels.gpu_int8 == "cuda"
         f = cuda.int8.mul_mat if n.op == "mul_mat" else cuda.int8.mul_mat_id
-        y = _te(bb, n, args, fn=lambda w, xq, xd, xs, *ids: f(w, xq, xd, *ids, dp4a=dp4a, xs=xs))
-    else:
-        y = _te(bb, n, args, fn=cuda.TE_OPS.get(n.op) if gpu else None)
-    if gpu and n.op == "mul_mat_id" and len(n.inputs[1].shape) == 2:
-        _tail_fusable(bb, y)
-    return y
-
-
-def _tail_fusable(bb, y) -> None:
-    """Mark the PrimFunc of `y` (a one-row GPU mul_mat_id of per-token rows x [T, K]: the routed gate and up) as
-    kOutEWiseFusable, so that FuseOps puts its element-wise consumer (SwiGLU) into the GEMV's per-warp tail
-    (cuda/gemv.py), as it does for the dense matmuls. TVM's AnnotateTIROpPattern calls the indirect expert read
-    opaque, and the SwiGLU would be a kernel of its own per MoE layer and step (a launch: ~2-3 us on an H200, issue
-    33's per-kernel table, against ~40 us of weight bytes per MoE layer at GLM-4.5-Air widths). Not the down
-    projection (rows [T, n_used, K]): its consumers sum over the slots, which a warp of one slot cannot."""
-    gv = bb.lookup_binding(y).args[0]
-    bb.update_func(gv, bb.get()[gv].with_attr("op_pattern", 4))
+        return _te(bb, n, args, fn=lambda w, xq, xd, xs, *ids: f(w, xq, xd, *ids, dp4a=dp4a, xs=xs), attrs=attrs)
+    return _te(bb, n, args, fn=cuda.TE_OPS.get(n.op) if gpu else None, attrs=attrs)
 
 
 def _static_one(dim) -> bool:

@@ -12,7 +12,7 @@ unscheduled definition is what tests check):
     threadIdx.y  the warp's weight row n
     threadIdx.x  the lane: VEC consecutive k per step, 32 x VEC per warp step (coalesced), UNROLL steps unrolled
       acc[TILE_ROWS] = 0                                    (registers; T padded to whole tiles, padded rows
-      per step: factors of the lane's sub-block (K-quants)   read x as 0 and are not stored)
+      per step: factors of the lane's sub-block (K-quants)   read row T - 1 and are not stored)
                 deq[VEC] = the lane's VEC weight elements   (from memory once per row tile)
                 xs[TILE_ROWS][VEC] = activations            (float4 loads where K allows)
                 acc[r] += xs[r][v] · deq[v]
@@ -41,7 +41,7 @@ from tvm import tirx
 
 from nextn.schedules.loops import static_extent
 
-from .te import DEQUANT, GROUPED, HEAD, MATMUL, MIN, SCALE, WORD_VEC, XQ_GROUP, XQ_PAD, XS_GROUP, XS_PAD
+from .te import DEQUANT, GROUPED, HEAD, MATMUL, MIN, SCALE, WORD_VEC, X_PAD, XQ_GROUP, XQ_PAD, XS_GROUP, XS_PAD
 
 # Activation rows per pass over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8 activations). 4 covers
 # verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (zeros), and at 8 rows a 4-row
@@ -134,10 +134,11 @@ def schedule(func: tirx.PrimFunc, target):
     integer = str(sch.get(deq).writes[0].source.dtype) == "int32"   # int8.py: 4 quants per word
     heads = _named(sch, blocks, HEAD)   # the factors' block heads (int8.py, Q4_K / Q5_K)
     weight_side = [sch.get(b) for b in (deq, *stages, *heads)]
-    # the integer route's activation words padded to whole row tiles (int8.mul_mat, symbolic T) or gathered for a
-    # group's member rows (int8.mul_mat_id_grouped): a register tile below, like the float route's x_pads, when its
-    # loads can be vectors
-    xq_pads = _named(sch, blocks[:i_mm], XQ_PAD) + _named(sch, blocks[:i_mm], XQ_GROUP) if integer else []
+    # the activations padded to whole row tiles (te.padded_rows, symbolic T: float rows or the integer route's
+    # words) or gathered for a group's member rows (int8.mul_mat_id_grouped): a register tile below when its loads
+    # can be vectors
+    xq_pads = _named(sch, blocks[:i_mm], XQ_PAD) + _named(sch, blocks[:i_mm], XQ_GROUP) if integer else \
+        _named(sch, blocks[:i_mm], X_PAD)
     # and their sums of 16 quants (int8.quantize_rows(sums=True)), padded or gathered alike
     xs_pads = _named(sch, blocks[:i_mm], XS_PAD) + _named(sch, blocks[:i_mm], XS_GROUP) if integer else []
     keep = weight_side + [sch.get(b) for b in xq_pads + xs_pads]
@@ -174,9 +175,9 @@ def schedule(func: tirx.PrimFunc, target):
         tile = TILE_ROWS if rows is None else min(TILE_ROWS, rows)
     rows_static = not row_axes or rows is not None
     x_pads = []
-    if tile > 1 and rows is None and not integer:   # int8.mul_mat pads in its definition
-        # pad the row axis to whole tiles: the accumulators are then a static [tile] register array (a split of a
-        # symbolic extent would leave them sized by T); the padded rows read x as 0 and are never stored
+    if tile > 1 and rows is None and not integer and not xq_pads:   # te.padded_rows pads in the definition
+        # else pad the row axis to whole tiles here: the accumulators are then a static [tile] register array (a
+        # split of a symbolic extent would leave them sized by T); the padded rows read x as 0 and are never stored
         sch.pad_einsum(mm, [tile if i in row_axes else 1 for i in range(len(kinds))])
         blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
         for b in blocks:
@@ -199,7 +200,7 @@ def schedule(func: tirx.PrimFunc, target):
     if integer:   # K counts word groups (int8.group_words: up to 32 quants of one sub-block): one per lane and step
         vec, x_words = 1, int(deq_buf.shape[-1]) // K
         exact_steps = K % LANES == 0
-        x_pads = xq_pads
+    x_pads += xq_pads
     # a float4 of float rows; on the integer route the lane's 4 words of a step (one 128-bit load, 16-byte aligned:
     # a row is K/4 words and K a multiple of 512 for whole steps), 2 for IQ1_M's groups
     x_vec = 4 if x_words % 4 == 0 else 2

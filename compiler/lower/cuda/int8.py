@@ -519,8 +519,8 @@ def mul_mat(w, xq, xd, dp4a: bool = True, xs=None):
     """ggml_mul_mat of quantized weight w [N, K] (or [H, N, K] per head with rows [T, H, K]) with quantized
     activation rows (`quantize_rows`: xq [T, ..., K/4], xd [T, ..., K/B], and xs [T, ..., K/16] or None: the
     min term from the quants' sums, else from dot4(1111, xq)): float32 [T, ..., N]. A symbolic T is padded to whole
-    GEMV row tiles in the definition (rows past T read 0; the padded sums are copied out), which the schedule's
-    `pad_einsum` does for the float route (it takes einsums only)."""
+    GEMV row tiles in the definition (`te.padded_rows`: a padded row reads row T - 1 and is not stored), which the
+    schedule's `pad_einsum` cannot do here (it takes einsums only)."""
     from .te import MATMUL
 
     words, scale, low = _stages(w, tuple(w.shape[:-2]), lambda *b: b)
@@ -530,17 +530,11 @@ def mul_mat(w, xq, xd, dp4a: bool = True, xs=None):
     T = xq.shape[0]
     padded = not isinstance(T, tirx.IntImm)
     if padded:
-        from .gemv import TILE_ROWS
-        from .te import XQ_PAD, XS_PAD
+        from .te import XQ_PAD, XS_PAD, padded_rows
 
-        Tp = (T + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
-        xq = te.compute((Tp, *xq.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xq[(t, *r)], _c(0)),
-                        name=XQ_PAD)
-        xd = te.compute((Tp, *xd.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xd[(t, *r)], _c(0.0, F32)),
-                        name="xd_pad")
+        xq, xd = padded_rows(xq, T, XQ_PAD), padded_rows(xd, T, "xd_pad")
         if xs is not None:   # a register tile of the GEMV too (gemv.py)
-            xs = te.compute((Tp, *xs.shape[1:]), lambda t, *r: tirx.if_then_else(t < T, xs[(t, *r)], _c(0)),
-                            name=XS_PAD)
+            xs = padded_rows(xs, T, XS_PAD)
     j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
 
     def f(*i):
@@ -552,7 +546,9 @@ def mul_mat(w, xq, xd, dp4a: bool = True, xs=None):
 
     y = te.compute((*xq.shape[:-1], w.shape[-2]), f, name=MATMUL)
     if padded:
-        y = te.compute((T, *y.shape[1:]), lambda *i: y[i], name=MATMUL + "_pad")
+        from .te import unpadded
+
+        y = unpadded(y, T)
     return y
 
 

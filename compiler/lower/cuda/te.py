@@ -27,9 +27,9 @@ WORD_LOAD = "nextn.word_load"
 # What word_loads.py adds to a DEQUANT block whose 4 words of each group are one 16-byte-aligned field: the GEMV
 # (gemv.py) loads the group as one 128-bit vector
 WORD_VEC = "nextn.word_vec"
-# The integer route's activation words padded to whole GEMV row tiles (int8.mul_mat, a symbolic T): the schedule
-# loads them as a register tile of vectors
-XQ_PAD = "xq_pad"
+# The activation rows of a symbolic row count padded to whole GEMV row tiles (`padded_rows`; float32 rows: mul_mat;
+# the integer route's words: int8.mul_mat): the schedule loads them as a register tile of vectors
+X_PAD, XQ_PAD = "x_tile_pad", "xq_pad"
 # The integer grouped mul_mat_id's member rows' activation words (int8.mul_mat_id_grouped, 0 past the members): the
 # schedule loads them as XQ_PAD's register tile, each row's vectors under its member test
 XQ_GROUP = "xq_group"
@@ -77,10 +77,34 @@ def _dequant(w, lead, weight_lead, keep=None):
         k_quants.q45k_quant(block(i[:-1], i[-1]), kind)) - low[(*i[:-1], i[-1] // sub)]), name=DEQUANT)
 
 
+def tile_rows(T):
+    """A row count rounded up to whole GEMV row tiles (gemv.TILE_ROWS)."""
+    from .gemv import TILE_ROWS
+
+    return (T + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
+
+
+def padded_rows(x, T, name):
+    """x [T, ...] as [tile_rows(T), ...] for a symbolic T (verify, prefill): a padded row reads row T - 1, a row of
+    x, so the GEMV's loads of a row tile need no predicate; the padded rows' sums are computed and never stored
+    (`unpadded`). The GEMV's accumulators are then a static register tile (a split of T itself would size them by
+    T)."""
+    return te.compute((tile_rows(T), *x.shape[1:]), lambda t, *r: x[(te.min(t, T - 1), *r)], name=name)
+
+
+def unpadded(y, T):
+    """The first T rows of a matmul over padded rows (`padded_rows`): the values stored."""
+    return te.compute((T, *y.shape[1:]), lambda *i: y[i], name=MATMUL + "_pad")
+
+
 def mul_mat(w, x):
-    """te_ops.mul_mat (ggml_mul_mat) reading the DEQUANT stage."""
+    """te_ops.mul_mat (ggml_mul_mat) reading the DEQUANT stage; a symbolic row count T of x [T, K] (w [N, K]) or
+    [T, B, K] (w [B, N, K]) is padded to whole row tiles (`padded_rows`)."""
     deq = _dequant(w, tuple(w.shape[:-2]), lambda *b: b)
-    return te_ops.mul_mat(w, x, weight=lambda *i: deq[i], name=MATMUL)
+    T = x.shape[0]
+    if len(x.shape) != len(w.shape) or isinstance(T, tirx.IntImm):
+        return te_ops.mul_mat(w, x, weight=lambda *i: deq[i], name=MATMUL)
+    return unpadded(te_ops.mul_mat(w, padded_rows(x, T, X_PAD), weight=lambda *i: deq[i], name=MATMUL), T)
 
 
 def mul_mat_id(w, x, ids):
