@@ -482,6 +482,132 @@ def test_int8_kernels_build_for_sm90_with_dp4a(ttype, K):
     assert w_loads[0] == w_loads[1] > 0, w_loads
 
 
+SHARED = ["Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K"]   # the formats whose word groups share weight bytes
+
+
+@pytest.mark.parametrize("K", [512, 1024, 1536, 2048, 4096, 8192])
+@pytest.mark.parametrize("ttype", SHARED + ["Q8_0"])
+def test_group_order_is_a_permutation_of_each_body(ttype, K):
+    """int8.group_order: for the formats of int8.SHARED where a GEMV body is U > 1 warp steps, a permutation of the
+    row's word groups that keeps each body's groups in that body and gives a lane (j % 32) U consecutive groups of
+    one weight block; row order (None) for one step per body and for the other formats."""
+    kind = _kind(ttype)
+    G = int8.group_words(kind, K)
+    n = K // (4 * G)
+    order = int8.group_order(kind, K)
+    steps = n // gemv.LANES if n % gemv.LANES == 0 else None
+    U = gemv.unroll(steps, True) if steps else 1
+    assert (order is None) == (U == 1 or ttype not in SHARED), (ttype, K)
+    if order is None:
+        return
+    per_block = by_ggml_type(ttype).block // (4 * G)
+    g = [order(j) for j in range(n)]
+    assert sorted(g) == list(range(n)), (ttype, K)
+    body = gemv.LANES * U
+    for j0 in range(0, n, body):
+        assert {g[j] // body for j in range(j0, j0 + body)} == {j0 // body}
+        for lane in range(gemv.LANES):
+            mine = [g[j0 + u * gemv.LANES + lane] for u in range(U)]
+            assert mine == list(range(mine[0], mine[0] + U)) and len({x // per_block for x in mine}) == 1, mine
+
+
+@pytest.mark.parametrize("ttype", SHARED)
+def test_group_order_changes_only_the_float_order(ttype, monkeypatch):
+    """At K = 4096 (bodies of 4 warp steps: the order applies) the integer definitions on llvm (mul_mat of a
+    symbolic T, mul_mat_id, the grouped one) are within 1e-5 of the same definitions in row order, and not equal to
+    them: the same exact int32 sums, the float32 terms summed in another order (the tolerance of
+    `test_int8_definition_equals_the_x86_kernel`); mul_mat within 1e-5 of the float64 product of the quantized rows
+    either way."""
+    K, T = 4096, 3
+    B = _block(ttype)
+    assert int8.group_order(_kind(ttype), K) is not None
+    packed, w = _data(ttype, (N, K), 1)
+    epacked, _ew = _data(ttype, (X, N, K), 2)
+    gpacked, _gw = _data(ttype, (XG, N, K), 3)
+    x = _x(T, K, 21, w.astype(np.float64))
+    rows = _quantize(_quantizer(K, B), x, B)
+    rng = np.random.default_rng(22)
+    ids = np.stack([rng.permutation(X)[:USED] for _ in range(T)]).astype(np.int32)
+    gids = _ids(T, 23, False)
+
+    def run():
+        lib = tvm.compile(_module(_int_funcs(ttype, K)), target="llvm")
+        return (_run(lib, "mul_mat", (T, N), *rows, *packed),
+                _run(lib, "mul_mat_id", (T, USED, N), *rows, ids, *epacked),
+                _run(lib, "grouped", (T, USED, N), *rows, gids, *gpacked))
+
+    ordered = run()
+    monkeypatch.setattr(int8, "group_order", lambda kind, K: None)
+    plain = run()
+    want = _x_prime(x, B) @ w.astype(np.float64).T
+    assert rel_err(ordered[0], want) < 1e-5 and rel_err(plain[0], want) < 1e-5, ttype
+    for a, b in zip(ordered, plain):
+        assert rel_err(a, b) < 1e-5 and not np.array_equal(a, b), ttype
+
+
+@pytest.mark.parametrize("ttype", SHARED)
+def test_group_order_keeps_register_tiles(ttype):
+    """In group order (K = 4096) the sm_90 kernels of every form (mul_mat of a symbolic T, the one-row mul_mat_id,
+    the grouped mul_mat_id, each with the sums of 16 quants) keep a lane's weight words, activation words and factors
+    as small register tiles: no local array of more than 64 elements (an index TVM cannot narrow makes it a whole
+    row: the groups 8 / U apart tried for Q6_K gave `dequant_local[1024]` in the grouped kernel)."""
+    K, B, T, one = 4096, _block(ttype), te.var("T", I64), tirx.IntImm(I64, 1)
+    assert int8.group_order(_kind(ttype), K) is not None
+
+    def rows(lead):
+        return [te.placeholder([*lead, tirx.IntImm(I64, K // d)], dt, name=n)
+                for n, d, dt in (("xq", 4, "int32"), ("xd", B, "float32"), ("xs", 16, "int32"))]
+
+    bufs, w = _weight(ttype, (64, K), "w")
+    ebufs, ew = _weight(ttype, (XG, 64, K), "e")
+    xq, xd, xs = rows([T])
+    oq, od, os_ = rows([one])
+    ids = te.placeholder([T, tirx.IntImm(I64, USED)], "int32", name="ids")
+    ids1 = te.placeholder([one, tirx.IntImm(I64, USED)], "int32", name="ids")
+    groups = te.placeholder([T, tirx.IntImm(I64, USED), tirx.IntImm(I64, cuda.GROUP_ROWS + 1)], "int32",
+                            name="groups")
+    funcs = {"mul_mat": [xq, xd, xs, *bufs, int8.mul_mat(w, xq, xd, xs=xs)],
+             "mul_mat_id": [oq, od, os_, ids1, *ebufs, int8.mul_mat_id(ew, oq, od, ids1, xs=os_)],
+             "grouped": [xq, xd, xs, ids, groups, *ebufs, int8.mul_mat_id_grouped(ew, xq, xd, ids, groups, xs=xs)]}
+    for name, args in funcs.items():
+        g, tgt = _scheduled(te.create_prim_func(args))
+        src = _cuda_source({"k": g}, tgt)
+        sizes = {m.group(1): int(m.group(2)) for m in re.finditer(r"alignas\(64\) \w+ (\w+)\[(\d+)\]", src)}
+        assert sizes and max(sizes.values()) <= 64, (ttype, name, sizes)
+
+
+@pytest.mark.parametrize("ttype", SHARED)
+def test_group_order_loads_shared_bytes_once(ttype, monkeypatch):
+    """The sm_90 PTX of the one-row GEMV over one unrolled body (K = 32 lanes x 4 steps x G words: no loop): with
+    the group order nvcc loads the words that a lane's groups share once, so the kernel holds at most 3/4 of the
+    global loads of row order (Q4_K: the qs words of a pair of sub-blocks and the block head; Q6_K: the qh words of
+    groups q and q + 2)."""
+    from tvm.support import nvcc
+
+    from nextn.compiler.gpu_build import build_scope
+
+    G = int8.group_words(_kind(ttype), 4096)
+    K = gemv.LANES * gemv.UNROLL * 4 * G
+    assert int8.group_words(_kind(ttype), K) == G and int8.group_order(_kind(ttype), K) is not None
+
+    def loads():
+        B, one = _block(ttype), tirx.IntImm(I64, 1)
+        bufs, w = _weight(ttype, (64, K), "w")   # whole blocks of 4 rows (N = 37 would test each row per step)
+        xq = te.placeholder([one, tirx.IntImm(I64, K // 4)], "int32", name="xq")
+        xd = te.placeholder([one, tirx.IntImm(I64, K // B)], "float32", name="xd")
+        xs = te.placeholder([one, tirx.IntImm(I64, K // 16)], "int32", name="xs")
+        g, tgt = _scheduled(te.create_prim_func([xq, xd, xs, *bufs, int8.mul_mat(w, xq, xd, xs=xs)]))
+        src = _cuda_source({"k": g}, tgt)
+        with build_scope("cuda", ["sm_90"]), tgt:
+            ptx = nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc").decode()
+        return len(re.findall(r"\bld\.global\.", ptx))
+
+    ordered = loads()
+    monkeypatch.setattr(int8, "group_order", lambda kind, K: None)
+    plain = loads()
+    assert ordered <= 0.75 * plain, (ttype, ordered, plain)
+
+
 @pytest.mark.parametrize("ttype", ALIGNED + [pytest.param(t, marks=pytest.mark.slow) for t in CODEBOOK + PAIRS])
 def test_word_loads_read_the_same_words(ttype):
     """`word_loads.word_loads` (what the GEMV schedule applies first) turns the 4 byte loads of each weight word of

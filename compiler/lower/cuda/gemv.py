@@ -27,10 +27,11 @@ activation columns per pass).
 
 The integer route (int8.py) takes the same schedule: its DEQUANT stage is int32 words of 4 quants and its
 reduction runs over groups of G words (int8.group_words: 8, or 4, 2 for smaller sub-blocks), so k counts groups,
-one per lane and step (32 quants of one sub-block, summed by chained dp4a), the weight's float factors (SCALE,
-MIN) are read by the reduction and computed once per step, and a symbolic T comes padded to whole tiles by the
-definition (XQ_PAD: kept as the register tile, so that a lane's activation words per row and step are 128-bit
-loads).
+one per lane and step (32 quants of one sub-block, summed by chained dp4a; for the K-quants in int8.group_order's
+order, which gives a lane the groups of one block that share bytes in one unrolled body), the weight's float
+factors (SCALE, MIN) are read by the reduction and computed once per step, and a symbolic T comes padded to whole
+tiles by the definition (XQ_PAD: kept as the register tile, so that a lane's activation words per row and step are
+128-bit loads).
 """
 from __future__ import annotations
 
@@ -41,16 +42,18 @@ from tvm import tirx
 
 from nextn.schedules.loops import static_extent
 
-from .te import DEQUANT, GROUPED, HEAD, MATMUL, MIN, SCALE, WORD_VEC, X_PAD, XQ_GROUP, XQ_PAD, XS_GROUP, XS_PAD
+from .te import (DEQUANT, GROUPED, HEAD, MATMUL, MIN, SCALE, TILE_ROWS, WORD_VEC, X_PAD, XQ_GROUP, XQ_PAD, XS_GROUP,
+                 XS_PAD)
 
-# Activation rows per pass over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8 activations). 4 covers
-# verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (zeros), and at 8 rows a 4-row
-# verify would need ~60 TFMA/s to keep up with HBM on Q4_K, more than an H100/H200 has (~34).
-TILE_ROWS = 4
 WARPS = 4        # weight rows per thread block (one warp each)
 LANES = 32
 _VEC_BYTES = 16
 UNROLL = 4       # warp steps (32 x VEC elements of k) per unrolled loop body
+
+
+def unroll(steps: int, exact: bool) -> int:
+    """Warp steps per unrolled loop body: UNROLL, or the largest of 2, 1 that divides whole steps."""
+    return UNROLL if not exact else next(u for u in (UNROLL, 2, 1) if steps % u == 0)
 
 
 def _vec(dtype: str, K: int) -> tuple[int, bool]:
@@ -232,7 +235,7 @@ def schedule(func: tirx.PrimFunc, target):
     # UNROLL warp steps in straight-line code: their weight loads are independent, so more bytes are in flight
     # (a K that is not whole steps is predicated already: the unrolled body may take the predicate too)
     steps = -(-K // (LANES * vec))
-    ko_o, ko = sch.split(ko, [None, UNROLL if not exact_steps else next(u for u in (UNROLL, 2, 1) if steps % u == 0)])
+    ko_o, ko = sch.split(ko, [None, unroll(steps, exact_steps)])
     sch.compute_at(deq, ko, preserve_unit_loops=True)
     sch.set_scope(deq, 0, "local")
     _words(sch, deq)

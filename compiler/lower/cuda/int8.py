@@ -490,6 +490,40 @@ def group_words(kind: str, K: int) -> int:
     return g
 
 
+# The formats whose word groups share weight bytes (`group_order`): Q4_K's and Q5_K's sub-blocks 2i and 2i + 1 are the
+# low and high nibbles of the same qs bytes and one block head serves all 8 (Q5_K: its qh bytes hold a bit plane per
+# sub-block); Q6_K's quants q and q + 32 share qh bytes (their 2-bit fields), as Q2_K's q and q + 32 their qs bytes and
+# Q3_K's their qs and hmask bytes.
+SHARED = frozenset({"q4_k", "q5_k", "q6_k", "q2_k", "q3_k"})
+
+
+def group_order(kind: str, K: int):
+    """The word group that the GEMV's reduction index j stands for (j -> group) in the integer definitions of
+    `kind` over rows of K quants, or None for row order. For the formats of `SHARED` where K is whole unrolled GEMV
+    bodies of U > 1 warp steps (gemv.py: j = body · 32U + u · 32 + lane, U = `gemv.unroll`): group body · 32U +
+    lane · U + u, so that a lane's U groups of a body are U consecutive groups of one block, which read shared bytes
+    (Q4_K: 2 sub-blocks of qs nibbles and one head per 2 groups) in one basic block, where nvcc loads them once. Only
+    the order of the lane's float32 terms changes (the int32 sums and the scales are the same); every kernel of the
+    format and K takes it (decode, verify, routed experts, prefill), so their rows still agree bit for bit. Reference:
+    llama.cpp ggml-cuda vecdotq.cuh vec_dot_q6_K_q8_1, which uses both nibbles of each ql word it loads."""
+    from nextn.common.quant import FORMATS as LAYOUTS
+
+    from .gemv import LANES, unroll
+
+    G = group_words(kind, K)
+    n = K // (4 * G)
+    if kind not in SHARED or n % LANES:
+        return None
+    U = unroll(n // LANES, True)
+    if U == 1 or (LAYOUTS[kind].block // (4 * G)) % U:
+        return None
+
+    def order(j):
+        return j // (LANES * U) * (LANES * U) + j % LANES * U + j // LANES % U
+
+    return order
+
+
 def _group_term(kind, words, scale, low, wi, xw, xdw, g, dp4a, xsw=None):
     """The float32 term of word group g (words Gg .. Gg + G - 1, G = `group_words`):
     xd · (s · f32(Σ dot4(w, xq)) - m · f32(Σ dot4(1111, xq))), the sums in int32 over the group's words; `wi`
@@ -536,12 +570,13 @@ def mul_mat(w, xq, xd, dp4a: bool = True, xs=None):
         if xs is not None:   # a register tile of the GEMV too (gemv.py)
             xs = padded_rows(xs, T, XS_PAD)
     j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
+    g = (group_order(w.kind, int(Kw) * 4) or (lambda j: j))(j)
 
     def f(*i):
         wi = (i[-2], i[-1]) if heads else (i[-1],)
         xi = i[:-1]
         return te.sum(_group_term(w.kind, words, scale, low, wi, lambda jj: xq[(*xi, jj)],
-                                  lambda jj: xd[(*xi, jj // B4)], j, dp4a,
+                                  lambda jj: xd[(*xi, jj // B4)], g, dp4a,
                                   None if xs is None else lambda h: xs[(*xi, h)]), axis=j)
 
     y = te.compute((*xq.shape[:-1], w.shape[-2]), f, name=MATMUL)
@@ -562,11 +597,12 @@ def mul_mat_id(w, xq, xd, ids, dp4a: bool = True, xs=None):
     Kw = words.shape[-1]
     B4 = Kw // xd.shape[-1]
     j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
+    g = (group_order(w.kind, int(Kw) * 4) or (lambda j: j))(j)
 
     def f(t, s, n):
         xi = (t,) if len(xq.shape) == 2 else (t, s)
         return te.sum(_group_term(w.kind, words, scale, low, (t, s, n), lambda jj: xq[(*xi, jj)],
-                                  lambda jj: xd[(*xi, jj // B4)], j, dp4a,
+                                  lambda jj: xd[(*xi, jj // B4)], g, dp4a,
                                   None if xs is None else lambda h: xs[(*xi, h)]), axis=j)
 
     return te.compute((T, kk, w.shape[-2]), f, name=MATMUL)
@@ -584,6 +620,7 @@ def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True, xs=None):
     Kw = words.shape[-1]
     B4 = Kw // xd.shape[-1]
     j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
+    g = (group_order(w.kind, int(Kw) * 4) or (lambda j: j))(j)
 
     def member(t, s, q):   # the activation row of member q of leader (t, s): (row,) or (row, slot), and m >= 0
         m = groups[t, s, q].astype("int64")
@@ -608,7 +645,7 @@ def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True, xs=None):
     def f(t, s, q, n):
         xi, is_member = member(t, s, q)
         v = _group_term(w.kind, words, scale, low, (t, s, n), lambda jj: xg[t, s, q, jj],
-                        lambda jj: xd[(*xi, jj // B4)], j, dp4a,
+                        lambda jj: xd[(*xi, jj // B4)], g, dp4a,
                         None if xs is None else lambda h: xsg[t, s, q, h])
         return te.sum(tirx.if_then_else(is_member, v, _c(0.0, F32)), axis=j)
 

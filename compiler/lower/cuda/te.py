@@ -77,10 +77,15 @@ def _dequant(w, lead, weight_lead, keep=None):
         k_quants.q45k_quant(block(i[:-1], i[-1]), kind)) - low[(*i[:-1], i[-1] // sub)]), name=DEQUANT)
 
 
-def tile_rows(T):
-    """A row count rounded up to whole GEMV row tiles (gemv.TILE_ROWS)."""
-    from .gemv import TILE_ROWS
+# Activation rows per pass of the GEMV (gemv.py) over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8
+# activations). 4 covers verify for n_max <= 3 in one pass; a padded tile still does every row's FMAs (a padded row
+# reads the last row), and at 8 rows a 4-row verify would need ~60 TFMA/s to keep up with HBM on Q4_K, more than an
+# H100/H200 has (~34).
+TILE_ROWS = 4
 
+
+def tile_rows(T):
+    """A row count rounded up to whole GEMV row tiles (TILE_ROWS)."""
     return (T + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
 
 
