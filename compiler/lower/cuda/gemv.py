@@ -178,9 +178,10 @@ def schedule(func: tirx.PrimFunc, target):
         tile = TILE_ROWS if rows is None else min(TILE_ROWS, rows)
     rows_static = not row_axes or rows is not None
     x_pads = []
-    if tile > 1 and rows is None and not integer and not xq_pads:   # te.padded_rows pads in the definition
-        # else pad the row axis to whole tiles here: the accumulators are then a static [tile] register array (a
-        # split of a symbolic extent would leave them sized by T); the padded rows read x as 0 and are never stored
+    if tile > 1 and rows is None and not integer and not xq_pads:
+        # te.mul_mat and int8.mul_mat pad a symbolic T in their definitions (te.padded_rows); a float matmul that
+        # comes unpadded (no current form) is padded here to whole tiles, so that the accumulators are a static
+        # [tile] register array (a split of a symbolic extent would size them by T): its padded rows read x as 0
         sch.pad_einsum(mm, [tile if i in row_axes else 1 for i in range(len(kinds))])
         blocks = list(sch.get_child_blocks(sch.get_sblock("root")))
         for b in blocks:
