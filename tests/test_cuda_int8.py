@@ -795,6 +795,49 @@ def test_signed_word_negates_bytes_by_bit():
         assert np.array_equal(y.numpy().view(np.int8).reshape(len(gw), 256, 4), want), bit0
 
 
+@pytest.mark.parametrize("table", ["iq4", "e2m1x2"])
+def test_byte_perm_lookup_gives_the_table(table):
+    """int8._lut16 (the 16-entry table formats' words, IQ4_NL / IQ4_XS / MXFP4 / NVFP4) on every 16-bit pattern of
+    the low and of the high half-word (so every nibble value at every position), low (shift 0) and high (shift 4)
+    nibbles, built for llvm (`byte_perm`'s shifts and selects, what CUDA's prmt computes for selector nibbles 0..7):
+    numpy's table[nibble] per byte, bit for bit."""
+    from nextn.compiler.quant import iq4, mxfp4
+
+    tab = np.array(iq4.KVALUES if table == "iq4" else mxfp4.E2M1X2, np.int8)
+    half = np.arange(1 << 16, dtype=np.uint32)
+    rng = np.random.default_rng(5)
+    u = np.concatenate([half | (rng.permutation(half) << np.uint32(16)),
+                        (half << np.uint32(16)) | rng.permutation(half)])
+    U = te.placeholder([tirx.IntImm(I64, len(u))], "uint32", name="u")
+    out = [te.compute((len(u),), lambda i: int8._lut16(U[i], tab, tirx.const(sh, "int32"), False), name=f"y{sh}")
+           for sh in (0, 4)]
+    f = tvm.compile(_module({"f": te.create_prim_func([U, *out])}), target="llvm")["f"]
+    got = [tvm.runtime.empty((len(u),), "uint32") for _ in out]
+    f(tvm.runtime.tensor(u), *got)
+    for sh, y in zip((0, 4), got):
+        nib = (u[:, None] >> (8 * np.arange(4) + sh).astype(np.uint32)) & 15
+        assert np.array_equal(y.numpy().view(np.int8).reshape(-1, 4), tab[nib]), sh
+
+
+@pytest.mark.parametrize("ttype", ["IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"])
+def test_table_formats_look_up_with_prmt_on_sm90(ttype):
+    """The sm_90 GEMV of the 16-entry table formats looks its quants up with `__byte_perm` (PTX prmt.b32, five per
+    word pair in the loop body's steady state: at least one per word) and keeps no 64-bit table constant or shift
+    (the select-and-shift lookup's)."""
+    from tvm.support import nvcc
+
+    from nextn.compiler.gpu_build import build_scope
+
+    fs = _cuda_funcs(ttype, 4096, 1)
+    g, tgt = _scheduled(fs["mul_mat"])
+    src = _cuda_source({"mul_mat": g}, tgt)
+    assert "__byte_perm(" in src and "(int64_t)" not in src[src.index("mul_mat_kernel("):], ttype
+    with build_scope("cuda", ["sm_90"]), tgt:
+        ptx = nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc").decode()
+    words = 4096 // 4 // gemv.LANES   # a lane's words of the row
+    assert len(re.findall(r"\bprmt\.b32\b", ptx)) >= words and not re.search(r"\b(shl|shr)\.b64\b", ptx), ttype
+
+
 def test_word_loads_need_a_provably_aligned_offset():
     """The same Block.u32 read, annotated WORD_LOAD: at byte 4 + 4i of 36-byte blocks it becomes one load of a
     uint32 view, at byte 2 + 4i of 34-byte blocks (Q8_0's qs) two 2-byte loads of a uint16 view, at byte 1 + 4i of

@@ -29,7 +29,8 @@ scale dl and min -(dl · delta).
 `dot4(a, b)` = the sum of the 4 signed byte products of int32 words a and b: `__dp4a(a, b, 0)` (a pure extern
 call) where the target has it (`has_dot4`: CUDA sm_61+), else the same int32 result from shifts and multiplies
 (`dp4a=False`: llvm, where the tests run the definitions; ROCm; older CUDA). Every function below takes that
-choice as `dp4a`.
+choice as `dp4a`; with it, the 16-entry tables of IQ4_NL / IQ4_XS / MXFP4 / NVFP4 are looked up with CUDA's
+`__byte_perm` (`byte_perm`; without it, the same bytes from shifts and selects).
 Reference for the scheme: llama.cpp ggml-cuda vecdotq.cuh (q8_1 activations, dp4a).
 """
 from __future__ import annotations
@@ -175,20 +176,42 @@ def _spread(h):
     return (h & _uc(1)) | ((h & _uc(2)) << _uc(7)) | ((h & _uc(4)) << _uc(14)) | ((h & _uc(8)) << _uc(21))
 
 
-def _lut(v, table):
-    """Each byte of uint32 v (0..15) replaced by table[byte] (16 small signed integers) as a signed byte: the
-    table's bytes as two int64 constants (entries 0..7, 8..15), one chosen by bit 3, the byte by bits 0..2 (no
-    table in memory)."""
-    halves = [int(np.array(table[h * 8:h * 8 + 8], np.int8).view("<i8")[0]) for h in (0, 1)]
-    # v is used once per byte. Bound once by a TIR Let, TVM 0.27's CUDA lowering fails where v holds byte loads
-    # (MXFP4's odd blocks): "variable cse_v.. has been used before definition"
+PERM = "__byte_perm"
+
+
+def byte_perm(x, y, sel, cuda: bool = True):
+    """uint32: byte i is byte (sel >> 4i) & 7 of the 8 bytes of y:x (x bytes 0..3, y bytes 4..7), for selectors
+    whose nibbles are all 0..7 and upper 16 bits 0: CUDA `__byte_perm(x, y, sel)` (PTX `prmt.b32`, one instruction;
+    the nibbles' bit 3, prmt's sign-replicate flag, is never set here), or (not `cuda`) the same from shifts and
+    selects."""
+    if cuda:
+        return tirx.call_pure_extern("uint32", PERM, x, y, sel)
     out = _uc(0)
     for i in range(4):
-        n = (v >> _uc(8 * i)) & _uc(15)
-        half = tirx.Select((n & _uc(8)) != _uc(0), tirx.const(halves[1], "int64"), tirx.const(halves[0], "int64"))
-        byte = ((half >> ((n & _uc(7)) * _uc(8)).astype("int64")) & tirx.const(255, "int64")).astype("uint32")
-        out = out | (byte << _uc(8 * i))
+        k = (sel >> _uc(4 * i)) & _uc(7)
+        at = (k & _uc(3)) * _uc(8)
+        out = out | (((tirx.Select(k < _uc(4), x >> at, y >> at)) & _uc(255)) << _uc(8 * i))
     return out
+
+
+def _lut16(u, table, shift, cuda: bool):
+    """uint32: the 4 nibbles at bit `shift` (0 or 4) of the 4 bytes of uint32 u, each replaced by table[nibble]
+    (16 small signed integers) as a signed byte. The table is 4 words of constants; each 16 bits of u (4 nibbles)
+    take two `byte_perm`s of entries 0..7 and 8..15 by their low 3 bits and one choosing by bit 3; a last one keeps
+    the low or the high nibbles' bytes (llama.cpp ggml-cuda vecdotq.cuh get_int_from_table_16: 8 prmt per 8
+    values, against ~10 integer operations per value for a select-and-shift lookup). Two words that share u (the
+    low and high nibbles of the same bytes: elements j and j + 16) share all but the last `byte_perm`."""
+    t = [_uc(int(np.array(table[4 * i:4 * i + 4], np.int8).view("<u4")[0])) for i in range(4)]
+
+    def look(s):   # the 4 nibbles of bits 0..15 of s: bytes table[n0], table[n1], table[n2], table[n3]
+        low3 = s & _uc(0x7777)
+        lo, hi = byte_perm(t[0], t[1], low3, cuda), byte_perm(t[2], t[3], low3, cuda)
+        return byte_perm(lo, hi, ((s & _uc(0x8888)) >> _uc(1)) | _uc(0x3210), cuda)
+
+    # look(u): bytes 0, 1 of u, low and high nibbles interleaved; look(u >> 16): bytes 2, 3. 0x6420 gathers the
+    # low nibbles' bytes, 0x7531 the high ones'
+    pick = _uc(0x6420) + (tirx.Cast("uint32", shift) >> _uc(2)) * _uc(0x1111)
+    return byte_perm(look(u), look(u >> _uc(16)), pick, cuda)
 
 
 class Fmt(NamedTuple):
@@ -208,6 +231,8 @@ class Fmt(NamedTuple):
     aligned: bool = False
     # `word(b, tensors)`: the word reads the format's table buffers too (the codebook formats' `.grid` / `.signs`)
     tables: bool = False
+    # `word(b, cuda)`: the word looks its quants up with `byte_perm` (16-entry tables), CUDA's where `cuda`
+    perm: bool = False
     # the factors read only the first HEAD_BYTES of blocks whose size is a multiple of them (Q4_K's, Q5_K's d, dmin
     # and 12 scale bytes): they read them from a stage of their own (te.HEAD, 4 words per block), which the GEMV
     # loads as one 128-bit vector, not 2 16-bit and 3 byte loads per sub-block
@@ -274,7 +299,9 @@ def _legacy(has_min, has_high):
 
 
 def _table_word(table, at, shift):
-    return lambda b: tirx.reinterpret(I32, _lut(_nibbles(b, at(b), shift(b)), table))
+    """`Fmt.word` (with `cuda`: Fmt.perm) of a 16-entry table format: the nibbles at bit shift(b) of the 4 bytes at
+    at(b), looked up in `table`."""
+    return lambda b, cuda: tirx.reinterpret(I32, _lut16(b.u32(at(b)), table, shift(b), cuda))
 
 
 def _grid_word(grid, start):
@@ -402,15 +429,17 @@ def _formats():
         "q8_0": Fmt(32, lambda b: _u32(b, 2 + b.e), lambda b, i: b.f16(0)),
         "q4_0": _legacy(False, False), "q4_1": _legacy(True, False),
         "q5_0": _legacy(False, True), "q5_1": _legacy(True, True),
-        "iq4_nl": Fmt(32, _table_word(iq4.KVALUES, lambda b: 2 + nl16[0](b), nl16[1]), lambda b, i: b.f16(0)),
+        "iq4_nl": Fmt(32, _table_word(iq4.KVALUES, lambda b: 2 + nl16[0](b), nl16[1]), lambda b, i: b.f16(0),
+                      perm=True),
         "mxfp4": Fmt(32, _table_word(mxfp4.E2M1X2, lambda b: 1 + nl16[0](b), nl16[1]),
-                     lambda b, i: mxfp4.e8m0_half(b.u8(0))),
+                     lambda b, i: mxfp4.e8m0_half(b.u8(0)), perm=True),
         # NVFP4: sub-block s = e / 16, element 16s + j in byte 4 + 8s + j % 8 (nibble j / 8)
         "nvfp4": Fmt(16, _table_word(mxfp4.E2M1X2, lambda b: 4 + b.e // 16 * 8 + b.e % 8,
                                              lambda b: b.e % 16 // 8 * 4), lambda b, i: nvfp4.ue4m3_half(b.u8(i)),
-                     aligned=True),
+                     aligned=True, perm=True),
         "iq4_xs": Fmt(32, _table_word(iq4.KVALUES, lambda b: 8 + b.e // 32 * 16 + b.e % 16,
-                                                lambda b: b.e % 32 // 16 * 4), iq4.iq4xs_factor, aligned=True),
+                                                lambda b: b.e % 32 // 16 * 4), iq4.iq4xs_factor, aligned=True,
+                      perm=True),
         "q2_k": Fmt(16, q2k_word, lambda b, i: k_quants.q2k_factors(b, i)[0],
                     lambda b, i: k_quants.q2k_factors(b, i)[1], aligned=True),
         "q3_k": Fmt(16, q3k_word, k_quants.q3k_factor),
@@ -426,8 +455,9 @@ def _formats():
 FORMATS = _formats()
 
 
-def _stages(w, lead, weight_lead, keep=None):
-    """(DEQUANT words int32 [*lead, N, K/4], SCALE f32 [*lead, N, K/sub], MIN or None) of quantized weight w."""
+def _stages(w, lead, weight_lead, keep=None, cuda: bool = True):
+    """(DEQUANT words int32 [*lead, N, K/4], SCALE f32 [*lead, N, K/sub], MIN or None) of quantized weight w;
+    `cuda`: CUDA's intrinsics in the words (`byte_perm`)."""
     from nextn.common.quant import FORMATS as LAYOUTS
 
     from .te import DEQUANT, HEAD, MIN, SCALE, WORD_LOAD
@@ -445,7 +475,7 @@ def _stages(w, lead, weight_lead, keep=None):
     # where even (word_loads.py); under `keep` too (the grouped mul_mat_id): TVM's CUDA codegen prints if_then_else
     # as an `if` statement and a vector load's temporary inside its branch, so a pair that leads no group still
     # loads nothing (tests/test_cuda_int8.py test_grouped_kernel_loads_weight_words_under_the_leader_branch)
-    word = (lambda b: f.word(b, w.tensors)) if f.tables else f.word
+    word = (lambda b: f.word(b, w.tensors)) if f.tables else (lambda b: f.word(b, cuda)) if f.perm else f.word
     words = te.compute((*lead, N, K // 4), lambda *i: kept(i, word(blk(i[:-1], i[-1] * 4)), _c(0)), name=DEQUANT,
                        attrs={WORD_LOAD: 1})
     shape = (*lead, N, K // f.sub)
@@ -557,7 +587,7 @@ def mul_mat(w, xq, xd, dp4a: bool = True, xs=None):
     schedule's `pad_einsum` cannot do here (it takes einsums only)."""
     from .te import MATMUL
 
-    words, scale, low = _stages(w, tuple(w.shape[:-2]), lambda *b: b)
+    words, scale, low = _stages(w, tuple(w.shape[:-2]), lambda *b: b, cuda=dp4a)
     Kw = words.shape[-1]
     B4 = Kw // xd.shape[-1]   # words per activation block
     heads = len(w.shape) == 3
@@ -593,7 +623,7 @@ def mul_mat_id(w, xq, xd, ids, dp4a: bool = True, xs=None):
     from .te import MATMUL
 
     T, kk = ids.shape
-    words, scale, low = _stages(w, (T, kk), lambda t, s: (ids[t, s].astype("int64"),))
+    words, scale, low = _stages(w, (T, kk), lambda t, s: (ids[t, s].astype("int64"),), cuda=dp4a)
     Kw = words.shape[-1]
     B4 = Kw // xd.shape[-1]
     j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
@@ -616,7 +646,7 @@ def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True, xs=None):
     T, kk = ids.shape
     W = GROUP_ROWS
     words, scale, low = _stages(w, (T, kk), lambda t, s: (ids[t, s].astype("int64"),),
-                                keep=lambda t, s: groups[t, s, t % W] >= 0)
+                                keep=lambda t, s: groups[t, s, t % W] >= 0, cuda=dp4a)
     Kw = words.shape[-1]
     B4 = Kw // xd.shape[-1]
     j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
