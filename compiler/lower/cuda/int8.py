@@ -554,6 +554,14 @@ def group_order(kind: str, K: int):
     return order
 
 
+def _reduction(kind: str, Kw):
+    """(j, g): the GEMV reduction axis over the word groups of rows of Kw words of `kind`, and the group j stands
+    for (`group_order`, or j itself)."""
+    j = te.reduce_axis((0, Kw // group_words(kind, int(Kw) * 4)), name="k")
+    order = group_order(kind, int(Kw) * 4)
+    return j, j if order is None else order(j)
+
+
 def _group_term(kind, words, scale, low, wi, xw, xdw, g, dp4a, xsw=None):
     """The float32 term of word group g (words Gg .. Gg + G - 1, G = `group_words`):
     xd · (s · f32(Σ dot4(w, xq)) - m · f32(Σ dot4(1111, xq))), the sums in int32 over the group's words; `wi`
@@ -599,8 +607,7 @@ def mul_mat(w, xq, xd, dp4a: bool = True, xs=None):
         xq, xd = padded_rows(xq, T, XQ_PAD), padded_rows(xd, T, "xd_pad")
         if xs is not None:   # a register tile of the GEMV too (gemv.py)
             xs = padded_rows(xs, T, XS_PAD)
-    j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
-    g = (group_order(w.kind, int(Kw) * 4) or (lambda j: j))(j)
+    j, g = _reduction(w.kind, Kw)
 
     def f(*i):
         wi = (i[-2], i[-1]) if heads else (i[-1],)
@@ -626,8 +633,7 @@ def mul_mat_id(w, xq, xd, ids, dp4a: bool = True, xs=None):
     words, scale, low = _stages(w, (T, kk), lambda t, s: (ids[t, s].astype("int64"),), cuda=dp4a)
     Kw = words.shape[-1]
     B4 = Kw // xd.shape[-1]
-    j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
-    g = (group_order(w.kind, int(Kw) * 4) or (lambda j: j))(j)
+    j, g = _reduction(w.kind, Kw)
 
     def f(t, s, n):
         xi = (t,) if len(xq.shape) == 2 else (t, s)
@@ -649,8 +655,7 @@ def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True, xs=None):
                                 keep=lambda t, s: groups[t, s, t % W] >= 0, cuda=dp4a)
     Kw = words.shape[-1]
     B4 = Kw // xd.shape[-1]
-    j = te.reduce_axis((0, Kw // group_words(w.kind, int(Kw) * 4)), name="k")
-    g = (group_order(w.kind, int(Kw) * 4) or (lambda j: j))(j)
+    j, g = _reduction(w.kind, Kw)
 
     def member(t, s, q):   # the activation row of member q of leader (t, s): (row,) or (row, slot), and m >= 0
         m = groups[t, s, q].astype("int64")
