@@ -16,16 +16,17 @@ def step_bytes(manifest: dict, entry: str) -> int:
     return int(step_read_bytes(manifest, entry)["total"])
 
 
-def timed_entry(seq, name: str, call, reps: int) -> dict:
-    """Median and min of `reps` calls of `call()`: device time inside entry `name` (the sequence synchronizes the
-    device after each call) and wall time of the whole call (inputs, readback)."""
+def timed_entry(seq, name: str, call, reps: int, entry: str | None = None) -> dict:
+    """Median and min of `reps` calls of `call()`: device time inside entry `entry` (default `name`; the sequence
+    synchronizes the device after each call) and wall time of the whole call (inputs, readback), as row `name`."""
     call()                                       # warm-up: first launch, graph capture
     vm, wall = [], []
+    entry = entry or name
     for _ in range(reps):
-        v0, t0 = seq.vm_seconds[name], time.perf_counter()
+        v0, t0 = seq.vm_seconds[entry], time.perf_counter()
         call()
         wall.append(time.perf_counter() - t0)
-        vm.append(seq.vm_seconds[name] - v0)
+        vm.append(seq.vm_seconds[entry] - v0)
     return {"entry": name, "reps": reps, "median_ms": float(np.median(vm) * 1e3), "min_ms": float(min(vm) * 1e3),
             "wall_median_ms": float(np.median(wall) * 1e3)}
 
@@ -49,9 +50,10 @@ def speed_configs(m, prompt, n: int, reps: int) -> list[dict]:
 
 
 def entry_timings(seq, reps: int, prompt: int = 64, k: int = 3) -> list[dict]:
-    """Synced per-entry timings: prefill of `prompt` rows, verify of k+1 rows, decode (one row), NextN rows for the
-    prompt, one draft step. Token ids are in-vocabulary values (timing only); the verify rows are distinct tokens
-    (`runtime.depth.spread_tokens`: copies of one token route to the same experts and under-price a verify)."""
+    """Synced per-entry timings: prefill of `prompt` rows (and, with tensor-core prefill, the same rows through its
+    GEMV copy `prefill_few`), verify of k+1 rows, decode (one row), NextN rows for the prompt, one draft step. Token
+    ids are in-vocabulary values (timing only); the verify rows are distinct tokens (`runtime.depth.spread_tokens`:
+    copies of one token route to the same experts and under-price a verify)."""
     from nextn.runtime.depth import spread_tokens
 
     V = int(seq.model.hparams["n_vocab"])
@@ -61,6 +63,13 @@ def entry_timings(seq, reps: int, prompt: int = 64, k: int = 3) -> list[dict]:
     rows = [timed_entry(seq, "prefill", lambda: seq.prefill(ids, 0), reps) | {"rows": prompt},
             timed_entry(seq, "verify", lambda: seq.verify(rows_k1, prompt), reps) | {"rows": k + 1},
             timed_entry(seq, "decode", lambda: seq.verify(np.array([tok], np.int32), prompt), reps) | {"rows": 1}]
+    if "prefill" in seq.model.few_row_entries:   # the same prompt through the GEMV copy: the tensor-core tiles' gain
+        keep, seq.model.tensor_core_min_rows = seq.model.tensor_core_min_rows, prompt + 1
+        try:
+            rows.append(timed_entry(seq, "prefill_few", lambda: seq.prefill(ids, 0), reps, entry="prefill")
+                        | {"rows": prompt})
+        finally:
+            seq.model.tensor_core_min_rows = keep
     if seq.model.has_mtp:
         hp = np.concatenate([np.zeros_like(h[:1]), h[:-1]])
         rows.append(timed_entry(seq, "mtp_rows", lambda: seq.mtp_rows(ids, hp, 0), reps) | {"rows": prompt})

@@ -21,7 +21,7 @@ from nextn.common.manifest import MANIFEST, MAX_DRAFT, SCHEMA, library_entry
 from nextn.common.versions import nextn_version
 
 from . import reproducible
-from .graphs import FEW_ROWS, SPLIT_L, STATIC, build_graphs, max_rows, weight_kinds
+from .graphs import FEW_ROWS, FEW_SUFFIX, MANY_ROWS, SPLIT_L, STATIC, build_graphs, max_rows, weight_kinds
 from .loader.model_files import ModelFiles
 from .target import GPU_TARGETS, TARGETS, make_target, required_cpu_flags
 
@@ -80,6 +80,7 @@ class Plan:
     graph_entries: list      # entry points replayed as CUDA graphs
     gpu_int8: str | None = None   # the GPU matmuls' integer route: "cuda" (__dp4a), "plain", None (--exact-matmul)
     gpu_int8_weights: dict = None  # weight name -> activation row format of its integer-route GPU matmuls
+    mma: bool = False        # the many-row entries' integer-route matmuls on tensor cores (lower/cuda/mma.py)
 
 
 @dataclass
@@ -114,16 +115,22 @@ def plan(model: str, options: CompileOptions, draft: str | None = None, dump_ir:
     if with_mtp:
         mf.validate_nextn()
     kv_types = o.kv_types()
-    graphs = build_graphs(mf, with_mtp, o.graph_options(), kv_types)
+    if o.target not in TARGETS:
+        raise NextnError(f"unsupported target '{o.target}' (supported: {', '.join(TARGETS)})")
+    arch_list = parse_arches(o.target, o.arches)
+    # prefill's integer-route matmuls on tensor cores (lower/cuda/mma.py): CUDA where every arch has int8 mma.sync
+    # (sm_80+), and the "gpu-emulated" form, which then tests their arithmetic; with the GEMV copies of the
+    # many-row entries for calls of few rows (graphs.FEW_SUFFIX)
+    from .lower.cuda.mma import has_mma
+    mma = not o.exact_matmul and (o.kernel_form == "gpu-emulated" or o.kernel_form == "gpu" and o.target == "cuda"
+                                  and has_mma(arch_list))
+    graphs = build_graphs(mf, with_mtp, o.graph_options(), kv_types, few_rows=mma)
     kinds = weight_kinds(mf, graphs.values())
     if dump_ir:
         os.makedirs(dump_ir, exist_ok=True)
         for name, g in graphs.items():
             with open(os.path.join(dump_ir, f"0_graph_{name}.txt"), "w") as f:
                 f.write(g.dump() + "\n")
-    if o.target not in TARGETS:
-        raise NextnError(f"unsupported target '{o.target}' (supported: {', '.join(TARGETS)})")
-    arch_list = parse_arches(o.target, o.arches)
     # One library per (target, arch group): CUDA puts every arch in one fatbin; ROCm builds one code object per arch.
     lib_arches = [arch_list] if o.target == "cuda" else [[a] for a in arch_list] if o.target == "rocm" else [[]]
     tgt = make_target(o.target, lib_arches[0] or None)
@@ -136,12 +143,12 @@ def plan(model: str, options: CompileOptions, draft: str | None = None, dump_ir:
         for_target(tgt, quantize_activations=not o.exact_matmul, knobs_for=x86_knobs(o.tuning_log, tgt, log))
     int8_weights = {}
     mod = build_module(list(graphs.values()), kinds, STATIC, form=o.kernel_form, split_l=SPLIT_L, x86=x86,
-                       gpu_int8=gpu_int8, int8_weights=int8_weights)
+                       gpu_int8=gpu_int8, int8_weights=int8_weights, mma=mma, many_rows=MANY_ROWS)
     graph_entries = []
     if o.target == "cuda" and o.cuda_graph:
         mod, graph_entries = capture_graphs.mark(mod, mf.config.n_ctx_train, STATIC, FEW_ROWS, max_rows(MAX_DRAFT))
     return Plan(o, mf, with_mtp, kv_types, graphs, kinds, arch_list, lib_arches, x86, mod, graph_entries, gpu_int8,
-                int8_weights)
+                int8_weights, mma)
 
 
 def build(p: Plan, out: str, dump_ir: str | None = None, log=print) -> Built:
@@ -189,6 +196,7 @@ def manifest(p: Plan, built: Built, model_files: list[dict]) -> dict:
     import tvm_ffi
 
     from .lower import capture_graphs
+    from .lower.cuda.mma import MIN_ROWS
 
     o, c, tgt = p.options, p.mf.config, built.tgt
     graph_options = o.graph_options()
@@ -239,6 +247,11 @@ def manifest(p: Plan, built: Built, model_files: list[dict]) -> dict:
                        "static_bytes": built.graph_bytes, "launches": built.graph_launches or {}}
         if p.graph_entries else None,
         "libraries": built.libraries,
+        # prefill on tensor cores (lower/cuda/mma.py; CUDA and "gpu-emulated" artifacts only: CPU manifests keep
+        # their fields): calls of fewer than min_rows rows of a many-row entry go to its GEMV copy (few_rows:
+        # {entry: copy}; runtime/sequence.py)
+        **({"tensor_core": {"min_rows": MIN_ROWS, "few_rows": {e: e + FEW_SUFFIX for e in sorted(MANY_ROWS)
+                                                               if e + FEW_SUFFIX in p.graphs}}} if p.mma else {}),
         # GPU artifacts only (CPU manifests keep their fields): the GPU matmuls (compiler/lower/cuda) take int8
         # activation rows ("q8": the integer route, `dot` "cuda" for __dp4a) or float ones (None: --exact-matmul);
         # `kernels`: per PrimFunc its schedule rule, weight bytes and launch shape (compiler/kernel_report.py)

@@ -40,6 +40,13 @@ for _e in DRAFTING:
     if _e in STATIC:
         STATIC[_e + VOCAB_SUFFIX] = STATIC[_e]
 SPLIT_L = SPLIT_L | {e + VOCAB_SUFFIX for e in DRAFTING}
+# Entries whose calls carry many rows (a prompt, the NextN rows of its warm-up): on CUDA sm_80+ their GGUF matmuls take
+# tensor-core tiles (lower/cuda/mma.py) instead of the decode / verify GEMV; the few-row entries keep the GEMV, so
+# verify and decode rows still run the very same kernels. Such an artifact also has a copy of each, named with
+# FEW_SUFFIX, that keeps the GEMV: the runtime sends it calls of fewer rows than the tiles pay for (the manifest's
+# tensor_core.min_rows).
+MANY_ROWS = frozenset({"prefill", "mtp_rows"})
+FEW_SUFFIX = "_few"
 # Entries of a few rows that CUDA graphs replay too (compiler/lower/capture_graphs.py), one graph per row count: a
 # verify of k + 1 rows and a draft step 0 that carries the NextN gap (k <= MAX_DRAFT accepted + id_last rows;
 # runtime/speculative.py `Drafter.fuse_rows`). Their row symbols, bounded by `max_rows`. Launched a kernel at a
@@ -180,12 +187,14 @@ def weight_kinds(mf: ModelFiles, graphs) -> dict[str, str]:
     return kinds
 
 
-def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv_types: tuple | None = None):
+def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv_types: tuple | None = None,
+                 few_rows: bool = False):
     """Graphs of every entry point; `options` are compile options (e.g. mtp_dense_attention), passed to the
     arch's builders that declare them (ModelSpec.compile_options). Each graph's `kind` is "trunk" or "mtp".
     `kv_types` = (type_k, type_v) of the KV caches (nextn.common.kv_types; default f32, f32). Raises NextnError
     for a type a cache's rows do not fit. The option `draft_vocab` N (0 < N < n_vocab; 0 or absent: none) adds the
-    `_vocab` copies of the DRAFTING entries (`reduce_head`); NextnError for an N outside that range."""
+    `_vocab` copies of the DRAFTING entries (`reduce_head`); NextnError for an N outside that range. `few_rows`:
+    also the FEW_SUFFIX copies of the MANY_ROWS entries."""
     spec, c = mf.spec, mf.config
     opts = {k: v for k, v in (options or {}).items() if k in spec.compile_options}
     n_draft = int((options or {}).get("draft_vocab") or 0)
@@ -216,6 +225,13 @@ def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv
                 select_head_rows(g)
             reduce_head(g, n_draft)
             g.name, g.kind = name + VOCAB_SUFFIX, "mtp"
+            graphs[g.name] = g
+    if few_rows:   # the same graphs under another name (lowered with the GEMV: to_relax `many_rows`)
+        for name in sorted(MANY_ROWS & set(graphs)):
+            kind, all_rows = ENTRY_POINTS[name]
+            g = spec.build_trunk(c, mf.has_tensor, all_rows) if kind == "trunk" else \
+                spec.build_mtp(c, mf.has_tensor, all_rows, **opts)
+            g.name, g.kind = name + FEW_SUFFIX, kind
             graphs[g.name] = g
     apply_weight_scales(mf, graphs.values())
     for g in graphs.values():

@@ -20,9 +20,10 @@ def main(argv=None):
 
     import tvm
 
+    from nextn.common.compile_options import parse_arches
     from nextn.schedules.gpu import ScheduleGPU, last_report
 
-    from .graphs import SPLIT_L, build_graphs, weight_kinds
+    from .graphs import MANY_ROWS, SPLIT_L, build_graphs, weight_kinds
     from .target import make_target
     from .loader.model_files import ModelFiles
     from .lower import cuda
@@ -42,7 +43,9 @@ def main(argv=None):
     kinds = weight_kinds(mf, graphs.values())
     tgt = make_target(a.target, [a.arch] if a.arch else None)
     gpu_int8 = None if a.exact_matmul else "cuda" if cuda.int8.has_dot4(tgt) else "plain"   # as compile.plan
-    mod = build_module(list(graphs.values()), kinds, form="gpu", split_l=SPLIT_L, gpu_int8=gpu_int8)
+    mod = build_module(list(graphs.values()), kinds, form="gpu", split_l=SPLIT_L, gpu_int8=gpu_int8,
+                       mma=a.target == "cuda" and cuda.mma.has_mma(parse_arches("cuda", [a.arch] if a.arch else None)),
+                       many_rows=MANY_ROWS)
     with tgt:
         for _name, passes in phases(tgt, ScheduleGPU(tgt, cuda.RULES))[:3]:
             mod = tvm.transform.Sequential(passes)(mod)

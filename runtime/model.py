@@ -99,6 +99,11 @@ class LoadedModel:
         # the most rows a captured few-row entry (verify, a draft step 0 with its gap) was planned for; None: no bound
         self.graph_max_rows = int(cg["max_rows"]) if "max_rows" in cg else None
         self.graph_bytes = int(cg.get("static_bytes", 0))   # device memory the captured steps allocate once
+        # tensor-core prefill (manifest tensor_core): calls of fewer than min_rows rows go to the GEMV copies of the
+        # many-row entries ({entry: copy}), where a 64-row tile would waste most of its work
+        tc = m.get("tensor_core") or {}
+        self.few_row_entries = dict(tc.get("few_rows", {}))
+        self.tensor_core_min_rows = int(tc.get("min_rows", 0))
         self.load_info: dict[str, dict] = {}   # per load step: seconds (device-synchronized), bytes where it moves any
         self.log = log
         self.n_sequences = 0                   # made by new_sequence

@@ -98,6 +98,9 @@ class Sequence:
             raise NextnError(f"context is full: {pos0 + T} tokens do not fit in the context of {self.n_ctx} (-c)")
         if T == 1 and ONE_ROW.get(name) in m.fn:
             name = ONE_ROW[name]
+        timed = name   # (a few-row copy's seconds count as its entry's)
+        if T < m.tensor_core_min_rows and name in m.few_row_entries:
+            name = m.few_row_entries[name]
         if name in m.static_inputs and m.graph_max_rows is not None and T > m.graph_max_rows:
             raise NextnError(f"{name}: {T} rows, more than the {m.graph_max_rows} this artifact's CUDA graphs were "
                              f"planned for (a draft of at most {m.graph_max_rows - 1} tokens); recompile with "
@@ -114,7 +117,7 @@ class Sequence:
         t0 = time.perf_counter()
         out = m.fn[name](*args, *self._rest[name])
         m.device.synchronize()   # a CUDA launch returns before the kernels finish: time the work, not the launch
-        self.vm_seconds[name] += time.perf_counter() - t0
+        self.vm_seconds[timed] += time.perf_counter() - t0
         return out
 
     def _by_chunk(self, call, pos0: int, *rows):

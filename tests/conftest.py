@@ -178,6 +178,7 @@ FAST_ARTIFACTS = {
 # "file" (all its end-to-end tests) or "file::test" (every parametrization) -> what it compiles. CI runs them all.
 SLOW_E2E = {
     "test_budget.py::test_a_smaller_kv_type_that_fits": "glm4moe Q8_0 with -ctk/-ctv f16",
+    "test_cuda_mma.py::test_calls_of_few_rows_take_the_gemv_copy": "glm4moe Q8_0 with the GPU kernel form, int8 rows",
     "test_cuda_kernels.py::test_fixture_compiles_for_sm90": "glm4moe Q8_0 / Q4_K_M for sm_90",
     "test_draft_vocab.py": "glm4moe BF16 with --spec-draft-vocab 2048",
     "test_glm5next.py::test_q8_compiled_vs_ir_every_entry_point": "glm5next Q8_0 --exact-matmul",
@@ -212,7 +213,7 @@ FAST_PARAMS = {"test_glm5next.py::test_index_share_off_matches_reference": "code
 # kernel path (block32 Q8_0, K-quant Q4_K, IQ4_XS, the codebook IQ2_XXS, float BF16; the same four on the GPU integer
 # route); the other formats are slow.
 FORMAT_SWEEP_FILES = ("test_x86_kernels.py", "test_x86_iq.py", "test_cuda_kernels.py", "test_cuda_int8.py",
-                      "test_quant.py")
+                      "test_cuda_mma.py", "test_quant.py")
 FAST_FORMATS = ("q8_0", "q4_k", "iq4_xs", "iq2_xxs", "bf16")
 _SLOW_NODES: set[str] = set()   # node ids marked slow, for `compiled`'s check
 

@@ -212,9 +212,13 @@ def _report(model) -> dict:
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M", "BF16"])
 def test_fixture_matmuls_take_the_gemv_rule(quant):
     rep = _report(G4 / f"tiny-glm4moe-{quant}.gguf")
-    mats = {k: v for k, v in rep.items() if "mul_mat" in k}
+    mats = {k: v for k, v in rep.items() if "mul_mat" in k and "_mma_" not in k}
     assert len(mats) >= 10 and set(mats.values()) == {"cuda:gemv"}, mats
     assert "mul_mat_id" in mats and any(k.startswith("fused_") for k in mats)   # routed experts, fused tails
+    # prefill's quantized matmuls on tensor cores (cuda/mma.py: hand-written, so pre-scheduled); BF16 has none
+    tiles = {k: v for k, v in rep.items() if "_mma_" in k}
+    assert set(tiles.values()) == ({"pre-scheduled"} if quant != "BF16" else set()), tiles
+    assert quant == "BF16" or any(k.startswith("mul_mat_id_mma_") for k in tiles)
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K_M"])

@@ -100,14 +100,13 @@ def test_every_primfunc_is_gpu_scheduled_and_gemvs_are_not_fallback(cuda_art):
     # the integer route (compiler/lower/cuda/int8.py): every activation quantizer takes its own rule
     quantizers = {k for k in rep if k.startswith("quantize_q8")}
     assert quantizers and {k for k, v in rep.items() if v == "cuda:quantize"} == quantizers
-    # the hand-written GPU kernels (KV store, flash attention, MoE top-k, norm + quantizer, rope) and nothing else
-    # come pre-scheduled
-    assert {k for k, v in rep.items() if v == "pre-scheduled"} == {k for k in rep if k.startswith(("set_rows_",
-                                                                                                  "flash_attn",
-                                                                                                  "topk_ids_",
-                                                                                                  "rms_norm_q8_",
-                                                                                                  "rope_pair_"))}
-    gemvs = {k: v for k, v in rep.items() if "mul_mat" in k}
+    # the hand-written GPU kernels (KV store, flash attention, MoE top-k, norm + quantizer, rope, prefill's
+    # tensor-core matmuls and their expert sort) and nothing else come pre-scheduled
+    hand = ("set_rows_", "flash_attn", "topk_ids_", "rms_norm_q8_", "rope_pair_", "mul_mat_mma_", "mul_mat_id_mma_",
+            "expert_tiles_")
+    assert {k for k, v in rep.items() if v == "pre-scheduled"} == {k for k in rep if k.startswith(hand)}
+    assert any(k.startswith("mul_mat_mma_") for k in rep)   # sm_90: prefill's matmuls on tensor cores
+    gemvs = {k: v for k, v in rep.items() if "mul_mat" in k and "_mma_" not in k}
     assert gemvs and all(v == "cuda:gemv" for v in gemvs.values()), gemvs   # compiler/lower/cuda
 
 

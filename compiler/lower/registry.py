@@ -17,10 +17,11 @@ lower = registry(LOWER, WHERE)
 class Cx:
     """What an op's lowering may read besides its node and arguments: `sym` (the shape symbols T, L, ... as TIR
     variables, or the static sizes), `kernels` (attention.Kernels: the kernel form and the kernels added so far),
-    `split_l` (attention split over L: flash-decoding)."""
+    `split_l` (attention split over L: flash-decoding), `many_rows` (the entry's calls carry many rows: a prompt;
+    graphs.MANY_ROWS)."""
 
-    def __init__(self, sym: dict, kernels, split_l: bool):
-        self.sym, self.kernels, self.split_l = sym, kernels, split_l
+    def __init__(self, sym: dict, kernels, split_l: bool, many_rows: bool = False):
+        self.sym, self.kernels, self.split_l, self.many_rows = sym, kernels, split_l, many_rows
 
 
 def float_buffers(args: list) -> list:

@@ -44,10 +44,11 @@ def weight_params(graph: Graph, weight_kinds: dict[str, str]) -> list[tuple[str,
 
 
 def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str], kernels: "attention.Kernels",
-             static: dict[str, int] | None = None, split_l: bool = False, x86=None) -> None:
+             static: dict[str, int] | None = None, split_l: bool = False, x86=None, many_rows: bool = False) -> None:
     """Emit `graph` as a Relax function; `static` fixes symbols (e.g. {"T": 1} for the one-row decode step);
     `split_l`: attention split over L (flash-decoding) rather than fused; `x86`: an x86.emit.X86Lowering taking the
-    matmuls it handles (CPU targets with AVX2)."""
+    matmuls it handles (CPU targets with AVX2); `many_rows`: the entry's calls carry many rows (graphs.MANY_ROWS),
+    whose GPU matmuls take tensor-core tiles where the target has them (`kernels.mma`)."""
     sym = {d: tirx.Var(d, "int64") for d in ("T", "H", "R", "L", "C", "P")}
     for d, v in (static or {}).items():
         sym[d] = tirx.IntImm("int64", v)
@@ -106,7 +107,7 @@ def to_relax(bb: relax.BlockBuilder, graph: Graph, weight_kinds: dict[str, str],
                     env[n.id] = x86.emit(bb, n, env, sym)
                     continue
                 args = [env[i.id] for i in n.inputs]
-                env[n.id] = _emit(bb, n, args, sym, kernels, split_l, env, uses)
+                env[n.id] = _emit(bb, n, args, Cx(sym, kernels, split_l, many_rows), env, uses)
             outs = [env[o.id] for o in graph.outputs.values()]
             gv = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(gv)
@@ -136,12 +137,12 @@ def _flatten(args):
     return flat, rebuild
 
 
-def _emit(bb, n, args, sym, kernels: "attention.Kernels", split_l: bool, env: dict, uses: dict):
-    if kernels.gpu:   # the GPU forms' own kernels for some ops and patterns (gpu_forms.py)
-        hit = gpu_forms.emit(bb, n, args, sym, kernels, env, uses)
+def _emit(bb, n, args, cx: Cx, env: dict, uses: dict):
+    if cx.kernels.gpu:   # the GPU forms' own kernels for some ops and patterns (gpu_forms.py)
+        hit = gpu_forms.emit(bb, n, args, cx.sym, cx.kernels, env, uses)
         if hit is not None:
             return hit
-    return LOWER[n.op](bb, n, args, Cx(sym, kernels, split_l))
+    return LOWER[n.op](bb, n, args, cx)
 
 
 @lower("reshape")
@@ -189,6 +190,8 @@ def _(bb, n, args, cx):
     if B is not None:   # the integer route (lower/cuda/int8.py): the rows quantized once, shared by gate and up
         cx.kernels.int8_weights[n.inputs[0].name] = "q8_0" if B == 32 else "q8"
         args = [w, *gpu_forms.quantized_rows(bb, args[1], B, cx.kernels), *args[2:]]
+        if _takes_mma(n, w, cx):
+            return (_mul_mat_mma if n.op == "mul_mat" else _mul_mat_id_mma)(bb, n, args, cx, B)
     if (gpu or B is not None) and n.op == "mul_mat_id" and not _static_one(dim_expr(n.inputs[2].shape[0], cx.sym)):
         return _mul_mat_id_grouped(bb, n, args, cx, B is not None)
     # kOutEWiseFusable, so that FuseOps puts the element-wise consumers (SwiGLU, bias and residual adds) into the
@@ -206,6 +209,56 @@ def _(bb, n, args, cx):
         f = cuda.int8.mul_mat if n.op == "mul_mat" else cuda.int8.mul_mat_id
         return _te(bb, n, args, fn=lambda w, xq, xd, xs, *ids: f(w, xq, xd, *ids, dp4a=dp4a, xs=xs), attrs=attrs)
     return _te(bb, n, args, fn=cuda.TE_OPS.get(n.op) if gpu else None, attrs=attrs)
+
+
+def _takes_mma(n, w, cx) -> bool:
+    """Whether quantized matmul `n` (weight w: (kind, buffers, shape)) takes tensor-core tiles (cuda/mma.py): an
+    entry of many rows, a target with int8 mma.sync (or its emulation), and the prompt's rows: `mul_mat` of a 2-D
+    weight by rows [T, K], or `mul_mat_id` of experts [X, N, K] for ids [T, n_used] (rows [T, K] or
+    [T, n_used, K]). Not the head's `out_ids` rows [R, K] (a prefill asks for one: the GEMV reads the weight once
+    for it at the memory's speed, where a 64-row tile would decode it for 63 rows that do not exist)."""
+    if not (cx.many_rows and cx.kernels.mma and cuda.mma.fits(w[0], int(w[2][-1]))):
+        return False
+    if n.op == "mul_mat":
+        return len(w[2]) == 2 and len(n.inputs[1].shape) == 2 and n.inputs[1].shape[0] == "T"
+    return len(w[2]) == 3 and n.inputs[2].shape[0] == "T"
+
+
+def _mul_mat_mma(bb, n, args, cx, B: int):
+    """`n` as cuda/mma.py's tensor-core kernel over the rows quantized once (xq, xd, xs); one PrimFunc per weight
+    format and shape. Its element-wise consumers stay kernels of their own (prefill: a launch per op and layer is
+    small beside the rows' products)."""
+    (kind, bufs, (N, K)), xq, xd, xs = args
+    gv = cx.kernels.get(f"mul_mat_mma_{kind}_{N}x{K}_q{B}", lambda: cuda.mma.mul_mat_kernel(
+        kind, int(N), int(K), B, cx.kernels.gpu_int8 == "cuda", not cx.kernels.emulate))
+    T = dim_expr(n.inputs[1].shape[0], cx.sym)
+    return bb.emit(relax.call_tir(gv, relax.Tuple([bufs[0], xq, xd, xs]), relax.TensorType([T, int(N)], "float32")))
+
+
+def _mul_mat_id_mma(bb, n, args, cx, B: int):
+    """The routed experts of `n` as cuda/mma.py's tensor-core tiles, one expert's (row, slot) pairs per tile: the
+    pairs sorted by expert once per ids tensor (`expert_tiles`: a layer's gate, up and down share them), rows per
+    pair viewed as [T · n_used, ...], the products [T · n_used, N] viewed back as [T, n_used, N]."""
+    (kind, bufs, (X, N, K)), xq, xd, xs, ids = args
+    T, kk = dim_expr(n.inputs[2].shape[0], cx.sym), int(n.inputs[2].shape[1])
+    gpu, mma = not cx.kernels.emulate, cuda.mma
+    key = ("expert_tiles", ids)
+    if key not in cx.kernels.memo:
+        gv = cx.kernels.get(f"expert_tiles_{X}x{kk}", lambda: mma.expert_tiles_kernel(int(X), kk, gpu))
+        out = bb.emit(relax.call_tir(gv, relax.Tuple([ids]), [
+            relax.TensorType([T * kk], "int32"), relax.TensorType([(T * kk + mma.BM - 1) // mma.BM + int(X), 3],
+                                                                  "int32")]))
+        cx.kernels.memo[key] = [bb.emit(relax.TupleGetItem(out, i)) for i in range(2)]
+    order, tiles = cx.kernels.memo[key]
+    per_pair = len(n.inputs[1].shape) == 3   # the down projection: a row per (row, slot)
+    if per_pair:
+        xq, xd, xs = (bb.emit(relax.op.reshape(v, [T * kk, int(v.ty.shape[-1])])) for v in (xq, xd, xs))
+    div = 1 if per_pair else kk
+    gv = cx.kernels.get(f"mul_mat_id_mma_{kind}_{X}x{N}x{K}_q{B}_d{div}", lambda: mma.mul_mat_id_kernel(
+        kind, int(X), int(N), int(K), B, div, cx.kernels.gpu_int8 == "cuda", gpu))
+    y = bb.emit(relax.call_tir(gv, relax.Tuple([bufs[0], xq, xd, xs, order, tiles]),
+                               relax.TensorType([T * kk, int(N)], "float32")))
+    return bb.emit(relax.op.reshape(y, [T, kk, int(N)]))
 
 
 def _static_one(dim) -> bool:
@@ -288,17 +341,19 @@ check_impls(LOWER, WHERE)
 
 def build_module(graphs: list[Graph], weight_kinds: dict[str, str], static: dict[str, dict] | None = None,
                  form: str = "cpu", split_l=(), x86=None, gpu_int8: str | None = None,
-                 int8_weights: dict | None = None):
+                 int8_weights: dict | None = None, mma: bool = False, many_rows=()):
     """An IRModule with one Relax function per graph (entry point); `static[graph.name]` fixes symbols.
     `form` (attention.FORMS): "cpu", "gpu" (GPU targets: also gpu_forms: SPLIT_OPS as separate kernels, the fused patterns), or "gpu-emulated"
     (the GPU form built for llvm, to test its arithmetic). `split_l`: names of the entry points whose attention
     is split over L (graphs.SPLIT_L). `x86`: see `to_relax`. `gpu_int8` (the "gpu" form): the integer route of
     the GPU matmuls (lower/cuda/int8.py) with "cuda" (`__dp4a`, `__fdiv_rn`) or "plain" int32 arithmetic; None:
     float activations (--exact-matmul). `int8_weights`: filled with {weight name: activation row format ("q8_0",
-    "q8")} of the matmuls that took the integer route."""
+    "q8")} of the matmuls that took the integer route. `mma`: the integer route's matmuls of the `many_rows` entry
+    points (graphs.MANY_ROWS) as tensor-core tiles (lower/cuda/mma.py: CUDA sm_80+, or its emulation)."""
     bb = relax.BlockBuilder()
     kernels = attention.Kernels(bb, form)
     kernels.gpu_int8, kernels.int8_weights = gpu_int8, int8_weights if int8_weights is not None else {}
+    kernels.mma = mma and gpu_int8 is not None
     for g in graphs:
-        to_relax(bb, g, weight_kinds, kernels, (static or {}).get(g.name), g.name in split_l, x86)
+        to_relax(bb, g, weight_kinds, kernels, (static or {}).get(g.name), g.name in split_l, x86, g.name in many_rows)
     return bb.get()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from nextn.compiler.graphs import MANY_ROWS
+
 TUNED_ENTRY_POINTS = ("decode", "draft")
 
 
@@ -59,6 +61,7 @@ def lowered_module(model: str, target, draft: str | None = None):
     from nextn.compiler.graphs import SPLIT_L, STATIC, build_graphs, weight_kinds
     from nextn.compiler.loader.model_files import ModelFiles
     from nextn.compiler.lower.cuda.int8 import has_dot4
+    from nextn.compiler.lower.cuda.mma import has_mma
     from nextn.compiler.lower.to_relax import build_module
     from nextn.compiler.lower.x86.emit import for_target
     from nextn.compiler.target import GPU_TARGETS
@@ -70,11 +73,12 @@ def lowered_module(model: str, target, draft: str | None = None):
     gpu = target.kind.name in GPU_TARGETS
     gpu_int8 = ("cuda" if has_dot4(target) else "plain") if gpu else None   # as compile.plan's default build
     mod = build_module(list(graphs.values()), kinds, STATIC, form="gpu" if gpu else "cpu", split_l=SPLIT_L, x86=x86,
-                       gpu_int8=gpu_int8)
+                       gpu_int8=gpu_int8, mma=target.kind.name == "cuda" and has_mma([target.attrs.get("arch", "")]),
+                       many_rows=MANY_ROWS)
     return mod, x86
 
 
-PREFILL_ENTRY_POINTS = ("prefill", "mtp_rows")   # entry points whose rows are a prompt chunk
+PREFILL_ENTRY_POINTS = tuple(sorted(MANY_ROWS))   # entry points whose rows are a prompt chunk
 
 
 def x86_kernels(model: str, target, draft: str | None = None, only: str | None = None,

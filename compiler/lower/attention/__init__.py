@@ -56,6 +56,7 @@ class Kernels:
         # K / V store pairs
         self.memo = {}
         self.gpu, self.emulate = form != "cpu", form == "gpu-emulated"
+        self.mma = False   # the many-row entries' integer-route matmuls as tensor-core tiles (to_relax build_module)
 
     def get(self, name: str, make):
         if name not in self._gv:

@@ -17,7 +17,7 @@ format under `--exact-matmul`, keep float32 activations (the float-activation CP
 """
 from __future__ import annotations
 
-from . import int8
+from . import int8, mma
 from .gemv import schedule
 from .te import (GROUP_ROWS, TE_OPS, expert_gather, expert_gather_sum, expert_groups, expert_leaders, mul_mat,
                  mul_mat_id, mul_mat_id_grouped)
@@ -25,5 +25,5 @@ from .te import (GROUP_ROWS, TE_OPS, expert_gather, expert_gather_sum, expert_gr
 # The GPU schedule rules of these kernels, for schedules.gpu.ScheduleGPU (tried before dlight's)
 RULES = (("cuda:gemv", schedule), ("cuda:quantize", int8.schedule_quantize))
 
-__all__ = ["GROUP_ROWS", "RULES", "int8", "TE_OPS", "expert_gather", "expert_gather_sum", "expert_groups",
+__all__ = ["GROUP_ROWS", "RULES", "int8", "mma", "TE_OPS", "expert_gather", "expert_gather_sum", "expert_groups",
            "expert_leaders", "mul_mat", "mul_mat_id", "mul_mat_id_grouped", "schedule"]
