@@ -192,7 +192,7 @@ def test_emulated_expert_tiles(ttype, K, rows, used, per_pair):
     kind = by_ggml_type(ttype).kind
     B, X = int8.row_block(kind), 4
     lib = tvm.compile(_module({"mm": mma.mul_mat_id_kernel(kind, X, N, K, B, 1 if per_pair else used, False, False),
-                               "tiles": mma.expert_tiles_kernel(X, used, gpu=False)}), target="llvm")
+                               "tiles": mma.expert_tiles_kernel(X, gpu=False)}), target="llvm")
     packed, wf = _data(ttype, (X, N, K), 2)
     rng = np.random.default_rng(rows)
     ids = np.stack([rng.choice(X, used, replace=False) for _ in range(rows)]).astype(np.int32)
@@ -205,7 +205,7 @@ def test_emulated_expert_tiles(ttype, K, rows, used, per_pair):
     quantizer["q"](tvm.runtime.tensor(x), *q)
     ntile = -(-P // mma.BM) + X
     order, tiles = tvm.runtime.empty((P,), "int32"), tvm.runtime.empty((ntile, 3), "int32")
-    lib["tiles"](tvm.runtime.tensor(ids), order, tiles)
+    lib["tiles"](tvm.runtime.tensor(ids.reshape(-1)), order, tiles)
     o, tl = order.numpy(), tiles.numpy()
     assert np.array_equal(o, np.argsort(ids.reshape(-1), kind="stable"))
     used_tiles = tl[tl[:, 0] >= 0]

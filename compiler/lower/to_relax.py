@@ -244,8 +244,9 @@ def _mul_mat_id_mma(bb, n, args, cx, B: int):
     gpu, mma = not cx.kernels.emulate, cuda.mma
     key = ("expert_tiles", ids)
     if key not in cx.kernels.memo:
-        gv = cx.kernels.get(f"expert_tiles_{X}x{kk}", lambda: mma.expert_tiles_kernel(int(X), kk, gpu))
-        out = bb.emit(relax.call_tir(gv, relax.Tuple([ids]), [
+        gv = cx.kernels.get(f"expert_tiles_{X}", lambda: mma.expert_tiles_kernel(int(X), gpu))
+        flat = bb.emit(relax.op.reshape(ids, [T * kk]))
+        out = bb.emit(relax.call_tir(gv, relax.Tuple([flat]), [
             relax.TensorType([T * kk], "int32"), relax.TensorType([(T * kk + mma.BM - 1) // mma.BM + int(X), 3],
                                                                   "int32")]))
         cx.kernels.memo[key] = [bb.emit(relax.TupleGetItem(out, i)) for i in range(2)]

@@ -344,11 +344,12 @@ def mul_mat_id_kernel(kind: str, X: int, N: int, K: int, B: int, div: int, cuda:
 SORT_THREADS = 256
 
 
-def expert_tiles_kernel(X: int, kk: int, gpu: bool):
-    """PrimFunc (ids int32 [T, kk] -> order int32 [T · kk], tiles int32 [ceil(T · kk / BM) + X, 3]): the (row, slot)
-    pairs p = t · kk + s sorted by expert ids[t, s] (stable: by p within an expert), and the tiles of `mul_mat_id_kernel`:
+def expert_tiles_kernel(X: int, gpu: bool):
+    """PrimFunc (ids int32 [P] (a layer's ids [T, kk] viewed flat) -> order int32 [P], tiles int32
+    [ceil(P / BM) + X, 3]): the (row, slot) pairs p = t · kk + s sorted by expert ids[p] (stable: by p within an
+    expert), and the tiles of `mul_mat_id_kernel`:
     (expert, first position in `order`, pairs in the tile <= BM), one per BM pairs of each chosen expert in expert
-    order, then (-1, 0, 0) for the slots left (the grid's bound: ceil(T · kk / BM) + X tiles). One block of
+    order, then (-1, 0, 0) for the slots left (the grid's bound: ceil(P / BM) + X tiles). One block of
     SORT_THREADS threads: counts per expert (each thread scans the ids for its experts), their prefix sums and tile
     starts in one thread (X steps), the tile table and the order by experts in parallel; no atomics, so the order is
     the same on every run (the CPU emulation included). Reference for the scheme: llama.cpp ggml-cuda mmid
@@ -362,14 +363,14 @@ def expert_tiles_kernel(X: int, kk: int, gpu: bool):
     @T.prim_func(private=True, s_tir=True)
     def expert_tiles(var_ids: T.handle, var_o: T.handle, var_t: T.handle):
         T.func_attr(attrs)
-        t = T.int64()
-        ids = T.match_buffer(var_ids, (t, kk), I32)
-        order = T.match_buffer(var_o, (t * kk,), I32)
-        tiles = T.match_buffer(var_t, ((t * kk + BM - 1) // BM + X, 3), I32)
+        p = T.int64()
+        ids = T.match_buffer(var_ids, (p,), I32)
+        order = T.match_buffer(var_o, (p,), I32)
+        tiles = T.match_buffer(var_t, ((p + BM - 1) // BM + X, 3), I32)
         for b in blocks(1):
             with T.sblock("expert_tiles"):
-                T.reads(ids[0:t, 0:kk])
-                T.writes(order[0:t * kk], tiles[0:(t * kk + BM - 1) // BM + X, 0:3])
+                T.reads(ids[0:p])
+                T.writes(order[0:p], tiles[0:(p + BM - 1) // BM + X, 0:3])
                 cnt = T.alloc_buffer((X,), I32, scope=shared)
                 first = T.alloc_buffer((X + 1,), I32, scope=shared)    # an expert's first position in `order`
                 tile0 = T.alloc_buffer((X + 1,), I32, scope=shared)    # ... and its first tile
@@ -378,8 +379,8 @@ def expert_tiles_kernel(X: int, kk: int, gpu: bool):
                     for q in range(EPT):
                         if q * NS + tx < X:
                             v[0] = 0
-                            for pp in range(t * kk):
-                                if ids[pp // kk, pp % kk] == T.Cast(I32, q * NS + tx):
+                            for pp in range(p):
+                                if ids[pp] == T.Cast(I32, q * NS + tx):
                                     v[0] = v[0] + 1
                             cnt[q * NS + tx] = v[0]
                 for tx in threads(NS):
@@ -394,8 +395,8 @@ def expert_tiles_kernel(X: int, kk: int, gpu: bool):
                             first[x + 1] = v[0]
                             tile0[x + 1] = v[1]
                 for tx in threads(NS):
-                    for q in range(((t * kk + BM - 1) // BM + X + NS - 1) // NS):
-                        if q * NS + tx < (t * kk + BM - 1) // BM + X:
+                    for q in range(((p + BM - 1) // BM + X + NS - 1) // NS):
+                        if q * NS + tx < (p + BM - 1) // BM + X:
                             tiles[q * NS + tx, 0] = -1
                             tiles[q * NS + tx, 1] = 0
                             tiles[q * NS + tx, 2] = 0
@@ -409,8 +410,8 @@ def expert_tiles_kernel(X: int, kk: int, gpu: bool):
                     for q in range(EPT):
                         if q * NS + tx < X:
                             v[1] = first[q * NS + tx]
-                            for pp in range(t * kk):
-                                if ids[pp // kk, pp % kk] == T.Cast(I32, q * NS + tx):
+                            for pp in range(p):
+                                if ids[pp] == T.Cast(I32, q * NS + tx):
                                     order[v[1]] = T.Cast(I32, pp)
                                     v[1] = v[1] + 1
     return expert_tiles
