@@ -989,6 +989,7 @@ def test_cuda_build_quantizes_the_matmuls_the_cpu_quantizes(compiled, quant):
     gk = m["gpu_kernels"]
     assert (gk["activation_quant"], gk["dot"]) == ("q8", "cuda")
     check_kernel_record(gk["kernels"], model)
+    assert any("_mma_" in k for k in gk["kernels"])   # prefill's quantized matmuls on tensor cores (sm_90)
     assert not CompileOptions.from_manifest(m).exact_matmul
     if quant in ("Q4_K_M", "Q8_0"):
         exact = compiled(f"g4-{quant}-cuda90-exact", model, target="cuda", arches=["sm_90"], exact_matmul=True)
@@ -999,7 +1000,8 @@ def test_cuda_build_quantizes_the_matmuls_the_cpu_quantizes(compiled, quant):
 def check_kernel_record(kernels: dict, model) -> None:
     """The per-kernel record of a default (integer-route) sm_90 build (manifest `gpu_kernels.kernels`, or
     kernel_report.kernel_summary of the scheduled module): every activation quantizer is `cuda:quantize`, a warp per
-    activation block in blocks of 4 warps, passed no weight; every matmul the GEMV's 4 warps per block; the LM head's
+    activation block in blocks of 4 warps, passed no weight; every matmul the GEMV's 4 warps per block, but prefill's
+    tensor-core tiles (cuda/mma.py, where the build has them: pre-scheduled, blocks of 128 threads); the LM head's
     weight bytes are output.weight's bytes in the GGUF (with its tables for a codebook type), and its launch one
     block per 4 weight rows (N / 4 blocks at T = 1), not one per output element."""
     import gguf
@@ -1013,9 +1015,12 @@ def check_kernel_record(kernels: dict, model) -> None:
     quant = {k: v for k, v in kernels.items() if v["rule"] == "cuda:quantize"}
     assert quant and all(v["weight_bytes"] == 0 and len(v["launches"]) == 1 and "block 32 × 4 (T=1: " in
                          v["launches"][0] for v in quant.values()), quant
-    gemv_ = {k: v for k, v in kernels.items() if "mul_mat" in k}
+    gemv_ = {k: v for k, v in kernels.items() if "mul_mat" in k and "_mma_" not in k}
     assert gemv_ and all(v["rule"] == "cuda:gemv" and all("block 32 × 4 (T=1: " in ln for ln in v["launches"])
                          for v in gemv_.values()), gemv_
+    tiles = {k: v for k, v in kernels.items() if "_mma_" in k}
+    assert all(v["rule"] == "pre-scheduled" and all("block 128 (T=1: " in ln for ln in v["launches"])
+               for v in tiles.values()), tiles
     heads = [v for v in gemv_.values() if v["weight_bytes"] == head]
     assert heads and all(f"(T=1: {n_vocab // gemv.WARPS} × 128)" in ln for v in heads for ln in v["launches"]), heads
 
