@@ -200,11 +200,16 @@ def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv
     n_draft = int((options or {}).get("draft_vocab") or 0)
     if n_draft and not 0 < n_draft < c.n_vocab:
         raise NextnError(f"--spec-draft-vocab {n_draft}: expected 0 < N < {c.n_vocab} (the model's vocabulary)")
+    def entry(name):   # entry point `name`'s graph, built afresh (graphs are not shared)
+        kind, all_rows = ENTRY_POINTS[name]
+        return spec.build_trunk(c, mf.has_tensor, all_rows) if kind == "trunk" else \
+            spec.build_mtp(c, mf.has_tensor, all_rows, **opts)
+
     graphs = {}
     for name, (kind, all_rows) in ENTRY_POINTS.items():
         if kind == "mtp" and not with_mtp:
             continue
-        g = spec.build_trunk(c, mf.has_tensor, all_rows) if kind == "trunk" else spec.build_mtp(c, mf.has_tensor, all_rows, **opts)
+        g = entry(name)
         g.name, g.kind = name, kind
         if name in SELECT_ROWS:
             select_head_rows(g)
@@ -219,8 +224,7 @@ def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv
         for name in DRAFTING:
             if name not in graphs:
                 continue
-            g = (spec.build_mtp(c, mf.has_tensor, True, **opts) if name in ENTRY_POINTS
-                 else spec.extra_entry_points(c, mf.has_tensor, **opts)[name][1])
+            g = entry(name) if name in ENTRY_POINTS else spec.extra_entry_points(c, mf.has_tensor, **opts)[name][1]
             if name + VOCAB_SUFFIX in SELECT_ROWS:
                 select_head_rows(g)
             reduce_head(g, n_draft)
@@ -228,10 +232,8 @@ def build_graphs(mf: ModelFiles, with_mtp: bool, options: dict | None = None, kv
             graphs[g.name] = g
     if few_rows:   # the same graphs under another name (lowered with the GEMV: to_relax `many_rows`)
         for name in sorted(MANY_ROWS & set(graphs)):
-            kind, all_rows = ENTRY_POINTS[name]
-            g = spec.build_trunk(c, mf.has_tensor, all_rows) if kind == "trunk" else \
-                spec.build_mtp(c, mf.has_tensor, all_rows, **opts)
-            g.name, g.kind = name + FEW_SUFFIX, kind
+            g = entry(name)
+            g.name, g.kind = name + FEW_SUFFIX, ENTRY_POINTS[name][0]
             graphs[g.name] = g
     apply_weight_scales(mf, graphs.values())
     for g in graphs.values():

@@ -80,17 +80,21 @@ def _x(T, K, seed, w64=None):
     return activations(rng, [[w64]] * T)
 
 
-def _quantizer(K, B):
+def _quantizer(K, B, sums=False):
     T = te.var("T", I64)
     x = te.placeholder([T, tirx.IntImm(I64, K)], "float32", name="x")
-    return tvm.compile(_module({"q": te.create_prim_func([x, *int8.quantize_rows(x, B)])}), target="llvm")
+    return tvm.compile(_module({"q": te.create_prim_func([x, *int8.quantize_rows(x, B, sums=sums)])}),
+                       target="llvm")
 
 
-def _quantize(lib, x, B):
+def _quantize(lib, x, B, sums=False):
+    """(xq, xd), and with `sums` xs: the rows of `_quantizer(K, B, sums)`."""
     T, K = x.shape
-    xq, xd = tvm.runtime.empty((T, K // 4), "int32"), tvm.runtime.empty((T, K // B), "float32")
-    lib["q"](tvm.runtime.tensor(np.ascontiguousarray(x)), xq, xd)
-    return xq.numpy(), xd.numpy()
+    out = [tvm.runtime.empty((T, K // 4), "int32"), tvm.runtime.empty((T, K // B), "float32")]
+    if sums:
+        out.append(tvm.runtime.empty((T, K // 16), "int32"))
+    lib["q"](tvm.runtime.tensor(np.ascontiguousarray(x)), *out)
+    return tuple(o.numpy() for o in out)
 
 
 @pytest.mark.parametrize("B,K", [(32, 352), (256, 768)])

@@ -28,7 +28,7 @@ from conftest import FIXTURES
 from nextn.common.compare import rel_err
 from nextn.common.quant import by_ggml_type
 from nextn.compiler.lower.cuda import int8, mma
-from test_cuda_int8 import INT, _x, _x_prime
+from test_cuda_int8 import INT, _quantize, _quantizer, _x, _x_prime
 from test_cuda_kernels import _data, _module, _run, _weight
 
 pytestmark = pytest.mark.e2e   # builds kernels (llvm; CUDA with nvcc)
@@ -51,12 +51,6 @@ def test_has_mma():
     assert not mma.has_mma(["sm_75"]) and not mma.has_mma(["sm_80", "sm_75"]) and not mma.has_mma([])
 
 
-def _rows_quantizer(K, B):
-    T = te.var("T", I64)
-    x = te.placeholder([T, tirx.IntImm(I64, K)], "float32", name="x")
-    return tvm.compile(_module({"q": te.create_prim_func([x, *int8.quantize_rows(x, B, sums=True)])}), target="llvm")
-
-
 @pytest.mark.parametrize("ttype,K", CASES)
 def test_emulated_kernel_is_the_integer_product(ttype, K):
     kind = by_ggml_type(ttype).kind
@@ -70,15 +64,12 @@ def test_emulated_kernel_is_the_integer_product(ttype, K):
         "mma": mma.mul_mat_kernel(kind, N, K, B, cuda=False, gpu=False),
         "definition": te.create_prim_func([xq, xd, xs, *bufs, int8.mul_mat(w, xq, xd, dp4a=False, xs=xs)])}),
         target="llvm")
-    quantizer = _rows_quantizer(K, B)
+    quantizer = _quantizer(K, B, sums=True)
     packed, wf = _data(ttype, (N, K), 1)
     assert int8.group_order(kind, K) is None   # the definition sums its groups in k order, as the tiles do
     for rows in (1, 5, 70):
         x = _x(rows, K, 20 + rows, wf.astype(np.float64))
-        q = [tvm.runtime.empty(s, dt) for s, dt in (((rows, K // 4), "int32"), ((rows, K // B), "float32"),
-                                                     ((rows, K // 16), "int32"))]
-        quantizer["q"](tvm.runtime.tensor(x), *q)
-        q = [a.numpy() for a in q]
+        q = _quantize(quantizer, x, B, sums=True)
         y = tvm.runtime.empty((rows, N), "float32")
         lib["mma"](*[tvm.runtime.tensor(a) for a in (*packed, *q)], y)
         got = y.numpy()
@@ -199,10 +190,7 @@ def test_emulated_expert_tiles(ttype, K, rows, used, per_pair):
     ids[: rows * 3 // 4, 0] = 1
     P = rows * used
     x = _x(P if per_pair else rows, K, 30 + rows, wf[1].astype(np.float64))
-    quantizer = _rows_quantizer(K, B)
-    q = [tvm.runtime.empty(s, dt) for s, dt in (((len(x), K // 4), "int32"), ((len(x), K // B), "float32"),
-                                                 ((len(x), K // 16), "int32"))]
-    quantizer["q"](tvm.runtime.tensor(x), *q)
+    q = _quantize(_quantizer(K, B, sums=True), x, B, sums=True)
     ntile = -(-P // mma.BM) + X
     order, tiles = tvm.runtime.empty((P,), "int32"), tvm.runtime.empty((ntile, 3), "int32")
     lib["tiles"](tvm.runtime.tensor(ids.reshape(-1)), order, tiles)
@@ -216,7 +204,7 @@ def test_emulated_expert_tiles(ttype, K, rows, used, per_pair):
     if rows == 150:
         assert (used_tiles[:, 0] == 1).sum() == -(-counts[1] // mma.BM) >= 2
     y = tvm.runtime.empty((P, N), "float32")
-    lib["mm"](*[tvm.runtime.tensor(a) for a in packed], *q, order, tiles, y)
+    lib["mm"](*[tvm.runtime.tensor(a) for a in (*packed, *q)], order, tiles, y)
     xp, flat = _x_prime(x, B), ids.reshape(-1)
     want = np.stack([xp[p if per_pair else p // used] @ wf[flat[p]].astype(np.float64).T for p in range(P)])
     assert rel_err(y.numpy(), want) < 1e-5, ttype

@@ -60,25 +60,32 @@ def dot4(a, b, dp4a: bool = True, acc=None):
     `__dp4a(a, b, acc)`, or (not `dp4a`) the same int32 sum of sign-extended byte products."""
     if dp4a:
         return tirx.call_pure_extern(I32, DOT4, a, b, _c(0) if acc is None else acc)
-
-    def byte(v, e):   # sign-extended byte e of an int32 word
-        return (((v >> _c(8 * e)) & _c(255)) ^ _c(128)) - _c(128)
-
-    total = byte(a, 0) * byte(b, 0)
+    total = sbyte(a, 0) * sbyte(b, 0)
     for e in range(1, 4):
-        total = total + byte(a, e) * byte(b, e)
+        total = total + sbyte(a, e) * sbyte(b, e)
     return total if acc is None else acc + total
 
 
+def sbyte(v, e):
+    """Byte e (an int, or an int32 expression) of int32 word v, sign-extended."""
+    shift = _c(8 * e) if isinstance(e, int) else tirx.Cast(I32, e) * 8
+    return (((v >> shift) & _c(255)) ^ _c(128)) - _c(128)
+
+
+def sm_number(arch) -> int | None:
+    """The number of a CUDA arch name ("sm_90a" -> 90), None where it has none."""
+    try:
+        return int(str(arch).split("_")[1].rstrip("af"))
+    except (IndexError, ValueError):
+        return None
+
+
 def has_dot4(target) -> bool:
-    """Whether `target` compiles `dot4` as `__dp4a`: CUDA sm_61 or newer."""
+    """Whether `target` compiles `dot4` as `__dp4a`: CUDA sm_61 or newer (an arch without a number: assumed)."""
     if target is None or target.kind.name != "cuda":
         return False
-    arch = str(target.attrs.get("arch", "sm_61"))
-    try:
-        return int(arch.split("_")[1].rstrip("af")) >= 61
-    except (IndexError, ValueError):
-        return True
+    sm = sm_number(target.attrs.get("arch", "sm_61"))
+    return sm is None or sm >= 61
 
 
 def row_block(kind: str) -> int:

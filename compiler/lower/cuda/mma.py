@@ -37,7 +37,8 @@ from tvm.script import tirx as T
 
 from nextn.compiler.quant.te import Block
 
-from .int8 import FORMATS, group_words
+from ..attention.flash_attn import _binders
+from .int8 import FORMATS, group_words, sbyte, sm_number
 
 F32, I32 = "float32", "int32"
 BM, BN = 64, 64          # rows x weight rows per thread block
@@ -51,16 +52,12 @@ MIN_ARCH = 80            # mma.sync m16n8k32 / m16n8k16 with s8 operands: sm_80+
 # sm_90 PTX, not a measurement: a Q4_K tile issues ~40 instructions per weight byte whatever its rows (64 padded),
 # the GEMV ~6.7 per 4-row tile (docs/gpu.md "Prefill on tensor cores"): even near 24 rows, 32 with a margin.
 MIN_ROWS = 32
+ATTRS = {"tirx.noalias": True, "tirx.is_scheduled": True}   # hand-written: no schedule rule takes them
 
 
 def has_mma(arches) -> bool:
     """Whether every CUDA arch of `arches` ("sm_80", "sm_90a" ...) has the int8 mma.sync shapes used here."""
-    def sm(a):
-        try:
-            return int(str(a).split("_")[1].rstrip("af"))
-        except (IndexError, ValueError):
-            return 0
-    return bool(arches) and all(sm(a) >= MIN_ARCH for a in arches)
+    return bool(arches) and all((sm_number(a) or 0) >= MIN_ARCH for a in arches)
 
 
 def _stage(kind: str, K: int) -> int | None:
@@ -73,11 +70,6 @@ def fits(kind: str, K: int) -> bool:
     (one k32 / k16 mma), no table buffers (the codebook formats keep the GEMV), K whole stages."""
     f = FORMATS.get(kind)
     return f is not None and not f.tables and group_words(kind, K) in (4, 8) and _stage(kind, K) is not None
-
-
-def _sbyte(w, e):
-    """Byte e of int32 word w, sign-extended."""
-    return (((w >> (tirx.Cast(I32, e) * 8)) & tirx.const(255, I32)) ^ tirx.const(128, I32)) - tirx.const(128, I32)
 
 
 class _Raw:
@@ -109,12 +101,13 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
     CT = MT * NT * 4                 # C registers (and accumulators) per lane
     AR = 1 if gpu else NTH           # rows of the per-thread buffers that live across thread loops (see flash_attn)
     EW, EF, EX = -(-BM * KW // NTH), -(-BN * SUBS // NTH), -(-BM * max(NXD, NG) // NTH)
-    shared = "shared" if gpu else "global"
     word = (lambda b: f.word(b, cuda)) if f.perm else f.word
-    attrs = {"tirx.noalias": True, "tirx.is_scheduled": True}
     WB = K // layout.block * layout.type_size
     ZERO = tirx.const(0.0, F32)
-    blocks, rows, threads = _binders(gpu)
+    blocks, threads, shared = _binders(not gpu)
+
+    def rows(n):   # the grid's y: row tiles (expert tiles)
+        return T.thread_binding(n, thread="blockIdx.y") if gpu else T.serial(n)
 
     def raw(w, e):   # the weight's bytes (of expert e)
         return _Raw(w) if e is None else _Raw(w, e)
@@ -152,9 +145,9 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
         for i in range(4):
             cf[0, (mt * NT + nt) * 4 + i] = 0
             for kq in range(4 * G):
-                cf[0, (mt * NT + nt) * 4 + i] = cf[0, (mt * NT + nt) * 4 + i] + _sbyte(
+                cf[0, (mt * NT + nt) * 4 + i] = cf[0, (mt * NT + nt) * 4 + i] + sbyte(
                     af[tx // 32 * 32 + (tx % 32 // 4 + i // 2 * 8) % 8 * 4 + kq % 16 // 4,
-                       mt * RA + i // 2 + 2 * (kq // 16)], kq % 4) * _sbyte(
+                       mt * RA + i // 2 + 2 * (kq // 16)], kq % 4) * sbyte(
                     bf[tx // 32 * 32 + (tx % 4 * 2 + i % 2) * 4 + kq % 16 // 4, nt * RB + kq // 16], kq % 4)
 
     @T.macro
@@ -264,7 +257,7 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
     if X is None:
         @T.prim_func(private=True, s_tir=True)
         def mul_mat_mma(var_w: T.handle, var_q: T.handle, var_d: T.handle, var_s: T.handle, var_y: T.handle):
-            T.func_attr(attrs)
+            T.func_attr(ATTRS)
             t = T.int64()
             w = T.match_buffer(var_w, (N, WB), "uint8")
             xq = T.match_buffer(var_q, (t, K // 4), I32)
@@ -283,7 +276,7 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
     @T.prim_func(private=True, s_tir=True)
     def mul_mat_id_mma(var_w: T.handle, var_q: T.handle, var_d: T.handle, var_s: T.handle, var_o: T.handle,
                        var_t: T.handle, var_y: T.handle):
-        T.func_attr(attrs)
+        T.func_attr(ATTRS)
         r, p, nt = T.int64(), T.int64(), T.int64()
         w = T.match_buffer(var_w, (X, N, WB), "uint8")
         xq = T.match_buffer(var_q, (r, K // 4), I32)
@@ -356,13 +349,11 @@ def expert_tiles_kernel(X: int, gpu: bool):
     (`ggml_cuda_launch_mm_ids_helper`: the ids sorted per expert before mmq's tiles)."""
     NS = SORT_THREADS
     EPT = -(-X // NS)
-    blocks, _rows, threads = _binders(gpu)
-    shared = "shared" if gpu else "global"
-    attrs = {"tirx.noalias": True, "tirx.is_scheduled": True}
+    blocks, threads, shared = _binders(not gpu)
 
     @T.prim_func(private=True, s_tir=True)
     def expert_tiles(var_ids: T.handle, var_o: T.handle, var_t: T.handle):
-        T.func_attr(attrs)
+        T.func_attr(ATTRS)
         p = T.int64()
         ids = T.match_buffer(var_ids, (p,), I32)
         order = T.match_buffer(var_o, (p,), I32)
@@ -416,11 +407,3 @@ def expert_tiles_kernel(X: int, gpu: bool):
                                     v[1] = v[1] + 1
     return expert_tiles
 
-
-def _binders(gpu: bool):
-    """(block x loop, block y loop, thread loop): GPU bindings, or the same kernel for the CPU with parallel blocks
-    and serial threads (the kernels pass values between thread loops through shared buffers only)."""
-    if gpu:
-        return (lambda n: T.thread_binding(n, thread="blockIdx.x")), \
-            (lambda n: T.thread_binding(n, thread="blockIdx.y")), (lambda n: T.thread_binding(n, thread="threadIdx.x"))
-    return (lambda n: T.parallel(n)), (lambda n: T.serial(n)), (lambda n: T.serial(n))
