@@ -11,7 +11,8 @@
   32-bit or 16-bit loads where aligned.
 - The expert sort (`expert_tiles`) against numpy's stable argsort, and the routed-expert tiles against float64
   numpy: experts chosen by more than a tile's 64 pairs, shared rows and a row per pair.
-- The runtime's routing: calls of fewer than MIN_ROWS rows take the entry's GEMV copy.
+- The runtime's routing: calls of fewer than MIN_ROWS rows take the entry's GEMV copy (glm4moe Q8_0 and the quants/
+  IQ3_XXS file, whose codebook matmuls take the tiles with their grid and sign tables).
 - Whole fixture: the prefill and mtp_rows entries of tiny glm4moe Q4_K_M / Q8_0 call it for their quantized
   matmuls; verify and decode keep the GEMV (so their rows still agree bit for bit).
 """
@@ -42,8 +43,8 @@ CASES = [(t, 768 if by_ggml_type(t).block == 256 else 320 if t == "NVFP4" else 3
 
 
 def test_taken_formats():
-    """Every integer-route format but the codebook ones (table buffers) and IQ1_M (groups of 8 quants)."""
-    assert set(INT) - set(TAKEN) == {"IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"}
+    """Every integer-route format but IQ1_M (its delta per 8 quants: no group of 16 or 32 has one min term)."""
+    assert set(INT) - set(TAKEN) == {"IQ1_M"}
 
 
 def test_has_mma():
@@ -108,17 +109,19 @@ def test_cuda_build_uses_int8_mma(ttype, arch, shape):
             "MXFP4": words == halves == 0}[ttype], (words, halves)
 
 
-@pytest.mark.parametrize("model", ["Q4_K_M", "Q8_0"])
+@pytest.mark.parametrize("model", ["Q4_K_M", "Q8_0", "IQ3_XXS"])
 def test_prefill_entries_take_mma(model):
     """The fixture's GPU module: prefill and mtp_rows call the tensor-core kernels for their quantized matmuls on
-    rows [T, K]; verify, decode and the draft entries call none."""
+    rows [T, K] (IQ3_XXS, quants/: the codebook formats' too, dense and routed); verify, decode and the draft
+    entries call none."""
     from tvm import relax
 
     from nextn.compiler.graphs import MANY_ROWS, SPLIT_L, STATIC, build_graphs, weight_kinds
     from nextn.compiler.loader.model_files import ModelFiles
     from nextn.compiler.lower.to_relax import build_module
 
-    mf = ModelFiles(FIXTURES / "tiny-glm4moe" / f"tiny-glm4moe-{model}.gguf", None, load_mtp=False)
+    folder = FIXTURES / ("quants" if model.startswith("IQ") else "tiny-glm4moe")
+    mf = ModelFiles(folder / f"tiny-glm4moe-{model}.gguf", None, load_mtp=False)
     graphs = build_graphs(mf, mf.has_nextn)
     mod = build_module(list(graphs.values()), weight_kinds(mf, graphs.values()), STATIC, form="gpu",
                        split_l=SPLIT_L, gpu_int8="cuda", mma=True, many_rows=MANY_ROWS)
@@ -133,6 +136,9 @@ def test_prefill_entries_take_mma(model):
         if entry in MANY_ROWS:
             # q, k, v, output, the dense FFN's gate / up / down, the shared expert's: every 2-D quantized matmul
             assert len(taken) >= 7, (entry, taken)
+            if model == "IQ3_XXS" and entry == "prefill":   # (the file's NextN layer is IQ4_XS)
+                routed = {c.split("_")[4] for c in callees(entry) if c.startswith("mul_mat_id_mma_")}
+                assert {"iq2", "iq3"} <= {c.split("_")[3] for c in taken} and "iq3" in routed, (taken, routed)
         else:
             assert taken == [], entry
     mod_off = build_module(list(graphs.values()), weight_kinds(mf, graphs.values()), STATIC, form="gpu",
@@ -140,16 +146,21 @@ def test_prefill_entries_take_mma(model):
     assert not [gv for gv in mod_off.functions if gv.name_hint.startswith("mul_mat_mma_")]
 
 
-def test_calls_of_few_rows_take_the_gemv_copy(compiled):
+@pytest.mark.parametrize("model", ["Q8_0", "IQ3_XXS"])
+def test_calls_of_few_rows_take_the_gemv_copy(compiled, model):
     """The "gpu-emulated" artifact (its prefill and mtp_rows on the tiles, and their `_few` GEMV copies): a prompt
     of fewer than MIN_ROWS rows runs `prefill_few`, a longer one `prefill`; the two compute the same logits up to
-    the float32 order of the group terms (1e-5 of max |y|) and the same greedy tokens."""
+    the float32 order of the group terms (1e-5 of max |y|) and the same greedy tokens. IQ3_XXS (quants/): the
+    codebook formats' tiles (IQ3_XXS routed experts, IQ2_S, IQ3_S) with their grid and sign tables."""
     import nextn.runtime as rt
     from conftest import reference
     from nextn.compiler.graphs import FEW_SUFFIX
 
-    path = FIXTURES / "tiny-glm4moe" / "tiny-glm4moe-Q8_0.gguf"
-    m = rt.load(compiled("glm4moe-split", path, split_kernels=True), ctx_size=512)
+    fixture = FIXTURES / "tiny-glm4moe"
+    path = fixture / f"tiny-glm4moe-{model}.gguf" if model == "Q8_0" else \
+        FIXTURES / "quants" / f"tiny-glm4moe-{model}.gguf"
+    m = rt.load(compiled("glm4moe-split" if model == "Q8_0" else f"glm4moe-{model}-split", path,
+                         split_kernels=True), ctx_size=512)
     man = m.loaded.artifact.manifest
     assert man["tensor_core"] == {"min_rows": mma.MIN_ROWS,
                                   "few_rows": {e: e + FEW_SUFFIX for e in ("mtp_rows", "prefill")}}
@@ -159,7 +170,7 @@ def test_calls_of_few_rows_take_the_gemv_copy(compiled):
         return lambda *a: (calls.append(name), f(*a))[1]
 
     model.fn = {name: recorded(name, f) for name, f in model.fn.items()}
-    prompts = {p["kind"]: p["prompt_ids"] for p in reference(path.parent)["prompts"]}
+    prompts = {p["kind"]: p["prompt_ids"] for p in reference(fixture)["prompts"]}
     short, long_ = prompts["code-short"], prompts["docs-heading"]
     assert len(short) < mma.MIN_ROWS <= len(long_)
     m.logits(short)
@@ -175,7 +186,8 @@ def test_calls_of_few_rows_take_the_gemv_copy(compiled):
 
 
 @pytest.mark.parametrize("ttype,K,rows,used,per_pair", [("Q4_K", 768, 150, 2, False), ("Q8_0", 352, 40, 3, True),
-                                                        ("Q6_K", 768, 9, 2, True), ("MXFP4", 352, 1, 2, False)])
+                                                        ("Q6_K", 768, 9, 2, True), ("MXFP4", 352, 1, 2, False),
+                                                        ("IQ2_XXS", 768, 70, 2, False)])
 def test_emulated_expert_tiles(ttype, K, rows, used, per_pair):
     """`expert_tiles` + `mul_mat_id_kernel` ("gpu-emulated"): the pairs in numpy's stable argsort order by expert,
     every tile one expert's and at most 64 pairs, and the products against float64 numpy (x' · w[ids]) within 1e-5;

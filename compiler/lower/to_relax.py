@@ -225,14 +225,14 @@ def _takes_mma(n, w, cx) -> bool:
 
 
 def _mul_mat_mma(bb, n, args, cx, B: int):
-    """`n` as cuda/mma.py's tensor-core kernel over the rows quantized once (xq, xd, xs); one PrimFunc per weight
-    format and shape. Its element-wise consumers stay kernels of their own (prefill: a launch per op and layer is
+    """`n` as cuda/mma.py's tensor-core kernel over the rows quantized once (xq, xd, xs), the weight's buffers (the
+    codebook formats' tables too) first; one PrimFunc per weight format and shape. Its element-wise consumers stay kernels of their own (prefill: a launch per op and layer is
     small beside the rows' products)."""
     (kind, bufs, (N, K)), xq, xd, xs = args
     gv = cx.kernels.get(f"mul_mat_mma_{kind}_{N}x{K}_q{B}", lambda: cuda.mma.mul_mat_kernel(
         kind, int(N), int(K), B, cx.kernels.gpu_int8 == "cuda", not cx.kernels.emulate))
     T = dim_expr(n.inputs[1].shape[0], cx.sym)
-    return bb.emit(relax.call_tir(gv, relax.Tuple([bufs[0], xq, xd, xs]), relax.TensorType([T, int(N)], "float32")))
+    return bb.emit(relax.call_tir(gv, relax.Tuple([*bufs, xq, xd, xs]), relax.TensorType([T, int(N)], "float32")))
 
 
 def _mul_mat_id_mma(bb, n, args, cx, B: int):
@@ -257,7 +257,7 @@ def _mul_mat_id_mma(bb, n, args, cx, B: int):
     div = 1 if per_pair else kk
     gv = cx.kernels.get(f"mul_mat_id_mma_{kind}_{X}x{N}x{K}_q{B}_d{div}", lambda: mma.mul_mat_id_kernel(
         kind, int(X), int(N), int(K), B, div, cx.kernels.gpu_int8 == "cuda", gpu))
-    y = bb.emit(relax.call_tir(gv, relax.Tuple([bufs[0], xq, xd, xs, order, tiles]),
+    y = bb.emit(relax.call_tir(gv, relax.Tuple([*bufs, xq, xd, xs, order, tiles]),
                                relax.TensorType([T * kk, int(N)], "float32")))
     return bb.emit(relax.op.reshape(y, [T, kk, int(N)]))
 

@@ -7,7 +7,8 @@ quants), as llama.cpp's ggml-cuda mmq.cuh does for quantized batches:
 
     per stage of KT quants (KW = KT / 4 words):                       (all BM x BN outputs, 4 warps of 32 x 32)
       shared   xq words [BM, KW], the weight's words [BN, KW] (the format's `Fmt.word`: 4 signed quants each,
-               decoded once per tile), its factors s, m per sub-block, the rows' block scales xd and quant sums
+               decoded once per tile; the codebook formats' from their grid and sign tables), its factors s, m per
+               sub-block, the rows' block scales xd and quant sums
       per word group g (int8.group_words G words: one mma k of 4G quants)
         a warp's C[32, 32] int32 = mma(xq[rows, g], w[cols, g])          (2 x 4 tiles of m16n8, int32: exact)
         acc[r, n] += xd[r, blk(g)] · (s[n, sub(g)] · f32(C[r, n]) - m[n, sub(g)] · f32(sum of xq[r, g]))
@@ -67,9 +68,8 @@ def _stage(kind: str, K: int) -> int | None:
 
 def fits(kind: str, K: int) -> bool:
     """Whether a `kind` weight of rows of K quants takes this kernel on the integer route: groups of 8 or 4 words
-    (one k32 / k16 mma), no table buffers (the codebook formats keep the GEMV), K whole stages."""
-    f = FORMATS.get(kind)
-    return f is not None and not f.tables and group_words(kind, K) in (4, 8) and _stage(kind, K) is not None
+    (one k32 / k16 mma; not IQ1_M, whose delta is per 8 quants), K whole stages."""
+    return kind in FORMATS and group_words(kind, K) in (4, 8) and _stage(kind, K) is not None
 
 
 class _Raw:
@@ -101,7 +101,16 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
     CT = MT * NT * 4                 # C registers (and accumulators) per lane
     AR = 1 if gpu else NTH           # rows of the per-thread buffers that live across thread loops (see flash_attn)
     EW, EF, EX = -(-BM * KW // NTH), -(-BN * SUBS // NTH), -(-BM * max(NXD, NG) // NTH)
-    word = (lambda b: f.word(b, cuda)) if f.perm else f.word
+    # the codebook formats' tables (`.grid`, `.signs`: parameters after the weight, as the GEMV takes them); two
+    # placeholders (1 byte) where a format has fewer, dropped from the signature below
+    tabs = [(shape[0], dtype) for _sfx, dtype, shape in layout.buffers((N, K))[1:]]
+    TG, TS = (tabs + [(1, "uint8")] * 2)[:2]
+    if f.tables:
+        word = lambda b, t: f.word(b, (None, *(_Raw(v) for v in t[:len(tabs)])))   # noqa: E731
+    elif f.perm:
+        word = lambda b, t: f.word(b, cuda)   # noqa: E731
+    else:
+        word = lambda b, t: f.word(b)   # noqa: E731
     WB = K // layout.block * layout.type_size
     ZERO = tirx.const(0.0, F32)
     blocks, threads, shared = _binders(not gpu)
@@ -112,8 +121,8 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
     def raw(w, e):   # the weight's bytes (of expert e)
         return _Raw(w) if e is None else _Raw(w, e)
 
-    def w_word(w, e, n, k):   # the int32 word of 4 quants at element k of weight row n
-        return word(Block(raw(w, e), (n, k), layout.block, layout.type_size))
+    def w_word(w, t, e, n, k):   # the int32 word of 4 quants at element k of weight row n (t: the tables)
+        return word(Block(raw(w, e), (n, k), layout.block, layout.type_size), t)
 
     def factor(fn, w, e, n, s):   # the float factor of sub-block s of weight row n
         return fn(Block(raw(w, e), (n, s * f.sub), layout.block, layout.type_size), s % per_block)
@@ -151,7 +160,7 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
                     bf[tx // 32 * 32 + (tx % 4 * 2 + i % 2) * 4 + kq % 16 // 4, nt * RB + kq // 16], kq % 4)
 
     @T.macro
-    def tile(w, xq, xd, xs, y, order, vx, e, base, count, stages):
+    def tile(w, t, xq, xd, xs, y, order, vx, e, base, count, stages):
         # one BM x BN output tile: rows base + r (order None, count = T) or order[base + r], r < count (a tile of
         # an expert's (row, slot) pairs), weight rows vx * BN + c (of expert e); `stages`: S, or 0 for a tile slot
         # no expert filled (a loop bound, not a branch: TVM inserts no barrier inside a condition)
@@ -178,7 +187,7 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
                         sa[(q * NTH + tx) // KW * (KW + PAD) + (q * NTH + tx) % KW] = xq[
                             src(order, base, count, (q * NTH + tx) // KW), st * KW + (q * NTH + tx) % KW]
                         sb[(q * NTH + tx) // KW * (KW + PAD) + (q * NTH + tx) % KW] = w_word(
-                            w, e, T.min(vx * BN + (q * NTH + tx) // KW, N - 1), (st * KW + (q * NTH + tx) % KW) * 4)
+                            w, t, e, T.min(vx * BN + (q * NTH + tx) // KW, N - 1), (st * KW + (q * NTH + tx) % KW) * 4)
                 for q in T.unroll(EF):
                     if q * NTH + tx < BN * SUBS:
                         ss[(q * NTH + tx) // SUBS, (q * NTH + tx) % SUBS] = factor(
@@ -256,10 +265,13 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
 
     if X is None:
         @T.prim_func(private=True, s_tir=True)
-        def mul_mat_mma(var_w: T.handle, var_q: T.handle, var_d: T.handle, var_s: T.handle, var_y: T.handle):
+        def mul_mat_mma(var_w: T.handle, var_g: T.handle, var_z: T.handle, var_q: T.handle, var_d: T.handle,
+                        var_s: T.handle, var_y: T.handle):
             T.func_attr(ATTRS)
             t = T.int64()
             w = T.match_buffer(var_w, (N, WB), "uint8")
+            grid = T.match_buffer(var_g, (TG[0],), TG[1])
+            signs = T.match_buffer(var_z, (TS[0],), TS[1])
             xq = T.match_buffer(var_q, (t, K // 4), I32)
             xd = T.match_buffer(var_d, (t, K // B), F32)
             xs = T.match_buffer(var_s, (t, K // 16), I32)
@@ -270,15 +282,17 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
                         vx, vy = T.axis.remap("SS", [bx, by])
                         T.reads(w[0:N, 0:WB], xq[0:t, 0:K // 4], xd[0:t, 0:K // B], xs[0:t, 0:K // 16])
                         T.writes(y[0:t, 0:N])
-                        tile(w, xq, xd, xs, y, None, vx, None, vy * BM, t, S)
-        return _word_loads(mul_mat_mma)
+                        tile(w, (grid, signs), xq, xd, xs, y, None, vx, None, vy * BM, t, S)
+        return _word_loads(_tables_only(mul_mat_mma, len(tabs)))
 
     @T.prim_func(private=True, s_tir=True)
-    def mul_mat_id_mma(var_w: T.handle, var_q: T.handle, var_d: T.handle, var_s: T.handle, var_o: T.handle,
-                       var_t: T.handle, var_y: T.handle):
+    def mul_mat_id_mma(var_w: T.handle, var_g: T.handle, var_z: T.handle, var_q: T.handle, var_d: T.handle,
+                       var_s: T.handle, var_o: T.handle, var_t: T.handle, var_y: T.handle):
         T.func_attr(ATTRS)
         r, p, nt = T.int64(), T.int64(), T.int64()
         w = T.match_buffer(var_w, (X, N, WB), "uint8")
+        grid = T.match_buffer(var_g, (TG[0],), TG[1])
+        signs = T.match_buffer(var_z, (TS[0],), TS[1])
         xq = T.match_buffer(var_q, (r, K // 4), I32)
         xd = T.match_buffer(var_d, (r, K // B), F32)
         xs = T.match_buffer(var_s, (r, K // 16), I32)
@@ -292,9 +306,14 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
                     T.reads(w[0:X, 0:N, 0:WB], xq[0:r, 0:K // 4], xd[0:r, 0:K // B], xs[0:r, 0:K // 16],
                             order[0:p], tiles[vy, 0:3])
                     T.writes(y[0:p, 0:N])
-                    tile(w, xq, xd, xs, y, order, vx, tiles[vy, 0], tiles[vy, 1], tiles[vy, 2],
+                    tile(w, (grid, signs), xq, xd, xs, y, order, vx, tiles[vy, 0], tiles[vy, 1], tiles[vy, 2],
                          T.if_then_else(tiles[vy, 0] >= 0, S, 0))
-    return _word_loads(mul_mat_id_mma)
+    return _word_loads(_tables_only(mul_mat_id_mma, len(tabs)))
+
+
+def _tables_only(func, n: int):
+    """`func` without its table placeholders past the format's `n` tables (parameters 1 and 2: grid, signs)."""
+    return tirx.PrimFunc([*func.params[:1 + n], *func.params[3:]], func.body, func.ret_type, func.attrs)
 
 
 def _word_loads(func):
@@ -317,16 +336,17 @@ def _word_loads(func):
 
 
 def mul_mat_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool):
-    """PrimFunc (w uint8 [N, K / block · type_size] (the GGUF rows), xq int32 [T, K/4], xd f32 [T, K/B],
-    xs int32 [T, K/16] -> y f32 [T, N]): `int8.mul_mat` of a `kind` weight by the rows `int8.quantize_rows(x, B,
-    sums=True)`, as tensor-core tiles. `cuda`: CUDA's intrinsics in the words (byte_perm); `gpu`: thread blocks and
+    """PrimFunc (w uint8 [N, K / block · type_size] (the GGUF rows), the codebook formats' tables (`.grid`, then
+    `.signs` where the format has it: nextn.common.quant's buffers), xq int32 [T, K/4], xd f32 [T, K/B], xs int32
+    [T, K/16] -> y f32 [T, N]): `int8.mul_mat` of a `kind` weight by the rows `int8.quantize_rows(x, B, sums=True)`,
+    as tensor-core tiles. `cuda`: CUDA's intrinsics in the words (byte_perm); `gpu`: thread blocks and
     `mma.sync` (CUDA sm_80+), else the same loops with serial threads and the mma from its fragment layouts."""
     return _tiles_kernel(kind, N, K, B, cuda, gpu, None, 1)
 
 
 def mul_mat_id_kernel(kind: str, X: int, N: int, K: int, B: int, div: int, cuda: bool, gpu: bool):
-    """PrimFunc (w uint8 [X, N, K / block · type_size], xq int32 [R, K/4], xd f32 [R, K/B], xs int32 [R, K/16],
-    order int32 [P], tiles int32 [NTILE, 3] (`expert_tiles_kernel`) -> y f32 [P, N]): the routed experts'
+    """PrimFunc (w uint8 [X, N, K / block · type_size], its tables as `mul_mat_kernel`'s, xq int32 [R, K/4], xd f32
+    [R, K/B], xs int32 [R, K/16], order int32 [P], tiles int32 [NTILE, 3] (`expert_tiles_kernel`) -> y f32 [P, N]): the routed experts'
     `int8.mul_mat_id` of P = T · n_used (row, slot) pairs as tensor-core tiles of one expert's pairs each: pair p's
     activation row is p // div (div = n_used: rows [T, K] shared by the slots; 1: a row per pair, [T · n_used, K]),
     its weight expert ids[p]; y[p] its products (the Relax caller reshapes them to [T, n_used, N]). Each expert is
