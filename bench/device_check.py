@@ -35,7 +35,7 @@ import numpy as np
 from device_cuda import GB, mapped_libraries, nvidia_smi
 from device_refs import GPU_TOL, compare, expect_want, fixture_want, model_outputs, rel_err, tolerance
 from device_stages import Check
-from device_timing import entry_timings, speed_configs, step_bytes, timed_entry
+from device_timing import draft_steps, entry_timings, full_head, speed_configs, step_bytes, timed_entry
 from realwidth_files import realwidth_dir
 
 QUICK_KINDS = ("code-short", "repetitive")
@@ -379,7 +379,7 @@ class DeviceCheck:
         reps = 3 if self.a.quick else 20
         rows = entry_timings(seq, reps, prompt=64, k=3)
         for r in rows:
-            if r["entry"] in ("decode", "verify", "draft"):
+            if r["entry"] in ("decode", "verify", "draft", "draft_vocab"):
                 b = step_bytes(man, r["entry"])
                 r["floor_ms"] = b / bw * 1e3
                 r["of_floor"] = r["floor_ms"] / r["median_ms"]
@@ -393,7 +393,8 @@ class DeviceCheck:
     def realwidth_spec(self, rw: dict) -> dict:
         """A predictable real-width file (synth_realwidth.py --mtp-mix: the NextN head agrees with the trunk often
         enough for speculation to pay where the kernels allow it): decode, verify of 2 / 3 / 4 rows and a draft step
-        as fractions of the HBM floor (weight bytes the step reads ÷ copy bandwidth, and in decodes), then greedy
+        (with the full head, and with the reduced one where the artifact has it: `draft_vocab`) as fractions of the
+        HBM floor (weight bytes the step reads ÷ copy bandwidth, and in decodes), then greedy
         decode tok/s of spec off, n_max 1..3 and auto with their acceptance, best of R (tokens equal to spec off)."""
         from nextn.common.measure import copy_bandwidth
         from nextn.runtime.api import Model
@@ -412,7 +413,7 @@ class DeviceCheck:
         steps += [("verify", k1, lambda k1=k1: seq.verify(np.asarray(spread_tokens(k1, V), np.int32), 64))
                   for k1 in SPEC_VERIFY_ROWS]
         if lm.has_mtp:
-            steps.append(("draft", 1, lambda: seq.mtp_draft(np.array([tok], np.int32), h[-1:], 64)))
+            steps += [(name, 1, call) for name, call in draft_steps(seq, tok, h[-1:], 64)]
         rows = []
         for entry, n_rows, call in steps:
             r = timed_entry(seq, entry, call, reps) | {"rows": n_rows}
@@ -420,8 +421,7 @@ class DeviceCheck:
             r["of_floor"] = r["floor_ms"] / r["median_ms"]
             # kernels its graph replays (manifest cuda_graph.launches; None for an older artifact): the time above
             # the floor over them is what a launch costs, when the big kernels run near the floor
-            r["kernels"] = ((man.get("cuda_graph") or {}).get("launches") or {}).get(
-                "mtp_draft" if entry == "draft" else entry)
+            r["kernels"] = ((man.get("cuda_graph") or {}).get("launches") or {}).get(entry)   # one row: its static entry
             rows.append(r)
         decode_ms = rows[0]["median_ms"]
         for r in rows:
@@ -431,7 +431,8 @@ class DeviceCheck:
                   f"{r['of_floor']:.3f} of the floor ({r['floor_ms']:.3f} ms){k}", flush=True)
         m = Model(lm, seq)
         n, best_of = (16, 1) if self.a.quick else (rw.get("n_predict", 128), 2)
-        speed = speed_configs(m, SPEC_PROMPT, n, best_of)
+        with full_head(lm):   # the first H200 run's configuration; acceptance of the full head (see draft_steps)
+            speed = speed_configs(m, SPEC_PROMPT, n, best_of)
         for x in speed:
             x["x_off"] = x["tok_s"] / speed[0]["tok_s"]
             a = x["acceptance"]

@@ -2,6 +2,7 @@
 entries of a decode round, greedy decode speed per speculation config."""
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -14,6 +15,34 @@ def step_bytes(manifest: dict, entry: str) -> int:
     from nextn.common.manifest import step_read_bytes
 
     return int(step_read_bytes(manifest, entry)["total"])
+
+
+@contextlib.contextmanager
+def full_head(model):
+    """Draft with the full head inside the block though `model` (a LoadedModel) loaded a reduced one
+    (--spec-draft-vocab): the runtime picks the `_vocab` entries by `model.draft_vocab` at each call
+    (runtime/sequence.py `mtp_draft`), and the full-head entries and weight are loaded either way."""
+    keep = model.draft_vocab
+    model.draft_vocab = 0
+    try:
+        yield
+    finally:
+        model.draft_vocab = keep
+
+
+def draft_steps(seq, tok: int, h_last, pos: int) -> list[tuple[str, object]]:
+    """(row name, call) of one draft step with the full head (`draft`) and, where the model loaded a reduced draft
+    head, with it (`draft_vocab`: the artifact's entry of that name, the row's seconds and bytes)."""
+    lm = seq.model
+
+    def step():
+        return seq.mtp_draft(np.array([tok], np.int32), h_last, pos)
+
+    def full():
+        with full_head(lm):
+            return step()
+
+    return [("draft", full)] + ([("draft_vocab", step)] if lm.draft_vocab else [])
 
 
 def timed_entry(seq, name: str, call, reps: int, entry: str | None = None) -> dict:
@@ -51,7 +80,8 @@ def speed_configs(m, prompt, n: int, reps: int) -> list[dict]:
 
 def entry_timings(seq, reps: int, prompt: int = 64, k: int = 3) -> list[dict]:
     """Synced per-entry timings: prefill of `prompt` rows (and, with tensor-core prefill, the same rows through its
-    GEMV copy `prefill_few`), verify of k+1 rows, decode (one row), NextN rows for the prompt, one draft step. Token
+    GEMV copy `prefill_few`), verify of k+1 rows, decode (one row), NextN rows for the prompt, one draft step (and
+    one with the reduced draft head where the model loaded it: `draft_steps`). Token
     ids are in-vocabulary values (timing only); the verify rows are distinct tokens (`runtime.depth.spread_tokens`:
     copies of one token route to the same experts and under-price a verify)."""
     from nextn.runtime.depth import spread_tokens
@@ -73,6 +103,5 @@ def entry_timings(seq, reps: int, prompt: int = 64, k: int = 3) -> list[dict]:
     if seq.model.has_mtp:
         hp = np.concatenate([np.zeros_like(h[:1]), h[:-1]])
         rows.append(timed_entry(seq, "mtp_rows", lambda: seq.mtp_rows(ids, hp, 0), reps) | {"rows": prompt})
-        rows.append(timed_entry(seq, "draft", lambda: seq.mtp_draft(np.array([tok], np.int32), h[-1:], prompt), reps)
-                    | {"rows": 1})
+        rows += [timed_entry(seq, name, call, reps) | {"rows": 1} for name, call in draft_steps(seq, tok, h[-1:], prompt)]
     return rows

@@ -523,6 +523,30 @@ def test_predictable_realwidth_stage_reports_floor_fractions_and_speculation(bun
     assert "realwidth tiny" in r.stdout and "acceptance" in r.stdout
 
 
+def test_realwidth_stage_times_the_reduced_draft_head(bundle, tmp_path, compiled):
+    """With an artifact compiled with --spec-draft-vocab (as the bundle's real-width ones are), the `realwidth NAME`
+    stage times a draft step with each head (`draft`, `draft_vocab`), the reduced one against its own smaller floor,
+    and runs speculation with the full head: the acceptance of the same artifact loaded with --spec-draft-vocab 0."""
+    import nextn.runtime as rt
+
+    b, _plan = bundle
+    bf16 = G4 / "tiny-glm4moe-BF16.gguf"
+    dv = compiled("dv2048-glm4moe", bf16, draft_vocab=2048)   # tests/test_draft_vocab.py's artifact
+    d = with_plan(b, tmp_path, lambda p: p.update(realwidth_spec=[{"name": "dv", "model": str(bf16), "artifact": dv}]))
+    out = tmp_path / "out"
+    r = run_bundle(d, "device-check", "--device", "cpu", "--quick", "--only", "realwidth dv", "--out", str(out))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    rep = json.loads((out / "device_check.json").read_text())["realwidth_spec"]["dv"]
+    rows = {x["entry"]: x for x in rep["rows"]}
+    assert [(x["entry"], x["rows"]) for x in rep["rows"]][-2:] == [("draft", 1), ("draft_vocab", 1)]
+    # the reduced head reads 2048 of the 8192 head rows: a smaller floor, both timed
+    assert 0 < rows["draft_vocab"]["floor_ms"] < rows["draft"]["floor_ms"] and rows["draft_vocab"]["median_ms"] > 0
+    full = rt.load(dv, ctx_size=4096, draft_vocab=0)
+    for x in rep["speed"][1:4]:
+        want = full.generate("Hello", 16, spec_type="draft-mtp", n_max=int(x["config"][-1]), ignore_eos=True)
+        assert x["same_as_off"] and x["acceptance"] == want.stats.acceptance, (x, want.stats)
+
+
 @pytest.mark.parametrize("types", [pytest.param("fast", id="one-per-family"),
                                    pytest.param("all", id="every-format", marks=pytest.mark.slow)])
 def test_int8_kernels_stage_checks_the_integer_kernels_alone(bundle, tmp_path, types):

@@ -1,5 +1,6 @@
 """What the CUDA graphs of a GPU artifact launch, read from the lowered VM code of one sm_90 build of tiny glm4moe Q8_0
-(1 dense + 3 MoE layers; `nextn compile --dump-ir`), each hand-written or fused kernel where it belongs:
+(1 dense + 3 MoE layers, with a reduced draft head: --spec-draft-vocab 2048; `nextn compile --dump-ir`), each
+hand-written or fused kernel where it belongs:
 
 - decode: the router's GEMV, then the routing in one kernel (lower/topk.py), then the experts' GEMV reading the
   post-attention norm's int8 rows; no rank / select / sum_rows / SwiGLU kernel; three gate + SwiGLU GEMVs;
@@ -9,7 +10,8 @@
 - verify: the routed experts' tails in two kernels per MoE layer (gpu_forms `_gather_swiglu`, `_slot_sum`), no
   slot copy (`view`) kernel left, where FuseOps had left a gather, a gather + SwiGLU, a gather + product and
   n_used views;
-- the manifest's `cuda_graph.launches` is the count read here, per entry, and lower than before these kernels
+- the manifest's `cuda_graph.launches` is the count read here, per captured entry (the `_vocab` ones too), and lower
+  than before these kernels
   (decode 103, verify 127 kernels in the session-10 build; docs/gpu.md).
 """
 from __future__ import annotations
@@ -32,19 +34,26 @@ def build(tmp_path_factory):
     from nextn.compiler.compile import compile_model
 
     d = tmp_path_factory.mktemp("launches")
-    compile_model(str(G4 / "tiny-glm4moe-Q8_0.gguf"), str(d / "art"), CompileOptions(target="cuda", arches=["sm_90"]),
-                  log=lambda *_: None, dump_ir=str(d / "ir"))
+    compile_model(str(G4 / "tiny-glm4moe-Q8_0.gguf"), str(d / "art"),
+                  CompileOptions(target="cuda", arches=["sm_90"], draft_vocab=2048), log=lambda *_: None,
+                  dump_ir=str(d / "ir"))
     return open(d / "ir" / "4_lower.py").read(), json.load(open(d / "art" / "manifest.json"))
 
 
+def _code(s: str, fn: str) -> str:
+    """The code of Relax function `fn` in the printed module `s`."""
+    m = re.search(rf"\n    def {fn}\(", s)
+    assert m, fn
+    j = s.find("\n    @", m.start() + 1)
+    return s[m.start():j if j > 0 else None]
+
+
 def _body(s: str, fn: str) -> str:
-    """The code of `fn`'s CUDA graph capture function(s) (mtp_draft has more than one region)."""
-    out = []
-    for m in re.finditer(rf"\n    def {fn}_cuda_graph_capture\w*\(", s):
-        j = s.find("\n    @", m.start() + 1)
-        out.append(s[m.start():j if j > 0 else None])
-    assert out, fn
-    return "".join(out)
+    """The code of the CUDA graph capture function(s) entry `fn` runs (mtp_draft has two regions; the `_vocab`
+    entries run their full-head twins' regions, which RewriteCUDAGraph lifts once)."""
+    regions = sorted(set(re.findall(r"cls\.(\w+_cuda_graph_capture\w*)", _code(s, fn))))
+    assert regions, fn
+    return "".join(_code(s, r) for r in regions)
 
 
 def _kernels(s: str, fn: str) -> list[str]:
@@ -100,5 +109,9 @@ def test_verify_expert_tails_in_two_kernels(build):
 def test_manifest_counts_and_fewer_than_before(build):
     s, manifest = build
     launches = manifest["cuda_graph"]["launches"]
+    # every captured entry, the reduced draft head's too (--spec-draft-vocab: the same regions as the full head's,
+    # whose head GEMV runs after the graph)
+    assert set(launches) == set(manifest["cuda_graph"]["entries"]) >= {"draft_vocab", "mtp_draft_vocab"}
     assert launches == {fn: len(_kernels(s, fn)) for fn in launches}
+    assert launches["draft_vocab"] == launches["draft"] and launches["mtp_draft_vocab"] == launches["mtp_draft"]
     assert launches["decode"] <= 103 - 6 * LAYERS and launches["verify"] <= 127 - 6 * LAYERS - 3 * MOE_LAYERS

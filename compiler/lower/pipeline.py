@@ -119,25 +119,31 @@ def last_graph_launches() -> dict:
 
 
 def graph_launches(mod) -> dict:
-    """{entry: kernels its `ENTRY_cuda_graph_capture*` functions launch} of the lowered `mod` (RewriteCUDAGraph's
-    captured regions; an entry with two regions, the draft step 0 and its quantized head rows, sums them). Each small
-    kernel of a graph still costs ~2-3 us on an H200 (docs/gpu.md), so the count is half of a step's cost model."""
-    out: dict[str, int] = {}
-
+    """{entry: kernels its CUDA graphs launch} of the lowered `mod`: the kernels of the captured regions
+    (RewriteCUDAGraph's `*_cuda_graph_capture*` functions) each entry runs; a draft step 0 runs two (its quantized
+    head rows are a second region), and the reduced-head draft entries (`_vocab`) run their full-head twins'
+    regions, which the pass lifts once. Each small kernel of a graph still costs ~2-3 us on an H200 (docs/gpu.md),
+    so the count is half of a step's cost model."""
+    kernels: dict[str, int] = {}
     for gv, f in mod.functions.items():
-        name = gv.name_hint
-        if not isinstance(f, relax.Function) or "_cuda_graph_capture" not in name:
-            continue
-        calls = []
+        if isinstance(f, relax.Function) and "_cuda_graph_capture" in gv.name_hint:
+            calls = []
 
-        def visit(e, calls=calls):
-            if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.GlobalVar) \
-                    and isinstance(mod[e.op], tvm.tirx.PrimFunc) and not e.op.name_hint.startswith("shape_func"):
-                calls.append(e.op.name_hint)
+            def visit(e, calls=calls):
+                if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.GlobalVar) \
+                        and isinstance(mod[e.op], tvm.tirx.PrimFunc) and not e.op.name_hint.startswith("shape_func"):
+                    calls.append(e.op.name_hint)
 
-        relax.analysis.post_order_visit(f, visit)
-        entry = name[:name.index("_cuda_graph_capture")]
-        out[entry] = out.get(entry, 0) + len(calls)
+            relax.analysis.post_order_visit(f, visit)
+            kernels[gv.name_hint] = len(calls)
+    out: dict[str, int] = {}
+    for gv, f in mod.functions.items():
+        if isinstance(f, relax.Function) and gv.name_hint not in kernels:
+            regions: set[str] = set()
+            relax.analysis.post_order_visit(f, lambda e, r=regions: r.add(e.name_hint) if isinstance(
+                e, tvm.ir.GlobalVar) and e.name_hint in kernels else None)
+            if regions:
+                out[gv.name_hint] = sum(kernels[r] for r in regions)
     return out
 
 
