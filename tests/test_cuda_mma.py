@@ -185,6 +185,28 @@ def test_calls_of_few_rows_take_the_gemv_copy(compiled, model):
     assert rel_err(tiles, gemv) < 1e-5 and np.array_equal(tiles.argmax(-1), gemv.argmax(-1))
 
 
+@pytest.mark.parametrize("X,rows,used", [(128, 512, 8), (160, 37, 8), (256, 300, 8), (96, 1, 8)])
+def test_expert_sort_at_real_expert_counts(X, rows, used):
+    """`expert_tiles` ("gpu-emulated") at GLM expert counts (GLM-4.5 128, GLM-4.6 160, GLM-5 256; 96: chunks that
+    do not fill the block), a 512-row prefill chunk's 4096 pairs down to one row: the order is numpy's stable
+    argsort, each expert's tiles cover its pairs in order, BM at a time, and the slots left are (-1, 0, 0)."""
+    lib = tvm.compile(_module({"tiles": mma.expert_tiles_kernel(X, gpu=False)}), target="llvm")
+    rng = np.random.default_rng(X + rows)
+    ids = np.stack([rng.choice(X, used, replace=False) for _ in range(rows)]).astype(np.int32).reshape(-1)
+    ids[: len(ids) // 3] = ids[: len(ids) // 3] % 3   # a few experts chosen by many pairs (several tiles each)
+    P, ntile = len(ids), -(-len(ids) // mma.BM) + X
+    order, tiles = tvm.runtime.empty((P,), "int32"), tvm.runtime.empty((ntile, 3), "int32")
+    lib["tiles"](tvm.runtime.tensor(ids), order, tiles)
+    o, tl = order.numpy(), tiles.numpy()
+    assert np.array_equal(o, np.argsort(ids, kind="stable"))
+    counts, start, want = np.bincount(ids, minlength=X), 0, []
+    for e in range(X):
+        want += [(e, start + i, min(mma.BM, counts[e] - i)) for i in range(0, counts[e], mma.BM)]
+        start += counts[e]
+    want += [(-1, 0, 0)] * (ntile - len(want))
+    assert [tuple(r) for r in tl] == want
+
+
 @pytest.mark.parametrize("ttype,K,rows,used,per_pair", [("Q4_K", 768, 150, 2, False), ("Q8_0", 352, 40, 3, True),
                                                         ("Q6_K", 768, 9, 2, True), ("MXFP4", 352, 1, 2, False),
                                                         ("IQ2_XXS", 768, 70, 2, False)])
