@@ -270,9 +270,12 @@ class DeviceCheck:
         rows = entry_timings(self.seq, reps)
         self.ctx.results["entry_timings"] = rows
         for r in rows:
+            if "error" in r:
+                print(f"    {r['entry']:18s} FAIL {r['error']}", flush=True)
+                continue
             print(f"    {r['entry']:18s} rows {r['rows']:4d}  {r['median_ms']:9.3f} ms (min {r['min_ms']:.3f}, "
                   f"wall {r['wall_median_ms']:.3f})", flush=True)
-        return {r["entry"] + "_ms": r["median_ms"] for r in rows}
+        return {r["entry"] + "_ms": r["median_ms"] for r in rows if "error" not in r}
 
     # -- references and speed ------------------------------------------------------------------------------------
     def reference(self, c: dict) -> dict:
@@ -379,13 +382,16 @@ class DeviceCheck:
         reps = 3 if self.a.quick else 20
         rows = entry_timings(seq, reps, prompt=64, k=3)
         for r in rows:
-            if r["entry"] in ("decode", "verify", "draft", "draft_vocab"):
+            if r["entry"] in ("decode", "verify", "draft", "draft_vocab") and "error" not in r:
                 b = step_bytes(man, r["entry"])
                 r["floor_ms"] = b / bw * 1e3
                 r["of_floor"] = r["floor_ms"] / r["median_ms"]
                 r["weight_bytes"] = b
         self.ctx.results["realwidth"] = res | {"rows": rows}
         for r in rows:
+            if "error" in r:
+                print(f"    {r['entry']:18s} FAIL {r['error']}", flush=True)
+                continue
             fl = f"  floor {r['floor_ms']:.3f} ms = {r['of_floor']:.3f} of it" if "floor_ms" in r else ""
             print(f"    {r['entry']:18s} rows {r['rows']:4d}  {r['median_ms']:9.3f} ms{fl}", flush=True)
         return res | {r["entry"] + "_of_floor": r["of_floor"] for r in rows if "of_floor" in r}
@@ -414,9 +420,12 @@ class DeviceCheck:
                   for k1 in SPEC_VERIFY_ROWS]
         if lm.has_mtp:
             steps += [(name, 1, call) for name, call in draft_steps(seq, tok, h[-1:], 64)]
-        rows = []
+        rows = []   # (an OPTIONAL row that failed is printed and left out)
         for entry, n_rows, call in steps:
             r = timed_entry(seq, entry, call, reps) | {"rows": n_rows}
+            if "error" in r:
+                print(f"    {entry:8s} FAIL {r['error']}", flush=True)
+                continue
             r["floor_ms"] = step_bytes(man, entry) / bw * 1e3
             r["of_floor"] = r["floor_ms"] / r["median_ms"]
             # kernels its graph replays (manifest cuda_graph.launches; None for an older artifact): the time above

@@ -547,6 +547,23 @@ def test_realwidth_stage_times_the_reduced_draft_head(bundle, tmp_path, compiled
         assert x["same_as_off"] and x["acceptance"] == want.stats.acceptance, (x, want.stats)
 
 
+def test_an_optional_row_that_fails_is_recorded_not_raised():
+    """`timed_entry`: the reduced-head draft row (device_timing.OPTIONAL, new on a device) that raises becomes a row
+    with its error, so the stage keeps what it measured; any other row's error still fails the stage."""
+    class Seq:
+        vm_seconds = {"draft_vocab": 0.0, "draft": 0.0}
+
+    def boom():
+        raise RuntimeError("CUDA: an illegal memory access")
+
+    row = device_timing.timed_entry(Seq(), "draft_vocab", boom, 2)
+    assert row == {"entry": "draft_vocab", "error": "RuntimeError: CUDA: an illegal memory access"}
+    with pytest.raises(RuntimeError):
+        device_timing.timed_entry(Seq(), "draft", boom, 2)
+    ok = device_timing.timed_entry(Seq(), "draft_vocab", lambda: None, 3)
+    assert ok["entry"] == "draft_vocab" and ok["reps"] == 3 and ok["median_ms"] == 0.0
+
+
 @pytest.mark.parametrize("types", [pytest.param("fast", id="one-per-family"),
                                    pytest.param("all", id="every-format", marks=pytest.mark.slow)])
 def test_int8_kernels_stage_checks_the_integer_kernels_alone(bundle, tmp_path, types):
