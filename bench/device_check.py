@@ -430,7 +430,8 @@ class DeviceCheck:
             r["of_floor"] = r["floor_ms"] / r["median_ms"]
             # kernels its graph replays (manifest cuda_graph.launches; None for an older artifact): the time above
             # the floor over them is what a launch costs, when the big kernels run near the floor
-            r["kernels"] = ((man.get("cuda_graph") or {}).get("launches") or {}).get(entry)   # one row: its static entry
+            # (one row: its static entry's graph)
+            r["kernels"] = ((man.get("cuda_graph") or {}).get("launches") or {}).get(entry)
             rows.append(r)
         decode_ms = rows[0]["median_ms"]
         for r in rows:

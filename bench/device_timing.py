@@ -115,5 +115,6 @@ def entry_timings(seq, reps: int, prompt: int = 64, k: int = 3) -> list[dict]:
     if seq.model.has_mtp:
         hp = np.concatenate([np.zeros_like(h[:1]), h[:-1]])
         rows.append(timed_entry(seq, "mtp_rows", lambda: seq.mtp_rows(ids, hp, 0), reps) | {"rows": prompt})
-        rows += [timed_entry(seq, name, call, reps) | {"rows": 1} for name, call in draft_steps(seq, tok, h[-1:], prompt)]
+        rows += [timed_entry(seq, name, call, reps) | {"rows": 1}
+                 for name, call in draft_steps(seq, tok, h[-1:], prompt)]
     return rows

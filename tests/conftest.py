@@ -178,9 +178,9 @@ FAST_ARTIFACTS = {
 # "file" (all its end-to-end tests) or "file::test" (every parametrization) -> what it compiles. CI runs them all.
 SLOW_E2E = {
     "test_budget.py::test_a_smaller_kv_type_that_fits": "glm4moe Q8_0 with -ctk/-ctv f16",
-    "test_cuda_mma.py::test_calls_of_few_rows_take_the_gemv_copy": "glm4moe Q8_0 and quants/ IQ3_XXS, GPU kernel form, int8 rows",
+    "test_cuda_mma.py::test_calls_of_few_rows_take_the_gemv_copy": "glm4moe Q8_0 and quants/ IQ3_XXS, GPU kernel form",
     "test_cuda_kernels.py::test_fixture_compiles_for_sm90": "glm4moe Q8_0 / Q4_K_M for sm_90",
-    "test_device_check.py::test_realwidth_stage_times_the_reduced_draft_head": "glm4moe BF16 with --spec-draft-vocab 2048",
+    "test_device_check.py::test_realwidth_stage_times_the_reduced_draft_head": "glm4moe BF16, --spec-draft-vocab 2048",
     "test_draft_vocab.py": "glm4moe BF16 with --spec-draft-vocab 2048",
     "test_glm5next.py::test_q8_compiled_vs_ir_every_entry_point": "glm5next Q8_0 --exact-matmul",
     "test_glm5next.py::test_trunk_only_plus_mtp_only_pair_equals_bundle": "glm5next Q8_0, its trunk-only + MTP pair",

@@ -346,11 +346,11 @@ def mul_mat_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool):
 
 def mul_mat_id_kernel(kind: str, X: int, N: int, K: int, B: int, div: int, cuda: bool, gpu: bool):
     """PrimFunc (w uint8 [X, N, K / block · type_size], its tables as `mul_mat_kernel`'s, xq int32 [R, K/4], xd f32
-    [R, K/B], xs int32 [R, K/16], order int32 [P], tiles int32 [NTILE, 3] (`expert_tiles_kernel`) -> y f32 [P, N]): the routed experts'
-    `int8.mul_mat_id` of P = T · n_used (row, slot) pairs as tensor-core tiles of one expert's pairs each: pair p's
-    activation row is p // div (div = n_used: rows [T, K] shared by the slots; 1: a row per pair, [T · n_used, K]),
-    its weight expert ids[p]; y[p] its products (the Relax caller reshapes them to [T, n_used, N]). Each expert is
-    read once per tile of BM of its pairs. `cuda`, `gpu` as `mul_mat_kernel`."""
+    [R, K/B], xs int32 [R, K/16], order int32 [P], tiles int32 [NTILE, 3] (`expert_tiles_kernel`) -> y f32 [P, N]):
+    the routed experts' `int8.mul_mat_id` of P = T · n_used (row, slot) pairs as tensor-core tiles of one expert's
+    pairs each: pair p's activation row is p // div (div = n_used: rows [T, K] shared by the slots; 1: a row per
+    pair, [T · n_used, K]), its weight expert ids[p]; y[p] its products (the Relax caller reshapes them to [T, n_used,
+    N]). Each expert is read once per tile of BM of its pairs. `cuda`, `gpu` as `mul_mat_kernel`."""
     return _tiles_kernel(kind, N, K, B, cuda, gpu, X, div)
 
 
