@@ -656,8 +656,9 @@ def test_grouped_kernel_loads_weight_words_under_the_leader_branch(ttype):
     """sm_90: the grouped integer mul_mat_id (the routed experts of verify / prefill) reads the expert's bytes as the
     ungrouped mul_mat_id does: in their CUDA sources the same number of byte loads, 16-bit pair loads and 32-bit word
     loads of the expert buffer (Q4_K: its qs as words; Q8_0, IQ2_XXS: pairs), and in the grouped
-    kernel every one of them inside the block-uniform leader branch (a pair that leads no group loads nothing)."""
-    from test_cuda_kernels import _loads_outside_leader_branch
+    kernel every one of them inside the block-uniform leader test (a pair that leads no group loads nothing), one
+    test around the block's whole body and none per load (gemv._leaders_only)."""
+    from test_cuda_kernels import _loads_outside_leader_branch, _one_leader_test
 
     K = 512 if by_ggml_type(ttype).block == 256 else _k(ttype)
     B, W, T = _block(ttype), cuda.GROUP_ROWS, te.var("T", I64)
@@ -678,7 +679,7 @@ def test_grouped_kernel_loads_weight_words_under_the_leader_branch(ttype):
     counts = [{k: len(re.findall(r, body)) for k, r in _E_LOADS.items()} for body in (grouped, ungrouped)]
     assert counts[0] == counts[1], (ttype, counts)
     assert counts[0]["u16 pairs"] + counts[0]["u32 words"] + counts[0]["u128 groups"] > 0, (ttype, counts)
-    assert _loads_outside_leader_branch(grouped) == 0, ttype
+    assert _loads_outside_leader_branch(grouped) == 0 and _one_leader_test(grouped), ttype
 
 
 def _grouped_int8(ttype, K, layout, dp4a=True):
@@ -720,8 +721,9 @@ def test_grouped_kernel_loads_member_words_as_int4(ttype, K):
             test = re.fullmatch(r"\s*if \(0 <= (groups_(?:local_)?ptr\[.*\])\) \{", lines[i - 1])
             assert test and f"(int64_t){test.group(1)}" in lines[i], (ttype, layout, lines[i - 1], lines[i])
         assert _loads_outside_leader_branch(body) == 0, (ttype, layout)
-        # the group entries read once per thread into registers (gemv._group_entries_once), not once per step
-        assert body.count("groups_ptr[") == 1 and "groups_local_ptr[" in body, (ttype, layout)
+        # the group entries read once per thread into registers (gemv._group_entries_once), not once per step;
+        # besides, the block's leader test (gemv._leaders_only)
+        assert body.count("groups_ptr[") == 2 and "groups_local_ptr[" in body, (ttype, layout)
 
 
 @pytest.mark.parametrize("ttype", ["Q4_K", "Q8_0"] + [pytest.param(t, marks=pytest.mark.slow)

@@ -338,7 +338,8 @@ def test_grouped_weight_reads_per_expert(T):
     """How often a verify reads each expert: the grouped kernel loads weight bytes only in the blocks of group
     leaders (`expert_groups` on llvm against the naive count: one leader per distinct expert and 4-row window;
     all rows choosing the same 2 experts read 2 experts per window instead of 2 x rows), and in its CUDA source
-    every weight load sits under the block-uniform leader branch; the launch is the ungrouped one (ceil(N / 4)
+    every weight load sits under the block-uniform leader test, one for the whole block; the launch is the
+    ungrouped one (ceil(N / 4)
     x T·n_used blocks of 4 warps), so a one-row step launches what it did."""
     lib = tvm.compile(_module({"groups": _grouped_funcs("Q8_0", _k("Q8_0"))["groups"]}), target="llvm")
     W = cuda.GROUP_ROWS
@@ -368,11 +369,38 @@ def test_grouped_weight_reads_per_expert(T):
     assert ln["grid"][0] == str(math.ceil(N / gemv.WARPS)) and extent_at(ln["grid"][1], T) == T * USED, ln
     src = _cuda_source({"grouped": fs}, tgt)
     body = src[src.index("grouped_kernel(", src.index("grouped_kernel(") + 1):]
-    assert _loads_outside_leader_branch(body) == 0 and "e_ptr[" in body
+    assert _loads_outside_leader_branch(body) == 0 and "e_ptr[" in body and _one_leader_test(body)
 
 
 # a weight load: a byte `e_ptr[`, a vector `(e_ptr + `, or through word_loads.py's uint16 / uint32 views
 _E_LOAD = r"\be_ptr\[|\(e_ptr \+ |\(\(u(?:short|int)\*\)e_ptr\)[\[ ]"
+
+
+def _load_scopes(src: str) -> list[list[str]]:
+    """Per weight load (`_E_LOAD`) of a CUDA kernel body, the conditions of the `if` scopes around it, outermost
+    first (scopes followed by their braces, line by line: TVM's codegen opens and closes one per line)."""
+    stack, out = [], []
+    for line in src.splitlines():
+        if re.search(_E_LOAD, line):
+            out.append([c for c in stack if c])
+        for m in re.finditer(r"[{}]", line):
+            if m.group() == "{":
+                test = re.search(r"if \((.*)\) $", line[:m.start()])
+                stack.append(test.group(1) if test else "")
+            elif stack:
+                stack.pop()
+        if not stack and line.startswith("}"):
+            break
+    return out
+
+
+def _one_leader_test(src: str) -> bool:
+    """Whether every weight load of a grouped kernel body sits under one and the same test of the group entries,
+    the thread block's leader test on the entries in memory (gemv._leaders_only), and no test of a register copy
+    of them (no branch per load; tests of the weight row's bound may enclose some)."""
+    tests = [[c for c in cs if "groups" in c] for cs in _load_scopes(src)]
+    return bool(tests) and all(len(c) == 1 and re.fullmatch(r"0 <= groups_ptr\[.*\]", c[0]) for c in tests) \
+        and len({c[0] for c in tests}) == 1
 
 
 def _loads_outside_leader_branch(src: str) -> int:

@@ -113,6 +113,38 @@ def _group_entries_once(sch, kx) -> None:
     sch.compute_at(cached, kx, preserve_unit_loops=True)
 
 
+def _leaders_only(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """The scheduled grouped mul_mat_id `func` with the body of each thread block (a (row, slot) pair, blockIdx.y)
+    under one test of the pair's leadership (te.expert_groups: groups[t, s, t % GROUP_ROWS] >= 0), which is uniform
+    over the block: a pair that leads no group runs nothing and leaves its entries unwritten (`expert_gather` reads
+    the leaders' only; the definitions compute them as 0, there being no members), and the weight loads of a leader
+    need no test of their own, so nvcc keeps their common address arithmetic once instead of once per load."""
+    from tvm.s_tir import SBlock
+
+    from .te import GROUP_ROWS
+
+    found = []
+
+    def on_block(b):
+        found.extend(r.source for r in b.reads if r.source.scope() == "global" and str(r.source.dtype) == "int32"
+                     and len(r.source.shape) == 3 and static_extent(r.source.shape[-1]) == GROUP_ROWS + 1)
+
+    tvm_ffi.structural_walk(func.body, (SBlock, on_block))
+    groups = found[0]
+    kk = groups.shape[1]
+
+    def on_for(loop):
+        if loop.kind != tirx.ForKind.THREAD_BINDING or loop.thread_binding.thread_tag != "blockIdx.y":
+            return loop
+        t = tirx.floordiv(loop.loop_var, kk)
+        lead = tirx.BufferLoad(groups, [t, tirx.floormod(loop.loop_var, kk), tirx.floormod(t, GROUP_ROWS)])
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
+                        tirx.IfThenElse(lead >= tirx.const(0, "int32"), loop.body, None), loop.thread_binding,
+                        loop.annotations)
+
+    return tvm_ffi.structural_map(func, (tirx.For, on_for))
+
+
 def schedule(func: tirx.PrimFunc, target):
     """The GEMV schedule of a (fused) PrimFunc holding one `te.py` matmul, or None when `func` is not one."""
     from tvm import s_tir
@@ -302,5 +334,7 @@ def schedule(func: tirx.PrimFunc, target):
             sch.set_scope(b, 0, "local")
     for b in tail:
         sch.reverse_compute_at(b, ny, preserve_unit_loops=True)
+    if _named(sch, [mm], GROUPED):
+        return s_tir.Schedule(_leaders_only(sch.mod["main"]))
     return sch
 

@@ -462,7 +462,7 @@ def _formats():
 FORMATS = _formats()
 
 
-def _stages(w, lead, weight_lead, keep=None, cuda: bool = True):
+def _stages(w, lead, weight_lead, cuda: bool = True):
     """(DEQUANT words int32 [*lead, N, K/4], SCALE f32 [*lead, N, K/sub], MIN or None) of quantized weight w;
     `cuda`: CUDA's intrinsics in the words (`byte_perm`)."""
     from nextn.common.quant import FORMATS as LAYOUTS
@@ -472,26 +472,20 @@ def _stages(w, lead, weight_lead, keep=None, cuda: bool = True):
     *_, N, K = w.shape
     f, layout = FORMATS[w.kind], LAYOUTS[w.kind]
 
-    def kept(i, v, zero):
-        return v if keep is None else tirx.if_then_else(keep(*i[:len(lead)]), v, zero)
-
     def blk(i, k):   # i = (*lead, n)
         return Block(w.tensors[0], (*weight_lead(*i[:-1]), i[-1], k), layout.block, layout.type_size)
 
     # the weight's words (and the codebook formats' grid words) as 32-bit loads where aligned, else 16-bit pairs
-    # where even (word_loads.py); under `keep` too (the grouped mul_mat_id): TVM's CUDA codegen prints if_then_else
-    # as an `if` statement and a vector load's temporary inside its branch, so a pair that leads no group still
-    # loads nothing (tests/test_cuda_int8.py test_grouped_kernel_loads_weight_words_under_the_leader_branch)
+    # where even (word_loads.py)
     word = (lambda b: f.word(b, w.tensors)) if f.tables else (lambda b: f.word(b, cuda)) if f.perm else f.word
-    words = te.compute((*lead, N, K // 4), lambda *i: kept(i, word(blk(i[:-1], i[-1] * 4)), _c(0)), name=DEQUANT,
+    words = te.compute((*lead, N, K // 4), lambda *i: word(blk(i[:-1], i[-1] * 4)), name=DEQUANT,
                        attrs={WORD_LOAD: 1})
     shape = (*lead, N, K // f.sub)
-    zero = _c(0.0, F32)
     per_block = layout.block // f.sub
     if f.head:
         assert layout.type_size % HEAD_BYTES == 0, w.kind
         head = te.compute((*lead, N, K // layout.block, HEAD_BYTES // 4),
-                          lambda *i: kept(i, blk(i[:-2], i[-2] * layout.block).u32(i[-1] * 4), _uc(0)), name=HEAD,
+                          lambda *i: blk(i[:-2], i[-2] * layout.block).u32(i[-1] * 4), name=HEAD,
                           attrs={WORD_LOAD: 1})
 
     def at(i):   # the reads of the block of sub-block i[-1] of row i[:-1]
@@ -500,7 +494,7 @@ def _stages(w, lead, weight_lead, keep=None, cuda: bool = True):
         return blk(i[:-1], i[-1] * f.sub)
 
     def factor(fn, name):   # its float16 fields (a block's d, dmin) as 16-bit loads where even (word_loads.py)
-        return te.compute(shape, lambda *i: kept(i, fn(at(i), i[-1] % per_block), zero), name=name,
+        return te.compute(shape, lambda *i: fn(at(i), i[-1] % per_block), name=name,
                           attrs={WORD_LOAD: 1})
 
     return words, factor(f.scale, SCALE), factor(f.low, MIN) if f.low is not None else None
@@ -653,13 +647,15 @@ def mul_mat_id(w, xq, xd, ids, dp4a: bool = True, xs=None):
 
 def mul_mat_id_grouped(w, xq, xd, ids, groups, dp4a: bool = True, xs=None):
     """`te.mul_mat_id_grouped` on quantized rows (xs as in `mul_mat`): float32 [T, n_used, GROUP_ROWS, N], a
-    leader's products for its member rows, 0 elsewhere; a pair that leads no group loads no weight."""
+    leader's products for its member rows, 0 elsewhere (on the GPU a pair that leads no group runs nothing and
+    leaves its entries unwritten: gemv._leaders_only)."""
     from .te import GROUP_ROWS, GROUPED, XQ_GROUP, XS_GROUP
 
     T, kk = ids.shape
     W = GROUP_ROWS
-    words, scale, low = _stages(w, (T, kk), lambda t, s: (ids[t, s].astype("int64"),),
-                                keep=lambda t, s: groups[t, s, t % W] >= 0, cuda=dp4a)
+    # (no test around the weight loads: the GPU schedule runs only the leaders' thread blocks, gemv._leaders_only;
+    # a pair that leads none has no members, so its entries are 0 here)
+    words, scale, low = _stages(w, (T, kk), lambda t, s: (ids[t, s].astype("int64"),), cuda=dp4a)
     Kw = words.shape[-1]
     B4 = Kw // xd.shape[-1]
     j, g = _reduction(w.kind, Kw)

@@ -37,23 +37,19 @@ XQ_GROUP = "xq_group"
 XS_PAD, XS_GROUP = "xs_pad", "xs_group"
 
 
-def _dequant(w, lead, weight_lead, keep=None):
+def _dequant(w, lead, weight_lead):
     """The DEQUANT stage over (*lead, N, K): weight element (*weight_lead(*l), n, k). For the K-quants the
     float16 x 6- or 8-bit sub-block factors are stages of their own (SCALE, MIN: one value per lead, n and
     sub-block), so a schedule computes them once per sub-block instead of once per element; the element is then
-    scale * q (- min), the same float32 operations in the same order as the format's element expression.
-    `keep(*l)`: where false, every stage is 0 and reads nothing (a branch around the loads)."""
+    scale * q (- min), the same float32 operations in the same order as the format's element expression."""
     *_, N, K = w.shape
     kind = getattr(w, "kind", None)
-
-    def kept(i, v):
-        return v if keep is None else tirx.if_then_else(keep(*i[:len(lead)]), v, tirx.const(0.0, "float32"))
 
     from nextn.compiler.quant import k_quants
     from nextn.compiler.quant.te import Block, f32
 
     if kind not in k_quants.SUBBLOCK:
-        return te.compute((*lead, N, K), lambda *i: kept(i, _elem(w, *weight_lead(*i[:-2]), i[-2], i[-1])),
+        return te.compute((*lead, N, K), lambda *i: _elem(w, *weight_lead(*i[:-2]), i[-2], i[-1]),
                           name=DEQUANT)
     sub = k_quants.SUBBLOCK[kind]
     size = k_quants.Q6K_SIZE if kind == "q6_k" else k_quants.Q45K[kind][0]
@@ -63,18 +59,18 @@ def _dequant(w, lead, weight_lead, keep=None):
 
     shape = (*lead, N, K // sub)
     if kind == "q6_k":
-        scale = te.compute(shape, lambda *i: kept(i, k_quants.q6k_factor(block(i[:-1], i[-1] * sub), i[-1] % 16)),
+        scale = te.compute(shape, lambda *i: k_quants.q6k_factor(block(i[:-1], i[-1] * sub), i[-1] % 16),
                            name=SCALE)
-        return te.compute((*lead, N, K), lambda *i: kept(i, scale[(*i[:-1], i[-1] // sub)] * f32(
-            k_quants.q6k_quant(block(i[:-1], i[-1])))), name=DEQUANT)
+        return te.compute((*lead, N, K), lambda *i: scale[(*i[:-1], i[-1] // sub)] * f32(
+            k_quants.q6k_quant(block(i[:-1], i[-1]))), name=DEQUANT)
 
     def factor(i, which):
         return k_quants.q45k_factors(block(i[:-1], i[-1] * sub), i[-1] % (256 // sub))[which]
 
-    scale = te.compute(shape, lambda *i: kept(i, factor(i, 0)), name=SCALE)
-    low = te.compute(shape, lambda *i: kept(i, factor(i, 1)), name=MIN)
-    return te.compute((*lead, N, K), lambda *i: kept(i, scale[(*i[:-1], i[-1] // sub)] * f32(
-        k_quants.q45k_quant(block(i[:-1], i[-1]), kind)) - low[(*i[:-1], i[-1] // sub)]), name=DEQUANT)
+    scale = te.compute(shape, lambda *i: factor(i, 0), name=SCALE)
+    low = te.compute(shape, lambda *i: factor(i, 1), name=MIN)
+    return te.compute((*lead, N, K), lambda *i: scale[(*i[:-1], i[-1] // sub)] * f32(
+        k_quants.q45k_quant(block(i[:-1], i[-1]), kind)) - low[(*i[:-1], i[-1] // sub)], name=DEQUANT)
 
 
 # Activation rows per pass of the GEMV (gemv.py) over the weight (per lane: TILE_ROWS accumulators, TILE_ROWS x 8
@@ -167,14 +163,16 @@ def expert_groups(ids, leaders):
 def mul_mat_id_grouped(w, x, ids, groups):
     """float32 [T, n_used, GROUP_ROWS, N]: for each group leader (t, j) (`expert_groups`), the products of its
     member rows with expert ids[t, j]: [t, j, r, n] = sum_k x[m, (slot,) k] · w(ids[t, j], n, k) for member pair
-    m = groups[t, j, r] >= 0, else 0; every entry of a pair that leads no group is 0 and its weight is never
-    loaded. `mul_mat_id` = `expert_gather` of this. w [X, N, K]; x [T, K] or [T, n_used, K] as mul_mat_id."""
+    m = groups[t, j, r] >= 0, else 0; every entry of a pair that leads no group is 0 (it has no members), and on
+    the GPU its thread block runs nothing and leaves them unwritten (gemv._leaders_only; `expert_gather` reads the
+    leaders' entries only). `mul_mat_id` = `expert_gather` of this. w [X, N, K]; x [T, K] or [T, n_used, K] as
+    mul_mat_id."""
     _X, N, K = w.shape
     T, kk = ids.shape
     W = GROUP_ROWS
     zero = tirx.const(0.0, "float32")
-    # a pair that leads no group loads no weight (the branch is uniform over a GEMV thread block)
-    deq = _dequant(w, (T, kk), lambda t, j: (ids[t, j].astype("int64"),), keep=lambda t, j: groups[t, j, t % W] >= 0)
+    # (no test around the weight loads: the GPU schedule runs only the leaders' thread blocks, gemv._leaders_only)
+    deq = _dequant(w, (T, kk), lambda t, j: (ids[t, j].astype("int64"),))
     r = te.reduce_axis((0, K), name="k")
 
     def xs(t, j, q, k):
