@@ -226,8 +226,8 @@ def _takes_mma(n, w, cx) -> bool:
 
 def _mul_mat_mma(bb, n, args, cx, B: int):
     """`n` as cuda/mma.py's tensor-core kernel over the rows quantized once (xq, xd, xs), the weight's buffers (the
-    codebook formats' tables too) first; one PrimFunc per weight format and shape. Its element-wise consumers stay kernels of their own (prefill: a launch per op and layer is
-    small beside the rows' products)."""
+    codebook formats' tables too) first; one PrimFunc per weight format and shape. Its element-wise consumers stay
+    kernels of their own (prefill: a launch per op and layer is small beside the rows' products)."""
     (kind, bufs, (N, K)), xq, xd, xs = args
     gv = cx.kernels.get(f"mul_mat_mma_{kind}_{N}x{K}_q{B}", lambda: cuda.mma.mul_mat_kernel(
         kind, int(N), int(K), B, cx.kernels.gpu_int8 == "cuda", not cx.kernels.emulate))

@@ -86,13 +86,18 @@ def _words(sch, blk):
         sch.unroll(words)
 
 
+def _is_group_entries(buf) -> bool:
+    """Whether `buf` is a grouped mul_mat_id's group entries (te.expert_groups: int32 [T, n_used, GROUP_ROWS + 1])."""
+    from .te import GROUP_ROWS
+
+    return str(buf.dtype) == "int32" and len(buf.shape) == 3 and static_extent(buf.shape[-1]) == GROUP_ROWS + 1
+
+
 def _group_entries_once(sch, kx) -> None:
     """The grouped mul_mat_id's group entries (te.expert_groups: int32 [T, n_used, GROUP_ROWS + 1], its members'
     rows and the leader test), which every step's loads index (weight, activation words, their sums, scales), read
     into registers once per thread at `kx` (the lane) instead of once per step: a cached copy for all its readers."""
     from tvm.s_tir import SBlock
-
-    from .te import GROUP_ROWS
 
     names = []
     tvm_ffi.structural_walk(sch.mod["main"].body, (SBlock, lambda b: names.append(b.name_hint)), order="post")
@@ -101,8 +106,7 @@ def _group_entries_once(sch, kx) -> None:
     for b in blocks:
         for r in sch.get(b).reads:
             src = r.source
-            if str(src.dtype) == "int32" and len(src.shape) == 3 and static_extent(src.shape[-1]) == GROUP_ROWS + 1 \
-                    and (buf is None or src.same_as(buf)):
+            if _is_group_entries(src) and (buf is None or src.same_as(buf)):
                 buf = src
                 readers.append(b)
                 break
@@ -126,8 +130,7 @@ def _leaders_only(func: tirx.PrimFunc) -> tirx.PrimFunc:
     found = []
 
     def on_block(b):
-        found.extend(r.source for r in b.reads if r.source.scope() == "global" and str(r.source.dtype) == "int32"
-                     and len(r.source.shape) == 3 and static_extent(r.source.shape[-1]) == GROUP_ROWS + 1)
+        found.extend(r.source for r in b.reads if r.source.scope() == "global" and _is_group_entries(r.source))
 
     tvm_ffi.structural_walk(func.body, (SBlock, on_block))
     groups = found[0]

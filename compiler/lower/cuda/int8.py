@@ -245,6 +245,11 @@ class Fmt(NamedTuple):
     # loads as one 128-bit vector, not 2 16-bit and 3 byte loads per sub-block
     head: bool = False
 
+    def word_of(self, b, tables, cuda: bool):
+        """`word(b)` with what this format's word takes: its `tables` (the weight's buffers, the main one first),
+        or `cuda` (byte_perm), or nothing."""
+        return self.word(b, tables) if self.tables else self.word(b, cuda) if self.perm else self.word(b)
+
 
 HEAD_BYTES = 16
 
@@ -477,8 +482,7 @@ def _stages(w, lead, weight_lead, cuda: bool = True):
 
     # the weight's words (and the codebook formats' grid words) as 32-bit loads where aligned, else 16-bit pairs
     # where even (word_loads.py)
-    word = (lambda b: f.word(b, w.tensors)) if f.tables else (lambda b: f.word(b, cuda)) if f.perm else f.word
-    words = te.compute((*lead, N, K // 4), lambda *i: word(blk(i[:-1], i[-1] * 4)), name=DEQUANT,
+    words = te.compute((*lead, N, K // 4), lambda *i: f.word_of(blk(i[:-1], i[-1] * 4), w.tensors, cuda), name=DEQUANT,
                        attrs={WORD_LOAD: 1})
     shape = (*lead, N, K // f.sub)
     per_block = layout.block // f.sub

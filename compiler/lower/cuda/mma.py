@@ -105,12 +105,6 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
     # placeholders (1 byte) where a format has fewer, dropped from the signature below
     tabs = [(shape[0], dtype) for _sfx, dtype, shape in layout.buffers((N, K))[1:]]
     TG, TS = (tabs + [(1, "uint8")] * 2)[:2]
-    if f.tables:
-        word = lambda b, t: f.word(b, (None, *(_Raw(v) for v in t[:len(tabs)])))   # noqa: E731
-    elif f.perm:
-        word = lambda b, t: f.word(b, cuda)   # noqa: E731
-    else:
-        word = lambda b, t: f.word(b)   # noqa: E731
     WB = K // layout.block * layout.type_size
     ZERO = tirx.const(0.0, F32)
     blocks, threads, shared = _binders(not gpu)
@@ -122,7 +116,8 @@ def _tiles_kernel(kind: str, N: int, K: int, B: int, cuda: bool, gpu: bool, X: i
         return _Raw(w) if e is None else _Raw(w, e)
 
     def w_word(w, t, e, n, k):   # the int32 word of 4 quants at element k of weight row n (t: the tables)
-        return word(Block(raw(w, e), (n, k), layout.block, layout.type_size), t)
+        return f.word_of(Block(raw(w, e), (n, k), layout.block, layout.type_size),
+                         (None, *(_Raw(v) for v in t[:len(tabs)])), cuda)
 
     def factor(fn, w, e, n, s):   # the float factor of sub-block s of weight row n
         return fn(Block(raw(w, e), (n, s * f.sub), layout.block, layout.type_size), s % per_block)
@@ -375,6 +370,12 @@ def expert_tiles_kernel(X: int, gpu: bool):
     C = NS // X
     blocks, threads, shared = _binders(not gpu)
 
+    def start(p, tx):   # the first pair of thread tx's chunk (chunk tx // X of ceil(p / C) pairs)
+        return tx // X * ((p + C - 1) // C)
+
+    def pairs(p, tx):   # ... and its pairs (the last chunks may be short or empty)
+        return T.max(T.min((p + C - 1) // C, p - start(p, tx)), 0)
+
     @T.prim_func(private=True, s_tir=True)
     def expert_tiles(var_ids: T.handle, var_o: T.handle, var_t: T.handle):
         T.func_attr(ATTRS)
@@ -392,11 +393,11 @@ def expert_tiles_kernel(X: int, gpu: bool):
                 first = T.alloc_buffer((X + 1,), I32, scope=shared)    # an expert's first position in `order`
                 tile0 = T.alloc_buffer((X + 1,), I32, scope=shared)    # ... and its first tile
                 v = T.alloc_buffer((2,), I32, scope="local")
-                for tx in threads(NS):   # chunk tx // X of (p + C - 1) // C pairs, expert tx % X
+                for tx in threads(NS):   # chunk tx // X, expert tx % X
                     if tx < C * X:
                         v[0] = 0
-                        for q in range(T.max(T.min((p + C - 1) // C, p - tx // X * ((p + C - 1) // C)), 0)):
-                            if ids[tx // X * ((p + C - 1) // C) + q] == T.Cast(I32, tx % X):
+                        for q in range(pairs(p, tx)):
+                            if ids[start(p, tx) + q] == T.Cast(I32, tx % X):
                                 v[0] = v[0] + 1
                         cnt[tx] = v[0]
                 for tx in threads(NS):   # per expert: its chunks' offsets (into `off`, not `cnt`: no shared read
@@ -432,8 +433,8 @@ def expert_tiles_kernel(X: int, gpu: bool):
                                     tiles[q * NS + tx, 2] = T.min(tot[x] - (T.Cast(I32, q * NS + tx) - v[0]) * BM, BM)
                     if tx < C * X:   # the chunk's pairs of the expert, in order
                         v[1] = first[tx % X] + off[tx]
-                        for q in range(T.max(T.min((p + C - 1) // C, p - tx // X * ((p + C - 1) // C)), 0)):
-                            if ids[tx // X * ((p + C - 1) // C) + q] == T.Cast(I32, tx % X):
-                                order[v[1]] = T.Cast(I32, tx // X * ((p + C - 1) // C) + q)
+                        for q in range(pairs(p, tx)):
+                            if ids[start(p, tx) + q] == T.Cast(I32, tx % X):
+                                order[v[1]] = T.Cast(I32, start(p, tx) + q)
                                 v[1] = v[1] + 1
     return expert_tiles
